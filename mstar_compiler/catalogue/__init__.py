@@ -1,0 +1,146 @@
+"""The component catalogue: what the compiler knows about each component kind.
+
+Torch-free on purpose: `mstarc compile` and `mstarc lint` read this module and never
+import torch. The runtime's registry (`runtime.components`) implements the same kinds;
+`tests/runtime/test_registry_matches_catalogue.py` checks that the two cannot drift
+(ports, flags, and parameter counts of the tiny presets against real modules).
+
+Each family of kinds lives in one module of this package (`decoder_lm.py`, `bagel.py`,
+...) that defines a module-level `KINDS: tuple[KindSpec, ...]`. A separately installed
+package adds kinds through the entry-point group ``mstar.catalogue``: each entry point
+loads to a zero-argument callable returning an iterable of `KindSpec`.
+
+Shapes of ports are tuples of axis names. An axis is either
+  * an upper-case symbol for a dynamic axis, e.g. "T" (tokens), "F" (frames), "B";
+  * a lower-case key of the node's preset dims, e.g. "hidden_size", resolved at
+    compile time to an int, so an edge from a 1152-wide encoder into a 3584-wide
+    LM port is a type error;
+  * an int.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Callable, Iterable, Mapping
+
+Dims = Mapping[str, Any]
+
+# Port dtypes. One word, one meaning, from YAML to kernel.
+PORT_DTYPES = (
+    "tokens",     # int64 token ids, shape (T,)
+    "text",       # a UTF-8 string (prompt text, detokenised output)
+    "hidden",     # float hidden states / embeddings, shape (T, D)
+    "image",      # float pixels in [-1, 1], shape (3, H, W)
+    "latent",     # float image latents, shape (C, h, w)
+    "velocity",   # float flow-matching velocity, same shape as the latent it moves
+    "audio",      # float waveform samples in [-1, 1], shape (S,)
+    "codes",      # int64 audio codec codes, shape (F, Q) or (T,)
+    "video",      # float frames, shape (F, 3, H, W)
+    "actions",    # float action/state vectors, shape (F, action_dim)
+    "scalar",     # a float or int per request (timestep, score)
+)
+
+# Family modules shipped with mstar; each defines KINDS.
+BUILTIN_FAMILIES = (
+    "decoder_lm",
+    "bagel",
+    "qwen3_omni",
+    "orpheus",
+    "vjepa2",
+)
+
+
+@dataclass(frozen=True)
+class Port:
+    """One typed input or output of a component kind."""
+
+    name: str                      # port name as written in YAML: `node.port`
+    dtype: str                     # one of PORT_DTYPES
+    shape: tuple[str | int, ...]   # axis names (see module docstring)
+    stream: bool = False           # input: may be the end of a streaming edge; output: emits items one by one
+    optional: bool = False         # input: may be left unconnected
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """Everything the compiler needs about one component kind, without torch."""
+
+    kind: str                                   # the YAML `kind:` string = runtime registry key
+    doc: str                                    # one line: what it is
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
+    presets: Mapping[str, Dims]                 # preset name -> dims; every kind has "tiny"
+    num_params: Callable[[Dims], int]           # exact parameter count of the runtime module for these dims
+    has_kv_cache: bool = False                  # keeps a per-request KV cache (paged)
+    can_batch: bool = True                      # several requests can run in one call
+    is_capture_safe: bool = False               # static shapes per batch bucket: CUDA-graph capturable
+    # bytes of KV cache one token occupies (all layers, K and V) at `dtype_bytes` per element
+    kv_bytes_per_token: Callable[[Dims, int], int] | None = None
+    # dims keys that a tensor-parallel size must divide (e.g. num_attention_heads)
+    tp_divides: tuple[str, ...] = ()
+    # args the kind accepts in YAML `args:` with their default values
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    def port(self, name: str, *, output: bool) -> Port | None:
+        ports = self.outputs if output else self.inputs
+        return next((p for p in ports if p.name == name), None)
+
+
+class Catalogue:
+    """All known kinds: the built-in families plus installed plugins."""
+
+    def __init__(self, specs: Iterable[KindSpec]) -> None:
+        self._specs: dict[str, KindSpec] = {}
+        for spec in specs:
+            if spec.kind in self._specs:
+                raise ValueError(f"component kind {spec.kind!r} is defined twice")
+            if "tiny" not in spec.presets:
+                raise ValueError(f"component kind {spec.kind!r} has no 'tiny' preset")
+            for p in (*spec.inputs, *spec.outputs):
+                if p.dtype not in PORT_DTYPES:
+                    raise ValueError(f"{spec.kind}.{p.name}: unknown port dtype {p.dtype!r}")
+            self._specs[spec.kind] = spec
+
+    def __contains__(self, kind: str) -> bool:
+        return kind in self._specs
+
+    def __getitem__(self, kind: str) -> KindSpec:
+        return self._specs[kind]
+
+    def kinds(self) -> list[str]:
+        return sorted(self._specs)
+
+    def specs(self) -> list[KindSpec]:
+        return [self._specs[k] for k in self.kinds()]
+
+
+def _builtin_specs() -> list[KindSpec]:
+    specs: list[KindSpec] = []
+    for family in BUILTIN_FAMILIES:
+        try:
+            module = importlib.import_module(f"{__name__}.{family}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{family}":
+                raise
+            continue
+        specs.extend(module.KINDS)
+    return specs
+
+
+def _plugin_specs() -> list[KindSpec]:
+    specs: list[KindSpec] = []
+    for ep in entry_points(group="mstar.catalogue"):
+        specs.extend(ep.load()())
+    return specs
+
+
+_CATALOGUE: Catalogue | None = None
+
+
+def load_catalogue() -> Catalogue:
+    """The catalogue of every kind mstar knows: built-ins and plugins (cached)."""
+    global _CATALOGUE
+    if _CATALOGUE is None:
+        _CATALOGUE = Catalogue([*_builtin_specs(), *_plugin_specs()])
+    return _CATALOGUE
