@@ -1,0 +1,1 @@
+"""The compiler passes, one module each, in pipeline order (see `mstar_compiler.pipeline`)."""

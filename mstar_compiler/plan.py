@@ -1,0 +1,389 @@
+"""The plan: the one contract between the compiler (`mstarc`) and the runtime (`mstar-run`).
+
+A plan is everything the runtime needs to serve one walk graph and nothing it has to
+infer. It is built by the `emit` pass and read by the runtime with one call:
+
+    from mstar_compiler.plan import load_plan
+    plan = load_plan("bagel.plan.bin")
+
+File layout of `plan.bin` (all integers little-endian):
+
+    offset  size  field
+    0       8     MAGIC = b"MSTARPLN"
+    8       4     format version (uint32) = FORMAT_VERSION
+    12      32    SHA-256 of the payload
+    44      ...   payload: msgpack of `Plan` (msgspec, never pickle)
+
+Identical input gives byte-identical files: every list below is in a fixed order
+(declaration order of the graph file, or sorted where the graph has no order) and the
+plan records no time, host or absolute path.
+
+How the conductor reads a plan
+------------------------------
+* `ranks`: one worker process per entry; `Rank.nodes` are the nodes it loads.
+* `nodes`: one entry per graph node. Nodes with the same `weight_key` share one set of
+  weights (`same_as`); on one rank they are loaded once and keep separate KV caches.
+  `placement` says on which ranks the node runs, per walk (`walk_ranks` overrides
+  `ranks` for named walks). `tp_size > 1`: the ranks form one tensor-parallel group;
+  `tp_size == 1` and several ranks: data-parallel replicas (pick one per request).
+* `walks`: each walk is a flat program (a list of `Op`, addressed by index = pc). The
+  conductor keeps one pc per request per track and steps it:
+    - `Run`: run a batch-step of `node` on `ranks` for this request, then pc += 1.
+    - `Parallel`: run every branch (each a straight-line list of `Run`) for this request;
+      branches may batch together or run on different ranks; pc += 1 when all finish.
+    - `LoopBegin`: set the loop counter to 0 and the trip count from `count`; if the trip
+      count is 0 jump to `end + 1`, else pc += 1.
+    - `LoopEnd`: counter += 1; if counter < trip count jump to `begin + 1`, else pc += 1.
+    - `DynamicLoopBegin` / `DynamicLoopEnd`: the same with `max` as the trip count, and
+      after each iteration the `until` conditions are checked in order; the first that
+      holds ends the loop and is recorded as the request's exit reason (or "max").
+    At each loop end the loop's `carries` copy an output of this iteration to an input
+    of the next one; `outputs` say which values reach the client and how (each/all/last).
+* Inputs of a `Run` come from `edges` (same walk, src node's output port), from a loop
+  carry, or, for ports listed in `request_inputs`, from the request itself.
+* `tasks`: each request names a task. A task is one or more tracks run concurrently;
+  each track is a state table. A state either runs a walk, iterates a walk over the
+  request's interleaved inputs (`for_each`), or only branches. After a state finishes
+  its `transitions` are tried in order; the first whose condition holds gives the next
+  state (`DONE` = -1 ends the track). A track with `per_chunk` runs its walk once per
+  chunk released by that stream and ends after the final chunk.
+* `transfers`: every edge whose producer and consumer run on different ranks; the
+  sending worker sends straight to the receiving worker. `kind == "kv"` moves a KV
+  cache between walks placed on different ranks (prefill/decode disaggregation).
+* `streams`: streaming edges; the consuming rank keeps one buffer per request of
+  `capacity` items and releases chunks by the policy (see `ChunkPolicy`).
+* `capture_regions`: loop bodies that may be CUDA-graph captured per batch bucket.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from pathlib import Path
+from typing import Any, Union
+
+import msgspec
+
+MAGIC = b"MSTARPLN"
+FORMAT_VERSION = 1
+DONE = -1                      # transition target: the track is finished
+_HEADER = struct.Struct("<8sI32s")
+
+
+class PlanFormatError(Exception):
+    """A plan file that is not a plan, is corrupt, or has another format version."""
+
+
+class Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=False):
+    """Common options of every plan struct."""
+
+
+# ---------------------------------------------------------------- ranks, params, ports
+
+
+class Rank(Base):
+    index: int                          # rank number, 0..len(ranks)-1 = worker id
+    memory_bytes: int                   # device memory budget used for planning
+    weight_bytes: int                   # bytes of weights resident on this rank (sum over weight groups)
+    kv_bytes: int                       # bytes of KV pools on this rank (sum over KvPool.num_pages * page_bytes)
+    nodes: list[str]                    # nodes this rank loads (any walk), graph order
+
+
+class Param(Base):
+    name: str                           # request field name, e.g. "steps"
+    type: str                           # "integer" | "number" | "boolean" | "string"
+    default: Any                        # value when the request omits it (None: required)
+    minimum: float | int | None = None  # inclusive lower bound (integer/number)
+    maximum: float | int | None = None  # inclusive upper bound (integer/number)
+    choices: list[Any] | None = None    # allowed values (enum), None = any
+    doc: str = ""                       # one line for people (API docs, explain)
+
+
+class Port(Base):
+    name: str                           # port name, `node.port` in YAML
+    dtype: str                          # one of catalogue.PORT_DTYPES
+    shape: list[str | int]              # axes: int = resolved from preset dims, str = dynamic symbol ("T")
+    stream: bool = False                # input: end of a streaming edge / output: emits item by item
+    optional: bool = False              # input may be left unconnected
+
+
+# ---------------------------------------------------------------- nodes and memory
+
+
+class KvPool(Base):
+    rank: int                           # rank holding this pool
+    num_pages: int                      # pages in the pool (per rank; for TP each rank holds its shard of every page)
+    page_tokens: int                    # tokens per page
+    page_bytes: int                     # bytes of one page on this rank (all layers, K and V, this rank's TP shard)
+
+
+class Placement(Base):
+    ranks: list[int]                    # default ranks: TP group (tp_size > 1) or data-parallel replicas
+    tp_size: int = 1                    # tensor-parallel degree; divides every KindSpec.tp_divides dim
+    walk_ranks: dict[str, list[int]] = {}  # walk name -> ranks for that walk (same tp_size)
+
+
+class Node(Base):
+    name: str                           # node name in the graph
+    kind: str                           # catalogue kind = runtime registry key
+    preset: str                         # kind preset name the dims come from
+    dims: dict[str, Any]                # preset dims (+ node `dims:` overrides); what the module is built from
+    args: dict[str, Any]                # constant args (kind defaults + YAML `args:`)
+    param_args: dict[str, str]          # arg name -> request param name; resolved per request
+    weight_key: str                     # name of the node owning the weights (itself unless same_as)
+    dtype: str                          # weight/activation dtype: "fp32" | "bf16" | "fp16"
+    num_params: int                     # catalogue num_params(dims)
+    weight_bytes: int                   # num_params * dtype bytes (whole model, before TP split)
+    placement: Placement
+    inputs: list[Port]
+    outputs: list[Port]
+    has_kv_cache: bool                  # keeps a paged per-request KV cache
+    kv_pools: list[KvPool]              # one per rank it runs on ([] when has_kv_cache is False)
+    can_batch: bool                     # several requests may share one call
+    max_batch: int                      # largest batch the conductor may form for this node
+    is_capture_safe: bool               # static shapes per batch bucket
+    source: str                         # "file:line:col" of the node's declaration (for messages)
+
+
+# ---------------------------------------------------------------- dataflow
+
+
+class Edge(Base):
+    walk: str                           # walk in which this edge carries data
+    src_node: str
+    src_port: str
+    dst_node: str
+    dst_port: str
+    is_implied: bool                    # True: implied by Sequential order; False: declared in `edges:`
+
+
+class RequestInput(Base):
+    walk: str                           # walk whose Run of `node` reads it
+    node: str
+    port: str
+    dtype: str                          # what the request must supply (tokens from text, image, audio, ...)
+
+
+class Transfer(Base):
+    kind: str                           # "edge" (an output tensor) | "kv" (a request's KV cache) | "stream"
+    walk: str                           # walk of the edge ("" for kv/stream)
+    src_node: str
+    src_port: str                       # "" for kv
+    dst_node: str
+    dst_port: str                       # "" for kv
+    src_rank: int
+    dst_rank: int
+
+
+class ChunkPolicy(Base):
+    kind: str                           # "fixed" | "sliding" | "left_context"
+    size: int                           # fixed: K; sliding: window W; left_context: chunk C
+    stride: int = 0                     # sliding: S (new items between emits); 0 otherwise
+    context: int = 0                    # left_context: L (items of left context prepended); 0 otherwise
+
+
+class Stream(Base):
+    name: str                           # stream name from `streams:`
+    src_node: str
+    src_port: str                       # a stream output port
+    dst_node: str
+    dst_port: str                       # a stream input port
+    policy: ChunkPolicy
+    capacity: int                       # items the consumer-side buffer holds per request
+    src_rank: int                       # producer rank (first rank of its placement)
+    dst_rank: int                       # consumer rank
+
+
+# ---------------------------------------------------------------- walk programs
+
+
+class Count(Base):
+    """A trip count: `const`, or the request param `param` plus `offset`."""
+
+    const: int | None = None
+    param: str | None = None
+    offset: int = 0                     # e.g. -1 for `$steps - 1`
+
+
+class Carry(Base):
+    src_node: str                       # output of iteration i ...
+    src_port: str
+    dst_node: str                       # ... becomes this input of iteration i + 1
+    dst_port: str
+
+
+class LoopOutput(Base):
+    node: str
+    port: str
+    mode: str                           # "each": stream every iteration; "all": return the list; "last": final value
+
+
+class ExitCond(Base):
+    kind: str                           # "eos" | "stop_token" | "horizon"
+    node: str = ""                      # eos/stop_token: node whose output is tested ("" for horizon)
+    port: str = ""                      # that node's tokens output port
+    tokens: list[int] = []              # stop_token: constant token ids
+    param: str | None = None            # stop_token: param holding ids; horizon: param holding H
+    value: int | None = None            # horizon: constant H
+
+
+class Run(Base, tag="run"):
+    node: str
+    ranks: list[int]                    # ranks for this walk (TP group or replicas)
+
+
+class Parallel(Base, tag="parallel"):
+    branches: list[list[Run]]           # each branch a straight-line sequence; all get the same input
+
+
+class LoopBegin(Base, tag="loop_begin"):
+    loop: int                           # loop id, unique within the walk
+    count: Count
+    end: int                            # pc of the matching LoopEnd
+    carries: list[Carry]
+    outputs: list[LoopOutput]
+
+
+class LoopEnd(Base, tag="loop_end"):
+    loop: int
+    begin: int                          # pc of the matching LoopBegin
+
+
+class DynamicLoopBegin(Base, tag="dynamic_loop_begin"):
+    loop: int
+    max: Count                          # upper bound on iterations (exit reason "max")
+    until: list[ExitCond]               # checked in order after each iteration
+    end: int
+    carries: list[Carry]
+    outputs: list[LoopOutput]
+
+
+class DynamicLoopEnd(Base, tag="dynamic_loop_end"):
+    loop: int
+    begin: int
+
+
+Op = Union[Run, Parallel, LoopBegin, LoopEnd, DynamicLoopBegin, DynamicLoopEnd]
+
+
+class Walk(Base):
+    name: str
+    program: list[Op]                   # flat; pc = index
+    outputs: list[LoopOutput]           # values the walk returns to the client (mode "last" outside loops)
+    nodes: list[str]                    # every node the walk runs (graph order)
+
+
+# ---------------------------------------------------------------- tasks
+
+
+class Cond(Base):
+    """A transition condition. kind "always" | "param" | "input" | "exit"."""
+
+    kind: str
+    param: str = ""                     # kind "param": request param name
+    op: str = ""                        # kind "param": "eq" | "ne" | "lt" | "le" | "gt" | "ge"
+    value: Any = None                   # kind "param": value compared against
+    modality: str = ""                  # kind "input": the request has an input of this dtype
+    reason: str = ""                    # kind "exit": last loop exit reason ("eos", "stop_token", "horizon", "max")
+    negate: bool = False                # true: the condition is "not ..."
+
+
+class Transition(Base):
+    cond: Cond
+    target: int                         # state index in the track, or DONE
+
+
+class State(Base):
+    index: int
+    walk: str | None                    # walk to run (None: for_each or pure branch state)
+    for_each: dict[str, str] | None     # input dtype -> walk: run once per request input item, in order
+    transitions: list[Transition]       # tried in order after the state finishes
+
+
+class Track(Base):
+    name: str
+    states: list[State]                 # state 0 is the start
+    per_chunk: str | None = None        # stream name: run the walk of state 0 per released chunk
+
+
+class Task(Base):
+    name: str
+    tracks: list[Track]                 # run concurrently; the task ends when all are DONE
+
+
+class CaptureRegion(Base):
+    walk: str
+    loop: int                           # loop id in that walk
+    rank: int
+    nodes: list[str]                    # nodes of the body, program order
+    batch_buckets: list[int]            # capture one graph per bucket; pad batches up to the next bucket
+
+
+# ---------------------------------------------------------------- the plan
+
+
+class Plan(Base):
+    format_version: int                 # FORMAT_VERSION at compile time
+    model: str                          # graph `model:` name
+    source: str                         # graph file name (basename)
+    source_sha256: str                  # hex digest of the graph file bytes
+    preset: str                         # graph-level preset compiled
+    placement: str                      # placement profile compiled
+    ranks: list[Rank]
+    params: list[Param]
+    nodes: list[Node]
+    edges: list[Edge]
+    request_inputs: list[RequestInput]
+    walks: list[Walk]
+    tasks: list[Task]
+    default_task: str                   # task used when a request names none
+    transfers: list[Transfer]
+    streams: list[Stream]
+    capture_regions: list[CaptureRegion]
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def walk(self, name: str) -> Walk:
+        return next(w for w in self.walks if w.name == name)
+
+    def task(self, name: str) -> Task:
+        return next(t for t in self.tasks if t.name == name)
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Plan)
+
+
+def dump_plan(plan: Plan) -> bytes:
+    """The bytes of `plan.bin` for `plan`: header + msgpack payload."""
+    payload = _ENCODER.encode(plan)
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, hashlib.sha256(payload).digest()) + payload
+
+
+def loads_plan(data: bytes, where: str = "<bytes>") -> Plan:
+    """Parse plan bytes; raises PlanFormatError with a message for people."""
+    if len(data) < _HEADER.size or data[:8] != MAGIC:
+        raise PlanFormatError(f"{where}: not an mstar plan (bad magic); compile one with `mstarc compile`")
+    _, version, digest = _HEADER.unpack_from(data)
+    if version != FORMAT_VERSION:
+        raise PlanFormatError(
+            f"{where}: plan format version {version}, this mstar reads version {FORMAT_VERSION}; "
+            "recompile the graph with this mstarc"
+        )
+    payload = data[_HEADER.size:]
+    if hashlib.sha256(payload).digest() != digest:
+        raise PlanFormatError(f"{where}: checksum mismatch, the plan file is corrupt; recompile it")
+    try:
+        return _DECODER.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise PlanFormatError(f"{where}: malformed plan payload ({exc}); recompile it") from None
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and verify `plan.bin` (the runtime's one call)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PlanFormatError(f"{path}: cannot read plan ({exc.strerror})") from None
+    return loads_plan(data, str(path))

@@ -1,0 +1,162 @@
+"""Every message between the conductor and the workers, and between workers.
+
+Each message is a msgspec Struct tagged with its `type`, msgpack-encoded as the first
+frame of a ZeroMQ multipart message; tensors travel as raw frames after it, described
+by the message's `tensors` headers in order (see `frames`). Never pickle.
+
+Who sends what:
+  worker -> conductor: Hello (joined), Ready (nodes loaded), BatchDone / BatchFailed, Heartbeat
+  conductor -> worker: Peers (where every rank listens for tensors), OpenRequest (a
+      request's full data, once per rank), RunBatch (one node, many requests; only diffs),
+      CloseRequest (free every resource of these requests), Shutdown
+  worker -> worker:    EdgeTensors (outputs of a cross-rank edge, pushed straight to the
+      consumer rank, never through the conductor)
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from runtime.transport.frames import TensorMeta
+
+Scalar = Union[int, float, str, bool]
+
+
+class _Msg(msgspec.Struct, tag_field="type", omit_defaults=True):
+    """Base of all messages; the wire tag is the class's `tag`."""
+
+
+class Hello(_Msg, tag="hello"):
+    """A worker process has started and connected."""
+
+    rank: int               # which rank of the plan this worker serves
+    pid: int                # OS process id (the conductor watches local ones)
+    peer_endpoint: str      # where this worker's PULL socket for EdgeTensors listens
+
+
+class NodeInfo(msgspec.Struct, omit_defaults=True):
+    """One loaded node as its worker reports it."""
+
+    name: str               # node name in the plan
+    kind: str               # component kind
+    weight_source: str      # "seed:<n>" (random init) or the checkpoint path the weights came from
+    kv_blocks: int = 0      # KV pool size in blocks (0: the node keeps no KV cache)
+    kv_block_size: int = 0  # tokens per KV block
+
+
+class Ready(_Msg, tag="ready"):
+    """A worker has loaded all of its nodes and can run batches."""
+
+    rank: int
+    nodes: list[NodeInfo]
+
+
+class Peers(_Msg, tag="peers"):
+    """Where each rank listens for EdgeTensors (sent whenever a rank (re)joins)."""
+
+    endpoints: dict[int, str]   # rank -> tcp://host:port
+
+
+class OpenRequest(_Msg, tag="open"):
+    """A request's full data, sent once to every rank that will run one of its nodes."""
+
+    request_id: int
+    params: dict[str, Scalar]   # the task's resolved params (max_tokens, temperature, seed, ...)
+
+
+class Route(msgspec.Struct, array_like=True):
+    """After running, push output `port` of the node to `rank` (a cross-rank edge)."""
+
+    port: str               # output port of the node being run
+    rank: int               # consumer rank
+    key: str                # value key the consumer stores it under ("<node>.<port>")
+
+
+class WorkItem(msgspec.Struct, omit_defaults=True):
+    """One request's share of a batch: only what changed since the last step (diffs)."""
+
+    request_id: int
+    tokens: list[int] = []      # new input token ids (whole prompt chunk at prefill, one at decode)
+    inputs: dict[str, str] = {}  # input port -> value key in the worker's per-request store
+    routes: list[Route] = []    # cross-rank edges fed by this node's outputs for this request
+    step: int = 0               # iteration index of the enclosing loop (seeds per-step sampling)
+    emit: list[str] = []        # output ports whose values go back to the conductor
+
+
+class RunBatch(_Msg, tag="run"):
+    """Run one node over a batch of requests."""
+
+    batch_id: int
+    node: str
+    items: list[WorkItem]
+    tensors: list[TensorMeta] = []  # frames the conductor attaches (request inputs, e.g. pixels);
+                                    # name is "<request_id>/<value key>"
+
+
+class ItemResult(msgspec.Struct, omit_defaults=True):
+    """One request's outcome of a batch."""
+
+    request_id: int
+    tokens: list[int] = []      # token ids produced (sampled) this step
+    finished: str = ""          # the node says this request's loop may stop ("eos"), else ""
+
+
+class BatchDone(_Msg, tag="done"):
+    """A batch ran; emitted tensors follow as frames named "<request_id>/<port>"."""
+
+    batch_id: int
+    rank: int
+    items: list[ItemResult]
+    tensors: list[TensorMeta] = []
+    run_ms: float = 0.0         # wall time of the node's forward, milliseconds
+
+
+class BatchFailed(_Msg, tag="failed"):
+    """A batch raised; the requests in it fail, the worker keeps serving."""
+
+    batch_id: int
+    rank: int
+    message: str
+
+
+class CloseRequest(_Msg, tag="close"):
+    """Free every resource (KV blocks, stored values) of these requests on this rank."""
+
+    request_ids: list[int]
+
+
+class Heartbeat(_Msg, tag="heartbeat"):
+    """A worker is alive (sent every second while idle or busy)."""
+
+    rank: int
+
+
+class Shutdown(_Msg, tag="shutdown"):
+    """The worker should exit after its current batch."""
+
+
+class EdgeTensors(_Msg, tag="edge"):
+    """Worker -> worker: outputs of a cross-rank edge for one request; frames follow."""
+
+    request_id: int
+    tensors: list[TensorMeta]   # names are value keys ("<node>.<port>")
+
+
+Message = Union[
+    Hello, Ready, Peers, OpenRequest, RunBatch, BatchDone, BatchFailed,
+    CloseRequest, Heartbeat, Shutdown, EdgeTensors,
+]
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    """msgpack bytes of a message."""
+    return _ENCODER.encode(msg)
+
+
+def decode(data: bytes | memoryview) -> Message:
+    """The typed message in `data`; raises msgspec.ValidationError on a malformed one."""
+    return _DECODER.decode(data)

@@ -1,0 +1,149 @@
+"""Small typed queues that hide ZeroMQ (mini-sglang's habit).
+
+  ConductorQueue  the conductor's ROUTER socket: workers (local or on other hosts) connect
+                  to it; `send(rank, msg)` / `await recv()`; asyncio.
+  WorkerQueue     a worker's DEALER socket to the conductor; blocking.
+  EdgeInbox       a worker's PULL socket where other ranks push EdgeTensors.
+  EdgeOutbox      PUSH sockets to other ranks' inboxes, connected lazily.
+
+A multipart ZeroMQ message is [msgpack envelope, tensor frames...]; `tensors` passed to a
+send are attached as frames and their headers written into the message's `tensors` field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import zmq
+import zmq.asyncio
+
+from runtime.transport.frames import frame_to_tensor, tensor_to_frame
+from runtime.transport.messages import Message, decode, encode
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class Envelope:
+    """A received message and the tensors that came with it."""
+
+    msg: Message
+    tensors: Tensors = field(default_factory=dict)
+
+
+def _pack(msg: Message, tensors: Tensors | None) -> list:
+    frames: list = []
+    if tensors:
+        metas = []
+        for name, t in tensors.items():
+            meta, buf = tensor_to_frame(name, t)
+            metas.append(meta)
+            frames.append(buf)
+        msg.tensors = metas
+    return [encode(msg), *frames]
+
+
+def _unpack(parts: list) -> Envelope:
+    msg = decode(parts[0].buffer if isinstance(parts[0], zmq.Frame) else parts[0])
+    metas = getattr(msg, "tensors", None) or []
+    if len(metas) != len(parts) - 1:
+        raise ValueError(f"{type(msg).__name__}: {len(metas)} tensor headers but {len(parts) - 1} frames")
+    tensors = {m.name: frame_to_tensor(m, p.buffer) for m, p in zip(metas, parts[1:])}
+    return Envelope(msg, tensors)
+
+
+def rank_identity(rank: int) -> bytes:
+    """ZeroMQ identity of a rank's DEALER socket."""
+    return f"rank-{rank}".encode()
+
+
+class ConductorQueue:
+    """The conductor's end: one ROUTER socket that every worker connects to."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str) -> None:
+        self._sock = ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)   # a restarted rank takes over its identity
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to an absent rank raises
+        self._sock.setsockopt(zmq.LINGER, 0)
+        if endpoint.endswith(":0"):
+            port = self._sock.bind_to_random_port(endpoint.rsplit(":", 1)[0])
+            endpoint = f"{endpoint.rsplit(':', 1)[0]}:{port}"
+        else:
+            self._sock.bind(endpoint)
+        self.endpoint = endpoint
+
+    def send(self, rank: int, msg: Message, tensors: Tensors | None = None) -> None:
+        """Queue `msg` for `rank`; raises zmq.ZMQError if that rank is not connected."""
+        self._sock.send_multipart([rank_identity(rank), *_pack(msg, tensors)], copy=False)
+
+    async def recv(self) -> tuple[int, Envelope]:
+        """The next message from any worker, with the sender's rank."""
+        parts = await self._sock.recv_multipart(copy=False)
+        rank = int(bytes(parts[0].buffer).decode().split("-")[1])
+        return rank, _unpack(parts[1:])
+
+    def close(self) -> None:
+        self._sock.close(0)
+
+
+class WorkerQueue:
+    """A worker's end of the control channel."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, rank: int) -> None:
+        self._sock = ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.IDENTITY, rank_identity(rank))
+        self._sock.setsockopt(zmq.LINGER, 1000)
+        self._sock.connect(endpoint)
+        self.socket = self._sock   # exposed for zmq.Poller
+
+    def send(self, msg: Message, tensors: Tensors | None = None) -> None:
+        self._sock.send_multipart(_pack(msg, tensors), copy=False)
+
+    def recv(self) -> Envelope:
+        return _unpack(self._sock.recv_multipart(copy=False))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class EdgeInbox:
+    """Where other ranks push a worker's cross-rank inputs."""
+
+    def __init__(self, ctx: zmq.Context, host: str) -> None:
+        self._sock = ctx.socket(zmq.PULL)
+        port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = f"tcp://{host}:{port}"
+        self.socket = self._sock
+
+    def recv(self) -> Envelope:
+        return _unpack(self._sock.recv_multipart(copy=False))
+
+    def close(self) -> None:
+        self._sock.close(0)
+
+
+class EdgeOutbox:
+    """PUSH sockets to other ranks' inboxes, one per rank, connected on first use."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self._ctx = ctx
+        self._endpoints: dict[int, str] = {}
+        self._socks: dict[int, zmq.Socket] = {}
+
+    def set_peers(self, endpoints: dict[int, str]) -> None:
+        for rank, ep in endpoints.items():
+            if self._endpoints.get(rank) != ep and rank in self._socks:
+                self._socks.pop(rank).close(0)
+            self._endpoints[rank] = ep
+
+    def send(self, rank: int, msg: Message, tensors: Tensors | None = None) -> None:
+        if rank not in self._socks:
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(self._endpoints[rank])
+            self._socks[rank] = sock
+        self._socks[rank].send_multipart(_pack(msg, tensors), copy=False)
+
+    def close(self) -> None:
+        for sock in self._socks.values():
+            sock.close(0)
