@@ -23,6 +23,7 @@ $(VENV)/.installed: $(BIN)/python setup.cfg
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e tests/plugins/mstar_audio_gain   # example plugin: adds kind audio_gain
 	touch $@
 
 venv: $(VENV)/.installed

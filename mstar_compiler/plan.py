@@ -39,8 +39,11 @@ How the conductor reads a plan
       holds ends the loop and is recorded as the request's exit reason (or "max").
     At each loop end the loop's `carries` copy an output of this iteration to an input
     of the next one; `outputs` say which values reach the client and how (each/all/last).
-* Inputs of a `Run` come from `edges` (same walk, src node's output port), from a loop
-  carry, or, for ports listed in `request_inputs`, from the request itself.
+* Inputs of a `Run` come, in this order of precedence: from a loop carry (at iteration 0
+  a carried input reads the latest value the request holds for the carry's source port,
+  e.g. the token the prefill walk sampled, if any); from `edges` (same walk, the source
+  node's output); or, for ports listed in `request_inputs`, from the request itself
+  (prompt tokens, images, ...; a `latent` request input is fresh noise).
 * `tasks`: each request names a task. A task is one or more tracks run concurrently;
   each track is a state table. A state either runs a walk, iterates a walk over the
   request's interleaved inputs (`for_each`), or only branches. After a state finishes
@@ -48,7 +51,8 @@ How the conductor reads a plan
   state (`DONE` = -1 ends the track). A track with `per_chunk` runs its walk once per
   chunk released by that stream and ends after the final chunk.
 * `transfers`: every edge whose producer and consumer run on different ranks; the
-  sending worker sends straight to the receiving worker. `kind == "kv"` moves a KV
+  sending worker sends straight to the receiving worker. Between rank sets the lead
+  (first) ranks exchange and a TP group broadcasts inside itself. `kind == "kv"` moves a KV
   cache between walks placed on different ranks (prefill/decode disaggregation).
 * `streams`: streaming edges; the consuming rank keeps one buffer per request of
   `capacity` items and releases chunks by the policy (see `ChunkPolicy`).
@@ -142,6 +146,10 @@ class Node(Base):
     max_batch: int                      # largest batch the conductor may form for this node
     is_capture_safe: bool               # static shapes per batch bucket
     source: str                         # "file:line:col" of the node's declaration (for messages)
+    # where the weights come from, as written in the graph preset's `weights:` (None: seeded random):
+    # a safetensors file or directory, a .gguf file, or "pkg:<package>/<file>" inside an installed
+    # Python package (resolved by the runtime, never downloaded)
+    weights: str | None = None
 
 
 # ---------------------------------------------------------------- dataflow
@@ -160,7 +168,8 @@ class RequestInput(Base):
     walk: str                           # walk whose Run of `node` reads it
     node: str
     port: str
-    dtype: str                          # what the request must supply (tokens from text, image, audio, ...)
+    dtype: str                          # what the request supplies (tokens from text, image, audio, ...)
+    optional: bool = False              # the port may stay empty (e.g. no image in this request)
 
 
 class Transfer(Base):
@@ -295,7 +304,7 @@ class Transition(Base):
 class State(Base):
     index: int
     walk: str | None                    # walk to run (None: for_each or pure branch state)
-    for_each: dict[str, str] | None     # input dtype -> walk: run once per request input item, in order
+    for_each: dict[str, list[str]] | None  # input modality -> walks: run them, in order, per request input item
     transitions: list[Transition]       # tried in order after the state finishes
 
 

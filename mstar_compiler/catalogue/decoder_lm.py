@@ -149,10 +149,11 @@ QWEN3_PRESETS: dict[str, Dims] = {
 QWEN3_MOE_PRESETS: dict[str, Dims] = {
     "tiny": {**_TINY, "rope_theta": 1000000.0, "num_experts": 4, "num_experts_per_tok": 2,
              "moe_intermediate_size": 32, "norm_topk_prob": True},
-    # Qwen3-Omni-30B-A3B thinker (text part)
+    # Qwen3-Omni-30B-A3B thinker (text part); interleaved M-RoPE over (t, h, w) positions
     "qwen3-30b-a3b": {
         "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
         "head_dim": 128, "intermediate_size": 6144, "vocab_size": 151936, "rope_theta": 1000000.0,
+        "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True},
         "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 65536,
         "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
         "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],

@@ -119,8 +119,12 @@ _TALKER_TINY: dict[str, Any] = {
     "shared_expert_intermediate_size": 32, "norm_topk_prob": True, "rms_norm_eps": 1e-6,
     "rope_theta": 1e6, "mrope_section": (4, 2, 2), "num_code_groups": 4, "accept_hidden_layer": 1,
     "codec_pad_id": 64, "codec_bos_id": 65, "codec_eos_token_id": 66, "codec_nothink_id": 67,
-    "codec_think_bos_id": 68, "codec_think_eos_id": 69,
+    "codec_think_bos_id": 68, "codec_think_eos_id": 69, "codebook_size": 64,
     "speaker_id": {"chelsie": 70, "ethan": 71, "aiden": 72},
+    # thinker-vocabulary ids the talker's prompt is cut and padded with (tiny thinker vocab: 512)
+    "im_start_token_id": 500, "user_token_id": 501, "assistant_token_id": 502,
+    "audio_token_id": 503, "image_token_id": 504, "video_token_id": 505,
+    "tts_pad_token_id": 506, "tts_bos_token_id": 507, "tts_eos_token_id": 508,
 }
 _TALKER_FULL: dict[str, Any] = {
     "thinker_hidden_size": 2048, "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 20,
@@ -129,8 +133,11 @@ _TALKER_FULL: dict[str, Any] = {
     "shared_expert_intermediate_size": 768, "norm_topk_prob": True, "rms_norm_eps": 1e-6,
     "rope_theta": 1e6, "mrope_section": (24, 20, 20), "num_code_groups": 16, "accept_hidden_layer": 24,
     "codec_pad_id": 2148, "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_nothink_id": 2155,
-    "codec_think_bos_id": 2156, "codec_think_eos_id": 2157,
+    "codec_think_bos_id": 2156, "codec_think_eos_id": 2157, "codebook_size": 2048,
     "speaker_id": {"chelsie": 2301, "ethan": 2302, "aiden": 2303},
+    "im_start_token_id": 151644, "user_token_id": 872, "assistant_token_id": 77091,
+    "audio_token_id": 151675, "image_token_id": 151655, "video_token_id": 151656,
+    "tts_pad_token_id": 151671, "tts_bos_token_id": 151672, "tts_eos_token_id": 151673,
 }
 
 

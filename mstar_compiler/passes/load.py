@@ -103,7 +103,11 @@ class _Builder:
 
 def load_text(text: str, file: str) -> Doc:
     """Parse YAML `text` (from `file`) into a Doc; YAML syntax errors become CompileError."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:
+        raise CompileError(f"YAML: {exc}".splitlines()[0], Position(file, 1, 1), (),
+                           "the file holds characters YAML does not allow") from None
     try:
         root = loader.get_single_node()
         if root is None:
@@ -116,8 +120,8 @@ def load_text(text: str, file: str) -> Doc:
         where = _pos(file, mark) if mark else Position(file, 1, 1)
         raise CompileError(f"YAML syntax: {exc.problem or exc.context}", where, (),
                            "check indentation, quotes and colons here") from None
-    except yaml.YAMLError as exc:
-        raise CompileError(f"YAML syntax: {exc}", Position(file, 1, 1)) from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise CompileError(f"YAML: {exc}".splitlines()[0], Position(file, 1, 1)) from None
     finally:
         loader.dispose()
     return Doc(file, text, data, builder.value_pos, builder.key_pos)

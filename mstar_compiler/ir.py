@@ -1,0 +1,194 @@
+"""The compiler's intermediate representation: one `IR` object that the passes fill in.
+
+Each pass (`mstar_compiler/passes/<name>.py`) takes the IR, checks and adds its part,
+and returns it; `mstar_compiler.verify` states what must hold after each pass. Parts that
+reach the runtime reuse the plan's structs (`mstar_compiler.plan`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from mstar_compiler import plan
+from mstar_compiler.catalogue import Catalogue, KindSpec
+from mstar_compiler.errors import Path
+from mstar_compiler.passes.load import Doc
+
+
+@dataclass(frozen=True)
+class Options:
+    """Command-line choices."""
+
+    preset: str | None = None            # graph-level preset (default: "tiny", else the first)
+    placement: str | None = None         # placement profile (default: `default_placement`, else the first)
+    device_memory: int | None = None     # bytes per device (default: the preset's, else 80 GiB)
+    devices: int | None = None           # number of ranks (default: highest placed rank + 1)
+
+
+@dataclass
+class ParamIR:
+    spec: plan.Param
+    path: Path
+
+
+@dataclass
+class NodeIR:
+    name: str
+    kind: str
+    spec: KindSpec
+    preset: str
+    dims: dict[str, Any]
+    args: dict[str, Any]
+    param_args: dict[str, str]
+    weight_key: str
+    dtype: str
+    has_kv_cache: bool
+    page_tokens: int
+    max_pages: int | None
+    max_batch: int
+    path: Path
+    weights: str | None = None                                 # resolve: preset `weights:` source
+    inputs: list[plan.Port] = field(default_factory=list)     # typecheck
+    outputs: list[plan.Port] = field(default_factory=list)    # typecheck
+    placement: plan.Placement | None = None                   # place
+    kv_pools: list[plan.KvPool] = field(default_factory=list)  # memory
+
+
+@dataclass
+class NodeStep:
+    node: str
+    path: Path
+
+
+@dataclass
+class ParStep:
+    branches: list[list[NodeStep]]
+    path: Path
+
+
+@dataclass
+class CarryIR:
+    carry: plan.Carry
+    path: Path
+
+
+@dataclass
+class EmitIR:
+    output: plan.LoopOutput
+    path: Path
+
+
+@dataclass
+class LoopStep:
+    dynamic: bool                         # DynamicLoop (until + max) or Loop (repeat)
+    count: plan.Count                     # repeat count, or max for a DynamicLoop
+    until: list[plan.ExitCond]
+    body: SeqStep
+    carries: list[CarryIR]
+    emits: list[EmitIR]
+    watch: tuple[str, str] | None         # node, port the eos/stop_token conditions test
+    path: Path
+
+
+@dataclass
+class SeqStep:
+    steps: list[Step]
+    path: Path
+
+
+Step = Union[NodeStep, ParStep, LoopStep, SeqStep]
+
+
+@dataclass
+class EdgeDecl:
+    src_node: str
+    src_port: str
+    dst_node: str
+    dst_port: str
+    path: Path
+
+
+@dataclass
+class StreamIR:
+    name: str
+    src_node: str
+    src_port: str
+    dst_node: str
+    dst_port: str
+    policy: plan.ChunkPolicy
+    path: Path
+
+
+@dataclass
+class WalkRunIR:
+    walk: str
+    path: Path
+
+
+@dataclass
+class ForEachIR:
+    walks: dict[str, list[str]]           # input modality -> walks run per item
+    path: Path
+
+
+@dataclass
+class IfIR:
+    cond: plan.Cond
+    then: list[TaskStepIR]
+    otherwise: list[TaskStepIR]
+    path: Path
+
+
+TaskStepIR = Union[WalkRunIR, ForEachIR, IfIR]
+
+
+@dataclass
+class TrackIR:
+    name: str
+    steps: list[TaskStepIR]
+    per_chunk: str | None
+    path: Path
+
+
+@dataclass
+class TaskIR:
+    name: str
+    tracks: list[TrackIR]
+    path: Path
+
+
+@dataclass
+class IR:
+    """Everything the passes know; filled in pipeline order."""
+
+    doc: Doc
+    catalogue: Catalogue
+    options: Options
+    # resolve
+    model: str = ""
+    preset: str = ""
+    device_memory: int = 0
+    params: dict[str, ParamIR] = field(default_factory=dict)
+    nodes: dict[str, NodeIR] = field(default_factory=dict)
+    walks: dict[str, SeqStep] = field(default_factory=dict)
+    edge_decls: list[EdgeDecl] = field(default_factory=list)
+    streams: dict[str, StreamIR] = field(default_factory=dict)
+    tasks: dict[str, TaskIR] = field(default_factory=dict)
+    default_task: str = ""
+    placement_name: str = ""
+    # typecheck
+    edges: list[plan.Edge] = field(default_factory=list)
+    request_inputs: list[plan.RequestInput] = field(default_factory=list)
+    walk_outputs: dict[str, list[plan.LoopOutput]] = field(default_factory=dict)
+    # lower
+    programs: dict[str, list[plan.Op]] = field(default_factory=dict)
+    task_tables: list[plan.Task] = field(default_factory=list)
+    # place
+    num_ranks: int = 0
+    transfers: list[plan.Transfer] = field(default_factory=list)
+    # memory
+    ranks: list[plan.Rank] = field(default_factory=list)
+    # capture
+    capture_regions: list[plan.CaptureRegion] = field(default_factory=list)
+    # buffers
+    plan_streams: list[plan.Stream] = field(default_factory=list)

@@ -1,0 +1,229 @@
+"""Pass 3, resolve (part 1): graph preset, params, nodes (kinds, presets, dims, args, same_as).
+
+Walks, edges, streams, tasks and the placement choice are resolved in `resolve_walks`,
+which this pass calls last.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from mstar_compiler import plan
+from mstar_compiler.errors import Path, did_you_mean
+from mstar_compiler.ir import IR, NodeIR, ParamIR
+from mstar_compiler.passes import resolve_walks
+from mstar_compiler.passes.resolve_walks import param_ref
+from mstar_compiler.units import parse_size
+
+DEFAULT_DEVICE_MEMORY = 80 * 2**30
+DEFAULT_PAGE_TOKENS = 16
+DEFAULT_MAX_BATCH = 64
+_PY_TYPES = {"integer": (int,), "number": (int, float), "boolean": (bool,), "string": (str,)}
+
+
+def run(ir: IR) -> IR:
+    data = ir.doc.data
+    ir.model = data["model"]
+    preset = _choose_preset(ir)
+    ir.device_memory = _device_memory(ir, preset)
+    _params(ir, preset)
+    _nodes(ir, preset)
+    resolve_walks.run(ir)
+    return ir
+
+
+def _choose_preset(ir: IR) -> dict[str, Any]:
+    presets = ir.doc.data.get("presets", {})
+    name = ir.options.preset
+    path: Path = ("presets",)
+    if name is None and "default_preset" in ir.doc.data:
+        name, path = ir.doc.data["default_preset"], ("default_preset",)
+    elif name is None:
+        name = "tiny" if "tiny" in presets else next(iter(presets), "")
+    if name and name not in presets:
+        source = "--preset" if path == ("presets",) else "default_preset"
+        raise ir.doc.error(f"unknown graph preset '{name}' (from {source})", path,
+                           did_you_mean(name, presets) or "this graph declares no presets",
+                           key=path == ("presets",))
+    ir.preset = name
+    return presets.get(name, {})
+
+
+def _device_memory(ir: IR, preset: dict[str, Any]) -> int:
+    if ir.options.device_memory is not None:
+        return ir.options.device_memory
+    if "device_memory" not in preset:
+        return DEFAULT_DEVICE_MEMORY
+    try:
+        return parse_size(preset["device_memory"])
+    except ValueError as exc:
+        raise ir.doc.error(str(exc), ("presets", ir.preset, "device_memory")) from None
+
+
+def _check_value(ir: IR, spec: plan.Param, value: Any, path: Path) -> None:
+    if not isinstance(value, _PY_TYPES[spec.type]) or (spec.type != "boolean" and isinstance(value, bool)):
+        raise ir.doc.error(f"param '{spec.name}' is {spec.type}, got {value!r}", path)
+    if spec.minimum is not None and value < spec.minimum:
+        raise ir.doc.error(f"{value!r} is below the minimum {spec.minimum} of param '{spec.name}'", path)
+    if spec.maximum is not None and value > spec.maximum:
+        raise ir.doc.error(f"{value!r} is above the maximum {spec.maximum} of param '{spec.name}'", path)
+    if spec.choices is not None and value not in spec.choices:
+        raise ir.doc.error(f"{value!r} is not one of param '{spec.name}' choices {spec.choices}", path)
+
+
+def _params(ir: IR, preset: dict[str, Any]) -> None:
+    overrides = preset.get("params", {})
+    for name, raw in ir.doc.data.get("params", {}).items():
+        path: Path = ("params", name)
+        lo, hi = raw.get("minimum"), raw.get("maximum")
+        if lo is not None and hi is not None and lo > hi:
+            raise ir.doc.error(f"param '{name}': minimum {lo} is above maximum {hi}", (*path, "minimum"))
+        if raw["type"] not in ("integer", "number") and (lo is not None or hi is not None):
+            raise ir.doc.error(f"param '{name}' of type {raw['type']} cannot have bounds", path)
+        spec = plan.Param(name=name, type=raw["type"], default=raw.get("default"), minimum=lo,
+                          maximum=hi, choices=raw.get("enum"), doc=raw.get("doc", ""))
+        if spec.default is not None:
+            _check_value(ir, spec, spec.default, (*path, "default"))
+        if name in overrides:
+            _check_value(ir, spec, overrides[name], ("presets", ir.preset, "params", name))
+            spec = plan.Param(**{**_fields(spec), "default": overrides[name]})
+        ir.params[name] = ParamIR(spec, path)
+    for name in overrides:
+        if name not in ir.params:
+            raise ir.doc.error(f"preset '{ir.preset}' sets unknown param '{name}'",
+                               ("presets", ir.preset, "params", name), did_you_mean(name, ir.params), key=True)
+
+
+def _fields(struct: plan.Param) -> dict[str, Any]:
+    return {f: getattr(struct, f) for f in struct.__struct_fields__}
+
+
+def _nodes(ir: IR, preset: dict[str, Any]) -> None:
+    raw_nodes: dict[str, Any] = ir.doc.data["nodes"]
+    preset_map = preset.get("nodes", {})
+    for name in preset_map:
+        if name not in raw_nodes:
+            raise ir.doc.error(f"preset '{ir.preset}' maps unknown node '{name}'",
+                               ("presets", ir.preset, "nodes", name), did_you_mean(name, raw_nodes), key=True)
+    for name, raw in raw_nodes.items():
+        if "same_as" not in raw:
+            ir.nodes[name] = _root_node(ir, name, raw, preset, preset_map)
+    for name, raw in raw_nodes.items():
+        if "same_as" in raw:
+            ir.nodes[name] = _shared_node(ir, name, raw, raw_nodes, preset_map)
+    ir.nodes = {name: ir.nodes[name] for name in raw_nodes}
+    _weights(ir, preset.get("weights", {}))
+
+
+def _weights(ir: IR, sources: dict[str, str]) -> None:
+    """Attach the preset's weight sources; `same_as` nodes read their root's weights."""
+    for name, source in sources.items():
+        path: Path = ("presets", ir.preset, "weights", name)
+        if name not in ir.nodes:
+            raise ir.doc.error(f"preset '{ir.preset}' gives weights for unknown node '{name}'", path,
+                               did_you_mean(name, ir.nodes), key=True)
+        if ir.nodes[name].weight_key != name:
+            raise ir.doc.error(f"node '{name}' shares weights (same_as) and cannot name its own", path,
+                               f"give the weights to '{ir.nodes[name].weight_key}'", key=True)
+    for node in ir.nodes.values():
+        node.weights = sources.get(node.weight_key)
+
+
+def _root_node(ir: IR, name: str, raw: dict[str, Any], preset: dict[str, Any],
+               preset_map: dict[str, str]) -> NodeIR:
+    path: Path = ("nodes", name)
+    if "kind" not in raw:
+        raise ir.doc.error(f"node '{name}' needs `kind:` (or `same_as:` another node)", path)
+    kind = raw["kind"]
+    if kind not in ir.catalogue:
+        raise ir.doc.error(f"unknown component kind '{kind}'", (*path, "kind"),
+                           did_you_mean(kind, ir.catalogue.kinds()))
+    spec = ir.catalogue[kind]
+    preset_name, preset_path = _node_preset(ir, name, raw, preset_map)
+    if preset_name not in spec.presets:
+        raise ir.doc.error(f"kind '{kind}' has no preset '{preset_name}'", preset_path,
+                           did_you_mean(preset_name, spec.presets))
+    dims = dict(spec.presets[preset_name])
+    for key, value in raw.get("dims", {}).items():
+        if key not in dims:
+            raise ir.doc.error(f"kind '{kind}' has no dim '{key}'", (*path, "dims", key),
+                               did_you_mean(key, dims), key=True)
+        dims[key] = value
+    node = NodeIR(name=name, kind=kind, spec=spec, preset=preset_name, dims=dims, args={},
+                  param_args={}, weight_key=name, dtype=raw.get("dtype", preset.get("dtype", "bf16")),
+                  has_kv_cache=False, page_tokens=DEFAULT_PAGE_TOKENS, max_pages=None,
+                  max_batch=1, path=path)
+    _apply_node_options(ir, node, raw, dict(spec.args))
+    return node
+
+
+def _node_preset(ir: IR, name: str, raw: dict[str, Any], preset_map: dict[str, str]) -> tuple[str, Path]:
+    if name in preset_map:
+        return preset_map[name], ("presets", ir.preset, "nodes", name)
+    if "preset" in raw:
+        return raw["preset"], ("nodes", name, "preset")
+    return "tiny", ("nodes", name)
+
+
+def _shared_node(ir: IR, name: str, raw: dict[str, Any], raw_nodes: dict[str, Any],
+                 preset_map: dict[str, str]) -> NodeIR:
+    path: Path = ("nodes", name)
+    for key in ("kind", "preset", "dims", "dtype"):
+        if key in raw:
+            raise ir.doc.error(f"node '{name}' shares weights (same_as) and cannot set `{key}`",
+                               (*path, key), f"it takes `{key}` from '{raw['same_as']}'", key=True)
+    if name in preset_map:
+        raise ir.doc.error(f"preset '{ir.preset}' maps node '{name}', which takes its preset from same_as",
+                           ("presets", ir.preset, "nodes", name), "map the node it shares weights with", key=True)
+    root_name = _same_as_root(ir, name, raw_nodes)
+    root = ir.nodes[root_name]
+    node = NodeIR(name=name, kind=root.kind, spec=root.spec, preset=root.preset, dims=dict(root.dims),
+                  args={}, param_args={}, weight_key=root_name, dtype=root.dtype,
+                  has_kv_cache=False, page_tokens=root.page_tokens, max_pages=root.max_pages,
+                  max_batch=1, path=path)
+    defaults = {**root.spec.args, **root.args, **{k: f"${v}" for k, v in root.param_args.items()}}
+    _apply_node_options(ir, node, {**raw_nodes[root_name], **raw}, defaults)
+    return node
+
+
+def _same_as_root(ir: IR, name: str, raw_nodes: dict[str, Any]) -> str:
+    seen = [name]
+    current = name
+    while "same_as" in raw_nodes[current]:
+        target = raw_nodes[current]["same_as"]
+        if target not in raw_nodes:
+            raise ir.doc.error(f"same_as names unknown node '{target}'", ("nodes", current, "same_as"),
+                               did_you_mean(target, raw_nodes))
+        if target in seen:
+            raise ir.doc.error(f"same_as cycle: {' -> '.join([*seen, target])}", ("nodes", name, "same_as"),
+                               "one node of the group must declare `kind:`")
+        seen.append(target)
+        current = target
+    return current
+
+
+def _apply_node_options(ir: IR, node: NodeIR, raw: dict[str, Any], defaults: dict[str, Any]) -> None:
+    spec = node.spec
+    args = dict(defaults)
+    for key, value in raw.get("args", {}).items():
+        if key not in spec.args:
+            raise ir.doc.error(f"kind '{spec.kind}' takes no arg '{key}'", (*node.path, "args", key),
+                               did_you_mean(key, spec.args) or f"kind '{spec.kind}' takes no args", key=True)
+        args[key] = value
+    for key, value in args.items():
+        if isinstance(value, str) and value.startswith("$"):
+            node.param_args[key] = param_ref(ir, value, (*node.path, "args", key))
+        else:
+            node.args[key] = value
+    kv = raw.get("kv_cache", "paged" if spec.has_kv_cache else "none")
+    if kv != "none" and not spec.has_kv_cache:
+        raise ir.doc.error(f"kind '{spec.kind}' keeps no KV cache", (*node.path, "kv_cache"),
+                           "remove `kv_cache:`")
+    node.has_kv_cache = kv != "none"
+    if isinstance(kv, dict):
+        node.page_tokens = kv.get("page_tokens", DEFAULT_PAGE_TOKENS)
+        node.max_pages = kv.get("max_pages")
+    node.max_batch = raw.get("batch", DEFAULT_MAX_BATCH if spec.can_batch else 1)
+    if node.max_batch > 1 and not spec.can_batch:
+        raise ir.doc.error(f"kind '{spec.kind}' cannot batch requests", (*node.path, "batch"),
+                           "use batch: 1 or leave it out")
+

@@ -1,0 +1,98 @@
+"""The seed graphs compile under every placement and preset; golden `explain` reports.
+
+Regenerate the golden files with `MSTAR_UPDATE_GOLDEN=1 pytest tests/compiler/test_graphs.py`
+and read the diff by eye.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from compiler_helpers import HERE, REPO
+from mstar_compiler.explain import explain
+from mstar_compiler.ir import Options
+from mstar_compiler.pipeline import compile_file
+from mstar_compiler.units import parse_size
+
+GRAPHS = {
+    "bagel": ["single", "cfg_parallel"],
+    "qwen3_omni": ["single", "thinker_talker"],
+    "orpheus": ["single", "disaggregated", "tp2"],
+    "vjepa2_ac": ["single"],
+    "smollm2": ["single", "replicas"],
+}
+FULL = {"bagel": "bagel-7b", "qwen3_omni": "qwen3-omni-30b-a3b", "orpheus": "orpheus-3b",
+        "vjepa2_ac": "vitg", "smollm2": "smollm2-135m"}
+CASES = [(g, p) for g, ps in GRAPHS.items() for p in ps]
+
+
+def _compile(graph: str, **options):
+    return compile_file(str(REPO / "graphs" / f"{graph}.yaml"), Options(**options), verify=True)
+
+
+@pytest.mark.parametrize("graph,placement", CASES)
+def test_tiny_and_full_presets_compile(graph, placement):
+    tiny = _compile(graph, placement=placement, preset="tiny").plan
+    full = _compile(graph, placement=placement, preset=FULL[graph]).plan
+    assert tiny.preset == "tiny" and full.preset == FULL[graph]
+    assert sum(r.weight_bytes for r in full.ranks) > 50 * sum(r.weight_bytes for r in tiny.ranks)
+
+
+@pytest.mark.parametrize("graph,placement", CASES)
+def test_golden_explain(graph, placement):
+    report = explain(_compile(graph, placement=placement, preset="tiny").plan)
+    path = HERE / "golden" / f"{graph}-{placement}.txt"
+    if os.environ.get("MSTAR_UPDATE_GOLDEN"):
+        path.write_text(report)
+    assert report == path.read_text()
+
+
+def test_bagel_full_size_weights_match_published_parameter_count():
+    p = _compile("bagel", preset="bagel-7b", placement="single", device_memory=parse_size("80GiB")).plan
+    (rank,) = p.ranks
+    assert rank.memory_bytes == 80 * 2**30
+    params_on_rank = rank.weight_bytes / 2                     # bf16
+    assert abs(params_on_rank - 14e9) / 14e9 < 0.05
+    report = explain(p)
+    assert f"weights {rank.weight_bytes / 2**30:.1f} GiB" in report
+    cfg = _compile("bagel", preset="bagel-7b", placement="cfg_parallel").plan
+    assert [r.weight_bytes // 2 // 10**9 for r in cfg.ranks] == [14, 14, 14]   # the LLM weights on every rank
+
+
+def test_one_bagel_config_serves_four_tasks():
+    p = _compile("bagel").plan
+    assert {t.name for t in p.tasks} == {"chat", "i2t", "t2i", "i2i"}
+
+
+def test_placements_required_by_the_issue():
+    assert _compile("qwen3_omni", placement="thinker_talker").plan.node("talker").placement.ranks == [1]
+    orpheus = _compile("orpheus", placement="tp2").plan.node("lm").placement
+    assert (orpheus.ranks, orpheus.tp_size) == ([0, 1], 2)
+    pd = _compile("orpheus", placement="disaggregated").plan.node("lm").placement
+    assert pd.walk_ranks == {"talk": [1]}
+
+
+def test_full_orpheus_does_not_fit_a_small_device():
+    from mstar_compiler.errors import CompileError
+    with pytest.raises(CompileError, match="model does not fit: rank 0 holds"):
+        _compile("orpheus", preset="orpheus-3b", device_memory=parse_size("4GiB"))
+
+
+def test_plugin_kind_compiles():
+    p = compile_file(str(HERE / "graphs" / "plugin_tts.yaml"), verify=True).plan
+    louder = p.node("louder")
+    assert louder.kind == "audio_gain" and louder.num_params == 1 and louder.param_args == {"initial_gain": "gain"}
+    assert ("snac", "audio", "louder", "audio") in {(e.src_node, e.src_port, e.dst_node, e.dst_port) for e in p.edges}
+
+
+def test_schema_is_valid_2020_12_and_graphs_point_at_it():
+    import json
+
+    import jsonschema
+
+    schema = json.loads((REPO / "schemas" / "walk_graph.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for graph in GRAPHS:
+        first = (REPO / "graphs" / f"{graph}.yaml").read_text().splitlines()[0]
+        assert first == "# yaml-language-server: $schema=../schemas/walk_graph.schema.json"
