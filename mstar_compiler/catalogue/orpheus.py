@@ -13,8 +13,6 @@ encoder: 13,152,242 parameters for the published 24 kHz model, whose full checkp
 """
 from __future__ import annotations
 
-from math import prod
-
 from mstar_compiler.catalogue import Dims, KindSpec, Port
 
 
@@ -57,11 +55,6 @@ def snac_decoder_params(d: Dims) -> int:
     return _quantizer_params(d) + _decoder_params(d)
 
 
-def samples_per_frame(d: Dims) -> int:
-    """Audio samples per coarse SNAC frame (7 Orpheus tokens): 2048 at 24 kHz."""
-    return prod(d["decoder_rates"]) * d["vq_strides"][0]
-
-
 _SNAC_24KHZ = {
     "sampling_rate": 24000,
     "latent_dim": 768,            # encoder_dim 48 * 2**4
@@ -89,7 +82,7 @@ SNAC_DECODER = KindSpec(
     num_params=snac_decoder_params,
     has_kv_cache=False,
     can_batch=True,
-    is_capture_safe=True,  # a full window is always 28 tokens: static shapes per batch bucket
+    is_capture_safe=True,  # steady-state windows are always 28 tokens (static shapes); flush windows run eagerly
     args={
         # SNAC's decoder adds learned-scale Gaussian noise after each upsampling (as
         # published). Off by default: a deterministic, batch-invariant decode.

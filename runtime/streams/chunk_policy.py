@@ -12,8 +12,10 @@ consumer (the SNAC decoder) takes chunks when the edge's policy releases one:
 Guarantees (tests/runtime/streams/test_chunk_policy.py checks them with hypothesis):
 every pushed item is delivered as a *new* item exactly once and in order; earlier items
 reappear only as a chunk's leading context; when the producer finishes, the remainder is
-flushed and exactly one chunk, the last, is final (it may carry no new items when the
-producer ended right on a chunk boundary after a non-final release); the buffer never
+flushed and exactly one chunk, the last, is final. When the producer ended right on a
+chunk boundary after a non-final release, the final chunk carries no new items, only the
+policy's context (the last `window` items for Sliding, `context` for LeftContext), so a
+consumer such as SNAC can finish the samples it held back for lack of right context; the buffer never
 holds more than `capacity` items, because the producer may push only while
 `can_push()` — the conductor uses that as back-pressure.
 """
@@ -44,8 +46,8 @@ class Sliding:
     stride: int
 
     def min_capacity(self) -> int:
-        # the window's overlap (window - 1 retained) plus one stride of new items
-        return max(self.window, self.window - 1 + self.stride)
+        # the last window is retained (a final chunk may re-send it) plus one stride of new items
+        return self.window + self.stride
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ class StreamBuffer(Generic[Item]):
         if span is None:
             return None
         start, end = span
+        assert start >= self._base, "a chunk reaches before the retained items"
         is_final = self._is_finished and end == self._num_produced
         items = [self._items[i - self._base] for i in range(start, end)]
         chunk = Chunk(items=items, start=start, num_context=max(0, self._num_released - start), is_final=is_final)
@@ -158,8 +161,8 @@ class StreamBuffer(Generic[Item]):
             end = self._num_produced
         else:
             return None
-        if end == done:
-            return end, end  # producer ended on a boundary: an empty final chunk
+        # producer ended on a boundary: a final chunk with no new items, whose leading
+        # context (Sliding, LeftContext) lets the consumer finish what it held back
         if isinstance(p, Sliding):
             return max(0, end - p.window), end
         if isinstance(p, LeftContext):
@@ -168,7 +171,7 @@ class StreamBuffer(Generic[Item]):
 
     def _drop_unneeded(self) -> None:
         p = self.policy
-        retain = p.window - 1 if isinstance(p, Sliding) else p.context if isinstance(p, LeftContext) else 0
+        retain = p.window if isinstance(p, Sliding) else p.context if isinstance(p, LeftContext) else 0
         keep_from = max(0, self._num_released - retain)
         while self._base < keep_from:
             self._items.popleft()

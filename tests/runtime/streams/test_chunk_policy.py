@@ -74,9 +74,9 @@ def test_chunk_shapes_follow_the_policy(policy, num_items):
             assert len(c.new_items) == policy.chunk
             assert c.num_context == min(policy.context, c.start + c.num_context)
     last = chunks[-1]
-    if isinstance(policy, Sliding) and last.new_items:
+    if isinstance(policy, Sliding):  # the final chunk always ends with the last window
         assert len(last.items) == min(policy.window, num_items)
-    if isinstance(policy, LeftContext) and last.new_items:
+    if isinstance(policy, LeftContext):
         assert last.num_context == min(policy.context, num_items - len(last.new_items))
 
 
@@ -91,15 +91,21 @@ def test_code2wav_left_context():
     assert [(c.start, len(c.items), c.num_context) for c in chunks] == [(0, 25, 0), (0, 50, 25), (25, 35, 25)]
 
 
-def test_empty_final_chunk_when_ending_on_a_boundary():
-    buf: StreamBuffer[int] = StreamBuffer(Fixed(2))
-    for i in range(2):
+@pytest.mark.parametrize("policy, context", [(Fixed(4), []), (Sliding(4, 2), [2, 3, 4, 5]),
+                                             (LeftContext(2, 3), [3, 4, 5])])
+def test_final_chunk_without_new_items_carries_context(policy, context):
+    """Ending right after a release: the final chunk re-sends the policy's context only."""
+    buf: StreamBuffer[int] = StreamBuffer(policy)
+    released = []
+    for i in range(6 if not isinstance(policy, Fixed) else 4):
         buf.push(i)
-    first = buf.take()
-    assert first is not None and not first.is_final
+        while (chunk := buf.take()) is not None:
+            released.append(chunk)
     buf.finish()
     last = buf.take()
-    assert last is not None and last.is_final and last.items == []
+    assert last is not None and last.is_final and last.new_items == []
+    assert last.items == context and last.num_context == len(context)
+    assert all(not c.is_final for c in released)
 
 
 def test_push_past_capacity_is_refused():
