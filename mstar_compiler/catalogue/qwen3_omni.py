@@ -17,8 +17,10 @@ code2wav's 16 quantizers), the talker has `head_dim` 128, 6 experts per token, n
 weights and a 768-wide shared expert (the class has no default for it), and codec special ids
 sit at 2148..2157 (class defaults 4196..4205).
 
-Torch-free: `num_params` counts are closed-form and must equal `sum(p.numel())` of the runtime
-modules (tests/runtime/qwen3_omni/test_catalogue.py checks the tiny presets).
+Torch-free: `num_params` counts are closed-form and equal `sum(p.numel())` of the runtime
+modules (tests/runtime/test_registry_matches_catalogue.py builds the tiny presets;
+tests/runtime/qwen3_omni/test_catalogue.py checks the full-size counts against transformers'
+modules built on the meta device).
 """
 from __future__ import annotations
 
@@ -223,6 +225,14 @@ def _presets(tiny: Mapping[str, Any], full: Mapping[str, Any]) -> dict[str, Mapp
     return {"tiny": dict(tiny), FULL: dict(full)}
 
 
+# YAML `args:` of every kind here (the decoder LMs take the same)
+ARGS: dict[str, Any] = {
+    "weights": None,  # the whole model's safetensors checkpoint (file or dir); None: seeded random weights
+    "seed": 0,        # seed of the random weights when `weights` is None
+}
+LM_ARGS: dict[str, Any] = {**ARGS, "attention_backend": "auto"}  # torch | triton | flashinfer | auto
+
+
 KINDS: tuple[KindSpec, ...] = (
     KindSpec(
         kind="qwen3_omni_audio_encoder",
@@ -232,6 +242,7 @@ KINDS: tuple[KindSpec, ...] = (
         presets=_presets(_AUDIO_TINY, _AUDIO_FULL),
         num_params=audio_encoder_params,
         tp_divides=("encoder_attention_heads",),
+        args=ARGS,
     ),
     KindSpec(
         kind="qwen3_omni_vision_encoder",
@@ -244,6 +255,7 @@ KINDS: tuple[KindSpec, ...] = (
         presets=_presets(_VISION_TINY, _VISION_FULL),
         num_params=vision_encoder_params,
         tp_divides=("num_heads",),
+        args=ARGS,
     ),
     KindSpec(
         kind="qwen3_omni_talker",
@@ -262,8 +274,8 @@ KINDS: tuple[KindSpec, ...] = (
         has_kv_cache=True,
         is_capture_safe=True,
         kv_bytes_per_token=_kv_bytes,
-        tp_divides=("num_key_value_heads",),
-        args={"speaker": "ethan"},
+        tp_divides=("num_attention_heads", "num_key_value_heads"),
+        args={**LM_ARGS, "speaker": "ethan"},  # the voice when a request names none
     ),
     KindSpec(
         kind="qwen3_omni_code_predictor",
@@ -278,10 +290,10 @@ KINDS: tuple[KindSpec, ...] = (
         ),
         presets=_presets(_PREDICTOR_TINY, _PREDICTOR_FULL),
         num_params=code_predictor_params,
-        has_kv_cache=True,
-        is_capture_safe=True,
+        has_kv_cache=True,  # per frame: one block of num_code_groups rows per request
         kv_bytes_per_token=_kv_bytes,
-        tp_divides=("num_key_value_heads",),
+        tp_divides=("num_attention_heads", "num_key_value_heads"),
+        args=LM_ARGS,
     ),
     KindSpec(
         kind="qwen3_omni_code2wav",
@@ -290,6 +302,6 @@ KINDS: tuple[KindSpec, ...] = (
         outputs=(Port("audio", "audio", ("S",), stream=True),),
         presets=_presets(_CODE2WAV_TINY, _CODE2WAV_FULL),
         num_params=code2wav_params,
-        args={"chunk": 25, "context": 25},
+        args=ARGS,
     ),
 )
