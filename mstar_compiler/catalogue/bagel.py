@@ -207,13 +207,12 @@ KINDS: tuple[KindSpec, ...] = (
         outputs=(Port("latent", "latent", _LATENT),),
         presets={"tiny": _CFG_DIMS, "bagel-7b": _CFG_DIMS},
         num_params=lambda d: 0,
-        is_capture_safe=True,
         args={
             "text_scale": 4.0,           # cfg_text_scale; <= 1 disables CFG entirely (as BAGEL)
             "img_scale": 1.5,            # cfg_img_scale; <= 1 disables the image branch
             "renorm_type": "global",     # "global" | "channel" | "text_channel"
             "renorm_min": 0.0,           # lower clamp of the renorm scale (upper is 1)
-            "cfg_interval": (0.4, 1.0),  # CFG active where lo < t <= hi
+            "cfg_interval": [0.4, 1.0],  # CFG active where lo < t <= hi
         },
     ),
 )

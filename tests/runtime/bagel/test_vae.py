@@ -1,0 +1,65 @@
+"""`vae_encoder` / `vae_decoder` equal diffusers' AutoencoderKL (FLUX layout) on the same
+weights, with FLUX's latent normalisation; batches equal their members one at a time."""
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers import AutoencoderKL
+from safetensors.torch import save_file
+
+from mstar_compiler.catalogue import load_catalogue
+from runtime.components import component_class
+
+CAT = load_catalogue()
+DIMS = CAT["vae_encoder"].presets["tiny"]
+ARGS = dict(CAT["vae_encoder"].args)
+SCALE, SHIFT = ARGS["scaling_factor"], ARGS["shift_factor"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    torch.manual_seed(0)
+    n = len(DIMS["block_out_channels"])
+    hf = AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * n,
+        up_block_types=["UpDecoderBlock2D"] * n, block_out_channels=list(DIMS["block_out_channels"]),
+        layers_per_block=DIMS["layers_per_block"], latent_channels=DIMS["latent_channels"],
+        norm_num_groups=DIMS["norm_num_groups"], use_quant_conv=False, use_post_quant_conv=False,
+        scaling_factor=SCALE, shift_factor=SHIFT).eval()
+    # one diffusers-named file holds both halves; each component takes its own
+    path = tmp_path_factory.mktemp("vae") / "diffusion_pytorch_model.safetensors"
+    save_file(hf.state_dict(), str(path))
+    enc = component_class("vae_encoder")(DIMS, {**ARGS, "weights": str(path)}).eval()
+    dec = component_class("vae_decoder")(DIMS, {**ARGS, "weights": str(path)}).eval()
+    return hf, enc, dec
+
+
+def test_encoder_matches_diffusers(models):
+    hf, enc, _ = models
+    image = torch.rand(1, 3, 32, 48) * 2 - 1
+    with torch.no_grad():
+        want = (hf.encode(image).latent_dist.mean - SHIFT) * SCALE
+    (got,) = enc([image[0]])
+    assert got.shape == (16, 4, 6)
+    torch.testing.assert_close(got, want[0], rtol=1e-4, atol=1e-5)
+
+
+def test_decoder_matches_diffusers(models):
+    hf, _, dec = models
+    latent = torch.randn(1, 16, 4, 6)
+    with torch.no_grad():
+        want = hf.decode(latent / SCALE + SHIFT).sample
+    (got,) = dec([latent[0]])
+    assert got.shape == (3, 32, 48)
+    torch.testing.assert_close(got, want[0], rtol=1e-4, atol=1e-5)
+
+
+def test_batches_equal_members(models):
+    _, enc, dec = models
+    images = [torch.rand(3, h, w) * 2 - 1 for h, w in [(32, 32), (16, 32), (32, 32)]]
+    latents = enc(images)
+    for image, latent in zip(images, latents):
+        torch.testing.assert_close(latent, enc([image])[0], rtol=1e-4, atol=1e-5)
+    decoded = dec(latents)
+    for latent, image in zip(latents, decoded):
+        torch.testing.assert_close(image, dec([latent])[0], rtol=1e-4, atol=1e-5)
