@@ -147,7 +147,7 @@ class Node(Base):
     is_capture_safe: bool               # static shapes per batch bucket
     source: str                         # "file:line:col" of the node's declaration (for messages)
     # where the weights come from, as written in the graph preset's `weights:` (None: seeded random):
-    # a safetensors file or directory, a .gguf file, or "pkg:<package>/<file>" inside an installed
+    # a safetensors file or directory, a .gguf file, or "gguf:<package>[/<file>]", a GGUF file inside an installed
     # Python package (resolved by the runtime, never downloaded)
     weights: str | None = None
 

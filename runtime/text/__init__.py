@@ -1,0 +1,17 @@
+"""Text side of language models: tokenizers, chat templates, streaming detokenisation."""
+from __future__ import annotations
+
+from runtime.text.chat_template import ChatTemplate, ChatTemplateError
+from runtime.text.detokenizer import IncrementalDetokenizer
+from runtime.text.stream import TextDelta, TextStream
+from runtime.text.tokenizer import TextTokenizer, load_tokenizer
+
+__all__ = [
+    "ChatTemplate",
+    "ChatTemplateError",
+    "IncrementalDetokenizer",
+    "TextDelta",
+    "TextStream",
+    "TextTokenizer",
+    "load_tokenizer",
+]

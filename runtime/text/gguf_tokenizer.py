@@ -1,0 +1,84 @@
+"""A `TextTokenizer` rebuilt from a GGUF file's tokenizer metadata.
+
+A GGUF carries no tokenizer.json; llama.cpp stores the vocabulary (`tokenizer.ggml.tokens`),
+the token types, the BPE merges, the special ids and the chat template as metadata.
+Byte-level BPE vocabularies (`tokenizer.ggml.model == "gpt2"`, as SmolLM2's) become a
+`tokenizers` BPE model with the GPT-2 byte-level pre-tokenizer and decoder. The split
+before byte-level BPE follows llama.cpp's `tokenizer.ggml.pre`: "smollm" (and the others
+that share its rule) puts every digit in its own piece first, exactly as SmolLM2's own
+tokenizer.json does; "default"/"gpt2" uses the GPT-2 regex alone.
+
+With `tokenizer.ggml.add_bos_token` the post-processor puts BOS first, as llama.cpp does.
+Tokens of type CONTROL (3) become special added tokens (matched whole in text, dropped
+by `decode(skip_special_tokens=True)`); USER_DEFINED (4) become plain added tokens.
+"""
+from __future__ import annotations
+
+import os
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from runtime.text.chat_template import ChatTemplate
+from runtime.text.tokenizer import TextTokenizer
+from runtime.weights.gguf_loader import GGUFCheckpoint, open_gguf
+
+_CONTROL, _USER_DEFINED = 3, 4
+# llama.cpp pre-tokenizer names whose rule is "each digit alone, then the GPT-2 regex"
+_DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone")
+_GPT2 = ("default", "gpt2")
+# GGUF special-id key -> TextTokenizer special token name
+_SPECIAL_IDS = {
+    "tokenizer.ggml.bos_token_id": "bos_token",
+    "tokenizer.ggml.eos_token_id": "eos_token",
+    "tokenizer.ggml.unknown_token_id": "unk_token",
+    "tokenizer.ggml.padding_token_id": "pad_token",
+}
+_EXTRA_EOS_KEYS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+
+def tokenizer_from_gguf(ref: str | os.PathLike[str] | GGUFCheckpoint) -> TextTokenizer:
+    """The tokenizer a GGUF's metadata describes (`ref`: path, dir, `gguf:<package>` or opened)."""
+    ckpt = ref if isinstance(ref, GGUFCheckpoint) else open_gguf(os.fspath(ref))
+    tokens: list[str] = ckpt.get("tokenizer.ggml.tokens")
+    template = ckpt.get("tokenizer.chat_template")
+    backend = _byte_level_bpe(ckpt, tokens)
+    bos_id = ckpt.get("tokenizer.ggml.bos_token_id")
+    if ckpt.get("tokenizer.ggml.add_bos_token", False) and bos_id is not None:
+        bos = tokens[bos_id]
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)])
+    return TextTokenizer(
+        backend=backend,
+        special_tokens={name: tokens[i] for key, name in _SPECIAL_IDS.items()
+                        if (i := ckpt.get(key)) is not None},
+        chat_template=ChatTemplate(template) if template else None,
+        extra_eos_token_ids=tuple(i for key in _EXTRA_EOS_KEYS if (i := ckpt.get(key)) is not None),
+    )
+
+
+def _byte_level_bpe(ckpt: GGUFCheckpoint, tokens: list[str]) -> Tokenizer:
+    kind = ckpt.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"{ckpt.path}: GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
+    merges = [tuple(m.split(" ")) for m in ckpt.get("tokenizer.ggml.merges")]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    backend.pre_tokenizer = _pre_tokenizer(ckpt)
+    backend.decoder = decoders.ByteLevel()
+    types: list[int] = ckpt.get("tokenizer.ggml.token_type", [])
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, token_type in zip(tokens, types) if token_type == _CONTROL])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False)
+                        for t, token_type in zip(tokens, types) if token_type == _USER_DEFINED])
+    return backend
+
+
+def _pre_tokenizer(ckpt: GGUFCheckpoint) -> pre_tokenizers.PreTokenizer:
+    pre = ckpt.get("tokenizer.ggml.pre", "default")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _DIGITS_THEN_GPT2:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre in _GPT2:
+        return byte_level
+    raise ValueError(f"{ckpt.path}: GGUF pre-tokenizer {pre!r} is not supported "
+                     f"(supported: {', '.join(_GPT2 + _DIGITS_THEN_GPT2)})")

@@ -1,0 +1,59 @@
+"""`TextStream`: one request's generated token ids -> the text its client receives.
+
+Joins the incremental detokeniser with the request's stop rules. The conductor keeps one
+per streaming text request and feeds it every sampled token; it reports when the request
+must end. Stop tokens end the request without adding their own text; a stop string ends
+it with the text up to (not including) the match, and no part of a stop string ever
+reaches the client.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from runtime.sampling.params import SamplingParams
+from runtime.sampling.stop import StopStringMatcher, stop_token_ids
+from runtime.text.detokenizer import IncrementalDetokenizer
+from runtime.text.tokenizer import TextTokenizer
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """What one token changed for the client."""
+
+    text: str                          # new text to send ("" while a character or stop string is pending)
+    finished: bool = False             # a stop token or stop string ended the request
+    stop_reason: int | str | None = None   # the stop token id or the matched stop string
+
+
+class TextStream:
+    """Per-request text output with stop tokens and stop strings applied."""
+
+    def __init__(self, tokenizer: TextTokenizer, params: SamplingParams, prompt_ids: Sequence[int] = (), *,
+                 skip_special_tokens: bool = True) -> None:
+        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens)
+        self._stops = StopStringMatcher(params.stop)
+        self._stop_ids = stop_token_ids(params, tokenizer.eos_token_ids)
+        self.finished = False
+
+    def push(self, token_id: int) -> TextDelta:
+        """Feed one generated token (do not push after `finished`)."""
+        if self.finished:
+            raise RuntimeError("TextStream.push after the request finished")
+        if token_id in self._stop_ids:
+            self.finished = True
+            text, matched = self._stops.push(self._detokenizer.flush())
+            if matched:
+                return TextDelta(text, True, self._stops.matched)
+            return TextDelta(text + self._stops.flush(), True, int(token_id))
+        text, matched = self._stops.push(self._detokenizer.push(token_id))
+        self.finished = matched
+        return TextDelta(text, matched, self._stops.matched if matched else None)
+
+    def finish(self) -> str:
+        """The held-back text when the request ends for another reason (max tokens, abort)."""
+        if self.finished:
+            return ""
+        self.finished = True
+        text, matched = self._stops.push(self._detokenizer.flush())
+        return text if matched else text + self._stops.flush()
