@@ -70,7 +70,7 @@ class Route(msgspec.Struct, array_like=True):
 
     port: str               # output port of the node being run
     rank: int               # consumer rank
-    key: str                # value key the consumer stores it under ("<node>.<port>")
+    key: str                # value key the consumer stores it under ("<node>.<port>#<run count>")
 
 
 class WorkItem(msgspec.Struct, omit_defaults=True):
@@ -82,6 +82,7 @@ class WorkItem(msgspec.Struct, omit_defaults=True):
     routes: list[Route] = []    # cross-rank edges fed by this node's outputs for this request
     step: int = 0               # iteration index of the enclosing loop (seeds per-step sampling)
     emit: list[str] = []        # output ports whose values go back to the conductor
+    walk: str = ""              # walk this Run belongs to (a node may do different work per walk)
 
 
 class RunBatch(_Msg, tag="run"):
@@ -121,9 +122,11 @@ class BatchFailed(_Msg, tag="failed"):
 
 
 class CloseRequest(_Msg, tag="close"):
-    """Free every resource (KV blocks, stored values) of these requests on this rank."""
+    """Free resources of these requests on this rank: everything, or only KV blocks (preemption)."""
 
     request_ids: list[int]
+    kv_only: bool = False       # True: free KV blocks only (preempted; sampling state is kept)
+    nodes: list[str] = []       # restrict to these nodes ([]: every node of the rank)
 
 
 class Heartbeat(_Msg, tag="heartbeat"):

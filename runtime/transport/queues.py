@@ -74,7 +74,9 @@ class ConductorQueue:
 
     def send(self, rank: int, msg: Message, tensors: Tensors | None = None) -> None:
         """Queue `msg` for `rank`; raises zmq.ZMQError if that rank is not connected."""
-        self._sock.send_multipart([rank_identity(rank), *_pack(msg, tensors)], copy=False)
+        sent = self._sock.send_multipart([rank_identity(rank), *_pack(msg, tensors)], copy=False)
+        if sent.done() and sent.exception() is not None:
+            raise sent.exception()
 
     async def recv(self) -> tuple[int, Envelope]:
         """The next message from any worker, with the sender's rank."""

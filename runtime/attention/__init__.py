@@ -1,0 +1,42 @@
+"""Attention backends behind one interface (`AttentionBackend`) and the switch between them.
+
+`select_backend(device, name)`: "torch" (reference, any device), "triton" (paged
+kernels; CPU only under TRITON_INTERPRET=1), "flashinfer" (CUDA), or "auto": flashinfer
+on CUDA when it imports, else triton on CUDA, else torch.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from runtime.attention.backend import AttentionBackend, AttentionShape
+from runtime.attention.metadata import AttentionMetadata
+from runtime.attention.torch_backend import TorchAttention
+from runtime.attention.triton_backend import TritonAttention
+
+BACKENDS = ("torch", "triton", "flashinfer")
+
+
+def select_backend(device: torch.device | str, name: str = "auto") -> AttentionBackend:
+    """A fresh attention backend for `device` (each model instance holds its own)."""
+    device = torch.device(device)
+    if name == "auto":
+        if device.type != "cuda":
+            name = "torch"
+        else:
+            name = "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
+    if name == "torch":
+        return TorchAttention()
+    if name == "triton":
+        return TritonAttention()
+    if name == "flashinfer":
+        if device.type != "cuda":
+            raise ValueError("the flashinfer attention backend needs a CUDA device")
+        from runtime.attention.flashinfer_backend import FlashInferAttention
+
+        return FlashInferAttention(device)
+    raise ValueError(f"unknown attention backend {name!r}; choose one of {BACKENDS} or 'auto'")
+
+
+__all__ = ["AttentionBackend", "AttentionMetadata", "AttentionShape", "BACKENDS", "select_backend"]

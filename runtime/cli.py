@@ -1,0 +1,73 @@
+"""`mstar-run`: serve a compiled plan, or run one worker rank that joins a running server.
+
+    mstar-run plan.bin [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-concurrency N]
+                       [--weights DIR] [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2]
+    mstar-run worker --conductor tcp://HOST:PORT --rank R plan.bin [--weights DIR] [--host 127.0.0.1]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from mstar_compiler.plan import PlanFormatError
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mstar-run", description="Serve a compiled mstar plan over HTTP.")
+    p.add_argument("plan", help="plan.bin from `mstarc compile`")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
+    p.add_argument("--max-concurrency", type=int, default=256, help="requests admitted at once; more wait")
+    p.add_argument("--weights", default=None, help="checkpoint dir: DIR/<node> per weight group, or DIR for one")
+    p.add_argument("--worker-endpoint", default="tcp://127.0.0.1:0",
+                   help="where workers connect (a fixed port lets `mstar-run worker` join from elsewhere)")
+    p.add_argument("--remote-ranks", default="", help="comma-separated ranks started by hand with `mstar-run worker`")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request is aborted")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _worker_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mstar-run worker", description="Run one rank and join a conductor.")
+    p.add_argument("plan", help="the same plan.bin the server serves")
+    p.add_argument("--conductor", required=True, help="the server's worker endpoint, tcp://HOST:PORT")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--weights", default=None)
+    p.add_argument("--host", default="127.0.0.1", help="address other ranks reach this worker at")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] == "worker":
+            args = _worker_parser().parse_args(argv[1:])
+            _logging(args.log_level)
+            from runtime.worker.worker import run_worker
+            run_worker(args.plan, args.rank, args.conductor, args.weights, args.host)
+            return 0
+        args = _serve_parser().parse_args(argv)
+        _logging(args.log_level)
+        from runtime.server.app import ServerConfig, serve
+        remote = frozenset(int(r) for r in args.remote_ranks.split(",") if r.strip())
+        serve(ServerConfig(plan_path=args.plan, host=args.host, port=args.port, api_key=args.api_key,
+                           max_concurrency=args.max_concurrency, weights_dir=args.weights,
+                           log_level=args.log_level, worker_endpoint=args.worker_endpoint,
+                           remote_ranks=remote, request_timeout_s=args.request_timeout))
+        return 0
+    except PlanFormatError as exc:
+        print(f"mstar-run: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

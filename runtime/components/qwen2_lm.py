@@ -1,0 +1,14 @@
+"""`qwen2_lm`: Qwen2 decoder LM (BAGEL's backbone), q/k/v carry a bias.
+
+The implementation is the shared `runtime.layers.DecoderLM`; see its module docstring
+for the forward / KV cache interface.
+"""
+from __future__ import annotations
+
+from runtime.components import register
+from runtime.layers import DecoderFamily, DecoderLM
+
+
+@register("qwen2_lm")
+class Qwen2LM(DecoderLM):
+    family = DecoderFamily(qkv_bias=True)

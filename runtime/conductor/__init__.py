@@ -1,0 +1,9 @@
+"""The conductor: every request's task state, batching at node granularity, dispatch to workers.
+
+  request.py    Request and its ordered state enum (transitions are methods)
+  cursor.py     interprets one track of a task: walk programs, loops, transitions
+  kv_ledger.py  the conductor's count of KV blocks per (rank, KV node): admit, grow, preempt
+  scheduler.py  picks the next batches (one per (rank, node)) within KV capacity
+  workers.py    starts, watches and restarts the local worker processes
+  conductor.py  the loop: schedule, dispatch, apply results; the server's entry points
+"""

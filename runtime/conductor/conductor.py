@@ -1,0 +1,355 @@
+"""The conductor: one asyncio loop that drives every request through its task.
+
+    step():  schedule  ->  dispatch  ->  apply results
+
+`submit()` / `abort()` / `end_early()` are the server's entry points; requests report
+back through their `events` queue. Workers are watched: a dead rank fails the requests
+that had state on it within a heartbeat timeout, and local ranks are restarted.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import zmq
+import zmq.asyncio
+
+from mstar_compiler.plan import Plan
+from runtime.conductor.cursor import TrackCursor
+from runtime.conductor.kv_ledger import KvLedger
+from runtime.conductor.plan_index import PlanIndex
+from runtime.conductor.request import Request, RequestState
+from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
+from runtime.conductor.workers import WorkerSet
+from runtime.transport.messages import (
+    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, OpenRequest, Peers, Ready, RunBatch, Shutdown,
+)
+from runtime.transport.queues import ConductorQueue, Envelope
+
+log = logging.getLogger(__name__)
+TICK_S = 0.1
+
+
+@dataclass(frozen=True)
+class ConductorConfig:
+    plan_path: str
+    endpoint: str = "tcp://127.0.0.1:0"       # where workers connect (port 0: pick a free one)
+    remote_ranks: frozenset[int] = frozenset()  # ranks whose workers are started by hand elsewhere
+    weights_dir: str | None = None
+    log_level: str = "info"
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+@dataclass
+class InFlight:
+    batch: PlannedBatch
+    sent_at: float
+
+
+class Conductor:
+    """Holds every request's task state; batches at node granularity; talks to the workers."""
+
+    def __init__(self, plan: Plan, config: ConductorConfig, on_batch: Callable[[str, int, float], None] | None = None) -> None:
+        self.plan = plan
+        self.config = config
+        self.index = PlanIndex(plan)
+        self.ledger = KvLedger()
+        self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self._lookup)
+        self.requests: dict[int, Request] = {}
+        self.waiting: list[Request] = []
+        self.in_flight: dict[int, InFlight] = {}
+        self.on_batch = on_batch or (lambda node, size, ms: None)
+        self._ids = itertools.count(1)
+        self._batch_ids = itertools.count(1)
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+
+    # ---- life cycle ----------------------------------------------------------------
+
+    async def start(self, ready_timeout: float = 300.0) -> None:
+        """Bind the control socket, start local workers, wait until every rank is ready."""
+        self.ctx = zmq.asyncio.Context()
+        self.queue = ConductorQueue(self.ctx, self.config.endpoint)
+        self.workers = WorkerSet(self.config.plan_path, self.queue.endpoint, len(self.plan.ranks),
+                                 set(self.config.remote_ranks), self.config.weights_dir, self.config.log_level)
+        self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
+                       asyncio.create_task(self._loop())]
+        self.workers.start_local()
+        deadline = time.monotonic() + ready_timeout
+        while len(self.workers.ready_ranks()) < len(self.plan.ranks):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers not ready after {ready_timeout:.0f} s "
+                                   f"(ready ranks: {sorted(self.workers.ready_ranks())})")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        """Abort what is left, shut the workers down, close sockets."""
+        self._stopping = True
+        for req in list(self.requests.values()):
+            self.abort(req, "abort")
+        for rank in self.workers.ready_ranks():
+            self._send(rank, Shutdown())
+        await asyncio.to_thread(self.workers.stop)
+        for task in self._tasks:
+            task.cancel()
+        self.queue.close()
+        self.ctx.term()
+
+    @property
+    def endpoint(self) -> str:
+        return self.queue.endpoint
+
+    # ---- the server's entry points -------------------------------------------------
+
+    def submit(self, task: str, params: dict[str, Any], input_items: list[tuple[str, Any]],
+               stop_token_ids: frozenset[int] = frozenset(), timeout_s: float | None = None) -> Request:
+        """Queue a request; its output arrives on `request.events`."""
+        rid = next(self._ids)
+        tracks = [TrackCursor(i, t, self.plan) for i, t in enumerate(self.plan.task(task).tracks)]
+        req = Request(rid, task, params, input_items, tracks, stop_token_ids)
+        if timeout_s is not None:
+            req.deadline = time.monotonic() + timeout_s
+        for cursor in tracks:
+            cursor.settle(req)
+        self.requests[rid] = req
+        self.waiting.append(req)
+        self._wake()
+        return req
+
+    def abort(self, req: Request, reason: str = "abort") -> None:
+        """The client went away (or timed out): free every resource of the request now."""
+        if req.state.is_final:
+            return
+        req.abort(reason)
+        self._release(req)
+
+    def end_early(self, req: Request, reason: str) -> None:
+        """The request is complete before its walks say so (a stop string matched)."""
+        if req.state.is_final:
+            return
+        for cursor in req.tracks:
+            cursor.force_exit(reason)
+        self._finish(req)
+
+    # ---- the loop ------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                await self.step()
+            except Exception:   # a conductor bug must not take the server down silently
+                log.exception("conductor step failed")
+                await asyncio.sleep(TICK_S)
+
+    async def step(self) -> None:
+        """Schedule, dispatch, apply results (waits for at least one event)."""
+        self._check_workers()
+        running = [r for r in self.requests.values() if r.state == RequestState.RUNNING]
+        busy = {(b.batch.rank, b.batch.node) for b in self.in_flight.values()}
+        for batch in self.scheduler.schedule(running, self.waiting, busy, self.workers.ready_ranks()):
+            self._dispatch(batch)
+        self.waiting = [r for r in self.waiting if r.state in (RequestState.WAITING, RequestState.PREEMPTED)]
+        await self._apply(await self._events.get())
+        while not self._events.empty():
+            await self._apply(self._events.get_nowait())
+
+    def _dispatch(self, batch: PlannedBatch) -> None:
+        batch_id = next(self._batch_ids)
+        tensors = {}
+        for e in batch.entries:
+            req = e.request
+            if batch.rank not in req.ranks_opened:
+                self._send(batch.rank, OpenRequest(request_id=req.request_id, params=_scalars(req.params)))
+                req.ranks_opened.add(batch.rank)
+            self._note_kv(req, batch.node, e.item.tokens)
+            tensors.update(e.tensors)
+        self.in_flight[batch_id] = InFlight(batch, time.perf_counter())
+        self._send(batch.rank, RunBatch(batch_id=batch_id, node=batch.node, items=[e.item for e in batch.entries]), tensors)
+
+    def _note_kv(self, req: Request, node: str, tokens: list[int]) -> None:
+        if not self.index.nodes[node].has_kv_cache:
+            return
+        history = req.kv_history.setdefault(node, [])
+        if req.kv_fed.get(node, 0) == 0 and history:
+            tokens = tokens[len(history):]     # a recompute re-sends the history first
+        history.extend(tokens)
+        req.kv_fed[node] = len(history)
+
+    # ---- events --------------------------------------------------------------------
+
+    async def _receive(self) -> None:
+        while True:
+            try:
+                rank, env = await self.queue.recv()
+            except zmq.ZMQError:
+                return
+            except Exception:
+                log.exception("dropping a malformed message from a worker")
+                continue
+            self._events.put_nowait((rank, env))
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            self._wake()
+
+    def _wake(self) -> None:
+        self._events.put_nowait(None)
+
+    async def _apply(self, event: tuple[int, Envelope] | None) -> None:
+        if event is None:
+            self._expire()
+            return
+        rank, env = event
+        status = self.workers.ranks.get(rank)
+        if status is None:
+            return
+        status.last_seen = time.monotonic()
+        msg = env.msg
+        if isinstance(msg, BatchDone):
+            self._batch_done(msg, env)
+        elif isinstance(msg, BatchFailed):
+            self._batch_failed(msg)
+        elif isinstance(msg, Hello):
+            status.pid, status.peer_endpoint = msg.pid, msg.peer_endpoint
+        elif isinstance(msg, Ready):
+            self._rank_ready(rank, msg)
+        elif not isinstance(msg, Heartbeat):
+            log.warning("unexpected %s from rank %d", type(msg).__name__, rank)
+
+    def _rank_ready(self, rank: int, msg: Ready) -> None:
+        status = self.workers.ranks[rank]
+        status.nodes, status.is_ready = msg.nodes, True
+        for info in msg.nodes:
+            if info.kv_blocks:
+                self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size)
+        peers = {r: s.peer_endpoint for r, s in self.workers.ranks.items() if s.peer_endpoint}
+        for r in self.workers.ready_ranks():
+            self._send(r, Peers(endpoints=peers))
+        log.info("rank %d ready: %s", rank, ", ".join(f"{n.name} ({n.weight_source})" for n in msg.nodes))
+
+    def _batch_done(self, msg: BatchDone, env: Envelope) -> None:
+        flight = self.in_flight.pop(msg.batch_id, None)
+        if flight is None:
+            return
+        batch = flight.batch
+        self.on_batch(batch.node, len(batch.entries), msg.run_ms)
+        token_ports = self.index.token_outputs(batch.node)
+        for entry, result in zip(batch.entries, msg.items):
+            req = entry.request
+            if req.state.is_final:
+                continue
+            for port in self.index.nodes[batch.node].outputs:
+                key = f"{batch.node}.{port.name}"
+                req.values.setdefault(key, [])
+                if port.name in token_ports:
+                    req.values[key].extend(result.tokens)
+                    req.last_values[key] = list(result.tokens)
+            self._client_output(req, entry, result.tokens, env)
+            for cursor in req.tracks:
+                if cursor.index == entry.pending.track and not cursor.is_done:
+                    cursor.complete(entry.pending, req)
+            if req.is_done and not self._is_in_flight(req):
+                self._finish(req)
+
+    def _client_output(self, req: Request, entry: Any, tokens: list[int], env: Envelope) -> None:
+        walk, node = entry.pending.walk, entry.pending.run.node
+        if tokens and self.index.client_tokens(walk, node):
+            req.emit_tokens(tokens)
+            if len(req.output_ids) >= int(req.params.get("max_tokens", 1 << 30)):
+                for cursor in req.tracks:
+                    cursor.force_exit("max")
+        prefix = f"{req.request_id}/"
+        tensors = {k[len(prefix):]: t for k, t in env.tensors.items() if k.startswith(prefix)}
+        if tensors:
+            req.emit_tensors(tensors)
+
+    def _batch_failed(self, msg: BatchFailed) -> None:
+        flight = self.in_flight.pop(msg.batch_id, None)
+        if flight is None:
+            return
+        for entry in flight.batch.entries:
+            self._fail(entry.request, f"{flight.batch.node} on rank {msg.rank} failed: {msg.message}")
+
+    # ---- endings -------------------------------------------------------------------
+
+    def _finish(self, req: Request) -> None:
+        reasons = {c.exit_reason for c in req.tracks}
+        req.finish("length" if reasons == {"max"} else "stop")
+        self._release(req)
+
+    def _fail(self, req: Request, message: str) -> None:
+        if not req.state.is_final:
+            log.warning("request %d failed: %s", req.request_id, message)
+            req.fail(message)
+            self._release(req)
+
+    def _release(self, req: Request) -> None:
+        """Free every resource of a request that reached a final state."""
+        self.ledger.free_request(req.request_id)
+        ready = self.workers.ready_ranks()
+        for rank in req.ranks_opened & ready:
+            self._send(rank, CloseRequest(request_ids=[req.request_id]))
+        self.requests.pop(req.request_id, None)
+        self._wake()
+
+    def _preempt(self, req: Request) -> None:
+        """Take the request's KV blocks back; it resumes later by recomputing its context."""
+        log.info("preempting request %d (KV cache full)", req.request_id)
+        self.ledger.free_request(req.request_id)
+        req.preempt()
+        for rank in req.ranks_opened & self.workers.ready_ranks():
+            self._send(rank, CloseRequest(request_ids=[req.request_id], kv_only=True))
+        self.waiting.insert(0, req)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for req in list(self.requests.values()):
+            if req.deadline is not None and now > req.deadline:
+                self.abort(req, "timeout")
+
+    # ---- workers -------------------------------------------------------------------
+
+    def _check_workers(self) -> None:
+        for rank in self.workers.dead_ranks():
+            self._rank_died(rank)
+
+    def _rank_died(self, rank: int) -> None:
+        log.error("worker of rank %d died", rank)
+        lost = {e.request.request_id for f in self.in_flight.values() if f.batch.rank == rank
+                for e in f.batch.entries}
+        self.in_flight = {i: f for i, f in self.in_flight.items() if f.batch.rank != rank}
+        for req in list(self.requests.values()):
+            if req.request_id in lost or rank in req.ranks_opened:
+                req.ranks_opened.discard(rank)
+                self._fail(req, f"the worker of rank {rank} died while running this request")
+        self.ledger.free_rank(rank)
+        self.workers.restart(rank)
+
+    def _send(self, rank: int, msg: Any, tensors: dict | None = None) -> None:
+        try:
+            self.queue.send(rank, msg, tensors)
+        except zmq.ZMQError as exc:
+            log.error("cannot reach rank %d (%s)", rank, exc)
+            self.workers.ranks[rank].last_seen = 0.0
+
+    def _is_in_flight(self, req: Request) -> bool:
+        return any(c.in_flight for c in req.tracks)
+
+    def _lookup(self, request_id: int) -> Request:
+        return self.requests[request_id]
+
+    # ---- numbers for /metrics ----------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        running = sum(1 for r in self.requests.values() if r.state == RequestState.RUNNING)
+        return {"waiting": len(self.waiting), "running": running, "kv_usage": self.ledger.usage()}
+
+
+def _scalars(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if isinstance(v, (int, float, str, bool))}

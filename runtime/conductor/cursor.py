@@ -1,0 +1,232 @@
+"""Interprets one track of a task for one request: states, walk programs, loops, transitions.
+
+The plan lowered every walk to a flat program and every task to state tables, so this is
+a small machine with a program counter, not a tree walk. `ready()` lists the `Run`s the
+request can do next (several inside a `Parallel`); the conductor batches them across
+requests and calls `complete()` when one comes back; `settle()` moves the pc over
+control ops (loop begin/end, walk end, state transitions) until it rests on work again
+or the track is done.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mstar_compiler.plan import (
+    DONE, Cond, Count, DynamicLoopBegin, DynamicLoopEnd, ExitCond, LoopBegin, LoopEnd,
+    Parallel, Plan, Run, Track, Walk,
+)
+
+
+class RequestView(Protocol):
+    """What a cursor may read of its request."""
+
+    params: dict[str, Any]
+    stop_token_ids: frozenset[int]
+
+    def input_dtypes(self) -> list[str]: ...          # dtype of each request input item, in order
+    def last_token(self, key: str) -> int | None: ...  # last id of token value "<node>.<port>"
+
+
+@dataclass(frozen=True)
+class PendingRun:
+    """One `Run` a request is ready to do."""
+
+    track: int          # track index in the task
+    branch: int         # Parallel branch index, -1 outside a Parallel
+    run: Run
+    walk: str           # walk the Run belongs to
+    step: int           # iteration index of the innermost loop (0 outside loops)
+    item: int           # request input item the walk is iterating over (for_each), else -1
+
+
+@dataclass
+class _Loop:
+    counter: int
+    trips: int
+    op: LoopBegin | DynamicLoopBegin
+
+
+@dataclass
+class TrackCursor:
+    """Program counter and loop state of one track."""
+
+    index: int
+    track: Track
+    plan: Plan
+    state: int = 0
+    walk: Walk | None = None
+    pc: int = 0
+    item: int = -1
+    loops: dict[int, _Loop] = field(default_factory=dict)
+    branch_pos: list[int] = field(default_factory=list)   # inside a Parallel: next run per branch
+    in_flight: set[int] = field(default_factory=set)       # branches (-1: plain Run) dispatched
+    exit_reason: str = ""
+    forced_exit: str = ""                                  # set by the conductor (stop string)
+    _items: list[tuple[int, str]] = field(default_factory=list)  # for_each: (item, walk) still to run
+
+    @property
+    def is_done(self) -> bool:
+        return self.state == DONE
+
+    # ---- work --------------------------------------------------------------------
+
+    def ready(self) -> list[PendingRun]:
+        """Runs that can be dispatched now (none while the current one is in flight)."""
+        if self.is_done or self.walk is None:
+            return []
+        op = self.walk.program[self.pc]
+        step = self._step()
+        if isinstance(op, Run):
+            return [] if -1 in self.in_flight else [PendingRun(self.index, -1, op, self.walk.name, step, self.item)]
+        return [PendingRun(self.index, b, op.branches[b][pos], self.walk.name, step, self.item)
+                for b, pos in enumerate(self.branch_pos)
+                if pos < len(op.branches[b]) and b not in self.in_flight]
+
+    def start(self, pending: PendingRun) -> None:
+        self.in_flight.add(pending.branch)
+
+    def complete(self, pending: PendingRun, req: RequestView) -> None:
+        """A dispatched Run came back: move past it and settle."""
+        self.in_flight.discard(pending.branch)
+        if pending.branch < 0:
+            self.pc += 1
+        else:
+            self.branch_pos[pending.branch] += 1
+            if self.in_flight or any(p < len(b) for p, b in zip(self.branch_pos, self.walk.program[self.pc].branches)):
+                return
+            self.pc += 1
+        self.settle(req)
+
+    def requeue(self, pending: PendingRun) -> None:
+        """A dispatched Run did not happen (its worker restarted, or it was preempted)."""
+        self.in_flight.discard(pending.branch)
+
+    def _step(self) -> int:
+        inner = max(self.loops, default=None)
+        return 0 if inner is None else self.loops[inner].counter
+
+    # ---- control flow ------------------------------------------------------------
+
+    def settle(self, req: RequestView) -> None:
+        """Advance over control ops until the pc rests on a Run/Parallel or the track is done."""
+        while not self.is_done:
+            if self.walk is None:
+                self._enter_state(req)
+                continue
+            if self.pc >= len(self.walk.program):
+                self._end_walk(req)
+                continue
+            op = self.walk.program[self.pc]
+            if isinstance(op, (Run, Parallel)):
+                if isinstance(op, Parallel) and not self.branch_pos and not self.in_flight:
+                    self.branch_pos = [0] * len(op.branches)
+                return
+            self._control(op, req)
+
+    def _control(self, op: Any, req: RequestView) -> None:
+        if isinstance(op, (LoopBegin, DynamicLoopBegin)):
+            trips = _count(op.count if isinstance(op, LoopBegin) else op.max, req.params)
+            self.loops[op.loop] = _Loop(0, trips, op)
+            exit_now = trips <= 0 or (isinstance(op, DynamicLoopBegin) and self._exit_reason(op, req))
+            self.pc = op.end + 1 if exit_now else self.pc + 1
+            if exit_now:
+                self.exit_reason = self._exit_reason(op, req) if trips > 0 else "max"
+                del self.loops[op.loop]
+        elif isinstance(op, (LoopEnd, DynamicLoopEnd)):
+            loop = self.loops[op.loop]
+            loop.counter += 1
+            reason = self._exit_reason(loop.op, req) if isinstance(op, DynamicLoopEnd) else ""
+            if not reason and loop.counter < loop.trips:
+                self.pc = op.begin + 1
+            else:
+                self.exit_reason = reason or "max"
+                del self.loops[op.loop]
+                self.pc += 1
+        self.branch_pos = []
+
+    def _exit_reason(self, op: LoopBegin | DynamicLoopBegin, req: RequestView) -> str:
+        if self.forced_exit:
+            return self.forced_exit
+        if isinstance(op, LoopBegin):
+            return ""
+        counter = self.loops[op.loop].counter
+        for cond in op.until:
+            if _holds(cond, counter, req):
+                return cond.kind
+        return ""
+
+    def _enter_state(self, req: RequestView) -> None:
+        if not self._items:
+            spec = self.track.states[self.state]
+            if spec.walk is not None:
+                self._items = [(-1, spec.walk)]
+            elif spec.for_each is not None:
+                self._items = [(i, walk) for i, d in enumerate(req.input_dtypes()) if d in spec.for_each
+                               for walk in spec.for_each[d]]    # an item's walks run in order
+            if not self._items:
+                self._transition(req)
+                return
+        self.item, name = self._items.pop(0)
+        self.walk, self.pc, self.loops, self.branch_pos = self.plan.walk(name), 0, {}, []
+
+    def _end_walk(self, req: RequestView) -> None:
+        self.walk = None
+        if not self._items:
+            self._transition(req)
+
+    def _transition(self, req: RequestView) -> None:
+        for t in self.track.states[self.state].transitions:
+            if _cond_holds(t.cond, self.exit_reason, req):
+                self.state = t.target
+                return
+        self.state = DONE
+
+    def force_exit(self, reason: str) -> None:
+        """End the track now (a stop string matched): the request is complete."""
+        self.forced_exit = reason
+        self.exit_reason = reason
+        self.state, self.walk, self._items = DONE, None, []
+        self.in_flight.clear()   # a batch still running for it is ignored when it returns
+
+
+def _count(count: Count, params: dict[str, Any]) -> int:
+    base = count.const if count.param is None else int(params[count.param])
+    return int(base) + count.offset
+
+
+def _holds(cond: ExitCond, counter: int, req: RequestView) -> bool:
+    if cond.kind == "horizon":
+        horizon = cond.value if cond.param is None else int(req.params[cond.param])
+        return counter >= horizon
+    last = req.last_token(f"{cond.node}.{cond.port}")
+    if last is None:
+        return False
+    if cond.kind == "eos":
+        return last in req.stop_token_ids
+    stops = set(cond.tokens) | set(req.params.get(cond.param, ()) if cond.param else ())
+    return last in stops
+
+
+def _cond_holds(cond: Cond, exit_reason: str, req: RequestView) -> bool:
+    if cond.kind == "always":
+        result = True
+    elif cond.kind == "param":
+        result = _compare(req.params.get(cond.param), cond.op, cond.value)
+    elif cond.kind == "input":
+        result = cond.modality in req.input_dtypes()
+    else:
+        result = exit_reason == cond.reason
+    return result != cond.negate
+
+
+def _compare(a: Any, op: str, b: Any) -> bool:
+    ops = {"eq": a == b, "ne": a != b}
+    if op in ops:
+        return ops[op]
+    if a is None:
+        return False
+    return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b}[op]
+
+
+__all__ = ["DONE", "PendingRun", "RequestView", "TrackCursor"]

@@ -1,0 +1,91 @@
+"""Look-up tables over a plan, built once: where each Run's inputs come from, what it emits.
+
+The conductor asks these per dispatched item, so they are dicts, not scans.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mstar_compiler.plan import DynamicLoopBegin, LoopBegin, Node, Plan
+
+# Port dtypes the conductor keeps itself (small ints, needed for streaming and stop checks);
+# every other dtype stays on the workers and moves worker -> worker.
+CONDUCTOR_DTYPES = ("tokens",)
+# Tensor outputs a client receives (hidden states stay inside the model).
+CLIENT_DTYPES = ("image", "audio", "video", "latent", "actions", "codes")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one input port of a Run reads from: a value key, or the request's own input."""
+
+    key: str              # "<node>.<port>" of the producer, or "input:<node>.<port>"
+    is_request_input: bool
+
+
+class PlanIndex:
+    """Per (walk, node): input sources, cross-rank routes, client outputs."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.nodes: dict[str, Node] = {n.name: n for n in plan.nodes}
+        self._sources: dict[tuple[str, str], dict[str, list[Source]]] = {}
+        self._emits: dict[tuple[str, str], set[str]] = {}
+        for walk in plan.walks:
+            for name in walk.nodes:
+                self._sources[(walk.name, name)] = self._build_sources(walk.name, name)
+            outs = list(walk.outputs)
+            for op in walk.program:
+                if isinstance(op, (LoopBegin, DynamicLoopBegin)):
+                    outs.extend(op.outputs)
+            for out in outs:
+                self._emits.setdefault((walk.name, out.node), set()).add(out.port)
+
+    def _build_sources(self, walk: str, node: str) -> dict[str, list[Source]]:
+        """input port -> candidate sources in precedence order: carry, edge, request input."""
+        out: dict[str, list[Source]] = {}
+        program = self.plan.walk(walk).program
+        for op in program:
+            if isinstance(op, (LoopBegin, DynamicLoopBegin)):
+                for c in op.carries:
+                    if c.dst_node == node:
+                        out.setdefault(c.dst_port, []).append(Source(f"{c.src_node}.{c.src_port}", False))
+        for e in self.plan.edges:
+            if e.walk == walk and e.dst_node == node:
+                out.setdefault(e.dst_port, []).append(Source(f"{e.src_node}.{e.src_port}", False))
+        for ri in self.plan.request_inputs:
+            if ri.walk == walk and ri.node == node:
+                out.setdefault(ri.port, []).append(Source(f"input:{node}.{ri.port}", True))
+        return out
+
+    def sources(self, walk: str, node: str) -> dict[str, list[Source]]:
+        return self._sources.get((walk, node), {})
+
+    def is_token_port(self, node: str, port: str, *, output: bool) -> bool:
+        ports = self.nodes[node].outputs if output else self.nodes[node].inputs
+        return any(p.name == port and p.dtype in CONDUCTOR_DTYPES for p in ports)
+
+    def port_dtype(self, node: str, port: str) -> str:
+        """dtype of an input port ("tokens", "image", "latent", ...)."""
+        return next(p.dtype for p in self.nodes[node].inputs if p.name == port)
+
+    def token_outputs(self, node: str) -> list[str]:
+        return [p.name for p in self.nodes[node].outputs if p.dtype in CONDUCTOR_DTYPES]
+
+    def client_tokens(self, walk: str, node: str) -> bool:
+        """Whether tokens this node produces in this walk go to the client."""
+        return any(self.is_token_port(node, p, output=True) for p in self._emits.get((walk, node), ()))
+
+    def client_tensors(self, walk: str, node: str) -> list[str]:
+        """Output ports whose tensors this node sends back to the client in this walk."""
+        ports = self._emits.get((walk, node), set())
+        return sorted(p.name for p in self.nodes[node].outputs if p.name in ports and p.dtype in CLIENT_DTYPES)
+
+    def routes(self, walk: str, node: str, rank: int) -> list[tuple[str, int]]:
+        """(output port, consumer rank) for every cross-rank edge or loop carry this Run feeds."""
+        return sorted({(t.src_port, t.dst_rank) for t in self.plan.transfers
+                       if t.kind in ("edge", "carry") and t.walk == walk and t.src_node == node
+                       and t.src_rank == rank and t.dst_rank != rank})
+
+    def kv_nodes(self) -> list[Node]:
+        return [n for n in self.plan.nodes if n.has_kv_cache]

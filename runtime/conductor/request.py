@@ -1,0 +1,165 @@
+"""A request as the conductor sees it: its state, its tracks, its values and its output.
+
+The state is an ordered enum (vLLM v1's habit): FINISHED and everything after it is
+final; every move is one of the transition methods, which refuse illegal moves.
+`LEGAL_TRANSITIONS` is the whole table; a test lists it.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.conductor.cursor import TrackCursor
+
+
+class RequestState(enum.IntEnum):
+    WAITING = 0     # accepted, queued; holds no KV blocks
+    RUNNING = 1     # admitted: its tracks advance; may hold KV blocks
+    PREEMPTED = 2   # its KV blocks were taken back under memory pressure; resumes by recomputing
+    FINISHED = 3    # every track is done; output complete
+    ABORTED = 4     # the client went away or the request timed out
+    FAILED = 5      # a worker failed or died while running it
+
+    @property
+    def is_final(self) -> bool:
+        return self >= RequestState.FINISHED
+
+
+LEGAL_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
+    RequestState.WAITING: frozenset({RequestState.RUNNING, RequestState.ABORTED, RequestState.FAILED}),
+    RequestState.RUNNING: frozenset({RequestState.PREEMPTED, RequestState.FINISHED,
+                                     RequestState.ABORTED, RequestState.FAILED}),
+    RequestState.PREEMPTED: frozenset({RequestState.RUNNING, RequestState.ABORTED, RequestState.FAILED}),
+    RequestState.FINISHED: frozenset(),
+    RequestState.ABORTED: frozenset(),
+    RequestState.FAILED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A transition the state table does not allow (a conductor bug, never a user error)."""
+
+
+@dataclass
+class OutputEvent:
+    """What the conductor tells the server about a request: new tokens, tensors, or the end."""
+
+    token_ids: list[int] = field(default_factory=list)    # tokens produced since the last event
+    tensors: dict[str, Any] = field(default_factory=dict)  # "<node>.<port>" -> torch.Tensor (final values)
+    finish_reason: str | None = None                     # set on the last event: stop|length|abort|error
+    error: str | None = None                             # message when finish_reason == "error"
+
+
+@dataclass
+class Request:
+    """One request's whole conductor-side state."""
+
+    request_id: int
+    task: str
+    params: dict[str, Any]                 # resolved params (plan params + sampling fields)
+    input_items: list[tuple[str, Any]]     # the request's inputs in order: (dtype, value); text is tokenised
+    tracks: list[TrackCursor]
+    stop_token_ids: frozenset[int] = frozenset()
+    state: RequestState = RequestState.WAITING
+    values: dict[str, list[int]] = field(default_factory=dict)   # "<node>.<port>" -> every token id produced
+                                                                 # ([] for tensor values kept on workers)
+    last_values: dict[str, list[int]] = field(default_factory=dict)  # token ids of the latest step only
+    kv_history: dict[str, list[int]] = field(default_factory=dict)  # KV node -> every token fed to it
+    kv_fed: dict[str, int] = field(default_factory=dict)         # KV node -> tokens in the worker's cache
+    ranks_opened: set[int] = field(default_factory=set)          # ranks that received OpenRequest
+    consumed: set[tuple[str, int]] = field(default_factory=set)  # (request-input key, input item) already fed
+    produced: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (rank, runs dispatched so far)
+    output_ids: list[int] = field(default_factory=list)
+    events: asyncio.Queue[OutputEvent] = field(default_factory=asyncio.Queue)
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    deadline: float | None = None          # monotonic time after which it is aborted
+    finish_reason: str | None = None
+
+    # ---- transitions (the only way `state` changes) --------------------------------
+
+    def _move(self, to: RequestState) -> None:
+        if to not in LEGAL_TRANSITIONS[self.state]:
+            raise IllegalTransition(f"request {self.request_id}: {self.state.name} -> {to.name}")
+        self.state = to
+
+    def admit(self) -> None:
+        self._move(RequestState.RUNNING)
+
+    def preempt(self) -> None:
+        self._move(RequestState.PREEMPTED)
+        self.kv_fed.clear()
+
+    def resume(self) -> None:
+        self._move(RequestState.RUNNING)
+
+    def finish(self, reason: str) -> None:
+        self._move(RequestState.FINISHED)
+        self._end(OutputEvent(finish_reason=reason))
+
+    def abort(self, reason: str = "abort") -> None:
+        self._move(RequestState.ABORTED)
+        self._end(OutputEvent(finish_reason=reason))
+
+    def fail(self, message: str) -> None:
+        self._move(RequestState.FAILED)
+        self._end(OutputEvent(finish_reason="error", error=message))
+
+    def _end(self, event: OutputEvent) -> None:
+        self.finish_reason = event.finish_reason
+        self.events.put_nowait(event)
+
+    # ---- what cursors and the scheduler read --------------------------------------
+
+    def input_dtypes(self) -> list[str]:
+        return [dtype for dtype, _ in self.input_items]
+
+    def input_for(self, key: str, item: int, dtype: str) -> tuple[int, Any] | None:
+        """(item index, value) a Run's request-input port reads (`key` = "input:<node>.<port>"), or None.
+
+        Inside a for_each (`item` >= 0) only that item, outside (-1) the first one, of the
+        port's modality (a `tokens` port reads text) that this port has not read yet: each
+        input reaches each port once, so a later walk's optional port stays empty.
+        """
+        modality = "text" if dtype == "tokens" else dtype
+        candidates = [item] if item >= 0 else range(len(self.input_items))
+        for i in candidates:
+            if i < len(self.input_items) and self.input_items[i][0] == modality and (key, i) not in self.consumed:
+                return i, self.input_items[i][1]
+        return None
+
+    def note_dispatch(self, node: str, rank: int, version: int, consumed: list[tuple[str, int]]) -> None:
+        """A Run of `node` was placed in a batch: its run count and the inputs it read."""
+        self.produced[node] = (rank, version)
+        self.consumed.update(consumed)
+
+    def runs_of(self, node: str) -> int:
+        return self.produced.get(node, (0, 0))[1]
+
+    def value_key(self, key: str, rank: int) -> str:
+        """Where a Run on `rank` finds value `key` ("<node>.<port>"): the plain key on the
+        producer's rank, else the version the producer's latest run pushed there."""
+        producer = self.produced.get(key.rsplit(".", 1)[0])
+        return key if producer is None or producer[0] == rank else f"{key}#{producer[1]}"
+
+    def last_token(self, key: str) -> int | None:
+        ids = self.last_values.get(key)
+        return ids[-1] if ids else None
+
+    # ---- output --------------------------------------------------------------------
+
+    def emit_tokens(self, token_ids: list[int]) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.output_ids.extend(token_ids)
+        self.events.put_nowait(OutputEvent(token_ids=list(token_ids)))
+
+    def emit_tensors(self, tensors: dict[str, Any]) -> None:
+        self.events.put_nowait(OutputEvent(tensors=tensors))
+
+    @property
+    def is_done(self) -> bool:
+        return all(t.is_done for t in self.tracks)

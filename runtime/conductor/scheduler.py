@@ -1,0 +1,160 @@
+"""Picks the next batches: one per (rank, node), across requests, within KV capacity.
+
+Continuous batching at node granularity: every request whose track rests on a `Run` of
+node N is a candidate for N's next batch, whatever walk or iteration it is in, so a new
+request's prefill joins the running decode loop between iterations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from runtime.conductor.cursor import PendingRun
+from runtime.conductor.kv_ledger import KvLedger
+from runtime.conductor.plan_index import PlanIndex
+from runtime.conductor.request import Request, RequestState
+from runtime.transport.messages import Route, WorkItem
+
+
+@dataclass
+class Entry:
+    """One request's Run inside a batch."""
+
+    request: Request
+    pending: PendingRun
+    item: WorkItem
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)   # frames to attach
+    consumed: list[tuple[str, int]] = field(default_factory=list)    # request inputs this Run reads
+    version: int = 0                                                 # this Run's count of its node's runs
+
+
+@dataclass
+class PlannedBatch:
+    rank: int
+    node: str
+    entries: list[Entry] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerConfig:
+    max_running: int = 256           # requests admitted at once (RUNNING + PREEMPTED)
+    max_batch_tokens: int = 4096     # new tokens per LM batch (prefill rows + decode rows)
+
+
+class Scheduler:
+    """Forms batches; owns nothing but the decision (state lives in requests and the ledger)."""
+
+    def __init__(self, index: PlanIndex, ledger: KvLedger, config: SchedulerConfig,
+                 preempt: Callable[[Request], None], lookup: Callable[[int], Request]) -> None:
+        self.lookup = lookup
+        self.index = index
+        self.ledger = ledger
+        self.config = config
+        self.preempt = preempt
+
+    def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
+                 ready_ranks: set[int]) -> list[PlannedBatch]:
+        # Invariant: after this call every KV pool's held blocks (ledger) <= its capacity, every
+        # planned item's blocks are already counted, and each (rank, node) has at most one
+        # batch in flight — so a worker never runs out of blocks and never sees a request twice.
+        batches: dict[tuple[int, str], PlannedBatch] = {}
+        placed: set[int] = set()
+        for req in running:
+            self._place(req, batches, busy, ready_ranks, placed, admitting=False)
+        num_admitted = len(running)
+        for req in waiting:
+            if num_admitted >= self.config.max_running:
+                break
+            if not self._place(req, batches, busy, ready_ranks, placed, admitting=True):
+                break   # FIFO: a request that does not fit holds the ones behind it
+            num_admitted += 1
+        return [b for b in batches.values() if b.entries]
+
+    def _place(self, req: Request, batches: dict, busy: set, ready_ranks: set, placed: set, *, admitting: bool) -> bool:
+        """Add the request's ready runs to batches; False if it must wait for KV room."""
+        runs = [p for cursor in req.tracks for p in cursor.ready()]
+        for pending in runs:
+            rank = self._rank(pending, req)
+            key = (rank, pending.run.node)
+            if key in busy or rank not in ready_ranks:
+                continue
+            batch = batches.setdefault(key, PlannedBatch(rank, pending.run.node))
+            if len(batch.entries) >= self.index.nodes[pending.run.node].max_batch:
+                continue
+            entry = self._entry(req, pending, rank)
+            if not self._reserve(req, entry, rank, batch, placed, admitting):
+                return False
+            if admitting:
+                req.resume() if req.state == RequestState.PREEMPTED else req.admit()
+                admitting = False
+            batch.entries.append(entry)
+            req.note_dispatch(pending.run.node, rank, entry.version, entry.consumed)
+            placed.add(req.request_id)
+            for cursor in req.tracks:
+                if cursor.index == pending.track:
+                    cursor.start(pending)
+        return True
+
+    def _reserve(self, req: Request, entry: Entry, rank: int, batch: PlannedBatch, placed: set, admitting: bool) -> bool:
+        pool = self.ledger.pool(rank, batch.node)
+        n_new = len(entry.item.tokens)
+        if n_new + sum(len(e.item.tokens) for e in batch.entries) > self.config.max_batch_tokens and batch.entries:
+            return False
+        if pool is None:
+            return True
+        while not pool.can_grow(req.request_id, n_new):
+            victim = None if admitting else self._victim(pool.holders(), req, placed)
+            if victim is None:
+                return False
+            self.preempt(victim)
+        pool.grow(req.request_id, n_new)
+        return True
+
+    def _victim(self, holders: list[int], req: Request, placed: set) -> Request | None:
+        """The most recently arrived running request holding blocks here and not in flight."""
+        candidates = [r for r in map(self.lookup, holders) if r is not req and r.request_id not in placed
+                      and r.state == RequestState.RUNNING and not any(c.in_flight for c in r.tracks)]
+        return max(candidates, key=lambda r: r.arrival, default=None)
+
+    def _rank(self, pending: PendingRun, req: Request) -> int:
+        ranks = pending.run.ranks
+        return ranks[req.request_id % len(ranks)]
+
+    def _entry(self, req: Request, pending: PendingRun, rank: int) -> Entry:
+        node = pending.run.node
+        item = WorkItem(request_id=req.request_id, step=pending.step, walk=pending.walk)
+        entry = Entry(req, pending, item, version=req.runs_of(node) + 1)
+        for port, sources in self.index.sources(pending.walk, node).items():
+            self._bind(entry, rank, port, sources)
+        if self.index.nodes[node].has_kv_cache and req.kv_fed.get(node, 0) == 0 and req.kv_history.get(node):
+            item.tokens = [*req.kv_history[node], *item.tokens]   # recompute after preemption
+        # another rank keeps every value it receives under a versioned key: never a stale one
+        item.routes = [Route(port, dst, f"{node}.{port}#{entry.version}")
+                       for port, dst in self.index.routes(pending.walk, node, rank)]
+        item.emit = self.index.client_tensors(pending.walk, node)
+        return entry
+
+    def _bind(self, entry: Entry, rank: int, port: str, sources: list) -> None:
+        req, node, item = entry.request, entry.pending.run.node, entry.item
+        is_tokens = self.index.is_token_port(node, port, output=False)
+        for src in sources:
+            if src.is_request_input:
+                found = req.input_for(src.key, entry.pending.item, self.index.port_dtype(node, port))
+                if found is None:
+                    continue
+                entry.consumed.append((src.key, found[0]))
+                value = found[1]
+            else:
+                value = req.values.get(src.key)
+                if value is None:
+                    continue
+            if is_tokens:
+                item.tokens = list(value if src.is_request_input else req.last_values[src.key])
+            elif src.is_request_input:
+                entry.tensors[f"{req.request_id}/{src.key}"] = value
+                item.inputs[port] = src.key
+            else:
+                item.inputs[port] = req.value_key(src.key, rank)
+            return

@@ -1,0 +1,93 @@
+"""The ranks as the conductor sees them: local worker processes it starts, watches and restarts,
+and remote workers that join by themselves (`mstar-run worker --conductor tcp://HOST:PORT`).
+
+A rank is alive while its heartbeats arrive; a local rank is also dead the moment its
+process exits. The conductor polls `dead_ranks()` and restarts local ones with `restart()`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from runtime.transport.messages import NodeInfo
+
+log = logging.getLogger(__name__)
+HEARTBEAT_TIMEOUT_S = 5.0
+
+
+@dataclass
+class RankStatus:
+    """What the conductor knows about one rank's worker."""
+
+    rank: int
+    is_local: bool
+    process: subprocess.Popen | None = None
+    pid: int = 0
+    peer_endpoint: str = ""
+    is_ready: bool = False
+    last_seen: float = field(default_factory=time.monotonic)
+    nodes: list[NodeInfo] = field(default_factory=list)
+    restarts: int = 0
+
+
+class WorkerSet:
+    """Every rank of the plan; starts the local ones as `mstar-run worker` subprocesses."""
+
+    def __init__(self, plan_path: str, endpoint: str, num_ranks: int, remote: set[int],
+                 weights_dir: str | None, log_level: str) -> None:
+        self.plan_path = plan_path
+        self.endpoint = endpoint
+        self.weights_dir = weights_dir
+        self.log_level = log_level
+        self.ranks = {r: RankStatus(r, is_local=r not in remote) for r in range(num_ranks)}
+
+    def start_local(self) -> None:
+        for status in self.ranks.values():
+            if status.is_local:
+                self._spawn(status)
+
+    def _spawn(self, status: RankStatus) -> None:
+        cmd = [sys.executable, "-m", "runtime.cli", "worker", "--conductor", self.endpoint,
+               "--rank", str(status.rank), "--log-level", self.log_level, self.plan_path]
+        if self.weights_dir:
+            cmd += ["--weights", self.weights_dir]
+        status.process = subprocess.Popen(cmd, env=os.environ.copy())
+        status.is_ready = False
+        status.last_seen = time.monotonic()
+
+    def dead_ranks(self) -> list[int]:
+        now = time.monotonic()
+        dead = []
+        for status in self.ranks.values():
+            exited = status.process is not None and status.process.poll() is not None
+            silent = status.pid and now - status.last_seen > HEARTBEAT_TIMEOUT_S
+            if exited or silent:
+                dead.append(status.rank)
+        return dead
+
+    def restart(self, rank: int) -> None:
+        """Forget the rank's process; start a fresh one if it is local."""
+        status = self.ranks[rank]
+        if status.process is not None and status.process.poll() is None:
+            status.process.kill()
+        status.process, status.pid, status.is_ready = None, 0, False
+        if status.is_local:
+            status.restarts += 1
+            log.warning("restarting worker of rank %d (restart %d)", rank, status.restarts)
+            self._spawn(status)
+
+    def ready_ranks(self) -> set[int]:
+        return {r for r, s in self.ranks.items() if s.is_ready}
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for status in self.ranks.values():
+            if status.process is not None:
+                try:
+                    status.process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    status.process.kill()
+                    status.process.wait()

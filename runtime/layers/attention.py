@@ -1,0 +1,81 @@
+"""Decoder self-attention: fused QKV projection, optional q/k norm, RoPE, paged attention, output projection.
+
+HF checkpoints store q_proj, k_proj and v_proj separately; this module keeps them as one
+column-parallel `qkv_proj` (one GEMM) and fuses on load. Under tensor parallelism each
+rank owns num_heads / tp query heads and num_kv_heads / tp kv heads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from runtime.attention import AttentionBackend, AttentionMetadata
+from runtime.kv import PagedKVCache
+from runtime.layers.config import DecoderConfig
+from runtime.layers.norm import RMSNorm
+from runtime.layers.rotary import RotaryEmbedding
+from runtime.parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelGroup
+from runtime.weights import Slot
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """What every layer of one forward shares."""
+
+    positions: torch.Tensor         # (N,) position of each token row
+    batch: AttentionMetadata
+    kv_cache: PagedKVCache
+    backend: AttentionBackend
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, config: DecoderConfig, layer: int, rotary: RotaryEmbedding, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        d = config.head_dim
+        self.layer = layer
+        self.head_dim = d
+        self.num_q_heads = tp.shard(config.num_q_heads, "num_attention_heads")
+        self.num_kv_heads = tp.shard(config.num_kv_heads, "num_key_value_heads")
+        self.scale = d ** -0.5
+        self.qkv_proj = ColumnParallelLinear(
+            config.hidden_size, [config.num_q_heads * d, config.num_kv_heads * d, config.num_kv_heads * d],
+            bias=config.qkv_bias, tp=tp)
+        self.o_proj = RowParallelLinear(config.num_q_heads * d, config.hidden_size, bias=config.o_bias, tp=tp)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
+        self._rotary = [rotary]  # shared by all layers; a list keeps it out of the module tree
+
+    def project(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (N, Hq, D), k and v (N, Hkv, D) for the rows of `hidden` (N, hidden), RoPE applied."""
+        n, d = hidden.shape[0], self.head_dim
+        q, k, v = self.qkv_proj(hidden).split(
+            [self.num_q_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
+        q, k, v = q.view(n, self.num_q_heads, d), k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self._rotary[0](positions, q, k)
+        return q, k, v
+
+    def forward(self, hidden: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
+        q, k, v = self.project(hidden, ctx.positions)
+        ctx.kv_cache.write(self.layer, k, v, ctx.batch.slot_mapping)
+        out = ctx.backend.attend(q, ctx.kv_cache.k[self.layer], ctx.kv_cache.v[self.layer], ctx.batch, self.scale)
+        return self.o_proj(out.reshape(hidden.shape[0], self.num_q_heads * self.head_dim))  # (N, hidden)
+
+    def slots(self, prefix: str, config: DecoderConfig) -> dict[str, Slot]:
+        d, h = config.head_dim, config.hidden_size
+        sizes = {"q_proj": config.num_q_heads * d, "k_proj": config.num_kv_heads * d, "v_proj": config.num_kv_heads * d}
+        slots = {}
+        for part, (name, size) in enumerate(sizes.items()):
+            slots[f"{prefix}{name}.weight"] = Slot((size, h), lambda t, p=part: self.qkv_proj.load_weight(p, t))
+            if config.qkv_bias:
+                slots[f"{prefix}{name}.bias"] = Slot((size,), lambda t, p=part: self.qkv_proj.load_bias(p, t))
+        slots[f"{prefix}o_proj.weight"] = Slot((h, config.num_q_heads * d), lambda t: self.o_proj.load_weight(0, t))
+        if config.o_bias:
+            slots[f"{prefix}o_proj.bias"] = Slot((h,), lambda t: self.o_proj.load_bias(0, t))
+        if config.qk_norm:
+            slots[f"{prefix}q_norm.weight"] = Slot((d,), lambda t: self.q_norm.load_weight(0, t), is_norm=True)
+            slots[f"{prefix}k_norm.weight"] = Slot((d,), lambda t: self.k_norm.load_weight(0, t), is_norm=True)
+        return slots

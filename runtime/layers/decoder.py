@@ -1,0 +1,167 @@
+"""`DecoderLM`: the Llama / Qwen2 / Qwen3 / Qwen3-MoE decoder over a paged KV cache.
+
+Interface (called by the worker's model runner, the sampling code and multimodal nodes):
+
+    model = component_class("llama_lm")(dims, args)          # or DecoderLM subclass(dims, args, tp=group)
+    cache = model.make_kv_cache(num_blocks, block_size)      # PagedKVCache, this rank's kv heads
+    batch = manager.metadata([(req, n_new), ...])            # KVBlockManager -> AttentionMetadata
+    hidden = model(input_ids, positions, batch, cache,       # (N, hidden_size), final-normed
+                   embeds=None, embeds_rows=None)
+    logits = model.compute_logits(hidden[batch.last_token_rows()])   # (B, vocab_size) fp32
+
+* One call runs a *packed mixed batch*: prefill chunks and decode tokens of many
+  requests of different lengths, N token rows in total, no padding. `input_ids` (N,)
+  int64 and `positions` (N,) int64 — or (3, N) temporal/height/width positions for a
+  preset with an `mrope_section` (Qwen3-Omni) — are the rows in request order; `batch` says which
+  rows belong to which request and where their keys/values go (see
+  runtime/attention/metadata.py). The cache must already hold each request's context;
+  this call writes the new rows' keys/values at `batch.slot_mapping`.
+* Multimodal prompts: `embeds` (M, hidden_size) replace the token embeddings of rows
+  `embeds_rows` (M,) int64 (their `input_ids` are ignored, e.g. a placeholder id).
+* `hidden` is the last layer's output after the final RMSNorm — what `compute_logits`
+  reads and what a downstream node (e.g. a talker) consumes from the `hidden` port.
+* Weights: `args["weights"]` (safetensors file or dir, HF names) or seeded random
+  weights (`args["seed"]`); `load_hf_state_dict(tensors)` loads HF-named tensors
+  (q_proj/k_proj/v_proj and gate_proj/up_proj are fused on load) after a key-by-key check.
+* Tensor parallelism: pass `tp=TensorParallelGroup(...)`; every rank loads the same full
+  tensors and keeps its shard; logits come back whole on every rank.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from runtime.attention import AttentionBackend, AttentionMetadata, AttentionShape, select_backend
+from runtime.kv import PagedKVCache
+from runtime.layers.attention import BatchContext, DecoderAttention
+from runtime.layers.config import DecoderConfig, DecoderFamily
+from runtime.layers.mlp import GatedMLP
+from runtime.layers.moe import SparseMoE
+from runtime.layers.norm import RMSNorm
+from runtime.layers.rotary import RotaryEmbedding
+from runtime.parallel import SINGLE, ParallelLMHead, TensorParallelGroup, VocabParallelEmbedding
+from runtime.weights import Slot, iter_safetensors, load_into, random_tensors
+
+log = logging.getLogger(__name__)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: h += attn(norm(h)); h += mlp(norm(h))."""
+
+    def __init__(self, config: DecoderConfig, layer: int, rotary: RotaryEmbedding, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DecoderAttention(config, layer, rotary, tp)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp: nn.Module = (SparseMoE(config, tp) if config.sparse_layers[layer]
+                               else GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp))
+
+    def forward(self, hidden: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), ctx)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def slots(self, prefix: str, config: DecoderConfig) -> dict[str, Slot]:
+        slots = self.self_attn.slots(f"{prefix}self_attn.", config)
+        slots.update(self.mlp.slots(f"{prefix}mlp."))
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            module = getattr(self, norm)
+            slots[f"{prefix}{norm}.weight"] = Slot((config.hidden_size,), lambda t, m=module: m.load_weight(0, t),
+                                                   is_norm=True)
+        return slots
+
+
+class DecoderLM(nn.Module):
+    """Decoder-only LM; subclasses (the registered kinds) fix `family`."""
+
+    family: ClassVar[DecoderFamily] = DecoderFamily()
+
+    def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None, *,
+                 tp: TensorParallelGroup = SINGLE) -> None:
+        super().__init__()
+        args = dict(args or {})
+        self.config = config = DecoderConfig.from_dims(dims, self.family)
+        self.tp = tp
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.model = nn.Module()
+        self.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.model.layers = nn.ModuleList(
+            DecoderLayer(config, i, self.rotary_emb, tp) for i in range(config.num_layers))
+        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = ParallelLMHead(self.model.embed_tokens, tied=config.tie_word_embeddings)
+        self.backend_name: str = args.get("attention_backend", "auto")
+        self._backend: AttentionBackend | None = None
+        if args.get("weights"):
+            self.load_weights(args["weights"])
+        else:
+            self.load_hf_state_dict(random_tensors(self.hf_slots(), int(args.get("seed", 0))))
+
+    # ---- weights -------------------------------------------------------------------
+
+    def hf_slots(self) -> dict[str, Slot]:
+        """HF checkpoint name -> (full shape, loader) for every tensor this model reads."""
+        table = (self.config.vocab_size, self.config.hidden_size)
+        slots = {"model.embed_tokens.weight": Slot(table, lambda t: self.model.embed_tokens.load_weight(0, t)),
+                 "model.norm.weight": Slot(table[1:], lambda t: self.model.norm.load_weight(0, t), is_norm=True)}
+        if not self.config.tie_word_embeddings:
+            slots["lm_head.weight"] = Slot(table, lambda t: self.lm_head.load_weight(0, t))
+        for i, layer in enumerate(self.model.layers):
+            slots.update(layer.slots(f"model.layers.{i}.", self.config))
+        return slots
+
+    def load_hf_state_dict(self, tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors; raises WeightLoadError listing missing/unexpected/mis-shaped keys."""
+        optional = ("lm_head.weight",) if self.config.tie_word_embeddings else ()
+        load_into(self.hf_slots(), tensors, optional=optional)
+
+    def load_weights(self, path: str) -> None:
+        """Load a safetensors checkpoint (file or directory) in HF layout."""
+        log.info("loading %s weights from %s", type(self).__name__, path)
+        self.load_hf_state_dict(iter_safetensors(path))
+
+    # ---- cache and attention -------------------------------------------------------
+
+    def make_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None,
+                      device: torch.device | str | None = None) -> PagedKVCache:
+        """An empty paged cache for this model's layers and this rank's kv heads."""
+        weight = self.model.embed_tokens.weight
+        return PagedKVCache(self.config.num_layers, num_blocks, block_size,
+                            self.config.num_kv_heads // self.tp.size, self.config.head_dim,
+                            dtype=dtype or weight.dtype, device=device or weight.device)
+
+    def attention_backend(self, device: torch.device) -> AttentionBackend:
+        if self._backend is None:
+            self._backend = select_backend(device, self.backend_name)
+        return self._backend
+
+    def attention_shape(self, dtype: torch.dtype) -> AttentionShape:
+        return AttentionShape(self.config.num_q_heads // self.tp.size, self.config.num_kv_heads // self.tp.size,
+                              self.config.head_dim, dtype)
+
+    # ---- forward -------------------------------------------------------------------
+
+    def embed(self, input_ids: torch.Tensor, embeds: torch.Tensor | None = None,
+              embeds_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, hidden) token embeddings, with rows `embeds_rows` replaced by `embeds`."""
+        hidden = self.model.embed_tokens(input_ids)
+        if embeds is not None:
+            hidden = hidden.index_copy(0, embeds_rows, embeds.to(hidden.dtype))
+        return hidden
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionMetadata,
+                kv_cache: PagedKVCache, embeds: torch.Tensor | None = None,
+                embeds_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, hidden_size) final-normed hidden states of a packed mixed batch (see module doc)."""
+        backend = self.attention_backend(input_ids.device)
+        backend.plan(batch, self.attention_shape(kv_cache.dtype))
+        ctx = BatchContext(positions, batch, kv_cache, backend)
+        hidden = self.embed(input_ids, embeds, embeds_rows)
+        for layer in self.model.layers:
+            hidden = layer(hidden, ctx)
+        return self.model.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(M, vocab_size) fp32 logits of final-normed hidden rows (M, hidden_size)."""
+        return self.lm_head(hidden).float()

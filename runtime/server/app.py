@@ -1,0 +1,200 @@
+"""The aiohttp application: routes, auth, body limits, and the server's life cycle.
+
+`MstarServer` owns the conductor (same process, same asyncio loop), the served model's
+tokenizer and the metrics. `serve(config)` runs it until SIGTERM/SIGINT, then drains:
+new requests get 503, running ones finish (up to `drain_timeout_s`), workers shut down.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from mstar_compiler.plan import Plan, load_plan
+from runtime.conductor.conductor import Conductor, ConductorConfig
+from runtime.conductor.request import Request
+from runtime.conductor.scheduler import SchedulerConfig
+from runtime.server.chat import ChatRequest, chat_completions
+from runtime.server.errors import ApiError, error_middleware
+from runtime.server.images import images_edits, images_generations
+from runtime.server.metrics import Metrics
+from runtime.server.tasks import run_task
+from runtime.server.text import load_text_tokenizer
+from runtime.worker.loader import describe_source, weight_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    plan_path: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_concurrency: int = 256           # requests admitted at once; more wait in the queue
+    max_body_bytes: int = 16 << 20
+    weights_dir: str | None = None
+    log_level: str = "info"
+    worker_endpoint: str = "tcp://127.0.0.1:0"   # where workers connect
+    remote_ranks: frozenset[int] = frozenset()
+    request_timeout_s: float = 600.0
+    drain_timeout_s: float = 30.0
+
+
+class MstarServer:
+    """Everything one `mstar-run` process serves."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.plan: Plan = load_plan(config.plan_path)
+        self.model_id = self.plan.model
+        self.metrics = Metrics()
+        self.conductor = Conductor(self.plan, ConductorConfig(
+            plan_path=config.plan_path, endpoint=config.worker_endpoint, remote_ranks=config.remote_ranks,
+            weights_dir=config.weights_dir, log_level=config.log_level,
+            scheduler=SchedulerConfig(max_running=config.max_concurrency)), on_batch=self.metrics.observe_batch)
+        self.chat_node = self._chat_node()
+        self.tokenizer = load_text_tokenizer(
+            weight_source(self.plan, self.plan.node(self.chat_node), config.weights_dir) if self.chat_node else None)
+        self.draining = False
+
+    def _chat_node(self) -> str | None:
+        """The LM node that reads the chat prompt's tokens, if the plan has a chat task."""
+        names = {t.name for t in self.plan.tasks}
+        task = "chat" if "chat" in names else self.plan.default_task
+        walks = {s.walk for t in self.plan.task(task).tracks for s in t.states if s.walk}
+        return next((ri.node for ri in self.plan.request_inputs if ri.walk in walks and ri.dtype == "tokens"), None)
+
+    # ---- helpers the handlers use --------------------------------------------------
+
+    def check_model(self, model: Any) -> None:
+        if not isinstance(model, str):
+            raise ApiError(400, "'model' must be a string", "model")
+        if model != self.model_id:
+            raise ApiError(404, f"the model '{model}' does not exist; this server serves '{self.model_id}'",
+                           "model", "model_not_found")
+
+    async def read_json(self, request: web.Request) -> Any:
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", code="shutting_down")
+        raw = await request.read()
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"the body is not valid JSON ({exc})") from None
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        if self.chat_node is None:
+            raise ApiError(400, f"the model '{self.model_id}' has no chat task")
+        try:
+            text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
+        except ValueError as exc:
+            raise ApiError(400, f"messages: {exc}", "messages") from None
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def submit_chat(self, chat: ChatRequest) -> Request:
+        pool = next((p for p in self.plan.node(self.chat_node).kv_pools), None)
+        limit = pool.num_pages * pool.page_tokens if pool else 1 << 30
+        if len(chat.prompt_ids) + int(chat.params["max_tokens"]) > limit:
+            raise ApiError(400, f"prompt ({len(chat.prompt_ids)} tokens) + max_tokens exceeds the KV cache "
+                           f"({limit} tokens)", "max_tokens", "context_length_exceeded")
+        task = chat.task or ("chat" if any(t.name == "chat" for t in self.plan.tasks) else self.plan.default_task)
+        stop_ids = frozenset() if chat.params.get("ignore_eos") else self.stop_token_ids()
+        items = chat.input_items or [("text", chat.prompt_ids)]
+        return self.conductor.submit(task, chat.params, items, stop_ids, self.config.request_timeout_s)
+
+    def stop_token_ids(self) -> frozenset[int]:
+        """The tokenizer's end-of-sequence ids, and the end token the chat LM's dims name (BAGEL's)."""
+        lm_eos = self.plan.node(self.chat_node).dims.get("eos_token_id") if self.chat_node else None
+        return frozenset(self.tokenizer.eos_token_ids) | (frozenset() if lm_eos is None else {int(lm_eos)})
+
+    def observe_finished(self, req: Request) -> None:
+        now = time.monotonic()
+        if req.first_token_at is not None:
+            self.metrics.ttft.observe(req.first_token_at - req.arrival)
+        self.metrics.e2e.observe(now - req.arrival)
+        self.metrics.requests.labels(req.finish_reason or "unknown").inc()
+        self.metrics.generated.inc(len(req.output_ids))
+
+    # ---- simple routes ---------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        ready = self.conductor.workers.ready_ranks()
+        ok = len(ready) == len(self.plan.ranks) and not self.draining
+        pids = {str(r): s.pid for r, s in self.conductor.workers.ranks.items()}
+        return web.json_response({"status": "ok" if ok else "degraded", "ready_ranks": sorted(ready),
+                                  "worker_pids": pids},
+                                 status=200 if ok else 503)
+
+    async def models(self, request: web.Request) -> web.Response:
+        nodes = {n.name: describe_source(n, weight_source(self.plan, n, self.config.weights_dir))
+                 for n in self.plan.nodes}
+        card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "mstar",
+                "tasks": [t.name for t in self.plan.tasks], "preset": self.plan.preset,
+                "placement": self.plan.placement, "weights": nodes}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics_route(self, request: web.Request) -> web.Response:
+        stats = {**self.conductor.stats(), "restarts": sum(s.restarts for s in self.conductor.workers.ranks.values())}
+        return web.Response(body=self.metrics.render(stats), content_type="text/plain")
+
+    # ---- application -----------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        middlewares = [error_middleware] + ([self._auth] if self.config.api_key else [])
+        app = web.Application(middlewares=middlewares, client_max_size=self.config.max_body_bytes)
+        app["mstar"] = self
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics_route)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", chat_completions)
+        app.router.add_post("/v1/images/generations", images_generations)
+        app.router.add_post("/v1/images/edits", images_edits)
+        app.router.add_post("/v1/tasks/{task}", run_task)
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler) -> web.StreamResponse:
+        if request.path.startswith("/v1/") and request.headers.get("Authorization") != f"Bearer {self.config.api_key}":
+            raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)", code="invalid_api_key")
+        return await handler(request)
+
+    async def drain(self) -> None:
+        """Refuse new requests, let running ones finish, stop the workers."""
+        self.draining = True
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while self.conductor.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.conductor.stop()
+
+
+async def _serve(config: ServerConfig) -> None:
+    server = MstarServer(config)
+    await server.conductor.start()
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    log.info("serving %s on http://%s:%d (workers connect to %s)", server.model_id, config.host, config.port,
+             server.conductor.endpoint)
+    print(f"mstar-run: serving {server.model_id} on http://{config.host}:{config.port} "
+          f"(workers: {server.conductor.endpoint})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining")
+    await server.drain()
+    await runner.cleanup()
+
+
+def serve(config: ServerConfig) -> None:
+    """Run the server until SIGTERM/SIGINT (`mstar-run plan.bin`)."""
+    asyncio.run(_serve(config))

@@ -1,0 +1,177 @@
+"""POST /v1/chat/completions: OpenAI chat over the plan's chat task (text in, text out).
+
+The prompt is the checkpoint's chat template applied to `messages`; output text is
+decoded incrementally (never splitting a character), stop strings are cut, and `usage`
+and `finish_reason` are real. A client that goes away aborts the request, which frees
+its KV blocks at once.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from runtime.conductor.request import OutputEvent, Request
+from runtime.sampling import SamplingParams, SamplingParamsError, StopStringMatcher
+from runtime.server.errors import ApiError, error_body
+from runtime.server.multimodal import IMAGE_TASK, image_chat_items
+from runtime.server.params import resolve_params
+from runtime.server.text import IncrementalDecoder
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+
+
+@dataclass
+class ChatRequest:
+    """A parsed, checked chat request."""
+
+    prompt_ids: list[int]
+    params: dict[str, Any]
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    task: str | None = None                           # None: the plan's chat task
+    input_items: list[tuple[str, Any]] | None = None  # interleaved text/image items (a chat with images)
+
+
+def parse_chat(body: Any, server: Any) -> ChatRequest:
+    """Check the body against OpenAI's schema and the plan's params; ApiError(4xx) if wrong."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    server.check_model(body.get("model"))
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
+            raise ApiError(400, f"messages[{i}] must be an object with a string 'role' and 'content'", f"messages[{i}]")
+    image_items = image_chat_items(messages, server.plan, server.tokenizer)
+    if image_items is None:
+        messages = [{"role": m["role"], "content": _text_content(m["content"], i)} for i, m in enumerate(messages)]
+    if body.get("n", 1) != 1:
+        raise ApiError(400, "only n = 1 is supported", "n")
+    given = {k: body.get(k) for k in ("temperature", "top_p")}
+    given["max_tokens"] = body.get("max_completion_tokens", body.get("max_tokens"))
+    params = resolve_params(server.plan, given)
+    sampling = _sampling(body, params)
+    params.update({k: getattr(sampling, k) for k in SAMPLING_KEYS if getattr(sampling, k) is not None})
+    params["ignore_eos"] = sampling.ignore_eos
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be a boolean", "stream")
+    options = body.get("stream_options") or {}
+    include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+    if image_items is not None:
+        prompt_ids = [t for dtype, ids in image_items if dtype == "text" for t in ids]
+        return ChatRequest(prompt_ids, params, sampling.stop, stream, include_usage, IMAGE_TASK, image_items)
+    return ChatRequest(server.chat_prompt(messages), params, sampling.stop, stream, include_usage)
+
+
+def _text_content(content: str | list, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ApiError(400, f"messages[{i}].content: this model takes text parts only", f"messages[{i}].content")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _sampling(body: dict, params: dict) -> SamplingParams:
+    fields = {k: body.get(k) for k in SAMPLING_KEYS if k in body}
+    fields.update({k: params[k] for k in ("temperature", "top_p") if k in params})
+    fields["stop"] = body.get("stop") or ()
+    fields["ignore_eos"] = body.get("ignore_eos", False)   # vLLM's extension: forced lengths for benchmarks
+    try:
+        return SamplingParams.from_mapping(fields)
+    except SamplingParamsError as exc:
+        raise ApiError(400, str(exc), exc.field) from None
+    except TypeError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+class ChatStream:
+    """Turns a request's events into text deltas, watching stop strings."""
+
+    def __init__(self, server: Any, req: Request, stop: tuple[str, ...]) -> None:
+        self.server, self.req = server, req
+        self.decoder = IncrementalDecoder(server.tokenizer)
+        self.matcher = StopStringMatcher(stop)
+        self.finish_reason: str | None = None
+
+    async def next(self) -> tuple[str, bool]:
+        """(text delta, whether this was the last event)."""
+        event: OutputEvent = await self.req.events.get()
+        if event.finish_reason == "error":
+            raise ApiError(500, f"request failed: {event.error}", code="worker_failed")
+        text = self.decoder.push([t for t in event.token_ids if t not in self.req.stop_token_ids])
+        if event.finish_reason is not None:
+            text += self.decoder.flush()
+            self.finish_reason = self.finish_reason or event.finish_reason
+        emit, matched = self.matcher.push(text)
+        if matched and self.finish_reason is None:
+            self.finish_reason = "stop"
+            self.server.conductor.end_early(self.req, "stop")
+        return emit, event.finish_reason is not None
+
+    def usage(self, prompt_tokens: int) -> dict[str, int]:
+        done = len(self.req.output_ids)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    server = request.app["mstar"]
+    chat = parse_chat(await server.read_json(request), server)
+    req = server.submit_chat(chat)
+    stream = ChatStream(server, req, chat.stop)
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    try:
+        if chat.stream:
+            return await _stream(request, server, chat, stream, cid, created)
+        text, done = "", False
+        while not done:
+            delta, done = await stream.next()
+            text += delta
+        server.observe_finished(req)
+        return web.json_response({
+            "id": cid, "object": "chat.completion", "created": created, "model": server.model_id,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": stream.finish_reason, "logprobs": None}],
+            "usage": stream.usage(len(chat.prompt_ids))})
+    finally:
+        server.conductor.abort(req)   # no-op when finished; frees everything on disconnect
+
+
+async def _stream(request: web.Request, server: Any, chat: ChatRequest, stream: ChatStream,
+                  cid: str, created: int) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+
+    def chunk(delta: dict, finish: str | None, usage: dict | None = None) -> bytes:
+        body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": server.model_id,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        if usage is not None:
+            body = {**body, "choices": [], "usage": usage}
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    await resp.write(chunk({"role": "assistant", "content": ""}, None))
+    done = False
+    try:
+        while not done:
+            delta, done = await stream.next()
+            if delta:
+                await resp.write(chunk({"content": delta}, None))
+        await resp.write(chunk({}, stream.finish_reason))
+        if chat.include_usage:
+            await resp.write(chunk({}, None, stream.usage(len(chat.prompt_ids))))
+        server.observe_finished(stream.req)
+    except ApiError as err:
+        await resp.write(f"data: {json.dumps(error_body(err.status, err.message, code=err.code))}\n\n".encode())
+    await resp.write(b"data: [DONE]\n\n")
+    return resp

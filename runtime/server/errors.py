@@ -1,0 +1,54 @@
+"""Errors in OpenAI's format: {"error": {"message", "type", "param", "code"}}.
+
+Handlers raise `ApiError`; the middleware turns it (and aiohttp's own HTTP errors, and
+any bug) into that body, so a bad request never takes the server down.
+"""
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, message for people, the offending field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    @property
+    def type(self) -> str:
+        if self.status == 401:
+            return "authentication_error"
+        if self.status == 404:
+            return "not_found_error"
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ApiError(status, message).type, "param": param, "code": code}}
+
+
+def error_response(err: ApiError) -> web.Response:
+    return web.json_response(error_body(err.status, err.message, err.param, err.code), status=err.status)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return error_response(err)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(ApiError(exc.status, exc.reason or "error", code=str(exc.status)))
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(ApiError(500, "internal server error", code="internal_error"))

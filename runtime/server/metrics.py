@@ -1,0 +1,38 @@
+"""Prometheus metrics of one server (own registry, so tests can run several in one process)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    """Every metric the server exports; gauges are refreshed from the conductor at scrape time."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.queue_depth = Gauge("mstar_queue_depth", "requests waiting for admission", registry=r)
+        self.running = Gauge("mstar_running_requests", "requests admitted and running", registry=r)
+        self.kv_usage = Gauge("mstar_kv_cache_usage", "fraction of KV cache blocks in use (all pools)", registry=r)
+        self.batch_size = Histogram("mstar_batch_size", "requests per dispatched batch", ["node"],
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.batch_ms = Histogram("mstar_batch_run_ms", "worker time of one batch (ms)", ["node"],
+                                  buckets=(1, 5, 10, 25, 50, 100, 250, 1000, 5000), registry=r)
+        self.ttft = Histogram("mstar_time_to_first_token_seconds", "arrival to first output token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("mstar_e2e_request_latency_seconds", "arrival to last output",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.requests = Counter("mstar_requests", "finished requests by reason", ["finish_reason"], registry=r)
+        self.generated = Counter("mstar_generated_tokens", "output tokens", registry=r)
+        self.worker_restarts = Gauge("mstar_worker_restarts", "restarts of local worker processes", registry=r)
+
+    def observe_batch(self, node: str, size: int, run_ms: float) -> None:
+        self.batch_size.labels(node).observe(size)
+        self.batch_ms.labels(node).observe(run_ms)
+
+    def render(self, stats: dict[str, float]) -> bytes:
+        self.queue_depth.set(stats["waiting"])
+        self.running.set(stats["running"])
+        self.kv_usage.set(stats["kv_usage"])
+        self.worker_restarts.set(stats.get("restarts", 0))
+        return generate_latest(self.registry)

@@ -1,0 +1,81 @@
+"""Images in requests: decoding them into request input items, and chats that carry them.
+
+An image input item is ("image", (H, W, 3) uint8 RGB tensor). For a BAGEL plan the image
+is first resized as BAGEL resizes every input image (its VAE transform; the ViT resizes
+further on its rank), so the server knows an I2I request's output size. A chat message
+whose content has `image_url` parts (data URLs; the server never fetches) becomes
+interleaved input items, text parts as plain token ids, BAGEL's `interleave_inference`
+way, and runs the plan's `i2t` task.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from PIL import UnidentifiedImageError
+
+from mstar_compiler.plan import Plan
+from runtime.bagel.generation import vae_resize
+from runtime.bagel.image_io import image_from_bytes, resize_for
+from runtime.server.errors import ApiError
+
+IMAGE_TASK = "i2t"
+
+
+def bagel_lm_dims(plan: Plan) -> Mapping[str, Any] | None:
+    """Dims of the plan's BAGEL LM, None for other models."""
+    return next((n.dims for n in plan.nodes if n.kind == "bagel_mot_lm"), None)
+
+
+def image_item(plan: Plan, data: bytes, field: str) -> torch.Tensor:
+    """Encoded image bytes -> (H, W, 3) uint8 tensor (BAGEL-resized for a BAGEL plan); 400 if not an image."""
+    try:
+        image = image_from_bytes(data)
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise ApiError(400, f"{field}: not a decodable image ({exc})", field) from None
+    dims = bagel_lm_dims(plan)
+    if dims is not None:
+        image = resize_for(image, vae_resize(dims))
+    return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.uint8).copy())
+
+
+def data_url_bytes(url: Any, field: str) -> bytes:
+    """The bytes of a base64 `data:` URL; 400 for anything else (no fetching)."""
+    if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
+        raise ApiError(400, f"{field}: only base64 data URLs (data:image/png;base64,...) are accepted", field)
+    try:
+        return base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, f"{field}: the data URL is not valid base64", field) from None
+
+
+def _has_image(messages: list[dict]) -> bool:
+    return any(isinstance(m.get("content"), list) and any(
+        isinstance(p, dict) and p.get("type") == "image_url" for p in m["content"]) for m in messages)
+
+
+def _part_item(plan: Plan, tokenizer: Any, part: Any, field: str) -> tuple[str, Any]:
+    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        return "text", tokenizer.encode(part["text"], add_special_tokens=False)
+    if isinstance(part, dict) and part.get("type") == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        return "image", image_item(plan, data_url_bytes(url, field), field)
+    raise ApiError(400, f"{field}: a content part must be {{'type': 'text'}} or {{'type': 'image_url'}}", field)
+
+
+def image_chat_items(messages: list[dict], plan: Plan, tokenizer: Any) -> list[tuple[str, Any]] | None:
+    """Interleaved input items of a chat with images (every part in message order), None when text only."""
+    if not _has_image(messages):
+        return None
+    if IMAGE_TASK not in {t.name for t in plan.tasks}:
+        raise ApiError(400, f"the model '{plan.model}' does not take image inputs", "messages")
+    items: list[tuple[str, Any]] = []
+    for i, message in enumerate(messages):
+        content = message["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        items += [_part_item(plan, tokenizer, part, f"messages[{i}].content[{j}]") for j, part in enumerate(parts)]
+    return items

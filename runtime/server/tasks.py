@@ -1,0 +1,62 @@
+"""POST /v1/tasks/{task}: run any task of the plan with its declared params (native endpoint).
+
+Body: {"params": {...}, "inputs": [{"type": "text", "text": "..."} | {"type": "tokens", "ids": [...]}]}
+Answer: {"task", "finish_reason", "token_ids", "text", "tensors": {"<node>.<port>":
+{"dtype", "shape", "data": base64 of the raw little-endian bytes}}}.
+"""
+from __future__ import annotations
+
+import base64
+
+from aiohttp import web
+
+from runtime.server.errors import ApiError
+from runtime.server.params import resolve_params
+
+
+def _inputs(body: dict, server) -> list[tuple[str, list[int]]]:
+    items = body.get("inputs", [])
+    if not isinstance(items, list):
+        raise ApiError(400, "'inputs' must be an array", "inputs")
+    out = []
+    for i, item in enumerate(items):
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "text" and isinstance(item.get("text"), str):
+            out.append(("text", server.tokenizer.encode(item["text"])))
+        elif kind == "tokens" and isinstance(item.get("ids"), list) and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item["ids"]):
+            out.append(("text", list(item["ids"])))
+        else:
+            raise ApiError(400, f"inputs[{i}] must be {{'type': 'text', 'text': str}} or "
+                           "{'type': 'tokens', 'ids': [int]}", f"inputs[{i}]")
+    return out
+
+
+async def run_task(request: web.Request) -> web.Response:
+    server = request.app["mstar"]
+    task = request.match_info["task"]
+    if task not in {t.name for t in server.plan.tasks}:
+        raise ApiError(404, f"unknown task '{task}'; this model has: {', '.join(t.name for t in server.plan.tasks)}",
+                       "task", "task_not_found")
+    body = await server.read_json(request)
+    if not isinstance(body, dict) or not isinstance(body.get("params", {}), dict):
+        raise ApiError(400, "the body must be an object with an optional 'params' object")
+    params = resolve_params(server.plan, body.get("params", {}))
+    req = server.conductor.submit(task, params, _inputs(body, server), frozenset(server.tokenizer.eos_token_ids),
+                                  server.config.request_timeout_s)
+    tensors: dict = {}
+    try:
+        while True:
+            event = await req.events.get()
+            for key, t in event.tensors.items():
+                tensors[key] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                                "data": base64.b64encode(t.contiguous().numpy().tobytes()).decode()}
+            if event.finish_reason == "error":
+                raise ApiError(500, f"request failed: {event.error}", code="worker_failed")
+            if event.finish_reason is not None:
+                break
+    finally:
+        server.conductor.abort(req)
+    ids = [t for t in req.output_ids if t not in req.stop_token_ids]
+    return web.json_response({"task": task, "finish_reason": req.finish_reason, "token_ids": req.output_ids,
+                              "text": server.tokenizer.decode(ids), "tensors": tensors})

