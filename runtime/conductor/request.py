@@ -70,7 +70,7 @@ class Request:
     kv_history: dict[str, list[int]] = field(default_factory=dict)  # KV node -> every token fed to it
     kv_fed: dict[str, int] = field(default_factory=dict)         # KV node -> tokens in the worker's cache
     ranks_opened: set[int] = field(default_factory=set)          # ranks that received OpenRequest
-    consumed: set[tuple[str, int]] = field(default_factory=set)  # (request-input key, input item) already fed
+    readers: dict[int, tuple[int, int]] = field(default_factory=dict)  # input item -> (track, state) that read it
     produced: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (rank, runs dispatched so far)
     output_ids: list[int] = field(default_factory=list)
     events: asyncio.Queue[OutputEvent] = field(default_factory=asyncio.Queue)
@@ -117,24 +117,26 @@ class Request:
     def input_dtypes(self) -> list[str]:
         return [dtype for dtype, _ in self.input_items]
 
-    def input_for(self, key: str, item: int, dtype: str) -> tuple[int, Any] | None:
-        """(item index, value) a Run's request-input port reads (`key` = "input:<node>.<port>"), or None.
+    def input_for(self, item: int, dtype: str, reader: tuple[int, int]) -> tuple[int, Any] | None:
+        """(item index, value) a request-input port of `dtype` reads in state `reader` = (track, state).
 
-        Inside a for_each (`item` >= 0) only that item, outside (-1) the first one, of the
-        port's modality (a `tokens` port reads text) that this port has not read yet: each
-        input reaches each port once, so a later walk's optional port stays empty.
+        A for_each state (`item` >= 0) reads that item, a plain state (-1) the first one, of
+        the port's modality (a `tokens` port reads text) that no other state has read: an
+        input belongs to the state that takes it in (t2i's `draw` does not re-read the prompt).
         """
         modality = "text" if dtype == "tokens" else dtype
         candidates = [item] if item >= 0 else range(len(self.input_items))
         for i in candidates:
-            if i < len(self.input_items) and self.input_items[i][0] == modality and (key, i) not in self.consumed:
+            if i < len(self.input_items) and self.input_items[i][0] == modality \
+                    and self.readers.get(i, reader) == reader:
                 return i, self.input_items[i][1]
         return None
 
-    def note_dispatch(self, node: str, rank: int, version: int, consumed: list[tuple[str, int]]) -> None:
-        """A Run of `node` was placed in a batch: its run count and the inputs it read."""
+    def note_dispatch(self, node: str, rank: int, version: int, read: list[int], reader: tuple[int, int]) -> None:
+        """A Run of `node` was placed in a batch: its run count and the input items it read."""
         self.produced[node] = (rank, version)
-        self.consumed.update(consumed)
+        for i in read:
+            self.readers.setdefault(i, reader)
 
     def runs_of(self, node: str) -> int:
         return self.produced.get(node, (0, 0))[1]

@@ -26,7 +26,7 @@ class Entry:
     pending: PendingRun
     item: WorkItem
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)   # frames to attach
-    consumed: list[tuple[str, int]] = field(default_factory=list)    # request inputs this Run reads
+    read: list[int] = field(default_factory=list)                    # request input items this Run reads
     version: int = 0                                                 # this Run's count of its node's runs
 
 
@@ -90,7 +90,7 @@ class Scheduler:
                 req.resume() if req.state == RequestState.PREEMPTED else req.admit()
                 admitting = False
             batch.entries.append(entry)
-            req.note_dispatch(pending.run.node, rank, entry.version, entry.consumed)
+            req.note_dispatch(pending.run.node, rank, entry.version, entry.read, self._reader(req, pending))
             placed.add(req.request_id)
             for cursor in req.tracks:
                 if cursor.index == pending.track:
@@ -136,15 +136,21 @@ class Scheduler:
         item.emit = self.index.client_tensors(pending.walk, node)
         return entry
 
+    @staticmethod
+    def _reader(req: Request, pending: PendingRun) -> tuple[int, int]:
+        """(track, state) of the Run: request inputs belong to the state that reads them."""
+        return pending.track, req.tracks[pending.track].state
+
     def _bind(self, entry: Entry, rank: int, port: str, sources: list) -> None:
         req, node, item = entry.request, entry.pending.run.node, entry.item
         is_tokens = self.index.is_token_port(node, port, output=False)
         for src in sources:
             if src.is_request_input:
-                found = req.input_for(src.key, entry.pending.item, self.index.port_dtype(node, port))
+                found = req.input_for(entry.pending.item, self.index.port_dtype(node, port),
+                                      self._reader(req, entry.pending))
                 if found is None:
                     continue
-                entry.consumed.append((src.key, found[0]))
+                entry.read.append(found[0])
                 value = found[1]
             else:
                 value = req.values.get(src.key)

@@ -88,3 +88,12 @@ def test_server_that_dies_is_reported_with_its_log(tmp_path):
     with pytest.raises(Needs, match="exited with 3.*no weights here"):
         with Server("broken", cmd, free_port(), tmp_path / "log.txt", start_timeout_s=30):
             pass
+
+
+def test_fp32_export_is_only_complete_with_config_weights_and_tokenizer(tmp_path):
+    from bench.smollm2_fp32 import is_exported
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_text("{}")
+        assert not is_exported(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert is_exported(tmp_path)

@@ -6,7 +6,7 @@ import pytest
 from bench.plots import plot_record
 from bench.report import fmt, render, row_line
 from bench.results import Row, RunRecord, Side
-from bench.stats import HIGHER, LOWER
+from bench.stats import LOWER
 
 
 def _record() -> RunRecord:
@@ -46,3 +46,12 @@ def test_plots_write_one_png_per_figure(tmp_path):
     paths = plot_record(_record(), tmp_path)
     assert sorted(p.name for p in paths) == ["rollout-latency.png", "rollout-time-vs-horizon.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_plot_legend_names_a_side_only_when_it_is_the_same_on_every_bar():
+    from bench.plots import _series
+    rows = [Row("fp32", "p50 E2E", "s", LOWER, Side("mstar-run", [1.0]), Side(label, [2.0]), names=("mstar", name),
+                plot="p50", x=f"mstar vs {name}") for name, label in (("vllm", "vLLM"), ("hf", "HF generate"))]
+    assert _series(rows, "a")[0] == "mstar: mstar-run"
+    assert _series(rows, "b")[0] == "B (see x labels)"
+    assert _series(rows, "b")[1:] == ([2.0, 2.0], [[0.0, 0.0], [0.0, 0.0]])

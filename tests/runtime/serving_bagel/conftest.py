@@ -1,0 +1,66 @@
+"""BAGEL tiny served by real `mstar-run` processes: one rank (`single`) and three (`cfg_parallel`).
+
+Workers run torch on one thread: on a shared 2-core machine a second OpenMP thread
+spin-waits and a tiny forward takes ~1 s instead of ~2 ms.
+"""
+from __future__ import annotations
+
+import base64
+import io
+from typing import Iterator
+
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from tests.runtime.serving.conftest import Server, compile_plan
+
+MODEL = "bagel-7b-mot"
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def _serve(tmp_path_factory: pytest.TempPathFactory, placement: str) -> Iterator[Server]:
+    plan = compile_plan(tmp_path_factory.mktemp("bagel"), "bagel", preset="tiny", placement=placement)
+    srv = Server(plan, env=ENV)
+    try:
+        srv.wait_ready(120)
+        yield srv
+    finally:
+        assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Iterator[Server]:
+    yield from _serve(tmp_path_factory, "single")
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory) -> Iterator[Server]:
+    yield from _serve(tmp_path_factory, "cfg_parallel")
+
+
+def client_of(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def client(single) -> openai.OpenAI:
+    return client_of(single)
+
+
+def pixels(b64: str) -> np.ndarray:
+    """A b64 PNG from the API -> (H, W, 3) int array (checks it is a PNG)."""
+    data = base64.b64decode(b64)
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(np.int64)
+
+
+def png(width: int, height: int, seed: int = 0) -> bytes:
+    """A PNG of smooth random colours."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+    image = Image.fromarray(small).resize((width, height), Image.BILINEAR)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()

@@ -1,0 +1,142 @@
+"""Decode throughput of the paged-KV decoder against a dense-cache baseline of the same model.
+
+    python tools/bench_paged_decode.py [--preset smollm2-135m] [--batches 1 4 16 64] [--steps 8]
+
+Both paths share every weight and module (embedding, QKV/RoPE projection, MLP, norms,
+LM head) and differ only in the KV cache and attention: the paged path is the runtime's
+`DecoderLM.forward` over a `PagedKVCache` with block tables rebuilt every step by the
+`KVBlockManager` (as a worker does); the dense path keeps one contiguous
+(B, kv_heads, max_len, head_dim) tensor per layer and calls SDPA on its prefix. Each
+batch prefills a prompt (untimed), then times `--repeats` segments of `--steps` greedy
+decode steps per path, alternating paths; the figure is the median segment. Random weights (seeded): speed does not depend on
+their values.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from mstar_compiler.catalogue import load_catalogue
+from runtime.components import component_class
+from runtime.kv import KVBlockManager
+from runtime.layers import DecoderLM
+
+
+class DenseCache:
+    """The baseline: contiguous per-layer K/V for a static batch, SDPA over the filled prefix."""
+
+    def __init__(self, model: DecoderLM, batch: int, max_len: int) -> None:
+        c = model.config
+        shape = (batch, c.num_kv_heads, max_len, c.head_dim)
+        self.model = model
+        self.k = [torch.zeros(shape) for _ in range(c.num_layers)]
+        self.v = [torch.zeros(shape) for _ in range(c.num_layers)]
+        self.length = 0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) at positions length .. length+T-1 -> final-normed hidden of the last position (B, hidden)."""
+        b, t = ids.shape
+        positions = torch.arange(self.length, self.length + t).repeat(b)   # (B*T,)
+        hidden = self.model.model.embed_tokens(ids.flatten())
+        for i, layer in enumerate(self.model.model.layers):
+            hidden = hidden + self._attend(layer.self_attn, i, layer.input_layernorm(hidden), positions, b, t)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        self.length += t
+        return self.model.model.norm(hidden.view(b, t, -1)[:, -1])
+
+    def _attend(self, attn, i: int, hidden: torch.Tensor, positions: torch.Tensor, b: int, t: int) -> torch.Tensor:
+        q, k, v = attn.project(hidden, positions)                       # (B*T, H, D)
+        end = self.length + t
+        self.k[i][:, :, self.length:end] = k.view(b, t, *k.shape[1:]).transpose(1, 2)
+        self.v[i][:, :, self.length:end] = v.view(b, t, *v.shape[1:]).transpose(1, 2)
+        q = q.view(b, t, *q.shape[1:]).transpose(1, 2)                   # (B, Hq, T, D)
+        o = F.scaled_dot_product_attention(q, self.k[i][:, :, :end], self.v[i][:, :, :end],
+                                           is_causal=t > 1, enable_gqa=True)
+        return attn.o_proj(o.transpose(1, 2).reshape(b * t, -1))
+
+
+class DensePath:
+    """Decode with the dense baseline cache."""
+
+    def __init__(self, model: DecoderLM, prompts: torch.Tensor, max_len: int) -> None:
+        self.model = model
+        self.cache = DenseCache(model, prompts.shape[0], max_len)
+        self.token = model.compute_logits(self.cache.forward(prompts)).argmax(-1)
+
+    def decode(self, steps: int) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.token = self.model.compute_logits(self.cache.forward(self.token[:, None])).argmax(-1)
+        return time.perf_counter() - start
+
+
+class PagedPath:
+    """Decode through the runtime's paged cache: block tables and metadata rebuilt every step."""
+
+    def __init__(self, model: DecoderLM, prompts: torch.Tensor, max_len: int, block_size: int) -> None:
+        b, p = prompts.shape
+        num_blocks = b * -(-max_len // block_size)
+        self.model = model
+        self.manager, self.cache = KVBlockManager(num_blocks, block_size), model.make_kv_cache(num_blocks, block_size)
+        for r in range(b):
+            self.manager.allocate(r, p)
+        batch = self.manager.metadata([(r, p) for r in range(b)])
+        hidden = model(prompts.flatten(), torch.arange(p).repeat(b), batch, self.cache)
+        self.token = model.compute_logits(hidden[batch.last_token_rows()]).argmax(-1)
+
+    def decode(self, steps: int) -> float:
+        start = time.perf_counter()
+        reqs = range(self.token.shape[0])
+        for _ in range(steps):
+            positions = torch.tensor([self.manager.num_tokens(r) for r in reqs])
+            for r in reqs:
+                self.cache.copy_blocks(self.manager.append(r, 1))
+            batch = self.manager.metadata([(r, 1) for r in reqs])
+            self.token = self.model.compute_logits(self.model(self.token, positions, batch, self.cache)).argmax(-1)
+        return time.perf_counter() - start
+
+
+def measure(model: DecoderLM, prompts: torch.Tensor, steps: int, repeats: int, block_size: int) -> tuple[float, float]:
+    """Median seconds per segment of `steps` decode steps: (paged, dense), segments alternating
+    between the two paths so that load on a shared machine hits both alike."""
+    max_len = prompts.shape[1] + steps * (repeats + 1)
+    paged, dense = PagedPath(model, prompts, max_len, block_size), DensePath(model, prompts, max_len)
+    paged.decode(steps), dense.decode(steps)   # warm-up segment
+    times = [(paged.decode(steps), dense.decode(steps)) for _ in range(repeats)]
+    return statistics.median(t for t, _ in times), statistics.median(t for _, t in times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kind", default="llama_lm")
+    ap.add_argument("--preset", default="smollm2-135m")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--backend", default="torch", help="attention backend of the paged path")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dims = load_catalogue()[args.kind].presets[args.preset]
+    model = component_class(args.kind)(dims, {"seed": 0, "attention_backend": args.backend}).eval()
+    print(f"{args.kind}:{args.preset}  prompt {args.prompt_len}  {args.steps} decode steps  "
+          f"median of {args.repeats}  threads {torch.get_num_threads()}  backend {args.backend}")
+    print(f"{'batch':>5} | {'paged tok/s':>11} | {'dense tok/s':>11} | {'paged/dense':>11}")
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for b in args.batches:
+            prompts = torch.randint(0, dims["vocab_size"], (b, args.prompt_len), generator=gen)
+            paged, dense = measure(model, prompts, args.steps, args.repeats, args.block_size)
+            tok = b * args.steps
+            print(f"{b:>5} | {tok / paged:>11.1f} | {tok / dense:>11.1f} | {dense / paged:>10.2f}x")
+
+
+if __name__ == "__main__":
+    main()
