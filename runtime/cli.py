@@ -36,6 +36,9 @@ def _worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--weights", default=None)
     p.add_argument("--host", default="127.0.0.1", help="address other ranks reach this worker at")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's; the server gives its local workers "
+                        "an equal share of the CPU cores)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -51,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
             args = _worker_parser().parse_args(argv[1:])
             _logging(args.log_level)
             from runtime.worker.worker import run_worker
+            if args.threads:
+                import torch
+                torch.set_num_threads(args.threads)
             run_worker(args.plan, args.rank, args.conductor, args.weights, args.host)
             return 0
         args = _serve_parser().parse_args(argv)

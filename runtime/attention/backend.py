@@ -43,6 +43,9 @@ class AttentionBackend(ABC):
     """Paged causal attention over a packed batch of prefill chunks and decode tokens."""
 
     name: str = ""
+    # whether `attend` may run inside a CUDA graph after a `plan`: it launches only device work
+    # that reads tensors kept at fixed addresses, and `plan` refills them in place
+    is_graph_safe: bool = False
 
     def plan(self, batch: AttentionMetadata, shape: AttentionShape) -> None:
         """Prepare for `attend` calls on `batch` (called once per forward)."""

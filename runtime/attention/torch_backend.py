@@ -4,8 +4,14 @@ Decode rows (query length 1) of all requests are attended in one batched call: t
 pages are gathered into a padded (B, L, kv_heads, D) tensor and masked beyond each
 request's length. Prefill chunks are attended one request at a time with a causal mask
 offset by the request's context, which keeps large prompts free of padding.
+
+Everything that depends only on the batch layout (page lists, masks, row indices) is
+built once in `plan`, from the host copies of the metadata, not once per layer.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -14,56 +20,75 @@ from runtime.attention.backend import AttentionBackend, AttentionShape
 from runtime.attention.metadata import AttentionMetadata
 
 
+@dataclass(frozen=True)
+class _PrefillChunk:
+    rows: slice                 # the chunk's query rows in the packed batch
+    seq_len: int                # cached tokens of the request after this step
+    pages: torch.Tensor         # (num_blocks,) int64 cache blocks of the request
+    mask: torch.Tensor          # (q_len, seq_len) bool: causal visibility
+
+
 class TorchAttention(AttentionBackend):
     name = "torch"
 
     def plan(self, batch: AttentionMetadata, shape: AttentionShape) -> None:
         device = batch.seq_lens.device
+        starts = list(accumulate(batch.query_lens_cpu, initial=0))
         decode = [b for b, q in enumerate(batch.query_lens_cpu) if q == 1]
-        self._decode_reqs = torch.tensor(decode, dtype=torch.long, device=device)
-        self._decode_rows = batch.query_start_loc[:-1].long()[self._decode_reqs]
+        self._is_decode_only = len(decode) == batch.num_requests
+        self._decode_rows = torch.tensor([starts[b] for b in decode], dtype=torch.long, device=device)
         width = max((len(batch.block_tables_cpu[b]) for b in decode), default=0)
-        self._decode_tables = batch.block_tables[self._decode_reqs, :width].long()
+        pages = [p for b in decode for p in _padded(batch.block_tables_cpu[b], width)]
+        self._decode_pages = torch.tensor(pages, dtype=torch.long, device=device)      # (Bd * width,)
         keys = torch.arange(width * batch.block_size, device=device)
-        valid = keys[None, :] < batch.seq_lens[self._decode_reqs, None]                  # (Bd, L)
-        # an additive mask built once per forward, not once per layer
-        bias = torch.zeros(valid.shape, dtype=shape.dtype, device=device)
-        self._decode_bias = bias.masked_fill(~valid, float("-inf"))
-        self._prefill = [b for b, q in enumerate(batch.query_lens_cpu) if q > 1]
+        lengths = torch.tensor([batch.seq_lens_cpu[b] for b in decode], device=device)
+        valid = keys[None, :] < lengths[:, None]                                          # (Bd, L)
+        bias = torch.zeros(valid.shape, dtype=shape.dtype, device=device).masked_fill(~valid, float("-inf"))
+        self._decode_bias = bias[:, None, None, :]                                        # (Bd, 1, 1, L)
+        self._prefill = [_prefill_chunk(batch, b, starts[b], device)
+                         for b, q in enumerate(batch.query_lens_cpu) if q > 1]
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                batch: AttentionMetadata, scale: float) -> torch.Tensor:
-        if not self._prefill:
+        if self._is_decode_only:
             return self._attend_decode(q, k_cache, v_cache, scale)
         out = torch.empty_like(q)
-        if len(self._decode_reqs):
+        if self._decode_rows.numel():
             out[self._decode_rows] = self._attend_decode(q[self._decode_rows], k_cache, v_cache, scale)
-        row = 0
-        for b, q_len in enumerate(batch.query_lens_cpu):
-            if q_len > 1:
-                out[row:row + q_len] = self._attend_prefill(q[row:row + q_len], k_cache, v_cache, batch, b, scale)
-            row += q_len
+        for chunk in self._prefill:
+            out[chunk.rows] = _attend_prefill(q[chunk.rows], k_cache, v_cache, chunk, scale)
         return out
 
     def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        scale: float) -> torch.Tensor:
         n, hq, d = q.shape
         hkv = k_cache.shape[2]
-        k = k_cache[self._decode_tables].flatten(1, 2).transpose(1, 2)  # (B, Hkv, L, D)
-        v = v_cache[self._decode_tables].flatten(1, 2).transpose(1, 2)
+        # index_select on the page axis is several times faster than advanced indexing on CPU
+        k = k_cache.index_select(0, self._decode_pages).view(n, -1, hkv, d).transpose(1, 2)  # (B, Hkv, L, D)
+        v = v_cache.index_select(0, self._decode_pages).view(n, -1, hkv, d).transpose(1, 2)
         q = q.view(n, hkv, hq // hkv, d)                                # (B, Hkv, group, D)
-        mask = self._decode_bias[:, None, None, :].to(q.dtype)           # (B, 1, 1, L)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=self._decode_bias.to(q.dtype), scale=scale)
         return o.reshape(n, hq, d)
 
-    def _attend_prefill(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        batch: AttentionMetadata, b: int, scale: float) -> torch.Tensor:
-        q_len, s = q.shape[0], batch.seq_lens_cpu[b]
-        blocks = torch.tensor(batch.block_tables_cpu[b], dtype=torch.long, device=q.device)
-        k = k_cache[blocks].flatten(0, 1)[:s].transpose(0, 1)          # (Hkv, S, D)
-        v = v_cache[blocks].flatten(0, 1)[:s].transpose(0, 1)
-        rows = torch.arange(s - q_len, s, device=q.device)
-        mask = torch.arange(s, device=q.device)[None, :] <= rows[:, None]  # (q_len, S)
-        o = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale,
-                                           enable_gqa=True)          # (Hq, q_len, D)
-        return o.transpose(0, 1)
+
+def _padded(blocks: tuple[int, ...], width: int) -> tuple[int, ...]:
+    # block 0 stands in for missing pages: they lie beyond the request's length and are masked
+    return blocks + (0,) * (width - len(blocks))
+
+
+def _prefill_chunk(batch: AttentionMetadata, b: int, start: int, device: torch.device) -> _PrefillChunk:
+    q_len, s = batch.query_lens_cpu[b], batch.seq_lens_cpu[b]
+    rows = torch.arange(s - q_len, s, device=device)
+    mask = torch.arange(s, device=device)[None, :] <= rows[:, None]                     # (q_len, S)
+    pages = torch.tensor(batch.block_tables_cpu[b], dtype=torch.long, device=device)
+    return _PrefillChunk(slice(start, start + q_len), s, pages, mask)
+
+
+def _attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    chunk: _PrefillChunk, scale: float) -> torch.Tensor:
+    s = chunk.seq_len
+    k = k_cache.index_select(0, chunk.pages).flatten(0, 1)[:s].transpose(0, 1)       # (Hkv, S, D)
+    v = v_cache.index_select(0, chunk.pages).flatten(0, 1)[:s].transpose(0, 1)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=chunk.mask, scale=scale,
+                                       enable_gqa=True)                              # (Hq, q_len, D)
+    return o.transpose(0, 1)

@@ -22,8 +22,10 @@ from mstar_compiler.plan import Plan
 from runtime.conductor.cursor import TrackCursor
 from runtime.conductor.kv_ledger import KvLedger
 from runtime.conductor.plan_index import PlanIndex
+from runtime.conductor.playback import PlaybackBook
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
+from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import WorkerSet
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, OpenRequest, Peers, Ready, RunBatch, Shutdown,
@@ -58,7 +60,11 @@ class Conductor:
         self.config = config
         self.index = PlanIndex(plan)
         self.ledger = KvLedger()
-        self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self._lookup)
+        self.streams = StreamLedger(plan)
+        self.playback = PlaybackBook(plan)
+        self.worker_stats: dict[int, Heartbeat] = {}   # latest heartbeat numbers per rank
+        self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self._lookup,
+                                   self.streams)
         self.requests: dict[int, Request] = {}
         self.waiting: list[Request] = []
         self.in_flight: dict[int, InFlight] = {}
@@ -107,11 +113,14 @@ class Conductor:
     # ---- the server's entry points -------------------------------------------------
 
     def submit(self, task: str, params: dict[str, Any], input_items: list[tuple[str, Any]],
-               stop_token_ids: frozenset[int] = frozenset(), timeout_s: float | None = None) -> Request:
+               stop_token_ids: frozenset[int] = frozenset(), timeout_s: float | None = None,
+               port_inputs: dict[str, Any] | None = None) -> Request:
         """Queue a request; its output arrives on `request.events`."""
         rid = next(self._ids)
-        tracks = [TrackCursor(i, t, self.plan) for i, t in enumerate(self.plan.task(task).tracks)]
-        req = Request(rid, task, params, input_items, tracks, stop_token_ids)
+        tracks = [self.streams.cursor(i, t, rid) for i, t in enumerate(self.plan.task(task).tracks)]
+        req = Request(rid, task, params, input_items, tracks, stop_token_ids, port_inputs=port_inputs or {})
+        self.streams.open(req)
+        self.playback.open(req)
         if timeout_s is not None:
             req.deadline = time.monotonic() + timeout_s
         for cursor in tracks:
@@ -149,7 +158,7 @@ class Conductor:
     async def step(self) -> None:
         """Schedule, dispatch, apply results (waits for at least one event)."""
         self._check_workers()
-        running = [r for r in self.requests.values() if r.state == RequestState.RUNNING]
+        running = self.playback.order([r for r in self.requests.values() if r.state == RequestState.RUNNING])
         busy = {(b.batch.rank, b.batch.node) for b in self.in_flight.values()}
         for batch in self.scheduler.schedule(running, self.waiting, busy, self.workers.ready_ranks()):
             self._dispatch(batch)
@@ -219,7 +228,9 @@ class Conductor:
             status.pid, status.peer_endpoint = msg.pid, msg.peer_endpoint
         elif isinstance(msg, Ready):
             self._rank_ready(rank, msg)
-        elif not isinstance(msg, Heartbeat):
+        elif isinstance(msg, Heartbeat):
+            self.worker_stats[rank] = msg
+        else:
             log.warning("unexpected %s from rank %d", type(msg).__name__, rank)
 
     def _rank_ready(self, rank: int, msg: Ready) -> None:
@@ -253,7 +264,11 @@ class Conductor:
             self._client_output(req, entry, result.tokens, env)
             for cursor in req.tracks:
                 if cursor.index == entry.pending.track and not cursor.is_done:
+                    if result.finished:    # the node ends this track's loop (e.g. the talker's codec EOS)
+                        cursor.forced_exit = result.finished
                     cursor.complete(entry.pending, req)
+            self.streams.on_result(req, result.streamed)
+            self.streams.settle(req)
             if req.is_done and not self._is_in_flight(req):
                 self._finish(req)
 
@@ -263,10 +278,12 @@ class Conductor:
             req.emit_tokens(tokens)
             if len(req.output_ids) >= int(req.params.get("max_tokens", 1 << 30)):
                 for cursor in req.tracks:
-                    cursor.force_exit("max")
+                    if cursor.index == entry.pending.track:   # other tracks (a vocoder) still drain
+                        cursor.force_exit("max")
         prefix = f"{req.request_id}/"
         tensors = {k[len(prefix):]: t for k, t in env.tensors.items() if k.startswith(prefix)}
         if tensors:
+            self.playback.on_tensors(req, tensors)
             req.emit_tensors(tensors)
 
     def _batch_failed(self, msg: BatchFailed) -> None:
@@ -293,8 +310,10 @@ class Conductor:
         """Free every resource of a request that reached a final state."""
         self.ledger.free_request(req.request_id)
         ready = self.workers.ready_ranks()
-        for rank in req.ranks_opened & ready:
+        for rank in (req.ranks_opened | self.streams.consumer_ranks(req.request_id)) & ready:
             self._send(rank, CloseRequest(request_ids=[req.request_id]))
+        self.streams.free(req.request_id)
+        self.playback.free(req.request_id)
         self.requests.pop(req.request_id, None)
         self._wake()
 

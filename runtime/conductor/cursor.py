@@ -204,7 +204,8 @@ def _holds(cond: ExitCond, counter: int, req: RequestView) -> bool:
         return False
     if cond.kind == "eos":
         return last in req.stop_token_ids
-    stops = set(cond.tokens) | set(req.params.get(cond.param, ()) if cond.param else ())
+    value = req.params.get(cond.param, ()) if cond.param else ()
+    stops = set(cond.tokens) | ({value} if isinstance(value, int) else set(value))   # a param holds one id or a list
     return last in stops
 
 

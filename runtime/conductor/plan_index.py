@@ -31,6 +31,7 @@ class PlanIndex:
         self.nodes: dict[str, Node] = {n.name: n for n in plan.nodes}
         self._sources: dict[tuple[str, str], dict[str, list[Source]]] = {}
         self._emits: dict[tuple[str, str], set[str]] = {}
+        self._loop_emits: dict[tuple[str, str], set[str]] = {}   # declared `emit:` of loops (any dtype)
         for walk in plan.walks:
             for name in walk.nodes:
                 self._sources[(walk.name, name)] = self._build_sources(walk.name, name)
@@ -38,6 +39,8 @@ class PlanIndex:
             for op in walk.program:
                 if isinstance(op, (LoopBegin, DynamicLoopBegin)):
                     outs.extend(op.outputs)
+                    for out in op.outputs:
+                        self._loop_emits.setdefault((walk.name, out.node), set()).add(out.port)
             for out in outs:
                 self._emits.setdefault((walk.name, out.node), set()).add(out.port)
 
@@ -79,7 +82,10 @@ class PlanIndex:
     def client_tensors(self, walk: str, node: str) -> list[str]:
         """Output ports whose tensors this node sends back to the client in this walk."""
         ports = self._emits.get((walk, node), set())
-        return sorted(p.name for p in self.nodes[node].outputs if p.name in ports and p.dtype in CLIENT_DTYPES)
+        declared = self._loop_emits.get((walk, node), set())   # e.g. a rollout's predicted frames (hidden)
+        return sorted(p.name for p in self.nodes[node].outputs
+                      if (p.name in ports and p.dtype in CLIENT_DTYPES)
+                      or (p.name in declared and p.dtype not in CONDUCTOR_DTYPES))
 
     def routes(self, walk: str, node: str, rank: int) -> list[tuple[str, int]]:
         """(output port, consumer rank) for every cross-rank edge or loop carry this Run feeds."""

@@ -70,6 +70,8 @@ class Request:
     kv_history: dict[str, list[int]] = field(default_factory=dict)  # KV node -> every token fed to it
     kv_fed: dict[str, int] = field(default_factory=dict)         # KV node -> tokens in the worker's cache
     ranks_opened: set[int] = field(default_factory=set)          # ranks that received OpenRequest
+    port_inputs: dict[str, Any] = field(default_factory=dict)    # "input:<node>.<port>" -> value, read before
+                                                                 # `input_items` (ports sharing a dtype)
     readers: dict[int, tuple[int, int]] = field(default_factory=dict)  # input item -> (track, state) that read it
     produced: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (rank, runs dispatched so far)
     output_ids: list[int] = field(default_factory=list)

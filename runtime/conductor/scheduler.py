@@ -15,6 +15,7 @@ from runtime.conductor.cursor import PendingRun
 from runtime.conductor.kv_ledger import KvLedger
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.request import Request, RequestState
+from runtime.conductor.streams import StreamLedger
 from runtime.transport.messages import Route, WorkItem
 
 
@@ -47,8 +48,10 @@ class Scheduler:
     """Forms batches; owns nothing but the decision (state lives in requests and the ledger)."""
 
     def __init__(self, index: PlanIndex, ledger: KvLedger, config: SchedulerConfig,
-                 preempt: Callable[[Request], None], lookup: Callable[[int], Request]) -> None:
+                 preempt: Callable[[Request], None], lookup: Callable[[int], Request],
+                 streams: StreamLedger | None = None) -> None:
         self.lookup = lookup
+        self.streams = streams      # streaming edges: back-pressure, chunk readiness, takes and routes
         self.index = index
         self.ledger = ledger
         self.config = config
@@ -80,6 +83,8 @@ class Scheduler:
             key = (rank, pending.run.node)
             if key in busy or rank not in ready_ranks:
                 continue
+            if self.streams is not None and not self.streams.can_run(req, pending):
+                continue
             batch = batches.setdefault(key, PlannedBatch(rank, pending.run.node))
             if len(batch.entries) >= self.index.nodes[pending.run.node].max_batch:
                 continue
@@ -90,6 +95,8 @@ class Scheduler:
                 req.resume() if req.state == RequestState.PREEMPTED else req.admit()
                 admitting = False
             batch.entries.append(entry)
+            if self.streams is not None:
+                self.streams.bind(req, pending, entry.item)
             req.note_dispatch(pending.run.node, rank, entry.version, entry.read, self._reader(req, pending))
             placed.add(req.request_id)
             for cursor in req.tracks:
@@ -145,7 +152,11 @@ class Scheduler:
         req, node, item = entry.request, entry.pending.run.node, entry.item
         is_tokens = self.index.is_token_port(node, port, output=False)
         for src in sources:
-            if src.is_request_input:
+            if src.is_request_input and src.key in req.port_inputs:
+                value = req.port_inputs[src.key]
+                if value is None:
+                    continue
+            elif src.is_request_input:
                 found = req.input_for(entry.pending.item, self.index.port_dtype(node, port),
                                       self._reader(req, entry.pending))
                 if found is None:

@@ -55,9 +55,17 @@ class WorkerSet:
                "--rank", str(status.rank), "--log-level", self.log_level, self.plan_path]
         if self.weights_dir:
             cmd += ["--weights", self.weights_dir]
+        cmd += ["--threads", str(self.threads_per_worker())]
         status.process = subprocess.Popen(cmd, env=os.environ.copy())
         status.is_ready = False
         status.last_seen = time.monotonic()
+
+    def threads_per_worker(self) -> int:
+        """An equal share of this host's cores per local worker: more threads than cores
+        make torch's intra-op threads spin-wait on each other (a tiny matmul then takes
+        milliseconds instead of microseconds)."""
+        num_local = sum(1 for s in self.ranks.values() if s.is_local)
+        return max(1, (os.cpu_count() or 1) // max(1, num_local))
 
     def dead_ranks(self) -> list[int]:
         now = time.monotonic()

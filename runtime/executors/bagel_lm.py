@@ -180,8 +180,10 @@ class BagelLMEngine:
             self.blocks.allocate(spec.seq, 0)
             self.seqs[spec.seq] = SeqState()
         context = self.blocks.num_tokens(spec.seq)
-        tokens = torch.tensor(spec.tokens, dtype=torch.long) if spec.kind in (SegmentKind.TEXT, SegmentKind.DECODE) else None
-        segment = Segment(spec.kind, context, self.seqs[spec.seq].rope, (), tokens, spec.embeds, spec.latent, spec.timestep)
+        is_text = spec.kind in (SegmentKind.TEXT, SegmentKind.DECODE)
+        tokens = torch.tensor(spec.tokens, dtype=torch.long) if is_text else None
+        segment = Segment(spec.kind, context, self.seqs[spec.seq].rope, (), tokens, spec.embeds, spec.latent,
+                          spec.timestep)
         if segment.writes_kv:
             self.cache.copy_blocks(self.blocks.append(spec.seq, segment.num_rows(self.module.patch)))
         return dataclasses.replace(segment, block_table=tuple(self.blocks.table(spec.seq).blocks))

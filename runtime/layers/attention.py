@@ -15,7 +15,7 @@ from runtime.attention import AttentionBackend, AttentionMetadata
 from runtime.kv import PagedKVCache
 from runtime.layers.config import DecoderConfig
 from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding
+from runtime.layers.rotary import RotaryEmbedding, rotate
 from runtime.parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelGroup
 from runtime.weights import Slot
 
@@ -28,6 +28,9 @@ class BatchContext:
     batch: AttentionMetadata
     kv_cache: PagedKVCache
     backend: AttentionBackend
+    # RotaryEmbedding.cos_sin(positions): (cos, sin), each (N, 1, D), computed once per forward;
+    # None: each layer computes them from `positions` with its own rotary module
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class DecoderAttention(nn.Module):
@@ -47,19 +50,24 @@ class DecoderAttention(nn.Module):
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
         self._rotary = [rotary]  # shared by all layers; a list keeps it out of the module tree
 
-    def project(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (N, Hq, D), k and v (N, Hkv, D) for the rows of `hidden` (N, hidden), RoPE applied."""
+    def project(self, hidden: torch.Tensor, positions: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (N, Hq, D), k and v (N, Hkv, D) for the rows of `hidden` (N, hidden), RoPE applied
+        (with the forward's shared `rope` cos/sin when given)."""
         n, d = hidden.shape[0], self.head_dim
         q, k, v = self.qkv_proj(hidden).split(
             [self.num_q_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
         q, k, v = q.view(n, self.num_q_heads, d), k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self._rotary[0](positions, q, k)
+        if rope is None:
+            q, k = self._rotary[0](positions, q, k)
+        else:
+            q, k = rotate(q, *rope), rotate(k, *rope)
         return q, k, v
 
     def forward(self, hidden: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
-        q, k, v = self.project(hidden, ctx.positions)
+        q, k, v = self.project(hidden, ctx.positions, ctx.rope)
         ctx.kv_cache.write(self.layer, k, v, ctx.batch.slot_mapping)
         out = ctx.backend.attend(q, ctx.kv_cache.k[self.layer], ctx.kv_cache.v[self.layer], ctx.batch, self.scale)
         return self.o_proj(out.reshape(hidden.shape[0], self.num_q_heads * self.head_dim))  # (N, hidden)

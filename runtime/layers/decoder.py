@@ -156,11 +156,25 @@ class DecoderLM(nn.Module):
         """(N, hidden_size) final-normed hidden states of a packed mixed batch (see module doc)."""
         backend = self.attention_backend(input_ids.device)
         backend.plan(batch, self.attention_shape(kv_cache.dtype))
-        ctx = BatchContext(positions, batch, kv_cache, backend)
+        return self.forward_planned(input_ids, positions, batch, kv_cache, backend, embeds, embeds_rows)
+
+    def forward_planned(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionMetadata,
+                        kv_cache: PagedKVCache, backend: AttentionBackend, embeds: torch.Tensor | None = None,
+                        embeds_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`forward` after `backend.plan(batch, ...)`: device work only, no host reads, so a
+        CUDA graph can capture it (runtime/cuda_graphs). RoPE cos/sin are computed once here
+        and shared by every layer."""
         hidden = self.embed(input_ids, embeds, embeds_rows)
+        ctx = BatchContext(positions, batch, kv_cache, backend, self.rotary_emb.cos_sin(positions, hidden.dtype))
         for layer in self.model.layers:
             hidden = layer(hidden, ctx)
         return self.model.norm(hidden)
+
+    @property
+    def is_graph_capturable(self) -> bool:
+        """Whether `forward_planned` can be CUDA-graph captured: sparse-MoE layers read their
+        expert counts back to the host, and tensor-parallel collectives stay eager."""
+        return self.tp.size == 1 and not any(self.config.sparse_layers)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(M, vocab_size) fp32 logits of final-normed hidden rows (M, hidden_size)."""

@@ -11,6 +11,9 @@ and frequency lane j takes its angle from the height position when j % 3 == 1 an
 j < 3*h, from the width position when j % 3 == 2 and j < 3*w, else from the temporal
 one (the interleaved layout). Text rows have three equal positions, which is plain RoPE,
 so (N,) positions are accepted too.
+
+A model computes `cos_sin(positions)` once per forward and every layer rotates with
+`rotate(x, cos, sin)`: the angles depend only on the positions, not on the layer.
 """
 from __future__ import annotations
 
@@ -53,12 +56,21 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q (N, Hq, D) and k (N, Hkv, D) by their rows' positions (N,) or, for M-RoPE, (3, N)."""
+        cos, sin = self.cos_sin(positions, q.dtype)
+        return rotate(q, cos, sin), rotate(k, cos, sin)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin (N, 1, D) of the rows' angles, computed in fp32 and cast to `dtype`.
+
+        The sin half that multiplies the first half of a head is negated here, so `rotate`
+        needs no negation: rotate_half(x) * sin == swap_halves(x) * folded_sin.
+        """
         freqs = positions.float()[..., None] * self._inv_freq_for(positions.device)  # (N, D/2) or (3, N, D/2)
         if positions.dim() == 2:
             freqs = self._interleave(freqs)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]           # (N, 1, D)
-        cos, sin = emb.cos(), emb.sin()
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        freqs = freqs[:, None, :]                                       # (N, 1, D/2)
+        cos, sin = freqs.cos(), freqs.sin()
+        return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)  # (N, 1, D)
 
     def _inv_freq_for(self, device: torch.device) -> torch.Tensor:
         if device not in self._inv_freq_on:
@@ -75,7 +87,8 @@ class RotaryEmbedding(nn.Module):
         return picked
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (N, H, D) rotated by `cos_sin`'s (N, 1, D) tables (in x's dtype)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return torch.addcmul(x * cos, swapped, sin)

@@ -20,10 +20,11 @@ from mstar_compiler.plan import Plan, load_plan
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import Request
 from runtime.conductor.scheduler import SchedulerConfig
-from runtime.server.chat import ChatRequest, chat_completions
+from runtime.server.chat import ChatRequest
 from runtime.server.errors import ApiError, error_middleware
 from runtime.server.images import images_edits, images_generations
 from runtime.server.metrics import Metrics
+from runtime.server.streaming import install_streaming
 from runtime.server.tasks import run_task
 from runtime.server.text import load_text_tokenizer
 from runtime.worker.loader import describe_source, weight_source
@@ -153,7 +154,7 @@ class MstarServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_route)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/v1/chat/completions", chat_completions)
+        install_streaming(self, app)    # /v1/chat/completions (text or audio), /v1/audio/speech, /v1/rollouts
         app.router.add_post("/v1/images/generations", images_generations)
         app.router.add_post("/v1/images/edits", images_edits)
         app.router.add_post("/v1/tasks/{task}", run_task)

@@ -10,7 +10,8 @@ Who sends what:
       request's full data, once per rank), RunBatch (one node, many requests; only diffs),
       CloseRequest (free every resource of these requests), Shutdown
   worker -> worker:    EdgeTensors (outputs of a cross-rank edge, pushed straight to the
-      consumer rank, never through the conductor)
+      consumer rank, never through the conductor); StreamItems (one item of a streaming
+      edge, pushed as produced to the rank that buffers it)
 """
 from __future__ import annotations
 
@@ -73,6 +74,44 @@ class Route(msgspec.Struct, array_like=True):
     key: str                # value key the consumer stores it under ("<node>.<port>#<run count>")
 
 
+class StreamRoute(msgspec.Struct, array_like=True):
+    """After running, push this Run's item of streaming edge `stream` to the consumer rank."""
+
+    stream: str             # stream name in the plan
+    port: str               # output port of the node being run (the stream's source port)
+    rank: int               # rank holding the consumer-side buffer
+    index: int              # position of this Run's item in the stream (0, 1, ...)
+
+
+class StreamTake(msgspec.Struct, array_like=True):
+    """Before running, take `num_chunks` chunks of streaming edge `stream` as input `port`."""
+
+    stream: str
+    port: str               # input port of the node being run (the stream's destination port)
+    num_chunks: int         # chunks to take (0: none; the stream is already drained)
+    num_items: int          # items the producer had pushed when the conductor decided: wait for them
+    is_finished: bool       # the producer has ended after `num_items` items: flush the remainder
+
+
+class StreamRoute(msgspec.Struct, array_like=True):
+    """After running, push this Run's item of streaming edge `stream` to the consumer rank."""
+
+    stream: str             # stream name in the plan
+    port: str               # output port of the node being run (the stream's source port)
+    rank: int               # rank holding the consumer-side buffer
+    index: int              # position of this Run's item in the stream (0, 1, ...)
+
+
+class StreamTake(msgspec.Struct, array_like=True):
+    """Before running, take `num_chunks` chunks of streaming edge `stream` as input `port`."""
+
+    stream: str
+    port: str               # input port of the node being run (the stream's destination port)
+    num_chunks: int         # chunks to take (0: none; the stream is already drained)
+    num_items: int          # items the producer had pushed when the conductor decided: wait for them
+    is_finished: bool       # the producer has ended after `num_items` items: flush the remainder
+
+
 class WorkItem(msgspec.Struct, omit_defaults=True):
     """One request's share of a batch: only what changed since the last step (diffs)."""
 
@@ -83,6 +122,10 @@ class WorkItem(msgspec.Struct, omit_defaults=True):
     step: int = 0               # iteration index of the enclosing loop (seeds per-step sampling)
     emit: list[str] = []        # output ports whose values go back to the conductor
     walk: str = ""              # walk this Run belongs to (a node may do different work per walk)
+    stream_in: list[StreamTake] = []    # streaming-edge chunks this Run consumes
+    stream_out: list[StreamRoute] = []  # streaming edges this Run's output feeds
+    stream_in: list[StreamTake] = []    # streaming-edge chunks this Run consumes
+    stream_out: list[StreamRoute] = []  # streaming edges this Run's output feeds
 
 
 class RunBatch(_Msg, tag="run"):
@@ -101,6 +144,8 @@ class ItemResult(msgspec.Struct, omit_defaults=True):
     request_id: int
     tokens: list[int] = []      # token ids produced (sampled) this step
     finished: str = ""          # the node says this request's loop may stop ("eos"), else ""
+    streamed: list[str] = []    # streams this Run pushed an item onto (0 or 1 item each)
+    streamed: list[str] = []    # streams this Run pushed an item onto (0 or 1 item each)
 
 
 class BatchDone(_Msg, tag="done"):
@@ -133,6 +178,10 @@ class Heartbeat(_Msg, tag="heartbeat"):
     """A worker is alive (sent every second while idle or busy)."""
 
     rank: int
+    kv_used_blocks: dict[str, int] = {}   # node -> KV blocks its requests hold on this rank
+    stream_buffers: int = 0               # consumer-side stream buffers held (one per request and stream)
+    kv_used_blocks: dict[str, int] = {}   # node -> KV blocks its requests hold on this rank
+    stream_buffers: int = 0               # consumer-side stream buffers held (one per request and stream)
 
 
 class Shutdown(_Msg, tag="shutdown"):
@@ -146,9 +195,18 @@ class EdgeTensors(_Msg, tag="edge"):
     tensors: list[TensorMeta]   # names are value keys ("<node>.<port>")
 
 
+class StreamItems(_Msg, tag="stream"):
+    """Worker -> worker: one item of a streaming edge for one request; frames follow."""
+
+    request_id: int
+    stream: str
+    index: int                  # the item's position in the stream
+    tensors: list[TensorMeta] = []   # the item's named parts ("value", and e.g. "ids")
+
+
 Message = Union[
     Hello, Ready, Peers, OpenRequest, RunBatch, BatchDone, BatchFailed,
-    CloseRequest, Heartbeat, Shutdown, EdgeTensors,
+    CloseRequest, Heartbeat, Shutdown, EdgeTensors, StreamItems,
 ]
 
 _ENCODER = msgspec.msgpack.Encoder()

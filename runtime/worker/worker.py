@@ -3,7 +3,11 @@
 Loop: wait for a control message (or cross-rank tensors from another worker); RunBatch ->
 gather each item's inputs from this rank's per-request value store, run the node's
 executor, push outputs of cross-rank edges straight to the consuming rank, store the rest,
-reply BatchDone. A batch that raises is answered with BatchFailed and the worker goes on.
+reply BatchDone. RunBatches that arrive together for executors of one `group` (nodes that
+share a module, e.g. BAGEL's CFG branches) run as one call. A batch that raises is
+answered with BatchFailed and the worker goes on.
+Streaming edges (runtime/worker/streams.py): a Run takes its stream chunks with its inputs
+and pushes its stream items as soon as it has run, straight to the consuming rank.
 A heartbeat thread with its own socket tells the conductor the process is alive even
 while a long batch runs.
 """
@@ -22,10 +26,11 @@ from mstar_compiler.plan import load_plan
 from runtime.executors import ExecResult, Executor, executor_for
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, NodeInfo,
-    OpenRequest, Peers, Ready, RunBatch, Shutdown, WorkItem, encode,
+    OpenRequest, Peers, Ready, RunBatch, Shutdown, StreamItems, WorkItem, encode,
 )
 from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, WorkerQueue
 from runtime.worker.loader import load_rank
+from runtime.worker.streams import WorkerStreams
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.5
@@ -48,6 +53,7 @@ class Worker:
         self.executors: dict[str, Executor] = {
             name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
         self.values: dict[int, dict[str, torch.Tensor]] = {}
+        self.streams = WorkerStreams(self.plan, rank)
         self.control.send(Ready(rank=rank, nodes=[
             NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
                      kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size)
@@ -60,10 +66,21 @@ class Worker:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(conductor)
             while True:
-                sock.send(encode(Heartbeat(rank=self.rank)))
+                sock.send(encode(self._heartbeat()))
                 time.sleep(HEARTBEAT_S)
 
         threading.Thread(target=beat, daemon=True, name="heartbeat").start()
+
+    def _heartbeat(self) -> Heartbeat:
+        """Alive, with what this rank holds (read from the heartbeat thread: plain counters)."""
+        executors = dict(getattr(self, "executors", {}))
+        streams = getattr(self, "streams", None)
+        try:
+            return Heartbeat(rank=self.rank, kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items()
+                                                              if ex.kv_blocks},
+                             stream_buffers=streams.num_buffers if streams else 0)
+        except RuntimeError:   # a table changed size under us: this beat goes without numbers
+            return Heartbeat(rank=self.rank)
 
     # ---- loop ----------------------------------------------------------------------
 
@@ -91,20 +108,20 @@ class Worker:
         only sends a batch whose inputs are ready). An OpenRequest only registers params."""
         runs: list[Envelope] = []
         for env in envs:
-            if isinstance(env.msg, (RunBatch, OpenRequest)):
-                if isinstance(env.msg, RunBatch):
-                    runs.append(env)
-                else:
-                    self._handle(env)
-                continue
-            self._run_batches(runs)
-            runs = []
-            if not self._handle(env):
-                return False
+            if isinstance(env.msg, RunBatch):
+                runs.append(env)
+            elif isinstance(env.msg, OpenRequest):
+                self._handle(env)
+            else:
+                self._run_batches(runs)
+                runs = []
+                if not self._handle(env):
+                    return False
         self._run_batches(runs)
         return True
 
     def _run_batches(self, envs: list[Envelope]) -> None:
+        """Run queued batches; those whose executors share a `group` as one call."""
         groups: dict[int, list[Envelope]] = {}
         for env in envs:
             group = getattr(self.executors[env.msg.node], "group", None)
@@ -114,9 +131,7 @@ class Worker:
 
     def _handle(self, env: Envelope) -> bool:
         msg = env.msg
-        if isinstance(msg, RunBatch):
-            self._run_batch([env])
-        elif isinstance(msg, OpenRequest):
+        if isinstance(msg, OpenRequest):
             for ex in self.executors.values():
                 ex.open(msg.request_id, msg.params)
         elif isinstance(msg, CloseRequest):
@@ -134,6 +149,7 @@ class Worker:
                     ex.close(rid, kv_only=msg.kv_only)
             if not msg.kv_only:
                 self.values.pop(rid, None)
+                self.streams.free(rid)
 
     def _store_edge(self, env: Envelope) -> None:
         """Keep a pushed value under its versioned key ("<node>.<port>#<n>"), dropping older versions."""
@@ -145,6 +161,8 @@ class Worker:
                 for old in [k for k in store if k.startswith(base)]:
                     del store[old]
                 store[key] = tensor
+        elif isinstance(msg, StreamItems):
+            self.streams.receive(msg.request_id, msg.stream, msg.index, env.tensors)
 
     # ---- batches -------------------------------------------------------------------
 
@@ -164,14 +182,18 @@ class Worker:
                 results = calls[0][0].group.run_group(calls)
             run_ms = (time.perf_counter() - start) * 1e3
             emitted = [self._route_and_store(m.node, m.items, r) for m, r in zip(msgs, results)]
+            streamed = [[self.streams.send(item, r.outputs, self.outbox.send) for item, r in zip(m.items, rs)]
+                        for m, rs in zip(msgs, results)]
         except Exception as exc:   # the batch fails, the worker keeps serving
             nodes = ", ".join(m.node for m in msgs)
             log.error("rank %d: batch on %s failed:\n%s", self.rank, nodes, traceback.format_exc())
+            message = f"{type(exc).__name__}: {exc}"
             for m in msgs:
-                self.control.send(BatchFailed(batch_id=m.batch_id, rank=self.rank, message=f"{type(exc).__name__}: {exc}"))
+                self.control.send(BatchFailed(batch_id=m.batch_id, rank=self.rank, message=message))
             return
-        for m, batch_results, tensors in zip(msgs, results, emitted):
-            items = [ItemResult(request_id=item.request_id, tokens=r.tokens) for item, r in zip(m.items, batch_results)]
+        for m, batch_results, tensors, fed in zip(msgs, results, emitted, streamed):
+            items = [ItemResult(request_id=item.request_id, tokens=r.tokens, finished=r.finished, streamed=s)
+                     for item, r, s in zip(m.items, batch_results, fed)]
             self.control.send(BatchDone(batch_id=m.batch_id, rank=self.rank, items=items, run_ms=run_ms), tensors)
 
     def _inputs(self, item: WorkItem) -> dict[str, torch.Tensor]:
@@ -182,10 +204,16 @@ class Worker:
             if time.monotonic() > deadline:
                 missing = [k for k in item.inputs.values() if k not in store]
                 raise TimeoutError(f"request {item.request_id}: inputs {missing} never arrived from their rank")
-            if self.inbox.socket.poll(100):
-                self._store_edge(self.inbox.recv())
+            self._pump()
             store = self.values.setdefault(item.request_id, {})
-        return {port: store[key] for port, key in item.inputs.items()}
+        inputs: dict = {port: store[key] for port, key in item.inputs.items()}
+        inputs.update(self.streams.take(item, self._pump, EDGE_WAIT_S))   # stream ports: [Chunk, ...]
+        return inputs
+
+    def _pump(self) -> None:
+        """Wait up to 100 ms for one message from another rank and store it."""
+        if self.inbox.socket.poll(100):
+            self._store_edge(self.inbox.recv())
 
     def _route_and_store(self, node: str, items: list[WorkItem], results: list[ExecResult]) -> dict[str, torch.Tensor]:
         emitted: dict[str, torch.Tensor] = {}
@@ -197,7 +225,8 @@ class Worker:
                 self.outbox.send(route.rank, EdgeTensors(request_id=item.request_id, tensors=[]),
                                  {route.key: result.outputs[route.port]})
             for port in item.emit:
-                emitted[f"{item.request_id}/{node}.{port}"] = result.outputs[port]
+                if port in result.outputs:   # a node may produce nothing on a port this step (codec EOS)
+                    emitted[f"{item.request_id}/{node}.{port}"] = result.outputs[port]
         return emitted
 
     def close(self) -> None:

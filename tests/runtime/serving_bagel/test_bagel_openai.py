@@ -1,6 +1,11 @@
 """BAGEL tiny (seeded random weights) served by a real `mstar-run`, driven by the `openai` client:
 image generation, image edits (multipart), chat with an image, models, errors; and the same
-seeds giving the same images and text on one rank and on three (`cfg_parallel`).
+seeds giving the same text and images on one rank and on three (`cfg_parallel`).
+
+"The same image" allows float reassociation: one rank runs the three CFG branches (and
+other requests) as one forward, three ranks one branch each, and CPU GEMMs pick other
+kernels for other row counts (1e-7 apart), which flips a rounded pixel by one level now
+and then (measured: 8 of 24 images bit-identical, the rest off by 1 in < 0.01% of pixels).
 """
 from __future__ import annotations
 
@@ -60,7 +65,8 @@ def test_guidance_fields_change_the_image(client) -> None:
 
 @pytest.mark.parametrize("kwargs, param", [
     ({"size": "100x100"}, "size"), ({"size": "big"}, "size"), ({"size": "1024x1024"}, "size"),
-    ({"n": 0}, "n"), ({"extra_body": {"steps": 1}}, "steps"), ({"extra_body": {"cfg_text_scale": "x"}}, "cfg_text_scale"),
+    ({"n": 0}, "n"), ({"extra_body": {"steps": 1}}, "steps"),
+    ({"extra_body": {"cfg_text_scale": "x"}}, "cfg_text_scale"),
     ({"response_format": "url"}, "response_format"), ({"model": "dall-e-3"}, "model"),
 ])
 def test_bad_generation_requests_are_openai_errors(client, kwargs, param) -> None:
@@ -68,7 +74,8 @@ def test_bad_generation_requests_are_openai_errors(client, kwargs, param) -> Non
     with pytest.raises((openai.BadRequestError, openai.NotFoundError)) as info:
         client.images.generate(**args)
     error = info.value.body
-    assert error["param"] == param and error["message"] and error["type"] in ("invalid_request_error", "not_found_error")
+    assert error["param"] == param and error["message"]
+    assert error["type"] in ("invalid_request_error", "not_found_error")
 
 
 def test_edit_keeps_the_input_size_unless_told(client) -> None:
@@ -127,4 +134,5 @@ def test_one_rank_and_three_ranks_agree(single, three_ranks) -> None:
     for case in cases:
         a, b = pixels(case(one).data[0].b64_json), pixels(case(three).data[0].b64_json)
         assert a.std() > 5 and np.abs(a - b).max() <= 1 and (a != b).mean() < 0.001
-    assert chat_with_image(one, source).choices[0].message.content == chat_with_image(three, source).choices[0].message.content
+    answers = [chat_with_image(c, source).choices[0].message.content for c in (one, three)]
+    assert answers[0] == answers[1]

@@ -1,0 +1,169 @@
+"""POST /v1/chat/completions with `modalities: ["text", "audio"]`: text and speech together.
+
+For a plan with a talker (Qwen3-Omni) the request runs the `voice_chat` task: the thinker
+writes, the talker speaks what it writes, code2wav decodes chunks while the text still
+decodes. As OpenAI's audio chat does:
+  * streamed: SSE chunks whose `delta.audio` carries `transcript` (text deltas) or
+    `data` (base64 16-bit PCM, 24 kHz mono; streaming requires `audio.format: "pcm16"`),
+    in the order they are produced;
+  * not streamed: `message.audio = {id, data, expires_at, transcript}` with `data` the
+    whole answer as base64 WAV (or PCM for "pcm16"), `message.content` null.
+`chat_or_audio` routes a chat request here when it asks for audio, else to the text chat.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from runtime.server.audio_io import omni_speaker, pcm16, wav
+from runtime.server.chat import chat_completions
+from runtime.server.errors import ApiError, error_body
+from runtime.server.speech import speech_params
+from runtime.server.speech_model import AudioEvents, omni_prompt
+from runtime.server.text import IncrementalDecoder
+
+AUDIO_FORMATS = ("wav", "pcm16")
+EXPIRES_S = 3600
+
+
+async def chat_or_audio(request: web.Request) -> web.StreamResponse:
+    """The chat route: audio output goes to `audio_chat`, text-only chat to the text handler."""
+    body = await request.app["mstar"].read_json(request)
+    modalities = body.get("modalities") if isinstance(body, dict) else None
+    if isinstance(modalities, list) and "audio" in modalities:
+        return await audio_chat(request, body)
+    return await chat_completions(request)
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+                raise ApiError(400, f"messages[{i}].content: this endpoint takes text parts", f"messages[{i}]")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages[{i}] must have a string 'role' and text 'content'", f"messages[{i}]")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def _parse(server: Any, body: dict) -> tuple[list[dict[str, str]], str, str, bool]:
+    server.check_model(body.get("model"))
+    model = server.speech_model
+    if model is None or model.family != "omni":
+        raise ApiError(400, f"the model '{server.model_id}' does not answer with audio in chat", "modalities")
+    audio = body.get("audio") or {}
+    if not isinstance(audio, dict):
+        raise ApiError(400, "'audio' must be an object {voice, format}", "audio")
+    speaker = omni_speaker(str(audio.get("voice", "alloy")))
+    if speaker is None:
+        raise ApiError(400, f"unknown voice '{audio.get('voice')}'", "audio.voice")
+    fmt = audio.get("format", "pcm16" if body.get("stream") else "wav")
+    stream = body.get("stream", False)
+    if fmt not in AUDIO_FORMATS or (stream and fmt != "pcm16"):
+        raise ApiError(400, "audio.format must be 'wav' or 'pcm16' ('pcm16' when streaming)", "audio.format")
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be a boolean", "stream")
+    return _messages(body), speaker, fmt, stream
+
+
+async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
+    server = request.app["mstar"]
+    messages, speaker, fmt, stream = _parse(server, body)
+    model = server.speech_model
+    body = {**body, "max_tokens": body.get("max_completion_tokens", body.get("max_tokens"))}
+    ids = omni_prompt(server.tokenizer, model.talker_dims, messages)
+    req = server.conductor.submit(model.task, speech_params(server, body, {"speaker": speaker}), [("text", ids)],
+                                  frozenset(server.tokenizer.eos_token_ids), server.config.request_timeout_s)
+    events = AudioEvents(server, req, model)
+    ctx = _Reply(server, events, len(ids))
+    try:
+        if stream:
+            options = body.get("stream_options") or {}
+            return await ctx.stream(request, isinstance(options, dict) and bool(options.get("include_usage")))
+        return await ctx.whole(fmt)
+    finally:
+        server.conductor.abort(req)
+
+
+class _Reply:
+    """One audio chat answer: text decoded incrementally, audio as it comes."""
+
+    def __init__(self, server: Any, events: AudioEvents, num_prompt: int) -> None:
+        self.server, self.events, self.num_prompt = server, events, num_prompt
+        self.decoder = IncrementalDecoder(server.tokenizer)
+        self.cid, self.aid, self.created = f"chatcmpl-{uuid.uuid4().hex}", f"audio_{uuid.uuid4().hex}", int(time.time())
+
+    async def next(self) -> tuple[str, list[Any], bool]:
+        ids, audio, done = await self.events.next()
+        req = self.events.req
+        text = self.decoder.push([t for t in ids if t not in req.stop_token_ids])
+        return (text + self.decoder.flush() if done else text), audio, done
+
+    def finish_reason(self) -> str:
+        req = self.events.req
+        return "length" if len(req.output_ids) >= int(req.params.get("max_tokens", 1 << 30)) else "stop"
+
+    def usage(self) -> dict[str, int]:
+        done = len(self.events.req.output_ids)
+        return {"prompt_tokens": self.num_prompt, "completion_tokens": done, "total_tokens": self.num_prompt + done}
+
+    def _chunk(self, delta: dict, finish: str | None) -> bytes:
+        body = {"id": self.cid, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.server.model_id, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    async def stream(self, request: web.Request, include_usage: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        await resp.write(self._chunk({"role": "assistant", "content": None}, None))
+        done = False
+        try:
+            while not done:
+                text, audio, done = await self.next()
+                if text:
+                    await resp.write(self._chunk({"audio": {"id": self.aid, "transcript": text}}, None))
+                for piece in audio:
+                    data = base64.b64encode(pcm16(piece)).decode()
+                    await resp.write(self._chunk({"audio": {"id": self.aid, "data": data}}, None))
+                    self.events.sent(piece)
+            self.events.observe()
+            await resp.write(self._chunk({"audio": {"id": self.aid, "expires_at": int(time.time()) + EXPIRES_S}},
+                                         self.finish_reason()))
+            if include_usage:
+                usage = {"id": self.cid, "object": "chat.completion.chunk", "created": self.created,
+                         "model": self.server.model_id, "choices": [], "usage": self.usage()}
+                await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
+        except ApiError as err:
+            await resp.write(f"data: {json.dumps(error_body(err.status, err.message, code=err.code))}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def whole(self, fmt: str) -> web.Response:
+        transcript, pcm, done = "", bytearray(), False
+        while not done:
+            text, audio, done = await self.next()
+            transcript += text
+            for piece in audio:
+                pcm += pcm16(piece)
+                self.events.sent(piece)
+        self.events.observe()
+        data = wav(bytes(pcm), self.events.model.sample_rate) if fmt == "wav" else bytes(pcm)
+        audio = {"id": self.aid, "data": base64.b64encode(data).decode(),
+                 "expires_at": int(time.time()) + EXPIRES_S, "transcript": transcript}
+        return web.json_response({
+            "id": self.cid, "object": "chat.completion", "created": self.created, "model": self.server.model_id,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": None,
+                                                 "audio": audio}, "finish_reason": self.finish_reason(),
+                         "logprobs": None}],
+            "usage": self.usage()})

@@ -1,0 +1,154 @@
+"""POST /v1/audio/speech: OpenAI's text-to-speech endpoint, streamed as the audio decodes.
+
+Body (OpenAI's shape): `model`, `input`, `voice`, `response_format` ("wav" default, "pcm":
+raw 16-bit little-endian mono at the model's rate; flac/mp3/opus are refused: no encoder
+here), `stream_format` ("audio": the file's bytes as they are produced, "sse":
+`speech.audio.delta` events with base64 PCM), `stream` (true = `stream_format: audio`).
+Extensions: `seed`, `temperature`, `top_p`, `max_tokens` (Orpheus audio tokens / Qwen3-Omni
+text tokens), `max_audio_frames` (Qwen3-Omni).
+
+Without streaming the answer is the whole file. With streaming, WAV starts with a header
+of unknown length and every decoded chunk is written the moment it arrives, so playback
+can start after the first chunk; the concatenated chunks are the same audio as the whole
+file for the same seed. A client that disconnects aborts the request: its KV blocks and
+stream buffers are freed at once.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from runtime.conductor.request import Request
+from runtime.sampling import SamplingParams, SamplingParamsError
+from runtime.server.audio_io import FORMATS, content_type, omni_speaker, orpheus_voice, pcm16, wav, wav_header
+from runtime.server.errors import ApiError, error_body
+from runtime.server.params import resolve_params
+from runtime.server.speech_model import AudioEvents, SpeechModel, omni_prompt, orpheus_prompt
+
+log = logging.getLogger(__name__)
+
+
+def _field(body: dict, name: str, kind: type, default: Any = None) -> Any:
+    value = body.get(name, default)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool) and kind is not bool):
+        raise ApiError(400, f"'{name}' must be of type {kind.__name__}", name)
+    return value
+
+
+def speech_params(server: Any, body: dict, extra: dict[str, Any]) -> dict[str, Any]:
+    """Plan params + sampling fields of a speaking request, checked (ApiError 400)."""
+    given = {k: body.get(k) for k in ("max_tokens", "max_audio_frames", "temperature", "top_p")}
+    params = resolve_params(server.plan, given)
+    sampling = {k: params[k] for k in ("temperature", "top_p") if k in params}
+    if body.get("seed") is not None:
+        sampling["seed"] = body["seed"]
+    try:
+        SamplingParams.from_mapping(sampling)
+    except (SamplingParamsError, TypeError) as exc:
+        raise ApiError(400, str(exc), getattr(exc, "field", None)) from None
+    return {**params, **sampling, **extra}
+
+
+def submit_speech(server: Any, model: SpeechModel, text: str, voice: str, body: dict) -> Request:
+    """Queue `text` spoken in `voice` (the model's voice name)."""
+    if model.family == "orpheus":
+        ids, extra, stops = orpheus_prompt(server.tokenizer, voice, text), {}, frozenset()
+    else:
+        ids = omni_prompt(server.tokenizer, model.talker_dims, [{"role": "user", "content": text}])
+        extra, stops = {"speaker": voice}, frozenset(server.tokenizer.eos_token_ids)
+    return server.conductor.submit(model.task, speech_params(server, body, extra), [("text", ids)], stops,
+                                   server.config.request_timeout_s)
+
+
+def _parse(server: Any, body: Any) -> tuple[SpeechModel, str, str, str, str | None]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    server.check_model(body.get("model"))
+    model = server.speech_model
+    if model is None:
+        raise ApiError(400, f"the model '{server.model_id}' does not produce speech", "model")
+    text = _field(body, "input", str)
+    if not text:
+        raise ApiError(400, "'input' must be a non-empty string", "input")
+    voice_name = _field(body, "voice", str, "alloy")
+    voice = orpheus_voice(voice_name) if model.family == "orpheus" else omni_speaker(voice_name)
+    if voice is None:
+        raise ApiError(400, f"unknown voice '{voice_name}'", "voice")
+    fmt = _field(body, "response_format", str, "wav")
+    if fmt not in FORMATS:
+        raise ApiError(400, f"response_format '{fmt}' is not supported; use one of {list(FORMATS)}", "response_format")
+    stream_format = _field(body, "stream_format", str)
+    if _field(body, "stream", bool, False) and stream_format is None:
+        stream_format = "audio"
+    if stream_format not in (None, "audio", "sse"):
+        raise ApiError(400, "'stream_format' must be 'audio' or 'sse'", "stream_format")
+    if body.get("speed", 1.0) != 1.0:
+        raise ApiError(400, "only speed 1.0 is supported", "speed")
+    return model, text, voice, fmt, stream_format
+
+
+async def audio_speech(request: web.Request) -> web.StreamResponse:
+    server = request.app["mstar"]
+    model, text, voice, fmt, stream_format = _parse(server, await server.read_json(request))
+    req = submit_speech(server, model, text, voice, await server.read_json(request))
+    events = AudioEvents(server, req, model)
+    try:
+        if stream_format == "audio":
+            return await _stream_bytes(request, events, fmt)
+        if stream_format == "sse":
+            return await _stream_sse(request, events)
+        pcm, done = bytearray(), False
+        while not done:
+            _, audio, done = await events.next()
+            for piece in audio:
+                pcm += pcm16(piece)
+                events.sent(piece)
+        events.observe()
+        body = wav(bytes(pcm), model.sample_rate) if fmt == "wav" else bytes(pcm)
+        return web.Response(body=body, content_type=content_type(fmt))
+    finally:
+        server.conductor.abort(req)   # no-op when finished; frees everything on disconnect
+
+
+async def _stream_bytes(request: web.Request, events: AudioEvents, fmt: str) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": content_type(fmt)})
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    if fmt == "wav":
+        await resp.write(wav_header(events.model.sample_rate))
+    done = False
+    try:
+        while not done:
+            _, audio, done = await events.next()
+            for piece in audio:
+                await resp.write(pcm16(piece))
+                events.sent(piece)
+        events.observe()
+    except ApiError as err:   # the status line is gone: cut the stream short, say why in the log
+        log.warning("speech stream of request %d ended early: %s", events.req.request_id, err.message)
+    await resp.write_eof()
+    return resp
+
+
+async def _stream_sse(request: web.Request, events: AudioEvents) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    done = False
+    try:
+        while not done:
+            _, audio, done = await events.next()
+            for piece in audio:
+                delta = {"type": "speech.audio.delta", "audio": base64.b64encode(pcm16(piece)).decode()}
+                await resp.write(f"data: {json.dumps(delta)}\n\n".encode())
+                events.sent(piece)
+        events.observe()
+    except ApiError as err:
+        await resp.write(f"data: {json.dumps(error_body(err.status, err.message, code=err.code))}\n\n".encode())
+        return resp
+    usage = {"input_tokens": len(events.req.input_items[0][1]), "output_tokens": len(events.req.output_ids)}
+    await resp.write(f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n".encode())
+    return resp
