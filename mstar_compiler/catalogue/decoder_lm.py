@@ -185,7 +185,9 @@ def _spec(kind: str) -> KindSpec:
         num_params=_num_params(kind),
         has_kv_cache=True,
         can_batch=True,
-        is_capture_safe=True,
+        # sparse-MoE routing reads the per-expert token counts back to the host to size each
+        # expert's GEMM (runtime/layers/moe.py): a CUDA graph cannot capture that, so MoE kinds run eagerly
+        is_capture_safe=not _FAMILIES[kind][2],
         kv_bytes_per_token=kv_bytes_per_token,
         tp_divides=("num_attention_heads", "num_key_value_heads"),
         args=ARGS,

@@ -5,6 +5,9 @@ Call protocol, per forward of a model:
      depends only on the batch layout (index splits, FlashInfer's plan);
   2. `attend(q, k_cache, v_cache, batch, scale)` once per layer, after the layer wrote
      its new keys/values into the cache at `batch.slot_mapping`.
+A backend with `is_graph_safe` may have its `attend` calls captured in a CUDA graph after
+a `plan`, and be re-planned before each replay with batches of the same layout
+(runtime/cuda_graphs): `plan` then refills its device tensors in place.
 
 Tensors:
   q        (N, num_q_heads, head_dim)                          packed query rows

@@ -5,5 +5,7 @@
   kv_ledger.py  the conductor's count of KV blocks per (rank, KV node): admit, grow, preempt
   scheduler.py  picks the next batches (one per (rank, node)) within KV capacity
   workers.py    starts, watches and restarts the local worker processes
+  streams.py    streaming edges: per-request buffer mirrors, back-pressure, chunk takes, per_chunk tracks
+  playback.py   audio requests' playback clocks; earliest-deadline-first order of running requests
   conductor.py  the loop: schedule, dispatch, apply results; the server's entry points
 """

@@ -19,7 +19,6 @@ import zmq
 import zmq.asyncio
 
 from mstar_compiler.plan import Plan
-from runtime.conductor.cursor import TrackCursor
 from runtime.conductor.kv_ledger import KvLedger
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.playback import PlaybackBook
@@ -344,7 +343,7 @@ class Conductor:
                 for e in f.batch.entries}
         self.in_flight = {i: f for i, f in self.in_flight.items() if f.batch.rank != rank}
         for req in list(self.requests.values()):
-            if req.request_id in lost or rank in req.ranks_opened:
+            if req.request_id in lost or rank in req.ranks_opened | self.streams.consumer_ranks(req.request_id):
                 req.ranks_opened.discard(rank)
                 self._fail(req, f"the worker of rank {rank} died while running this request")
         self.ledger.free_rank(rank)

@@ -15,7 +15,9 @@ same order — so it knows, without the data, when a chunk is due and how full a
     arrived first (`StreamTake`), or where to push its item (`StreamRoute`);
   * the producer ends when every track that runs the producer node is done: the mirror
     is finished, the next take is the flush, marked final; a `per_chunk` track
-    (`ChunkCursor`) runs its walk once per chunk and ends after the final one.
+    (`ChunkCursor`) runs its walk once per chunk and ends after the final one;
+  * a consumer that ends first (the talker says codec EOS while the thinker still
+    writes) orphans the stream: the producer runs on unthrottled and pushes nothing more.
 
 Invariant: for every (request, stream) the worker's buffer sees exactly the mirror's
 sequence of pushes, finish and takes, so both release identical chunks.
@@ -52,11 +54,13 @@ class EdgeState:
     stream: Stream
     mirror: StreamBuffer
     producer_tracks: frozenset[int]        # tracks that run the producer node
+    consumer_tracks: frozenset[int]        # tracks that run the consumer node
     first_chunks: int                      # chunks the consumer's first Run needs
     num_consumer_runs: int = 0
     num_produced: int = 0                  # items pushed (the mirror's own count)
     is_finished: bool = False              # the producer has ended
     is_drained: bool = False               # the final chunk has been taken
+    is_orphaned: bool = False              # every consumer track is done: items go nowhere
     version: int = 0                       # bumped on every push/finish/take (cache key)
     ready_cache: tuple[int, int, int] = (-1, 0, 0)  # (version, limit, chunks ready)
 
@@ -90,16 +94,18 @@ class StreamLedger:
         self.plan = plan
         self.kinds = {n.name: n.kind for n in plan.nodes}
         self._edges: dict[int, dict[str, EdgeState]] = {}
-        self._by_task: dict[str, list[tuple[Stream, frozenset[int]]]] = {
+        self._by_task: dict[str, list[tuple[Stream, frozenset[int], frozenset[int]]]] = {
             t.name: self._task_streams(t.tracks) for t in plan.tasks}
 
-    def _task_streams(self, tracks: list[Track]) -> list[tuple[Stream, frozenset[int]]]:
+    def _task_streams(self, tracks: list[Track]) -> list[tuple[Stream, frozenset[int], frozenset[int]]]:
+        """(stream, producer tracks, consumer tracks) of every stream both ends of which the task runs."""
         nodes = [track_nodes(self.plan, t) for t in tracks]
         out = []
         for s in self.plan.streams:
             producers = frozenset(i for i, ns in enumerate(nodes) if s.src_node in ns)
-            if producers and any(s.dst_node in ns for ns in nodes):
-                out.append((s, producers))
+            consumers = frozenset(i for i, ns in enumerate(nodes) if s.dst_node in ns)
+            if producers and consumers:
+                out.append((s, producers, consumers))
         return out
 
     # ---- life cycle ------------------------------------------------------------------
@@ -113,9 +119,9 @@ class StreamLedger:
     def open(self, req: Request) -> None:
         """Create the mirrors of the streams the request's task joins."""
         edges = {}
-        for s, producers in self._by_task.get(req.task, []):
+        for s, producers, consumers in self._by_task.get(req.task, []):
             buffer = StreamBuffer(plan_policy(s), s.capacity)
-            edges[s.name] = EdgeState(s, buffer, producers, FIRST_RUN_CHUNKS.get(self.kinds[s.dst_node], 1))
+            edges[s.name] = EdgeState(s, buffer, producers, consumers, FIRST_RUN_CHUNKS.get(self.kinds[s.dst_node], 1))
         if edges:
             self._edges[req.request_id] = edges
 
@@ -140,7 +146,7 @@ class StreamLedger:
         """Whether the Run may be dispatched now as far as streams are concerned."""
         node = pending.run.node
         for edge in self._edges.get(req.request_id, {}).values():
-            if edge.stream.src_node == node and not edge.mirror.can_push():
+            if edge.stream.src_node == node and not edge.is_orphaned and not edge.mirror.can_push():
                 return False                       # back-pressure: the consumer is behind
             if edge.stream.dst_node == node and not self._has_input(edge):
                 return False                       # waiting for the producer
@@ -159,7 +165,7 @@ class StreamLedger:
             s = edge.stream
             if s.dst_node == node:
                 item.stream_in.append(self._take(edge))
-            if s.src_node == node:
+            if s.src_node == node and not edge.is_orphaned:
                 item.stream_out.append(StreamRoute(s.name, s.src_port, s.dst_rank, edge.num_produced))
 
     def _take(self, edge: EdgeState) -> StreamTake:
@@ -183,15 +189,16 @@ class StreamLedger:
         edges = self._edges.get(req.request_id, {})
         for name in streamed:
             edge = edges.get(name)
-            if edge is not None and not edge.is_finished:
+            if edge is not None and not edge.is_finished and not edge.is_orphaned:
                 edge.mirror.push(None)
                 edge.num_produced += 1
                 edge.version += 1
 
     def settle(self, req: Request) -> None:
-        """Finish the streams whose producer tracks are all done."""
+        """Finish the streams whose producer tracks are all done; orphan those whose consumers are."""
         for edge in self._edges.get(req.request_id, {}).values():
             if not edge.is_finished and all(req.tracks[i].is_done for i in edge.producer_tracks):
                 edge.mirror.finish()
                 edge.is_finished = True
                 edge.version += 1
+            edge.is_orphaned = all(req.tracks[i].is_done for i in edge.consumer_tracks)

@@ -63,7 +63,9 @@ class WorkerSet:
     def threads_per_worker(self) -> int:
         """An equal share of this host's cores per local worker: more threads than cores
         make torch's intra-op threads spin-wait on each other (a tiny matmul then takes
-        milliseconds instead of microseconds)."""
+        milliseconds instead of microseconds). OMP_NUM_THREADS, when set, is the user's choice."""
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+            return int(os.environ["OMP_NUM_THREADS"])
         num_local = sum(1 for s in self.ranks.values() if s.is_local)
         return max(1, (os.cpu_count() or 1) // max(1, num_local))
 

@@ -30,7 +30,6 @@ class ExecResult:
     tokens: list[int] = field(default_factory=list)            # sampled token ids
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # output port -> tensor
     finished: str = ""                                         # the node ends the request's loop ("eos")
-    finished: str = ""                                         # the node ends the request's loop ("eos")
 
 
 class Executor(Protocol):
@@ -48,12 +47,11 @@ def executor_for(node: Node, module: torch.nn.Module, rank: int, plan: Plan | No
     from runtime.executors.bagel import bagel_executor
     from runtime.executors.decoder_lm import DecoderLMExecutor
     from runtime.executors.specialised import specialised_executor
-    from runtime.executors.specialised import specialised_executor
     from runtime.executors.stateless import StatelessExecutor
     special = (bagel_executor(plan, node, module, rank) or specialised_executor(plan, node, module, rank)
                if plan is not None else None)   # speech, rollouts: runtime/executors/specialised.py
     if special is not None:
         return special
     if node.has_kv_cache and hasattr(module, "make_kv_cache"):
-        return DecoderLMExecutor(node, module, rank)
+        return DecoderLMExecutor(node, module, rank, plan)
     return StatelessExecutor(node, module)

@@ -5,14 +5,21 @@ preemption, or one decode token) into one forward over the paged KV cache, then 
 one token per request with that request's own `SamplingState` (seeded per request, so the
 batch around a request never changes its tokens). The block tables live here
 (`KVBlockManager`); the conductor keeps a matching count and never over-commits.
+
+CUDA graphs: on a CUDA device, when the plan puts the node in a capture region,
+decode-only batches (one token per request) that fit a batch bucket replay a captured
+graph (`runtime.cuda_graphs.DecodeGraphs`); everything else — prefill, mixed batches,
+batches above the largest bucket, every CPU run — runs eagerly.
 """
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Any
 
 import torch
 
-from mstar_compiler.plan import Node
+from mstar_compiler.plan import Node, Plan
+from runtime.cuda_graphs import DecodeGraphs, capture_buckets
 from runtime.executors import ExecResult
 from runtime.kv import KVBlockManager
 from runtime.sampling import Sampler, SamplingParams, SamplingState
@@ -30,16 +37,29 @@ def sampling_params(params: dict[str, Any]) -> SamplingParams:
 class DecoderLMExecutor:
     """A decoder LM node on one rank: model, paged cache, block tables, per-request samplers."""
 
-    def __init__(self, node: Node, model: torch.nn.Module, rank: int) -> None:
+    def __init__(self, node: Node, model: torch.nn.Module, rank: int, plan: Plan | None = None) -> None:
         pool = next(p for p in node.kv_pools if p.rank == rank)
         self.node = node
         self.model = model
         self.kv_blocks, self.kv_block_size = pool.num_pages, pool.page_tokens
         self.cache = model.make_kv_cache(pool.num_pages, pool.page_tokens)
+        self.device = self.cache.k[0].device
         self.blocks = KVBlockManager(pool.num_pages, pool.page_tokens)
         self.sampler = Sampler()
         self._params: dict[int, SamplingParams] = {}
         self._states: dict[int, SamplingState] = {}
+        self.decode_graphs = self._decode_graphs(plan, rank)
+
+    def _decode_graphs(self, plan: Plan | None, rank: int) -> DecodeGraphs | None:
+        """Captured decode steps when on CUDA and in a capture region of the plan, else None (eager)."""
+        buckets = capture_buckets(plan, self.node.name, rank) if plan is not None else ()
+        if self.device.type != "cuda" or not buckets or not getattr(self.model, "is_graph_capturable", False):
+            return None
+        max_len = int(self.node.dims.get("max_position_embeddings", self.kv_blocks * self.kv_block_size))
+        max_blocks = min(self.kv_blocks, -(-max_len // self.kv_block_size))
+        graphs = DecodeGraphs(self.model, self.cache, buckets, max_blocks)
+        graphs.capture_all()
+        return graphs
 
     def open(self, request_id: int, params: dict[str, Any]) -> None:
         self._params[request_id] = sampling_params(params)
@@ -56,34 +76,61 @@ class DecoderLMExecutor:
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
-        starts = [self._reserve(item) for item in items]
-        ids = torch.tensor([t for item in items for t in item.tokens], dtype=torch.long)  # (N,)
-        positions = torch.cat([torch.arange(s, s + len(item.tokens)) for s, item in zip(starts, items)])
-        batch = self.blocks.metadata([(item.request_id, len(item.tokens)) for item in items])
-        hidden = self.model(ids, positions, batch, self.cache)                 # (N, hidden)
-        logits = self.model.compute_logits(hidden[batch.last_token_rows()])    # (B, vocab)
+        starts = self._reserve(items)
+        if self._is_graph_step(items):
+            logits, hidden = self._decode_step(items)
+        else:
+            logits, hidden = self._forward(items, starts)
         states = [self._state(item) for item in items]
         tokens = self.sampler(logits, states).token_ids.tolist()
+        rows = list(accumulate((len(item.tokens) for item in items), initial=0))
         results = []
-        for b, (item, state, token) in enumerate(zip(items, states, tokens)):
+        for b, (state, token) in enumerate(zip(states, tokens)):
             state.append(token)
-            rows = slice(int(batch.query_start_loc[b]), int(batch.query_start_loc[b + 1]))
-            results.append(ExecResult([token], {"token": torch.tensor([token]), "hidden": hidden[rows]}))
+            results.append(ExecResult([token], {"token": torch.tensor([token]), "hidden": hidden[rows[b]:rows[b + 1]]}))
         return results
 
-    def _reserve(self, item: WorkItem) -> int:
-        """Room for the item's tokens in the cache; returns the position of its first token."""
-        rid = item.request_id
-        if rid not in self.blocks:
-            self.blocks.allocate(rid, len(item.tokens))
-            return 0
-        start = self.blocks.num_tokens(rid)
-        for src, dst in self.blocks.append(rid, len(item.tokens)):
-            self.cache.copy_blocks([(src, dst)])
-        return start
+    def _is_graph_step(self, items: list[WorkItem]) -> bool:
+        # a subclass that wraps `self.model` (its own compute_logits) keeps the eager path
+        if self.decode_graphs is None or self.decode_graphs.model is not self.model:
+            return False
+        if any(len(item.tokens) != 1 for item in items):
+            return False
+        tables = [self.blocks.table(item.request_id) for item in items]
+        return self.decode_graphs.can_run([t.blocks for t in tables], [t.num_tokens for t in tables])
+
+    def _forward(self, items: list[WorkItem], starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eager packed forward: (B, vocab) logits of each request's last row, (N, hidden) states."""
+        ids = torch.tensor([t for item in items for t in item.tokens], dtype=torch.long, device=self.device)
+        positions = torch.tensor([p for s, item in zip(starts, items) for p in range(s, s + len(item.tokens))],
+                                 dtype=torch.long, device=self.device)                         # (N,)
+        batch = self.blocks.metadata([(item.request_id, len(item.tokens)) for item in items], device=self.device)
+        hidden = self.model(ids, positions, batch, self.cache)                                 # (N, hidden)
+        return self.model.compute_logits(hidden[batch.last_token_rows()]), hidden
+
+    def _decode_step(self, items: list[WorkItem]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode-only batch through the captured graphs; hidden copied out of the static buffer."""
+        tables = [self.blocks.table(item.request_id) for item in items]
+        logits, hidden = self.decode_graphs.run([item.tokens[0] for item in items], [t.blocks for t in tables],
+                                                [t.num_tokens for t in tables])
+        return logits, hidden.clone()
+
+    def _reserve(self, items: list[WorkItem]) -> list[int]:
+        """Room for every item's tokens in the cache; the position of each item's first token."""
+        starts = []
+        for item in items:
+            rid = item.request_id
+            if rid not in self.blocks:
+                self.blocks.allocate(rid, len(item.tokens))
+                starts.append(0)
+            else:
+                starts.append(self.blocks.num_tokens(rid))
+                # copied at once: an OutOfBlocks for a later item must not leave a table without its copy
+                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens)))
+        return starts
 
     def _state(self, item: WorkItem) -> SamplingState:
         rid = item.request_id
         if rid not in self._states:
-            self._states[rid] = SamplingState(self._params.get(rid, SamplingParams()), item.tokens)
+            self._states[rid] = SamplingState(self._params.get(rid, SamplingParams()), item.tokens, self.device)
         return self._states[rid]

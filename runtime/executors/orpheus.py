@@ -51,14 +51,17 @@ class _AudioSlots:
         c = self.codebook_size
         out = torch.full((hidden.shape[0], c + 1), float("-inf"), device=hidden.device)   # (B, C + 1)
         full = self.lm.compute_logits(hidden) if self.lm.tp.size > 1 else None
-        table = self.lm.lm_head.table() if full is None else None
-        for row, (position, stop) in enumerate(self.rows):
-            lo = self._range(position)
-            ids = torch.arange(lo, lo + c, device=hidden.device)
-            if position % self.per_frame == 0:
-                ids = torch.cat((ids, torch.tensor([stop], device=hidden.device)))
-            logits = full[row, ids] if full is not None else F.linear(hidden[row], table[ids]).float()
-            out[row, :len(ids)] = logits
+        table = self.lm.lm_head.table() if full is None else None      # (vocab, hidden)
+        slots: dict[int, list[int]] = {}
+        for row, (position, _) in enumerate(self.rows):
+            slots.setdefault(position % self.per_frame, []).append(row)
+        for slot, rows in slots.items():            # rows of one frame slot share their C columns
+            lo = self.offset + c * slot
+            idx = torch.tensor(rows, device=hidden.device)
+            out[idx, :c] = full[idx, lo:lo + c] if full is not None else F.linear(hidden[idx], table[lo:lo + c]).float()
+            if slot == 0:
+                stops = torch.tensor([self.rows[r][1] for r in rows], device=hidden.device)
+                out[idx, c] = full[idx, stops] if full is not None else (hidden[idx] * table[stops]).sum(-1).float()
         return out
 
     def __call__(self, logits: torch.Tensor, states: Sequence[SamplingState]) -> SamplerOutput:
@@ -109,12 +112,16 @@ class OrpheusLMExecutor(DecoderLMExecutor):
             self._stops.pop(request_id, None)
 
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
-        self.slots.rows = [(self._num_sampled.get(i.request_id, 0), self._stops.get(i.request_id, END_OF_SPEECH))
-                           for i in items]
+        self.slots.rows = [(self._position(i), self._stops.get(i.request_id, END_OF_SPEECH)) for i in items]
         results = super().run(items, inputs)
         for item in items:
-            self._num_sampled[item.request_id] = self._num_sampled.get(item.request_id, 0) + 1
+            self._num_sampled[item.request_id] = self._position(item) + 1
         return results
+
+    def _position(self, item: WorkItem) -> int:
+        """The stream index of the token this Run samples: the conductor's route says it (prefill
+        and decode may run on different ranks); without a route, this rank's own count."""
+        return item.stream_out[0].index if item.stream_out else self._num_sampled.get(item.request_id, 0)
 
 
 class SnacExecutor:
@@ -139,8 +146,8 @@ class SnacExecutor:
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, Any]]) -> list[ExecResult]:
         chunks: list[Chunk] = [ins["codes"][0] if ins.get("codes") else Chunk([], 0, 0, True) for ins in inputs]
-        tokens = [torch.cat([it["value"].reshape(-1) for it in c.items]) if c.items else torch.zeros(0, dtype=torch.long)
-                  for c in chunks]
+        tokens = [torch.cat([it["value"].reshape(-1) for it in c.items]) if c.items
+                  else torch.zeros(0, dtype=torch.long) for c in chunks]
         audio = self.module.decode_chunks(tokens, [c.start for c in chunks], [c.num_context for c in chunks],
                                           [c.is_final for c in chunks])
         return [ExecResult(outputs={"audio": a.float().cpu()}) for a in audio]

@@ -26,6 +26,7 @@ class StatelessExecutor:
         self.node = node
         self.module = module
         self.out_ports = [p.name for p in node.outputs]
+        self.device = next((p.device for p in module.parameters()), torch.device("cpu"))
 
     def open(self, request_id: int, params: dict[str, Any]) -> None:
         return None
@@ -42,6 +43,7 @@ class StatelessExecutor:
         for item, ins in zip(items, inputs):
             if item.tokens:
                 ins = {**ins, "tokens": torch.tensor(item.tokens, dtype=torch.long)}
+            ins = {port: t.to(self.device) for port, t in ins.items()}
             results.append(ExecResult(outputs=self._by_port(self.module(**ins))))
         return results
 

@@ -48,7 +48,8 @@ def _messages(body: dict) -> list[dict[str, str]]:
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
                 raise ApiError(400, f"messages[{i}].content: this endpoint takes text parts", f"messages[{i}]")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str) or not isinstance(m.get("role"), str):

@@ -10,7 +10,8 @@ Body:
                one per predicted frame (C = number of frames / 2)
   states       (C, state_dim) end-effector states of the context steps (default zeros)
   horizon      H, frames to predict (default: what `actions` implies)
-  stream       true: SSE, one `rollout.frame` event per predicted frame as it is made
+  stream       true: SSE, one `rollout.frame` event {index, shape [P, E], embeddings} per
+               predicted frame as it is made, then `rollout.done`
   encoding_format  "float" (nested lists, default) or "base64" (float32 little-endian)
 
 Answer: {"object": "rollout", "model", "horizon", "shape": [H, P, E], "embeddings": ...}:
@@ -133,7 +134,7 @@ async def _stream(request: web.Request, server: Any, req: Any, key: str, encodin
     try:
         async for frame in _frames(req, key):
             event = {"object": "rollout.frame", "index": index, "shape": list(frame.shape),
-                     "embedding": _encode(frame, encoding)}
+                     "embeddings": _encode(frame, encoding)}
             await resp.write(f"data: {json.dumps(event)}\n\n".encode())
             index += 1
         server.observe_finished(req)

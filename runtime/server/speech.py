@@ -93,8 +93,9 @@ def _parse(server: Any, body: Any) -> tuple[SpeechModel, str, str, str, str | No
 
 async def audio_speech(request: web.Request) -> web.StreamResponse:
     server = request.app["mstar"]
-    model, text, voice, fmt, stream_format = _parse(server, await server.read_json(request))
-    req = submit_speech(server, model, text, voice, await server.read_json(request))
+    body = await server.read_json(request)
+    model, text, voice, fmt, stream_format = _parse(server, body)
+    req = submit_speech(server, model, text, voice, body)
     events = AudioEvents(server, req, model)
     try:
         if stream_format == "audio":

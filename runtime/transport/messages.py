@@ -93,25 +93,6 @@ class StreamTake(msgspec.Struct, array_like=True):
     is_finished: bool       # the producer has ended after `num_items` items: flush the remainder
 
 
-class StreamRoute(msgspec.Struct, array_like=True):
-    """After running, push this Run's item of streaming edge `stream` to the consumer rank."""
-
-    stream: str             # stream name in the plan
-    port: str               # output port of the node being run (the stream's source port)
-    rank: int               # rank holding the consumer-side buffer
-    index: int              # position of this Run's item in the stream (0, 1, ...)
-
-
-class StreamTake(msgspec.Struct, array_like=True):
-    """Before running, take `num_chunks` chunks of streaming edge `stream` as input `port`."""
-
-    stream: str
-    port: str               # input port of the node being run (the stream's destination port)
-    num_chunks: int         # chunks to take (0: none; the stream is already drained)
-    num_items: int          # items the producer had pushed when the conductor decided: wait for them
-    is_finished: bool       # the producer has ended after `num_items` items: flush the remainder
-
-
 class WorkItem(msgspec.Struct, omit_defaults=True):
     """One request's share of a batch: only what changed since the last step (diffs)."""
 
@@ -122,8 +103,6 @@ class WorkItem(msgspec.Struct, omit_defaults=True):
     step: int = 0               # iteration index of the enclosing loop (seeds per-step sampling)
     emit: list[str] = []        # output ports whose values go back to the conductor
     walk: str = ""              # walk this Run belongs to (a node may do different work per walk)
-    stream_in: list[StreamTake] = []    # streaming-edge chunks this Run consumes
-    stream_out: list[StreamRoute] = []  # streaming edges this Run's output feeds
     stream_in: list[StreamTake] = []    # streaming-edge chunks this Run consumes
     stream_out: list[StreamRoute] = []  # streaming edges this Run's output feeds
 
@@ -144,7 +123,6 @@ class ItemResult(msgspec.Struct, omit_defaults=True):
     request_id: int
     tokens: list[int] = []      # token ids produced (sampled) this step
     finished: str = ""          # the node says this request's loop may stop ("eos"), else ""
-    streamed: list[str] = []    # streams this Run pushed an item onto (0 or 1 item each)
     streamed: list[str] = []    # streams this Run pushed an item onto (0 or 1 item each)
 
 
@@ -178,8 +156,6 @@ class Heartbeat(_Msg, tag="heartbeat"):
     """A worker is alive (sent every second while idle or busy)."""
 
     rank: int
-    kv_used_blocks: dict[str, int] = {}   # node -> KV blocks its requests hold on this rank
-    stream_buffers: int = 0               # consumer-side stream buffers held (one per request and stream)
     kv_used_blocks: dict[str, int] = {}   # node -> KV blocks its requests hold on this rank
     stream_buffers: int = 0               # consumer-side stream buffers held (one per request and stream)
 

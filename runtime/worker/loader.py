@@ -75,9 +75,17 @@ def gguf_as_safetensors(ref: str) -> str:
     return str(target)
 
 
+def rank_device(rank: int) -> torch.device:
+    """The device a rank's modules live on: its own CUDA device when there are any, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
 def load_rank(plan: Plan, rank: int, weights_dir: str | None) -> dict[str, tuple[torch.nn.Module, str]]:
-    """node name -> (module, weight source) for every node of `rank`."""
+    """node name -> (module, weight source) for every node of `rank`, on the rank's device."""
     torch.manual_seed(0)
+    device = rank_device(rank)
     by_key: dict[str, torch.nn.Module] = {}
     out: dict[str, tuple[torch.nn.Module, str]] = {}
     for name in plan.ranks[rank].nodes:
@@ -85,6 +93,6 @@ def load_rank(plan: Plan, rank: int, weights_dir: str | None) -> dict[str, tuple
         ref = weight_source(plan, node, weights_dir)
         if node.weight_key not in by_key:
             log.info("rank %d: loading %s (%s) from %s", rank, name, node.kind, describe_source(node, ref))
-            by_key[node.weight_key] = build_module(node, ref)
+            by_key[node.weight_key] = build_module(node, ref).to(device)
         out[name] = (by_key[node.weight_key], describe_source(node, ref))
     return out

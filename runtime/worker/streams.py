@@ -104,7 +104,8 @@ class WorkerStreams:
             self._inboxes.pop((request_id, stream), None)
         return chunk
 
-    def send(self, item: WorkItem, outputs: dict[str, torch.Tensor], deliver: Callable[[int, Any, Item], None]) -> list[str]:
+    def send(self, item: WorkItem, outputs: dict[str, torch.Tensor],
+             deliver: Callable[[int, Any, Item], None]) -> list[str]:
         """Push this Run's items; `deliver(rank, msg, tensors)` reaches another rank. Returns the streams fed."""
         fed = []
         for route in item.stream_out:

@@ -37,6 +37,7 @@ def test_published_sizes_and_kv_bytes() -> None:
     assert 30.4e9 < cat["qwen3_moe_lm"].num_params(cat["qwen3_moe_lm"].presets["qwen3-30b-a3b"]) < 30.6e9
     assert 7.6e9 < cat["qwen2_lm"].num_params(cat["qwen2_lm"].presets["qwen2.5-7b"]) < 7.7e9
     for spec in KINDS:
-        assert spec.has_kv_cache and spec.can_batch and spec.is_capture_safe
+        assert spec.has_kv_cache and spec.can_batch
+        assert spec.is_capture_safe == (spec.kind != "qwen3_moe_lm")   # MoE routing reads counts to the host
         assert [p.name for p in spec.inputs] == ["tokens", "embeds"] and spec.inputs[1].optional
         assert [p.name for p in spec.outputs] == ["token", "hidden"] and all(p.stream for p in spec.outputs)

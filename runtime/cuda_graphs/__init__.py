@@ -1,0 +1,16 @@
+"""CUDA-graph capture of a plan's capture regions per batch bucket (DESIGN.md §4).
+
+* `capture_buckets(plan, node, rank)` / `bucket_for(n, buckets)` — which buckets a node
+  has and which one a batch of n requests runs in;
+* `DecodeInputs` — static device buffers of a decode step and the padding of a batch
+  into them (padding rows write only the KV cache's padding slot);
+* `DecodeGraphs` — a decoder LM's decode step per bucket: CUDA graphs on CUDA, the same
+  padded step eagerly elsewhere.
+"""
+from __future__ import annotations
+
+from runtime.cuda_graphs.buckets import bucket_for, capture_buckets
+from runtime.cuda_graphs.decode_graphs import DecodeGraphs
+from runtime.cuda_graphs.decode_inputs import DecodeInputs
+
+__all__ = ["DecodeGraphs", "DecodeInputs", "bucket_for", "capture_buckets"]

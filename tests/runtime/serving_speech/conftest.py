@@ -1,0 +1,26 @@
+"""Speech and rollout models served by real `mstar-run` processes (tiny presets, seeded weights).
+
+One server per model and placement, module-scoped. Workers run torch on one thread: on a
+shared 2-core machine a second OpenMP thread spin-waits and a tiny forward takes
+milliseconds instead of microseconds (OMP_NUM_THREADS is passed on to the workers).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from tests.runtime.serving.conftest import Server, compile_plan
+
+ENV = {"OMP_NUM_THREADS": "1"}
+ORPHEUS, OMNI, VJEPA = "orpheus-3b", "qwen3-omni-30b-a3b", "vjepa2-ac-vitg"
+
+
+def serve(tmp_path_factory: pytest.TempPathFactory, graph: str, placement: str = "single") -> Iterator[Server]:
+    plan = compile_plan(tmp_path_factory.mktemp(graph), graph, preset="tiny", placement=placement)
+    srv = Server(plan, env=ENV)
+    try:
+        srv.wait_ready(120)
+        yield srv
+    finally:
+        assert srv.stop() == 0
