@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from mstar_compiler.plan import Node
+from mstar_compiler.plan import Node, Plan
 from runtime.executors import ExecResult
 from runtime.executors.decoder_lm import DecoderLMExecutor
 from runtime.kv import KVBlockManager
@@ -41,9 +41,10 @@ DEFAULT_SPEAKER = "ethan"
 class ThinkerExecutor(DecoderLMExecutor):
     """A `qwen3_moe_lm` thinker whose `hidden` stream feeds a talker (module docstring)."""
 
-    def __init__(self, node: Node, model: nn.Module, rank: int, tts_ids: tuple[int, int, int]) -> None:
-        super().__init__(node, model, rank)
-        self.tts_ids = torch.tensor(tts_ids, dtype=torch.long)
+    def __init__(self, node: Node, model: nn.Module, rank: int, tts_ids: tuple[int, int, int],
+                 plan: Plan | None = None) -> None:
+        super().__init__(node, model, rank, plan)
+        self.tts_ids = torch.tensor(tts_ids, dtype=torch.long, device=self.device)
         self._num_fed: dict[int, int] = {}
 
     def close(self, request_id: int, kv_only: bool) -> None:
@@ -57,7 +58,8 @@ class ThinkerExecutor(DecoderLMExecutor):
         results = super().run(items, inputs)
         for item, start, result in zip(items, starts, results):
             done = self._num_fed.get(item.request_id, 0)
-            ids = torch.tensor(item.tokens[max(0, done - start):], dtype=torch.long)  # a recompute re-feeds history
+            ids = torch.tensor(item.tokens[max(0, done - start):], dtype=torch.long,
+                               device=self.device)                       # a recompute re-feeds history
             result.outputs["hidden"] = self.model.embed(ids)                       # (n, hidden)
             result.outputs["hidden:ids"] = ids
             if done == 0:
@@ -79,6 +81,7 @@ class TalkerExecutor:
         self.kv_blocks, self.kv_block_size = pool.num_pages, pool.page_tokens
         self.cache = talker.make_kv_cache(pool.num_pages, pool.page_tokens)
         self.blocks = KVBlockManager(pool.num_pages, pool.page_tokens)
+        self.device = self.cache.k[0].device
         self.eos = int(talker.dims["codec_eos_token_id"])
         self._texts: dict[int, TalkerText] = {}
         self._speakers: dict[int, str] = {}
@@ -99,7 +102,7 @@ class TalkerExecutor:
     def _rows(self, item: WorkItem, ins: dict[str, Any]) -> torch.Tensor:
         """This step's input rows (n, hidden): the prompt on the first Run, else one decode row."""
         rid, chunks = item.request_id, ins.get("thinker_hidden", [])
-        news = _items(chunks)
+        news = [{k: v.to(self.device) for k, v in it.items()} for it in _items(chunks)]   # from another rank: CPU
         if rid not in self._texts:
             head, rest = news[:2], news[2:]
             embeds = torch.cat([it["value"] for it in head])                     # (T+1, Dt)
@@ -113,7 +116,7 @@ class TalkerExecutor:
             text.push(torch.cat([it["value"] for it in rest]))
         if any(c.is_final for c in chunks):
             text.finish()
-        return rows if rows is not None else (ins["frame_embed"] + text.next_row())[None]   # (1, H)
+        return rows if rows is not None else (ins["frame_embed"].to(self.device) + text.next_row())[None]   # (1, H)
 
     def _reserve(self, rid: int, n: int) -> None:
         if rid not in self.blocks:
@@ -128,9 +131,9 @@ class TalkerExecutor:
         for item, r in zip(items, rows):
             self._reserve(item.request_id, r.shape[0])
         schedule = [(item.request_id, r.shape[0]) for item, r in zip(items, rows)]
-        batch = self.blocks.metadata(schedule)
-        positions = torch.cat([torch.arange(self.blocks.num_tokens(rid) - n, self.blocks.num_tokens(rid))
-                               for rid, n in schedule])
+        batch = self.blocks.metadata(schedule, device=self.device)
+        positions = torch.cat([torch.arange(self.blocks.num_tokens(rid) - n, self.blocks.num_tokens(rid),
+                                            device=self.device) for rid, n in schedule])
         hidden = self.talker(torch.cat(rows), positions, batch, self.cache)[batch.last_token_rows()]  # (B, H)
         logits = self.talker.compute_logits(hidden).masked_fill(~self.talker.speakable(), float("-inf"))
         code0 = logits.argmax(dim=-1)                                                          # (B,)
@@ -148,6 +151,7 @@ class CodePredictorExecutor:
 
     def __init__(self, node: Node, predictor: nn.Module, codec_eos: int) -> None:
         self.predictor = predictor
+        self.device = next(predictor.parameters()).device
         self.codec_eos = codec_eos
         self.hidden_size = int(node.dims["hidden_size"])
 
@@ -163,10 +167,11 @@ class CodePredictorExecutor:
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
         speaking = [i for i, ins in enumerate(inputs) if int(ins["code0"][0]) != self.codec_eos]
-        results = [ExecResult(outputs={"frame_embed": torch.zeros(self.hidden_size)}) for _ in items]
+        results = [ExecResult(outputs={"frame_embed": torch.zeros(self.hidden_size, device=self.device)})
+                   for _ in items]
         if speaking:
-            prefix = torch.stack([inputs[i]["hidden"] for i in speaking])    # (B', 2, H)
-            code0 = torch.cat([inputs[i]["code0"] for i in speaking])        # (B',)
+            prefix = torch.stack([inputs[i]["hidden"] for i in speaking]).to(self.device)    # (B', 2, H)
+            code0 = torch.cat([inputs[i]["code0"] for i in speaking]).to(self.device)        # (B',)
             frames, embeds = self.predictor.predict_frames(prefix, code0)
             for j, i in enumerate(speaking):
                 results[i] = ExecResult(outputs={"frame": frames[j], "frame_embed": embeds[j]})
@@ -182,6 +187,7 @@ class Code2WavExecutor:
     def __init__(self, node: Node, module: nn.Module) -> None:
         self.module = module
         self.num_quantizers = int(node.dims["num_quantizers"])
+        self.device = next(module.parameters()).device
 
     def open(self, request_id: int, params: dict[str, Any]) -> None:
         return None
@@ -195,8 +201,9 @@ class Code2WavExecutor:
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, Any]]) -> list[ExecResult]:
         chunks: list[Chunk] = [ins["codes"][0] if ins.get("codes") else Chunk([], 0, 0, True) for ins in inputs]
-        frames = [torch.stack([it["value"] for it in c.items]) if c.items
-                  else torch.zeros(0, self.num_quantizers, dtype=torch.long) for c in chunks]   # (F_i, G)
+        frames = [torch.stack([it["value"] for it in c.items]).to(self.device) if c.items
+                  else torch.zeros(0, self.num_quantizers, dtype=torch.long, device=self.device)
+                  for c in chunks]                                                             # (F_i, G)
         audio = self.module.decode_chunks(frames, [c.num_context for c in chunks])
         return [ExecResult(outputs={"audio": a.float().cpu()}) for a in audio]
 

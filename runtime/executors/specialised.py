@@ -30,7 +30,7 @@ def specialised_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -
     if kind == "llama_lm" and consumer and consumer[0] == "snac_decoder":
         return orpheus.OrpheusLMExecutor(node, module, rank, consumer[1])
     if kind == "qwen3_moe_lm" and consumer and consumer[0] == "qwen3_omni_talker":
-        return qwen3_omni.ThinkerExecutor(node, module, rank, qwen3_omni.tts_token_ids(consumer[1]))
+        return qwen3_omni.ThinkerExecutor(node, module, rank, qwen3_omni.tts_token_ids(consumer[1]), plan)
     if kind == "qwen3_omni_code_predictor":
         talker = next((n for n in plan.nodes if n.kind == "qwen3_omni_talker"), None)
         eos = int(talker.dims["codec_eos_token_id"]) if talker else -1

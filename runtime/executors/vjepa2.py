@@ -28,6 +28,7 @@ class EncoderExecutor:
 
     def __init__(self, node: Node, module: nn.Module) -> None:
         self.module = module
+        self.device = next(module.parameters()).device
 
     def open(self, request_id: int, params: dict[str, Any]) -> None:
         return None
@@ -45,7 +46,7 @@ class EncoderExecutor:
             groups.setdefault(tuple(ins["video"].shape), []).append(i)
         out: list[ExecResult] = [ExecResult() for _ in items]
         for members in groups.values():
-            hidden = self.module(torch.stack([inputs[i]["video"] for i in members]))   # (B, T, D)
+            hidden = self.module(torch.stack([inputs[i]["video"] for i in members]).to(self.device))   # (B, T, D)
             for row, i in enumerate(members):
                 out[i] = ExecResult(outputs={"hidden": hidden[row]})
         return out
@@ -78,9 +79,9 @@ class RolloutExecutor:
 
     def _start(self, request_id: int, ins: dict[str, torch.Tensor]) -> Rollout:
         horizon = self._horizons.get(request_id, self.default_horizon)
-        dtype = self.predictor.predictor_proj.weight.dtype
-        frames = ins["frames"].to(dtype)                                   # (C*P, E)
-        return start_rollout(self.predictor, frames, ins["states"].to(dtype), ins["actions"].to(dtype), horizon)
+        weight = self.predictor.predictor_proj.weight
+        frames, states, actions = (ins[k].to(weight.device, weight.dtype) for k in ("frames", "states", "actions"))
+        return start_rollout(self.predictor, frames, states, actions, horizon)   # frames (C*P, E)
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:

@@ -182,8 +182,8 @@ class Worker:
                 results = calls[0][0].group.run_group(calls)
             run_ms = (time.perf_counter() - start) * 1e3
             emitted = [self._route_and_store(m.node, m.items, r) for m, r in zip(msgs, results)]
-            streamed = [[self.streams.send(item, r.outputs, self.outbox.send) for item, r in zip(m.items, rs)]
-                        for m, rs in zip(msgs, results)]
+            streamed = [[self.streams.send(item, r.outputs, self.outbox.send) if item.stream_out else []
+                         for item, r in zip(m.items, rs)] for m, rs in zip(msgs, results)]
         except Exception as exc:   # the batch fails, the worker keeps serving
             nodes = ", ".join(m.node for m in msgs)
             log.error("rank %d: batch on %s failed:\n%s", self.rank, nodes, traceback.format_exc())
@@ -207,7 +207,8 @@ class Worker:
             self._pump()
             store = self.values.setdefault(item.request_id, {})
         inputs: dict = {port: store[key] for port, key in item.inputs.items()}
-        inputs.update(self.streams.take(item, self._pump, EDGE_WAIT_S))   # stream ports: [Chunk, ...]
+        if item.stream_in:
+            inputs.update(self.streams.take(item, self._pump, EDGE_WAIT_S))   # stream ports: [Chunk, ...]
         return inputs
 
     def _pump(self) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from runtime.bagel.segments import SegmentKind as K
+from runtime.executors import ExecResult
 from runtime.executors.bagel_roles import cfg_consumer, segment_kinds
 from runtime.transport.messages import BatchDone, RunBatch, WorkItem
 from runtime.transport.queues import Envelope
@@ -126,11 +127,11 @@ class _Recorder:
 
     def run(self, items, inputs):
         self.calls.append(("run", len(items)))
-        return [type("R", (), {"tokens": [], "outputs": {}})() for _ in items]
+        return [ExecResult() for _ in items]
 
     def run_group(self, calls):
         self.calls.append(("group", len(calls)))
-        return [[type("R", (), {"tokens": [], "outputs": {}})() for _ in items] for _, items, _ in calls]
+        return [[ExecResult() for _ in items] for _, items, _ in calls]
 
 
 def test_worker_runs_queued_batches_of_one_group_as_one_call() -> None:
