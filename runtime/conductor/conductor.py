@@ -27,7 +27,7 @@ from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import WorkerSet
 from runtime.transport.messages import (
-    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, OpenRequest, Peers, Ready, RunBatch, Shutdown,
+    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKv, OpenRequest, Peers, Ready, RunBatch, Shutdown,
 )
 from runtime.transport.queues import ConductorQueue, Envelope
 
@@ -49,6 +49,8 @@ class ConductorConfig:
 class InFlight:
     batch: PlannedBatch
     sent_at: float
+    pending: set[int] = field(default_factory=set)   # ranks of the batch's group still running it
+    lead: tuple[BatchDone, Envelope] | None = None   # the lead rank's answer, applied once all are done
 
 
 class Conductor:
@@ -167,17 +169,25 @@ class Conductor:
             await self._apply(self._events.get_nowait())
 
     def _dispatch(self, batch: PlannedBatch) -> None:
+        """Send the batch to its rank (every rank of a TP group, the lead's results count);
+        a KV cache moving with a Run is sent by its old rank first, worker to worker."""
         batch_id = next(self._batch_ids)
         tensors = {}
         for e in batch.entries:
             req = e.request
-            if batch.rank not in req.ranks_opened:
-                self._send(batch.rank, OpenRequest(request_id=req.request_id, params=_scalars(req.params)))
-                req.ranks_opened.add(batch.rank)
+            for rank in batch.group:
+                if rank not in req.ranks_opened:
+                    self._send(rank, OpenRequest(request_id=req.request_id, params=_scalars(req.params)))
+                    req.ranks_opened.add(rank)
+            if e.kv_from is not None:
+                self._send(e.kv_from, MoveKv(request_id=req.request_id, node=batch.node, dst_rank=batch.rank))
             self._note_kv(req, batch.node, e.item.tokens)
             tensors.update(e.tensors)
-        self.in_flight[batch_id] = InFlight(batch, time.perf_counter())
-        self._send(batch.rank, RunBatch(batch_id=batch_id, node=batch.node, items=[e.item for e in batch.entries]), tensors)
+        self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group))
+        items = [e.item for e in batch.entries]
+        for rank in batch.group:
+            self._send(rank, RunBatch(batch_id=batch_id, node=batch.node, items=items, follower=rank != batch.rank),
+                       tensors)
 
     def _note_kv(self, req: Request, node: str, tokens: list[int]) -> None:
         if not self.index.nodes[node].has_kv_cache:
@@ -238,15 +248,31 @@ class Conductor:
         for info in msg.nodes:
             if info.kv_blocks:
                 self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size)
+        self._cap_tp_pools()
         peers = {r: s.peer_endpoint for r, s in self.workers.ranks.items() if s.peer_endpoint}
         for r in self.workers.ready_ranks():
             self._send(r, Peers(endpoints=peers))
         log.info("rank %d ready: %s", rank, ", ".join(f"{n.name} ({n.weight_source})" for n in msg.nodes))
 
+    def _cap_tp_pools(self) -> None:
+        """A TP group's caches advance in lockstep: the lead's (counted) pool gets the smallest size."""
+        for node in self.index.kv_nodes():
+            if node.placement.tp_size > 1:
+                pools = [self.ledger.pool(r, node.name) for r in node.placement.ranks]
+                if all(pools):
+                    pools[0].num_blocks = min(p.num_blocks for p in pools)
+
     def _batch_done(self, msg: BatchDone, env: Envelope) -> None:
-        flight = self.in_flight.pop(msg.batch_id, None)
+        flight = self.in_flight.get(msg.batch_id)
         if flight is None:
             return
+        flight.pending.discard(msg.rank)
+        if msg.rank == flight.batch.rank:
+            flight.lead = (msg, env)
+        if flight.pending or flight.lead is None:   # a TP group stays in step: wait for every rank
+            return
+        del self.in_flight[msg.batch_id]
+        msg, env = flight.lead
         batch = flight.batch
         self.on_batch(batch.node, len(batch.entries), msg.run_ms)
         token_ports = self.index.token_outputs(batch.node)
@@ -339,9 +365,9 @@ class Conductor:
 
     def _rank_died(self, rank: int) -> None:
         log.error("worker of rank %d died", rank)
-        lost = {e.request.request_id for f in self.in_flight.values() if f.batch.rank == rank
+        lost = {e.request.request_id for f in self.in_flight.values() if rank in f.batch.group
                 for e in f.batch.entries}
-        self.in_flight = {i: f for i, f in self.in_flight.items() if f.batch.rank != rank}
+        self.in_flight = {i: f for i, f in self.in_flight.items() if rank not in f.batch.group}
         for req in list(self.requests.values()):
             if req.request_id in lost or rank in req.ranks_opened | self.streams.consumer_ranks(req.request_id):
                 req.ranks_opened.discard(rank)

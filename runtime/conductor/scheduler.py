@@ -3,6 +3,11 @@
 Continuous batching at node granularity: every request whose track rests on a `Run` of
 node N is a candidate for N's next batch, whatever walk or iteration it is in, so a new
 request's prefill joins the running decode loop between iterations.
+
+Placement: a batch of a tensor-parallel node goes to its lead rank and, in step, to every
+rank of the group (`PlannedBatch.group`); a Run of a KV node on another rank than the one
+holding the request's cache (prefill/decode disaggregation) moves the cache there first
+(`Entry.kv_from`), counted in the new pool and freed from the old one.
 """
 from __future__ import annotations
 
@@ -29,13 +34,18 @@ class Entry:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)   # frames to attach
     read: list[int] = field(default_factory=list)                    # request input items this Run reads
     version: int = 0                                                 # this Run's count of its node's runs
+    kv_from: int | None = None                                       # rank whose KV cache of the node moves here
 
 
 @dataclass
 class PlannedBatch:
-    rank: int
+    rank: int                                          # the rank whose results count (a TP group's lead)
     node: str
     entries: list[Entry] = field(default_factory=list)
+    group: list[int] = field(default_factory=list)     # every rank that runs it, lead first ([rank] without TP)
+
+    def __post_init__(self) -> None:
+        self.group = self.group or [self.rank]
 
 
 @dataclass
@@ -79,18 +89,22 @@ class Scheduler:
         """Add the request's ready runs to batches; False if it must wait for KV room."""
         runs = [p for cursor in req.tracks for p in cursor.ready()]
         for pending in runs:
-            rank = self._rank(pending, req)
+            rank, group = self._rank(pending, req), self._group(pending, req)
             key = (rank, pending.run.node)
-            if key in busy or rank not in ready_ranks:
+            if key in busy or not ready_ranks.issuperset(group):
                 continue
             if self.streams is not None and not self.streams.can_run(req, pending):
                 continue
-            batch = batches.setdefault(key, PlannedBatch(rank, pending.run.node))
+            batch = batches.setdefault(key, PlannedBatch(rank, pending.run.node, group=group))
             if len(batch.entries) >= self.index.nodes[pending.run.node].max_batch:
                 continue
             entry = self._entry(req, pending, rank)
-            if not self._reserve(req, entry, rank, batch, placed, admitting):
+            entry.kv_from = self._kv_holder(req, pending.run.node, rank)
+            moved = req.kv_fed.get(pending.run.node, 0) if entry.kv_from is not None else 0
+            if not self._reserve(req, entry, rank, batch, placed, admitting, moved):
                 return False
+            if entry.kv_from is not None:
+                self._moved(req, entry, pending.run.node)
             if admitting:
                 req.resume() if req.state == RequestState.PREEMPTED else req.admit()
                 admitting = False
@@ -104,13 +118,16 @@ class Scheduler:
                     cursor.start(pending)
         return True
 
-    def _reserve(self, req: Request, entry: Entry, rank: int, batch: PlannedBatch, placed: set, admitting: bool) -> bool:
+    def _reserve(self, req: Request, entry: Entry, rank: int, batch: PlannedBatch, placed: set, admitting: bool,
+                 moved: int = 0) -> bool:
+        """Room in the pool for the item's tokens (and `moved` tokens of a cache moving here)."""
         pool = self.ledger.pool(rank, batch.node)
         n_new = len(entry.item.tokens)
         if n_new + sum(len(e.item.tokens) for e in batch.entries) > self.config.max_batch_tokens and batch.entries:
             return False
         if pool is None:
             return True
+        n_new += moved
         while not pool.can_grow(req.request_id, n_new):
             victim = None if admitting else self._victim(pool.holders(), req, placed)
             if victim is None:
@@ -126,8 +143,31 @@ class Scheduler:
         return max(candidates, key=lambda r: r.arrival, default=None)
 
     def _rank(self, pending: PendingRun, req: Request) -> int:
+        """The rank whose results count: a TP group's lead, else one replica per request."""
         ranks = pending.run.ranks
+        if self.index.nodes[pending.run.node].placement.tp_size > 1:
+            return ranks[0]
         return ranks[req.request_id % len(ranks)]
+
+    def _group(self, pending: PendingRun, req: Request) -> list[int]:
+        """Every rank that runs the Run: the whole TP group (lead first), else the one replica."""
+        if self.index.nodes[pending.run.node].placement.tp_size > 1:
+            return list(pending.run.ranks)
+        return [self._rank(pending, req)]
+
+    def _kv_holder(self, req: Request, node: str, rank: int) -> int | None:
+        """The rank holding the request's KV cache of `node` when that is not `rank`, else None."""
+        if not self.index.nodes[node].has_kv_cache or req.kv_fed.get(node, 0) == 0:
+            return None
+        held = req.produced.get(node, (rank, 0))[0]
+        return held if held != rank else None
+
+    def _moved(self, req: Request, entry: Entry, node: str) -> None:
+        """The cache moves with the Run: the old pool lets go, the worker waits for the cache."""
+        old = self.ledger.pool(entry.kv_from, node)
+        if old is not None:
+            old.free(req.request_id)
+        entry.item.kv_in = True
 
     def _entry(self, req: Request, pending: PendingRun, rank: int) -> Entry:
         node = pending.run.node

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -44,6 +45,7 @@ class WorkerSet:
         self.weights_dir = weights_dir
         self.log_level = log_level
         self.ranks = {r: RankStatus(r, is_local=r not in remote) for r in range(num_ranks)}
+        self.tp_init = os.environ.get("MSTAR_TP_INIT") or f"tcp://127.0.0.1:{_free_port()}"  # TP rendezvous
 
     def start_local(self) -> None:
         for status in self.ranks.values():
@@ -56,7 +58,7 @@ class WorkerSet:
         if self.weights_dir:
             cmd += ["--weights", self.weights_dir]
         cmd += ["--threads", str(self.threads_per_worker())]
-        status.process = subprocess.Popen(cmd, env=os.environ.copy())
+        status.process = subprocess.Popen(cmd, env={**os.environ, "MSTAR_TP_INIT": self.tp_init})
         status.is_ready = False
         status.last_seen = time.monotonic()
 
@@ -101,3 +103,9 @@ class WorkerSet:
                 except subprocess.TimeoutExpired:
                     status.process.kill()
                     status.process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -9,7 +9,10 @@ batch around a request never changes its tokens). The block tables live here
 CUDA graphs: on a CUDA device, when the plan puts the node in a capture region,
 decode-only batches (one token per request) that fit a batch bucket replay a captured
 graph (`runtime.cuda_graphs.DecodeGraphs`); everything else — prefill, mixed batches,
-batches above the largest bucket, every CPU run — runs eagerly.
+batches above the largest bucket, every CPU run, tensor-parallel shards — runs eagerly.
+
+Disaggregation: `export_kv(request_id)` hands a request's cache contents and sampling
+state to the rank that runs the node next (and frees them here); `import_kv` takes them.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from runtime.cuda_graphs import DecodeGraphs, capture_buckets
 from runtime.executors import ExecResult
 from runtime.kv import KVBlockManager
 from runtime.sampling import Sampler, SamplingParams, SamplingState
-from runtime.transport.messages import WorkItem
+from runtime.transport.messages import KvState, WorkItem
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "seed")
@@ -55,6 +58,8 @@ class DecoderLMExecutor:
         buckets = capture_buckets(plan, self.node.name, rank) if plan is not None else ()
         if self.device.type != "cuda" or not buckets or not getattr(self.model, "is_graph_capturable", False):
             return None
+        if getattr(getattr(self.model, "tp", None), "size", 1) > 1:   # a capture would run collectives alone
+            return None
         max_len = int(self.node.dims.get("max_position_embeddings", self.kv_blocks * self.kv_block_size))
         max_blocks = min(self.kv_blocks, -(-max_len // self.kv_block_size))
         graphs = DecodeGraphs(self.model, self.cache, buckets, max_blocks)
@@ -73,6 +78,40 @@ class DecoderLMExecutor:
 
     def kv_used_blocks(self) -> int:
         return self.kv_blocks - self.blocks.allocator.num_free
+
+    def export_kv(self, request_id: int) -> tuple[KvState, dict[str, torch.Tensor]] | None:
+        """The request's cache contents and sampling state for another rank (None: none held);
+        both are freed here."""
+        if request_id not in self.blocks:
+            return None
+        table = self.blocks.table(request_id)
+        idx = torch.tensor(table.blocks, dtype=torch.long, device=self.device)
+        tensors = {"k": torch.stack([pages[idx] for pages in self.cache.k]).cpu(),   # (L, blocks, bs, kvh, hd)
+                   "v": torch.stack([pages[idx] for pages in self.cache.v]).cpu()}
+        msg = KvState(request_id=request_id, node=self.node.name, num_tokens=table.num_tokens)
+        state = self._states.pop(request_id, None)
+        if state is not None:
+            msg.prompt_ids, msg.output_ids = list(state.prompt_ids), list(state.output_ids)
+            tensors["rng"] = state.generator.get_state()
+        self.blocks.free(request_id)
+        return msg, tensors
+
+    def import_kv(self, msg: KvState, tensors: dict[str, torch.Tensor]) -> None:
+        """Take a request's cache contents and sampling state from the rank that held them."""
+        rid = msg.request_id
+        if rid in self.blocks:
+            self.blocks.free(rid)
+        self.blocks.allocate(rid, msg.num_tokens)
+        idx = torch.tensor(self.blocks.table(rid).blocks, dtype=torch.long, device=self.device)
+        for layer, (k, v) in enumerate(zip(self.cache.k, self.cache.v)):
+            k[idx] = tensors["k"][layer].to(self.device, k.dtype)
+            v[idx] = tensors["v"][layer].to(self.device, v.dtype)
+        if "rng" in tensors:
+            state = SamplingState(self._params.get(rid, SamplingParams()), msg.prompt_ids, self.device)
+            state.generator.set_state(tensors["rng"].clone())
+            for token in msg.output_ids:
+                state.append(token)
+            self._states[rid] = state
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:

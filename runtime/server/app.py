@@ -138,7 +138,9 @@ class MstarServer:
                  for n in self.plan.nodes}
         card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "mstar",
                 "tasks": [t.name for t in self.plan.tasks], "preset": self.plan.preset,
-                "placement": self.plan.placement, "weights": nodes}
+                "placement": self.plan.placement, "weights": nodes,
+                "ranks": {str(r): {n.name: {"params": n.num_params} for n in s.nodes}
+                          for r, s in sorted(self.conductor.workers.ranks.items())}}
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics_route(self, request: web.Request) -> web.Response:

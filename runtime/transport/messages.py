@@ -8,10 +8,12 @@ Who sends what:
   worker -> conductor: Hello (joined), Ready (nodes loaded), BatchDone / BatchFailed, Heartbeat
   conductor -> worker: Peers (where every rank listens for tensors), OpenRequest (a
       request's full data, once per rank), RunBatch (one node, many requests; only diffs),
-      CloseRequest (free every resource of these requests), Shutdown
+      CloseRequest (free every resource of these requests), MoveKv (hand a request's KV
+      cache of one node to another rank), Shutdown
   worker -> worker:    EdgeTensors (outputs of a cross-rank edge, pushed straight to the
       consumer rank, never through the conductor); StreamItems (one item of a streaming
-      edge, pushed as produced to the rank that buffers it)
+      edge, pushed as produced to the rank that buffers it); KvState (a request's KV cache
+      of one node, sent by the rank that held it to the rank that runs the node next)
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     weight_source: str      # "seed:<n>" (random init) or the checkpoint path the weights came from
     kv_blocks: int = 0      # KV pool size in blocks (0: the node keeps no KV cache)
     kv_block_size: int = 0  # tokens per KV block
+    num_params: int = 0     # parameters this rank holds for the node (a tensor-parallel shard holds a part)
 
 
 class Ready(_Msg, tag="ready"):
@@ -105,6 +108,7 @@ class WorkItem(msgspec.Struct, omit_defaults=True):
     walk: str = ""              # walk this Run belongs to (a node may do different work per walk)
     stream_in: list[StreamTake] = []    # streaming-edge chunks this Run consumes
     stream_out: list[StreamRoute] = []  # streaming edges this Run's output feeds
+    kv_in: bool = False         # the request's KV cache of this node arrives from another rank first
 
 
 class RunBatch(_Msg, tag="run"):
@@ -115,6 +119,8 @@ class RunBatch(_Msg, tag="run"):
     items: list[WorkItem]
     tensors: list[TensorMeta] = []  # frames the conductor attaches (request inputs, e.g. pixels);
                                     # name is "<request_id>/<value key>"
+    follower: bool = False          # a tensor-parallel follower: run in step with the group's lead,
+                                    # push nothing and emit nothing (the lead does)
 
 
 class ItemResult(msgspec.Struct, omit_defaults=True):
@@ -152,6 +158,14 @@ class CloseRequest(_Msg, tag="close"):
     nodes: list[str] = []       # restrict to these nodes ([]: every node of the rank)
 
 
+class MoveKv(_Msg, tag="move_kv"):
+    """Send this request's KV cache of `node` to `dst_rank` (it runs the node next), then free it here."""
+
+    request_id: int
+    node: str
+    dst_rank: int
+
+
 class Heartbeat(_Msg, tag="heartbeat"):
     """A worker is alive (sent every second while idle or busy)."""
 
@@ -180,9 +194,21 @@ class StreamItems(_Msg, tag="stream"):
     tensors: list[TensorMeta] = []   # the item's named parts ("value", and e.g. "ids")
 
 
+class KvState(_Msg, tag="kv"):
+    """Worker -> worker: a request's KV cache of one node and its sampling state; frames follow
+    ("k", "v": (layers, blocks, block_size, kv_heads, head_dim); "rng": generator state)."""
+
+    request_id: int
+    node: str
+    num_tokens: int             # tokens the cache holds
+    prompt_ids: list[int] = []  # the sampling state's token history
+    output_ids: list[int] = []
+    tensors: list[TensorMeta] = []
+
+
 Message = Union[
     Hello, Ready, Peers, OpenRequest, RunBatch, BatchDone, BatchFailed,
-    CloseRequest, Heartbeat, Shutdown, EdgeTensors, StreamItems,
+    CloseRequest, MoveKv, Heartbeat, Shutdown, EdgeTensors, StreamItems, KvState,
 ]
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -5,6 +5,10 @@ still gets its own executor, hence its own KV cache. Weights come from, in order
 `--weights DIR` override (DIR/<weight_key>, or DIR itself when the plan has one weight
 group), the graph preset's `weights:` source (plan `Node.weights`), or a seeded random init (`seed` arg) — reported back as
 the node's weight source.
+
+Tensor parallelism: the nodes of a rank with `placement.tp_size > 1` are built with
+`tp=group`, the `TensorParallelGroup` this rank forms with the other ranks of the node's
+rank set (`tensor_parallel_group`); every rank reads the full tensors and keeps its shard.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import torch
 
 from mstar_compiler.plan import Node, Plan
 from runtime.components import component_class
+from runtime.parallel import SINGLE, TensorParallelGroup, init_tensor_parallel
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +49,35 @@ def _is_gguf(ref: str) -> bool:
         os.path.isdir(ref) and any(Path(ref).glob("*.gguf")))
 
 
-def build_module(node: Node, ref: str | None) -> torch.nn.Module:
-    """The node's module with weights from `ref` (or its seed)."""
+def build_module(node: Node, ref: str | None, tp: TensorParallelGroup = SINGLE) -> torch.nn.Module:
+    """The node's module with weights from `ref` (or its seed); this rank's shard under `tp`."""
     cls = component_class(node.kind)
     args: dict[str, Any] = dict(node.args)
     if ref is not None and _is_gguf(ref):
         ref = gguf_as_safetensors(ref)
+    if tp.size > 1:
+        return cls(node.dims, {**args, "weights": ref}, tp=tp).eval()
     return cls(node.dims, {**args, "weights": ref}).eval()
+
+
+def tp_ranks(plan: Plan, rank: int) -> list[int] | None:
+    """The plan ranks of the one tensor-parallel group `rank` belongs to (None: no group)."""
+    groups = {tuple(ranks) for node in plan.nodes if node.placement.tp_size > 1
+              for ranks in (node.placement.ranks, *node.placement.walk_ranks.values()) if rank in ranks}
+    if len(groups) > 1:
+        raise ValueError(f"rank {rank} is in several tensor-parallel groups {sorted(groups)}; a worker joins one")
+    return list(groups.pop()) if groups else None
+
+
+def tensor_parallel_group(plan: Plan, rank: int, init_method: str) -> TensorParallelGroup:
+    """Join the tensor-parallel group of `rank` (gloo on CPU, NCCL on CUDA); SINGLE when it has none."""
+    ranks = tp_ranks(plan, rank)
+    if ranks is None:
+        return SINGLE
+    if torch.cuda.is_available():
+        torch.cuda.set_device(rank_device(rank))
+    log.info("rank %d: joining tensor-parallel group %s at %s", rank, ranks, init_method)
+    return init_tensor_parallel(ranks.index(rank), len(ranks), init_method)
 
 
 def gguf_as_safetensors(ref: str) -> str:
@@ -82,8 +109,10 @@ def rank_device(rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def load_rank(plan: Plan, rank: int, weights_dir: str | None) -> dict[str, tuple[torch.nn.Module, str]]:
-    """node name -> (module, weight source) for every node of `rank`, on the rank's device."""
+def load_rank(plan: Plan, rank: int, weights_dir: str | None,
+              tp: TensorParallelGroup = SINGLE) -> dict[str, tuple[torch.nn.Module, str]]:
+    """node name -> (module, weight source) for every node of `rank`, on the rank's device
+    (`tp`: the rank's tensor-parallel group, used by its nodes with tp_size > 1)."""
     torch.manual_seed(0)
     device = rank_device(rank)
     by_key: dict[str, torch.nn.Module] = {}
@@ -93,6 +122,7 @@ def load_rank(plan: Plan, rank: int, weights_dir: str | None) -> dict[str, tuple
         ref = weight_source(plan, node, weights_dir)
         if node.weight_key not in by_key:
             log.info("rank %d: loading %s (%s) from %s", rank, name, node.kind, describe_source(node, ref))
-            by_key[node.weight_key] = build_module(node, ref).to(device)
+            group = tp if node.placement.tp_size > 1 else SINGLE
+            by_key[node.weight_key] = build_module(node, ref, group).to(device)
         out[name] = (by_key[node.weight_key], describe_source(node, ref))
     return out

@@ -10,6 +10,10 @@ Streaming edges (runtime/worker/streams.py): a Run takes its stream chunks with 
 and pushes its stream items as soon as it has run, straight to the consuming rank.
 A heartbeat thread with its own socket tells the conductor the process is alive even
 while a long batch runs.
+Tensor parallelism: a rank in a node's TP group joins it before loading (rendezvous at
+$MSTAR_TP_INIT, default the conductor's host and port + 1); a RunBatch marked `follower`
+runs in step with the lead but pushes and emits nothing. Disaggregation: MoveKv sends a
+request's KV cache of a node to another rank (KvState); a Run with `kv_in` waits for it.
 """
 from __future__ import annotations
 
@@ -25,11 +29,11 @@ import zmq
 from mstar_compiler.plan import load_plan
 from runtime.executors import ExecResult, Executor, executor_for
 from runtime.transport.messages import (
-    BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, NodeInfo,
+    BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KvState, MoveKv, NodeInfo,
     OpenRequest, Peers, Ready, RunBatch, Shutdown, StreamItems, WorkItem, encode,
 )
 from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, WorkerQueue
-from runtime.worker.loader import load_rank
+from runtime.worker.loader import load_rank, tensor_parallel_group
 from runtime.worker.streams import WorkerStreams
 
 log = logging.getLogger(__name__)
@@ -49,15 +53,18 @@ class Worker:
         self.outbox = EdgeOutbox(self.ctx)
         self.control.send(Hello(rank=rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint))
         self._start_heartbeat(conductor)
-        modules = load_rank(self.plan, rank, weights_dir)
+        tp = tensor_parallel_group(self.plan, rank, tp_init_method(conductor))
+        modules = load_rank(self.plan, rank, weights_dir, tp)
         self.executors: dict[str, Executor] = {
             name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
         self.values: dict[int, dict[str, torch.Tensor]] = {}
+        self.kv_incoming: dict[tuple[int, str], Envelope] = {}   # (request, node) -> KvState from another rank
         self.streams = WorkerStreams(self.plan, rank)
         self.control.send(Ready(rank=rank, nodes=[
             NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
-                     kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size)
-            for name, (_, source) in modules.items()]))
+                     kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size,
+                     num_params=sum(p.numel() for p in module.parameters()))
+            for name, (module, source) in modules.items()]))
 
     def _start_heartbeat(self, conductor: str) -> None:
         def beat() -> None:
@@ -138,6 +145,8 @@ class Worker:
             self._close(msg)
         elif isinstance(msg, Peers):
             self.outbox.set_peers(msg.endpoints)
+        elif isinstance(msg, MoveKv):
+            self._move_kv(msg)
         elif isinstance(msg, Shutdown):
             return False
         return True
@@ -150,6 +159,26 @@ class Worker:
             if not msg.kv_only:
                 self.values.pop(rid, None)
                 self.streams.free(rid)
+                self.kv_incoming = {k: e for k, e in self.kv_incoming.items() if k[0] != rid}
+
+    def _move_kv(self, msg: MoveKv) -> None:
+        """Send the request's KV cache of the node to the rank that runs the node next."""
+        exported = self.executors[msg.node].export_kv(msg.request_id)
+        if exported is None:
+            log.warning("rank %d: no KV of request %d on %s to move", self.rank, msg.request_id, msg.node)
+            exported = (KvState(request_id=msg.request_id, node=msg.node, num_tokens=0), {})
+        self.outbox.send(msg.dst_rank, *exported)
+
+    def _receive_kv(self, node: str, item: WorkItem) -> None:
+        """Wait for the item's KV cache from the rank that held it and hand it to the executor."""
+        deadline = time.monotonic() + EDGE_WAIT_S
+        while (item.request_id, node) not in self.kv_incoming:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"request {item.request_id}: the KV cache of {node} never arrived")
+            self._pump()
+        env = self.kv_incoming.pop((item.request_id, node))
+        if env.msg.num_tokens:
+            self.executors[node].import_kv(env.msg, env.tensors)
 
     def _store_edge(self, env: Envelope) -> None:
         """Keep a pushed value under its versioned key ("<node>.<port>#<n>"), dropping older versions."""
@@ -163,6 +192,8 @@ class Worker:
                 store[key] = tensor
         elif isinstance(msg, StreamItems):
             self.streams.receive(msg.request_id, msg.stream, msg.index, env.tensors)
+        elif isinstance(msg, KvState):
+            self.kv_incoming[(msg.request_id, msg.node)] = env
 
     # ---- batches -------------------------------------------------------------------
 
@@ -174,6 +205,10 @@ class Worker:
                 for key, t in env.tensors.items():
                     rid, name = key.split("/", 1)
                     self.values.setdefault(int(rid), {})[name] = t
+            for m in msgs:
+                for item in m.items:
+                    if item.kv_in:
+                        self._receive_kv(m.node, item)
             calls = [(self.executors[m.node], m.items, [self._inputs(item) for item in m.items]) for m in msgs]
             start = time.perf_counter()
             if len(calls) == 1:
@@ -181,8 +216,9 @@ class Worker:
             else:
                 results = calls[0][0].group.run_group(calls)
             run_ms = (time.perf_counter() - start) * 1e3
-            emitted = [self._route_and_store(m.node, m.items, r) for m, r in zip(msgs, results)]
-            streamed = [[self.streams.send(item, r.outputs, self.outbox.send) if item.stream_out else []
+            emitted = [self._route_and_store(m.node, m.items, r, m.follower) for m, r in zip(msgs, results)]
+            streamed = [[self.streams.send(item, r.outputs, self.outbox.send) if item.stream_out and not m.follower
+                         else []
                          for item, r in zip(m.items, rs)] for m, rs in zip(msgs, results)]
         except Exception as exc:   # the batch fails, the worker keeps serving
             nodes = ", ".join(m.node for m in msgs)
@@ -216,12 +252,15 @@ class Worker:
         if self.inbox.socket.poll(100):
             self._store_edge(self.inbox.recv())
 
-    def _route_and_store(self, node: str, items: list[WorkItem], results: list[ExecResult]) -> dict[str, torch.Tensor]:
+    def _route_and_store(self, node: str, items: list[WorkItem], results: list[ExecResult],
+                         follower: bool = False) -> dict[str, torch.Tensor]:
         emitted: dict[str, torch.Tensor] = {}
         for item, result in zip(items, results):
             store = self.values.setdefault(item.request_id, {})
             for port, t in result.outputs.items():
                 store[f"{node}.{port}"] = t
+            if follower:     # the group's lead pushes and emits
+                continue
             for route in item.routes:
                 self.outbox.send(route.rank, EdgeTensors(request_id=item.request_id, tensors=[]),
                                  {route.key: result.outputs[route.port]})
@@ -234,6 +273,14 @@ class Worker:
         self.control.close()
         self.inbox.close()
         self.outbox.close()
+
+
+def tp_init_method(conductor: str) -> str:
+    """Where a tensor-parallel group meets: $MSTAR_TP_INIT, else the conductor's host at its port + 1."""
+    if os.environ.get("MSTAR_TP_INIT"):
+        return os.environ["MSTAR_TP_INIT"]
+    host, port = conductor.removeprefix("tcp://").rsplit(":", 1)
+    return f"tcp://{host}:{int(port) + 1}"
 
 
 def run_worker(plan_path: str, rank: int, conductor: str, weights_dir: str | None = None,
