@@ -74,6 +74,7 @@ class Request:
                                                                  # `input_items` (ports sharing a dtype)
     readers: dict[int, tuple[int, int]] = field(default_factory=dict)  # input item -> (track, state) that read it
     produced: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (rank, runs dispatched so far)
+    replicas: dict[str, int] = field(default_factory=dict)       # data-parallel node -> the replica it is bound to
     output_ids: list[int] = field(default_factory=list)
     events: asyncio.Queue[OutputEvent] = field(default_factory=asyncio.Queue)
     arrival: float = field(default_factory=time.monotonic)
@@ -94,6 +95,7 @@ class Request:
     def preempt(self) -> None:
         self._move(RequestState.PREEMPTED)
         self.kv_fed.clear()
+        self.replicas.clear()     # recomputed from scratch: any replica will do
 
     def resume(self) -> None:
         self._move(RequestState.RUNNING)

@@ -7,7 +7,10 @@ request's prefill joins the running decode loop between iterations.
 Placement: a batch of a tensor-parallel node goes to its lead rank and, in step, to every
 rank of the group (`PlannedBatch.group`); a Run of a KV node on another rank than the one
 holding the request's cache (prefill/decode disaggregation) moves the cache there first
-(`Entry.kv_from`), counted in the new pool and freed from the old one.
+(`Entry.kv_from`), counted in the new pool and freed from the old one. A node placed on
+several ranks without TP is a set of data-parallel replicas: a request's first Run of it
+goes to the least loaded replica and its later Runs (later walks too) stay there, by its
+KV cache, until a preemption frees that cache (`Request.replicas`).
 """
 from __future__ import annotations
 
@@ -66,6 +69,7 @@ class Scheduler:
         self.ledger = ledger
         self.config = config
         self.preempt = preempt
+        self._load: dict[tuple[int, str], int] = {}   # (rank, node) -> requests bound to that replica
 
     def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
                  ready_ranks: set[int]) -> list[PlannedBatch]:
@@ -74,6 +78,7 @@ class Scheduler:
         # batch in flight — so a worker never runs out of blocks and never sees a request twice.
         batches: dict[tuple[int, str], PlannedBatch] = {}
         placed: set[int] = set()
+        self._load = self._replica_load([*running, *waiting])
         for req in running:
             self._place(req, batches, busy, ready_ranks, placed, admitting=False)
         num_admitted = len(running)
@@ -89,7 +94,8 @@ class Scheduler:
         """Add the request's ready runs to batches; False if it must wait for KV room."""
         runs = [p for cursor in req.tracks for p in cursor.ready()]
         for pending in runs:
-            rank, group = self._rank(pending, req), self._group(pending, req)
+            rank = self._rank(pending, req, ready_ranks)
+            group = list(pending.run.ranks) if self._is_tp(pending) else [rank]
             key = (rank, pending.run.node)
             if key in busy or not ready_ranks.issuperset(group):
                 continue
@@ -113,6 +119,7 @@ class Scheduler:
                 self.streams.bind(req, pending, entry.item)
             req.note_dispatch(pending.run.node, rank, entry.version, entry.read, self._reader(req, pending))
             placed.add(req.request_id)
+            self._stick(req, pending, rank)
             for cursor in req.tracks:
                 if cursor.index == pending.track:
                     cursor.start(pending)
@@ -142,18 +149,39 @@ class Scheduler:
                       and r.state == RequestState.RUNNING and not any(c.in_flight for c in r.tracks)]
         return max(candidates, key=lambda r: r.arrival, default=None)
 
-    def _rank(self, pending: PendingRun, req: Request) -> int:
-        """The rank whose results count: a TP group's lead, else one replica per request."""
-        ranks = pending.run.ranks
-        if self.index.nodes[pending.run.node].placement.tp_size > 1:
-            return ranks[0]
-        return ranks[req.request_id % len(ranks)]
+    def _is_tp(self, pending: PendingRun) -> bool:
+        return self.index.nodes[pending.run.node].placement.tp_size > 1
 
-    def _group(self, pending: PendingRun, req: Request) -> list[int]:
-        """Every rank that runs the Run: the whole TP group (lead first), else the one replica."""
-        if self.index.nodes[pending.run.node].placement.tp_size > 1:
-            return list(pending.run.ranks)
-        return [self._rank(pending, req)]
+    def _rank(self, pending: PendingRun, req: Request, ready_ranks: set[int]) -> int:
+        """The rank whose results count: a TP group's lead, else the request's replica of the node
+        (chosen on its first Run: fewest requests bound there, then most free KV blocks, then rank)."""
+        ranks, node = pending.run.ranks, pending.run.node
+        if self._is_tp(pending) or len(ranks) == 1:
+            return ranks[0]
+        if node in req.replicas:
+            return req.replicas[node]
+        live = [r for r in ranks if r in ready_ranks] or list(ranks)
+        return min(live, key=lambda r: (self._load.get((r, node), 0), -self._free_blocks(r, node), r))
+
+    def _free_blocks(self, rank: int, node: str) -> int:
+        pool = self.ledger.pool(rank, node)
+        return 0 if pool is None else pool.num_blocks - pool.used_blocks
+
+    def _stick(self, req: Request, pending: PendingRun, rank: int) -> None:
+        """Bind the request to the replica its Run was placed on (counted in that replica's load)."""
+        node = pending.run.node
+        if len(pending.run.ranks) > 1 and not self._is_tp(pending) and node not in req.replicas:
+            req.replicas[node] = rank
+            self._load[(rank, node)] = self._load.get((rank, node), 0) + 1
+
+    @staticmethod
+    def _replica_load(requests: list[Request]) -> dict[tuple[int, str], int]:
+        """(rank, node) -> requests bound to that replica (running, or queued after their first Run)."""
+        load: dict[tuple[int, str], int] = {}
+        for req in requests:
+            for node, rank in req.replicas.items():
+                load[(rank, node)] = load.get((rank, node), 0) + 1
+        return load
 
     def _kv_holder(self, req: Request, node: str, rank: int) -> int | None:
         """The rank holding the request's KV cache of `node` when that is not `rank`, else None."""

@@ -122,6 +122,8 @@ class MstarServer:
         self.metrics.e2e.observe(now - req.arrival)
         self.metrics.requests.labels(req.finish_reason or "unknown").inc()
         self.metrics.generated.inc(len(req.output_ids))
+        for node, (rank, _) in req.produced.items():
+            self.metrics.rank_requests.labels(str(rank), node).inc()
 
     # ---- simple routes ---------------------------------------------------------------
 

@@ -23,6 +23,8 @@ class Metrics:
         self.e2e = Histogram("mstar_e2e_request_latency_seconds", "arrival to last output",
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.requests = Counter("mstar_requests", "finished requests by reason", ["finish_reason"], registry=r)
+        self.rank_requests = Counter("mstar_rank_requests", "ended requests that ran a node on a rank (last rank)",
+                                     ["rank", "node"], registry=r)
         self.generated = Counter("mstar_generated_tokens", "output tokens", registry=r)
         self.worker_restarts = Gauge("mstar_worker_restarts", "restarts of local worker processes", registry=r)
 
