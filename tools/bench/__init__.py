@@ -1,0 +1,13 @@
+"""mstar's benchmark suite (issue 7): `python tools/bench.py [suite...]` or `make bench`.
+
+Package layout, one concern per module:
+  registry     suite registry, the `Needs` error and the run context
+  abab         A/B alternation (ABAB...) of the compared sides, rounds and warm-up
+  stats        medians, min/max, percentiles, per-round ratios, verdicts in words
+  results      the result JSON schema (one file per suite run) and machine facts
+  report       the markdown table; plots: the PNG figures
+  servers      start/stop a model server process; openai_load: concurrent chat bursts
+  hf_generate  the HF transformers static-batch baseline; smollm2_fp32: the GGUF -> fp32 export
+  suite_*      one module per comparison (chat, rollout, cfg, tts, stack, sched)
+Everything here is a tool, not part of the served runtime.
+"""

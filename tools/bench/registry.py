@@ -1,0 +1,74 @@
+"""Suite registry: each comparison is a `Suite` registered by its module `bench/suite_<name>.py`.
+
+A suite's `run(ctx)` measures with `ctx.alternate(...)` and returns `Row`s; a part it
+needs that is not in the tree (yet) is reported by raising or recording `Needs`, never
+by a made-up number.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from tqdm import tqdm
+
+from bench.abab import Measure, Samples, alternate
+from bench.results import Row
+
+SUITE_ORDER = ("chat", "rollout", "cfg", "tts", "stack", "sched")  # the issue's order
+
+
+class Needs(Exception):
+    """A comparison cannot run: the message names what is missing and how to get it."""
+
+
+@dataclass
+class Context:
+    """What a suite run gets: knobs from the command line and a place for its settings."""
+
+    rounds: int                          # recorded ABAB rounds per comparison
+    quick: bool                          # smaller cases (CI smoke, a noisy machine)
+    root: Path                           # repository root
+    threads: int | None = None           # torch threads of in-process sides (None: torch's default)
+    settings: dict[str, Any] = field(default_factory=dict)   # recorded in the result JSON
+    needs: list[dict[str, str]] = field(default_factory=list)  # comparisons that could not run
+
+    def alternate(self, label: str, sides: Mapping[str, Measure], warmup: int = 1) -> Samples:
+        """`abab.alternate` with a progress bar named `label`."""
+        with tqdm(total=self.rounds * len(sides), desc=label, unit="run", leave=False) as bar:
+            return alternate(sides, self.rounds, warmup, lambda done, side: bar.update(1))
+
+    def record_needs(self, case: str, exc: Needs) -> None:
+        self.needs.append({"case": case, "needs": str(exc)})
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One comparison of the issue: its name, a title naming both sides, and its runner."""
+
+    name: str
+    title: str
+    run: Callable[[Context], list[Row]]
+
+
+_SUITES: dict[str, Suite] = {}
+
+
+def register(name: str, title: str) -> Callable[[Callable[[Context], list[Row]]], Callable[[Context], list[Row]]]:
+    """Decorator for a suite's run function."""
+
+    def deco(fn: Callable[[Context], list[Row]]) -> Callable[[Context], list[Row]]:
+        if name in _SUITES:
+            raise ValueError(f"benchmark suite {name!r} is registered twice")
+        _SUITES[name] = Suite(name, title, fn)
+        return fn
+
+    return deco
+
+
+def suites() -> dict[str, Suite]:
+    """Every suite, in the issue's order (imports the suite modules on first use)."""
+    for name in SUITE_ORDER:
+        importlib.import_module(f"bench.suite_{name}")
+    return {name: _SUITES[name] for name in SUITE_ORDER if name in _SUITES}

@@ -1,0 +1,83 @@
+"""Start and stop an HTTP model server (mstar-run, vLLM's api_server) for one suite.
+
+A `Server` is a context manager: it starts the command in its own process group with its
+output in a log file, waits until `GET <health_path>` answers 200, and on exit sends
+SIGTERM to that group (SIGKILL after a grace period). Nothing else is ever signalled.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from bench.registry import Needs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One server process: `with Server(...) as srv: srv.url`."""
+
+    def __init__(self, name: str, cmd: Sequence[str], port: int, log_path: Path,
+                 env: Mapping[str, str] | None = None, health_path: str = "/health",
+                 start_timeout_s: float = 600.0) -> None:
+        self.name, self.cmd, self.port, self.log_path = name, list(cmd), port, log_path
+        self.env = {**os.environ, **(env or {})}
+        self.health_path, self.start_timeout_s = health_path, start_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Server:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("w")
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        log.close()
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise Needs(f"{self.name} exited with {self.proc.returncode} while starting; "
+                            f"see {self.log_path}: {self._log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + self.health_path, timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        self.__exit__(None, None, None)
+        raise Needs(f"{self.name} did not answer {self.health_path} within {self.start_timeout_s:.0f} s; "
+                    f"see {self.log_path}")
+
+    def _log_tail(self, n: int = 400) -> str:
+        try:
+            return self.log_path.read_text()[-n:].replace("\n", " | ")
+        except OSError:
+            return ""
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)

