@@ -42,6 +42,22 @@ class Executor(Protocol):
     def kv_used_blocks(self) -> int: ...
 
 
+class CachelessExecutor:
+    """Base of executors whose node keeps no KV cache and no per-request state."""
+
+    kv_blocks = 0
+    kv_block_size = 0
+
+    def open(self, request_id: int, params: dict[str, Any]) -> None:
+        return None
+
+    def close(self, request_id: int, kv_only: bool) -> None:
+        return None
+
+    def kv_used_blocks(self) -> int:
+        return 0
+
+
 def executor_for(node: Node, module: torch.nn.Module, rank: int, plan: Plan | None = None) -> Executor:
     """The adapter that runs `node` (its kind decides which; BAGEL's kinds need the plan)."""
     from runtime.executors.bagel import bagel_executor

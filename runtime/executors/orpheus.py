@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from mstar_compiler.plan import Node
-from runtime.executors import ExecResult
+from runtime.executors import CachelessExecutor, ExecResult
 from runtime.executors.decoder_lm import DecoderLMExecutor
 from runtime.sampling import Sampler, SamplerOutput, SamplingState
 from runtime.streams.chunk_policy import Chunk
@@ -124,24 +124,12 @@ class OrpheusLMExecutor(DecoderLMExecutor):
         return item.stream_out[0].index if item.stream_out else self._num_sampled.get(item.request_id, 0)
 
 
-class SnacExecutor:
+class SnacExecutor(CachelessExecutor):
     """The `snac_decoder` node: one streamed token window per request per Run, batched."""
-
-    kv_blocks = 0
-    kv_block_size = 0
 
     def __init__(self, node: Node, module: nn.Module) -> None:
         self.node = node
         self.module = module
-
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
-        return None
-
-    def close(self, request_id: int, kv_only: bool) -> None:
-        return None
-
-    def kv_used_blocks(self) -> int:
-        return 0
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, Any]]) -> list[ExecResult]:

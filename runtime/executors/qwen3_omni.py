@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from mstar_compiler.plan import Node, Plan
-from runtime.executors import ExecResult
+from runtime.executors import CachelessExecutor, ExecResult
 from runtime.executors.decoder_lm import DecoderLMExecutor
 from runtime.kv import KVBlockManager
 from runtime.qwen3_omni.talker_prompt import TalkerText, talker_prompt
@@ -143,26 +143,16 @@ class TalkerExecutor:
                 for b, c in enumerate(code0)]
 
 
-class CodePredictorExecutor:
-    """The `qwen3_omni_code_predictor` node: codebooks 1..G-1 of each speaking request's frame."""
+class CodePredictorExecutor(CachelessExecutor):
+    """The `qwen3_omni_code_predictor` node: codebooks 1..G-1 of each speaking request's frame.
 
-    kv_blocks = 0        # each frame is a fresh sequence: its cache lives for one call
-    kv_block_size = 0
+    No KV pool: each frame is a fresh sequence whose cache lives for one call."""
 
     def __init__(self, node: Node, predictor: nn.Module, codec_eos: int) -> None:
         self.predictor = predictor
         self.device = next(predictor.parameters()).device
         self.codec_eos = codec_eos
         self.hidden_size = int(node.dims["hidden_size"])
-
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
-        return None
-
-    def close(self, request_id: int, kv_only: bool) -> None:
-        return None
-
-    def kv_used_blocks(self) -> int:
-        return 0
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
@@ -178,25 +168,13 @@ class CodePredictorExecutor:
         return results
 
 
-class Code2WavExecutor:
+class Code2WavExecutor(CachelessExecutor):
     """The `qwen3_omni_code2wav` node: one left-context chunk of codec frames per request per Run."""
-
-    kv_blocks = 0
-    kv_block_size = 0
 
     def __init__(self, node: Node, module: nn.Module) -> None:
         self.module = module
         self.num_quantizers = int(node.dims["num_quantizers"])
         self.device = next(module.parameters()).device
-
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
-        return None
-
-    def close(self, request_id: int, kv_only: bool) -> None:
-        return None
-
-    def kv_used_blocks(self) -> int:
-        return 0
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, Any]]) -> list[ExecResult]:

@@ -12,30 +12,18 @@ from typing import Any, Mapping
 import torch
 
 from mstar_compiler.plan import Node
-from runtime.executors import ExecResult
+from runtime.executors import CachelessExecutor, ExecResult
 from runtime.transport.messages import WorkItem
 
 
-class StatelessExecutor:
+class StatelessExecutor(CachelessExecutor):
     """A node whose output depends only on this call's inputs."""
-
-    kv_blocks = 0
-    kv_block_size = 0
 
     def __init__(self, node: Node, module: torch.nn.Module) -> None:
         self.node = node
         self.module = module
         self.out_ports = [p.name for p in node.outputs]
         self.device = next((p.device for p in module.parameters()), torch.device("cpu"))
-
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
-        return None
-
-    def close(self, request_id: int, kv_only: bool) -> None:
-        return None
-
-    def kv_used_blocks(self) -> int:
-        return 0
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:

@@ -15,29 +15,17 @@ import torch
 from torch import nn
 
 from mstar_compiler.plan import Node
-from runtime.executors import ExecResult
+from runtime.executors import CachelessExecutor, ExecResult
 from runtime.transport.messages import WorkItem
 from runtime.vjepa2 import Rollout, rollout_step, start_rollout
 
 
-class EncoderExecutor:
+class EncoderExecutor(CachelessExecutor):
     """The `vjepa2_encoder` node: clips (F, 3, H, W) of equal shape run as one batch."""
-
-    kv_blocks = 0
-    kv_block_size = 0
 
     def __init__(self, node: Node, module: nn.Module) -> None:
         self.module = module
         self.device = next(module.parameters()).device
-
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
-        return None
-
-    def close(self, request_id: int, kv_only: bool) -> None:
-        return None
-
-    def kv_used_blocks(self) -> int:
-        return 0
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
