@@ -64,9 +64,9 @@ class Conductor:
         self.streams = StreamLedger(plan)
         self.playback = PlaybackBook(plan)
         self.worker_stats: dict[int, Heartbeat] = {}   # latest heartbeat numbers per rank
-        self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self._lookup,
-                                   self.streams)
         self.requests: dict[int, Request] = {}
+        self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self.requests.__getitem__,
+                                   self.streams)
         self.waiting: list[Request] = []
         self.in_flight: dict[int, InFlight] = {}
         self.on_batch = on_batch or (lambda node, size, ms: None)
@@ -163,6 +163,8 @@ class Conductor:
         busy = {(b.batch.rank, b.batch.node) for b in self.in_flight.values()}
         for batch in self.scheduler.schedule(running, self.waiting, busy, self.workers.ready_ranks()):
             self._dispatch(batch)
+        for req, message in self.scheduler.rejected:
+            self._fail(req, message)
         self.waiting = [r for r in self.waiting if r.state in (RequestState.WAITING, RequestState.PREEMPTED)]
         await self._apply(await self._events.get())
         while not self._events.empty():
@@ -385,14 +387,12 @@ class Conductor:
     def _is_in_flight(self, req: Request) -> bool:
         return any(c.in_flight for c in req.tracks)
 
-    def _lookup(self, request_id: int) -> Request:
-        return self.requests[request_id]
-
     # ---- numbers for /metrics ----------------------------------------------------------
 
     def stats(self) -> dict[str, float]:
         running = sum(1 for r in self.requests.values() if r.state == RequestState.RUNNING)
-        return {"waiting": len(self.waiting), "running": running, "kv_usage": self.ledger.usage()}
+        return {"waiting": len(self.waiting), "running": running, "kv_usage": self.ledger.usage(),
+                **self.scheduler.stats()}
 
 
 def _scalars(params: dict[str, Any]) -> dict[str, Any]:

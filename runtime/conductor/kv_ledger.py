@@ -17,6 +17,7 @@ class KvPoolLedger:
     num_blocks: int
     block_size: int
     tokens: dict[int, int] = field(default_factory=dict)   # request id -> tokens in the cache
+    peak_blocks: int = 0                                     # most blocks ever held at once
 
     def _blocks(self, n: int) -> int:
         return -(-n // self.block_size)
@@ -29,11 +30,16 @@ class KvPoolLedger:
         held = self.tokens.get(request_id, 0)
         return self._blocks(held + n_new) - self._blocks(held)
 
+    def fits_alone(self, request_id: int, n_new: int) -> bool:
+        """Whether the request's cache after growing fits the pool at all (with nobody else in it)."""
+        return self._blocks(self.tokens.get(request_id, 0) + n_new) <= self.num_blocks
+
     def can_grow(self, request_id: int, n_new: int, reserved: int = 0) -> bool:
         return self.needed(request_id, n_new) + reserved <= self.num_blocks - self.used_blocks
 
     def grow(self, request_id: int, n_new: int) -> None:
         self.tokens[request_id] = self.tokens.get(request_id, 0) + n_new
+        self.peak_blocks = max(self.peak_blocks, self.used_blocks)
 
     def free(self, request_id: int) -> None:
         self.tokens.pop(request_id, None)
@@ -67,3 +73,7 @@ class KvLedger:
         """Fraction of all KV blocks in use."""
         total = sum(p.num_blocks for p in self.pools.values())
         return 0.0 if total == 0 else sum(p.used_blocks for p in self.pools.values()) / total
+
+    def peak_usage(self) -> float:
+        """The highest fraction of its blocks any one pool ever held."""
+        return max((p.peak_blocks / p.num_blocks for p in self.pools.values() if p.num_blocks), default=0.0)

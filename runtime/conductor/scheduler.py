@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from runtime.conductor.cursor import PendingRun
-from runtime.conductor.kv_ledger import KvLedger
+from runtime.conductor.kv_ledger import KvLedger, KvPoolLedger
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.streams import StreamLedger
@@ -70,6 +70,10 @@ class Scheduler:
         self.config = config
         self.preempt = preempt
         self._load: dict[tuple[int, str], int] = {}   # (rank, node) -> requests bound to that replica
+        self.rejected: list[tuple[Request, str]] = []  # requests whose cache can never fit (last schedule)
+        self.holds = 0                                 # admissions held back for KV room (once per wait)
+        self.preemptions = 0                           # requests whose cache was taken back for another
+        self._held: set[int] = set()                   # requests waiting for KV room now
 
     def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
                  ready_ranks: set[int]) -> list[PlannedBatch]:
@@ -78,14 +82,19 @@ class Scheduler:
         # batch in flight — so a worker never runs out of blocks and never sees a request twice.
         batches: dict[tuple[int, str], PlannedBatch] = {}
         placed: set[int] = set()
+        self.rejected = []
+        self._held &= {r.request_id for r in waiting}   # an aborted request is held no more
         self._load = self._replica_load([*running, *waiting])
         for req in running:
-            self._place(req, batches, busy, ready_ranks, placed, admitting=False)
+            if req.state == RequestState.RUNNING:     # not one preempted earlier in this loop
+                self._place(req, batches, busy, ready_ranks, placed, admitting=False)
         num_admitted = len(running)
         for req in waiting:
             if num_admitted >= self.config.max_running:
                 break
             if not self._place(req, batches, busy, ready_ranks, placed, admitting=True):
+                if any(r is req for r, _ in self.rejected):
+                    continue
                 break   # FIFO: a request that does not fit holds the ones behind it
             num_admitted += 1
         return [b for b in batches.values() if b.entries]
@@ -113,6 +122,7 @@ class Scheduler:
                 self._moved(req, entry, pending.run.node)
             if admitting:
                 req.resume() if req.state == RequestState.PREEMPTED else req.admit()
+                self._held.discard(req.request_id)
                 admitting = False
             batch.entries.append(entry)
             if self.streams is not None:
@@ -135,13 +145,31 @@ class Scheduler:
         if pool is None:
             return True
         n_new += moved
+        if not pool.fits_alone(req.request_id, n_new):
+            self._reject(req, pool.tokens.get(req.request_id, 0) + n_new, batch, pool)
+            return False
         while not pool.can_grow(req.request_id, n_new):
             victim = None if admitting else self._victim(pool.holders(), req, placed)
             if victim is None:
+                if admitting and req.request_id not in self._held:
+                    self._held.add(req.request_id)
+                    self.holds += 1
                 return False
             self.preempt(victim)
+            self.preemptions += 1
         pool.grow(req.request_id, n_new)
         return True
+
+    def stats(self) -> dict[str, float]:
+        """KV pressure numbers for /metrics."""
+        return {"kv_peak_usage": self.ledger.peak_usage(), "kv_preemptions": self.preemptions, "kv_holds": self.holds}
+
+    def _reject(self, req: Request, tokens: int, batch: PlannedBatch, pool: KvPoolLedger) -> None:
+        """The request's cache can never fit the pool, even alone: it fails instead of waiting forever."""
+        self._held.discard(req.request_id)
+        self.rejected.append((req, f"its context of {tokens} tokens needs {-(-tokens // pool.block_size)} KV blocks, "
+                                   f"more than the whole KV pool of node {batch.node!r} on rank {batch.rank} "
+                                   f"({pool.num_blocks} blocks of {pool.block_size} tokens)"))
 
     def _victim(self, holders: list[int], req: Request, placed: set) -> Request | None:
         """The most recently arrived running request holding blocks here and not in flight."""

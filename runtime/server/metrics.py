@@ -26,6 +26,12 @@ class Metrics:
         self.rank_requests = Counter("mstar_rank_requests", "ended requests that ran a node on a rank (last rank)",
                                      ["rank", "node"], registry=r)
         self.generated = Counter("mstar_generated_tokens", "output tokens", registry=r)
+        self.kv_peak_usage = Gauge("mstar_kv_cache_peak_usage", "highest fraction of one KV pool ever held",
+                                   registry=r)
+        self.kv_preemptions = Gauge("mstar_kv_preemptions", "requests preempted for KV room (context recomputed later)",
+                                    registry=r)
+        self.kv_holds = Gauge("mstar_kv_admission_holds", "admissions held back until KV blocks were free",
+                              registry=r)
         self.worker_restarts = Gauge("mstar_worker_restarts", "restarts of local worker processes", registry=r)
 
     def observe_batch(self, node: str, size: int, run_ms: float) -> None:
@@ -36,5 +42,8 @@ class Metrics:
         self.queue_depth.set(stats["waiting"])
         self.running.set(stats["running"])
         self.kv_usage.set(stats["kv_usage"])
+        self.kv_peak_usage.set(stats.get("kv_peak_usage", 0.0))
+        self.kv_preemptions.set(stats.get("kv_preemptions", 0))
+        self.kv_holds.set(stats.get("kv_holds", 0))
         self.worker_restarts.set(stats.get("restarts", 0))
         return generate_latest(self.registry)
