@@ -31,9 +31,10 @@ from runtime.components import register
 from runtime.kv import PagedKVCache
 from runtime.layers.attention import BatchContext
 from runtime.layers.config import DecoderConfig, DecoderFamily
+from runtime.layers.decoder import DecoderLayer
 from runtime.layers.norm import RMSNorm
 from runtime.parallel import SINGLE, TensorParallelGroup
-from runtime.qwen3_omni.talker_layers import MRotaryEmbedding, ResizeMLP, TalkerDecoderLayer
+from runtime.qwen3_omni.talker_layers import MRotaryEmbedding, ResizeMLP, SharedExpertMoE
 from runtime.qwen3_omni.weights import CheckpointWeights, initialise, parameter_slots
 from runtime.weights import Slot
 
@@ -56,7 +57,8 @@ class Qwen3OmniTalker(CheckpointWeights, nn.Module):
         self.model = nn.Module()
         self.model.codec_embedding = nn.Embedding(config.vocab_size, h)
         self.model.layers = nn.ModuleList(
-            TalkerDecoderLayer(config, i, self.rotary_emb, shared, tp) for i in range(config.num_layers))
+            DecoderLayer(config, i, self.rotary_emb, tp, mlp=SharedExpertMoE(config, shared, tp))
+            for i in range(config.num_layers))
         self.model.norm = RMSNorm(h, config.rms_norm_eps)
         self.text_projection = ResizeMLP(dims["thinker_hidden_size"], dims["intermediate_size"], h)
         self.hidden_projection = ResizeMLP(dims["thinker_hidden_size"], dims["intermediate_size"], h)

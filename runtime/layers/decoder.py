@@ -51,13 +51,16 @@ log = logging.getLogger(__name__)
 class DecoderLayer(nn.Module):
     """Pre-norm block: h += attn(norm(h)); h += mlp(norm(h))."""
 
-    def __init__(self, config: DecoderConfig, layer: int, rotary: RotaryEmbedding, tp: TensorParallelGroup) -> None:
+    def __init__(self, config: DecoderConfig, layer: int, rotary: RotaryEmbedding, tp: TensorParallelGroup,
+                 mlp: nn.Module | None = None) -> None:
+        """`mlp` replaces the family's MLP (e.g. the Qwen3-Omni talker's shared-expert MoE)."""
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = DecoderAttention(config, layer, rotary, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp: nn.Module = (SparseMoE(config, tp) if config.sparse_layers[layer]
-                               else GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp))
+        self.mlp: nn.Module = mlp if mlp is not None else (
+            SparseMoE(config, tp) if config.sparse_layers[layer]
+            else GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp))
 
     def forward(self, hidden: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), ctx)

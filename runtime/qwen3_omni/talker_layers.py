@@ -5,7 +5,6 @@ What the talker adds to a Qwen3-MoE decoder layer:
     a drop-in for `runtime.layers.rotary.RotaryEmbedding` (same call);
   * `SharedExpertMoE` — the routed experts of `SparseMoE` plus an always-on SwiGLU
     shared expert scaled by a sigmoid gate (Qwen2-MoE style);
-  * `TalkerDecoderLayer` — the pre-norm block with that MLP;
   * `ResizeMLP` — fc1, SiLU, fc2 (biased): the `text_projection` / `hidden_projection`
     that take thinker-width states to the talker's width.
 """
@@ -17,11 +16,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.layers.attention import BatchContext, DecoderAttention
 from runtime.layers.config import DecoderConfig
 from runtime.layers.mlp import GatedMLP
 from runtime.layers.moe import SparseMoE
-from runtime.layers.norm import RMSNorm
 from runtime.parallel import TensorParallelGroup
 from runtime.qwen3_omni.rope import apply_rope, mrope_cos_sin
 from runtime.weights import Slot
@@ -57,30 +54,6 @@ class SharedExpertMoE(SparseMoE):
         slots.update(self.shared_expert.slots(f"{prefix}shared_expert."))
         slots[f"{prefix}shared_expert_gate.weight"] = Slot(
             (1, self.gate.in_features), lambda t: _copy(self.shared_expert_gate.weight, t))
-        return slots
-
-
-class TalkerDecoderLayer(nn.Module):
-    """Pre-norm block: h += attn(norm(h)); h += shared-expert MoE(norm(h))."""
-
-    def __init__(self, config: DecoderConfig, layer: int, rotary: MRotaryEmbedding, shared_intermediate: int,
-                 tp: TensorParallelGroup) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DecoderAttention(config, layer, rotary, tp)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SharedExpertMoE(config, shared_intermediate, tp)
-
-    def forward(self, hidden: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), ctx)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
-
-    def slots(self, prefix: str, config: DecoderConfig) -> dict[str, Slot]:
-        slots = self.self_attn.slots(f"{prefix}self_attn.", config)
-        slots.update(self.mlp.slots(f"{prefix}mlp."))
-        for name in ("input_layernorm", "post_attention_layernorm"):
-            norm = getattr(self, name)
-            slots[f"{prefix}{name}.weight"] = Slot((config.hidden_size,), lambda t, m=norm: _copy(m.weight, t), True)
         return slots
 
 
