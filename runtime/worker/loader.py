@@ -49,15 +49,21 @@ def _is_gguf(ref: str) -> bool:
         os.path.isdir(ref) and any(Path(ref).glob("*.gguf")))
 
 
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def build_module(node: Node, ref: str | None, tp: TensorParallelGroup = SINGLE) -> torch.nn.Module:
-    """The node's module with weights from `ref` (or its seed); this rank's shard under `tp`."""
+    """The node's module with weights from `ref` (or its seed), cast to the node's dtype (its KV
+    cache follows); this rank's shard under `tp`."""
     cls = component_class(node.kind)
     args: dict[str, Any] = dict(node.args)
     if ref is not None and _is_gguf(ref):
         ref = gguf_as_safetensors(ref)
     if tp.size > 1:
-        return cls(node.dims, {**args, "weights": ref}, tp=tp).eval()
-    return cls(node.dims, {**args, "weights": ref}).eval()
+        module = cls(node.dims, {**args, "weights": ref}, tp=tp)
+    else:
+        module = cls(node.dims, {**args, "weights": ref})
+    return module.to(TORCH_DTYPES[node.dtype]).eval()
 
 
 def tp_ranks(plan: Plan, rank: int) -> list[int] | None:

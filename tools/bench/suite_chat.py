@@ -58,20 +58,13 @@ def _vllm_server(ctx: Context, dtype: str) -> Server:
 
 
 def mstar_plan(ctx: Context, dtype: str) -> Path:
-    """Compile graphs/smollm2.yaml (its bf16 twin for bfloat16) to a plan under bench-results/."""
-    import yaml
-
+    """Compile graphs/smollm2.yaml (its `smollm2-135m-bf16` preset for bfloat16) to a plan under bench-results/."""
     graph, out = ctx.root / "graphs/smollm2.yaml", ctx.root / "bench-results/plans"
     mstarc = Path(sys.executable).parent / "mstarc"
     if not graph.is_file() or not (ctx.root / "runtime/server/app.py").is_file() or not mstarc.exists():
         raise Needs("mstar-run's chat serving: graphs/smollm2.yaml, runtime/server/app.py and mstarc")
-    out.mkdir(parents=True, exist_ok=True)
-    if dtype == "bfloat16":
-        doc = yaml.safe_load(graph.read_text())
-        doc["presets"][doc["default_preset"]]["dtype"] = "bf16"
-        graph = out / "smollm2-bf16.yaml"
-        graph.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return compile_plan(graph, out / f"smollm2-{dtype}.plan.bin")
+    options = ("--preset", "smollm2-135m-bf16") if dtype == "bfloat16" else ()
+    return compile_plan(graph, out / f"smollm2-{dtype}.plan.bin", *options)
 
 
 def compile_plan(graph: Path, plan: Path, *options: str) -> Path:
@@ -96,8 +89,8 @@ def mstar_server(ctx: Context, dtype: str, threads: int | None = None) -> Server
 def _check_mstar_dtype(srv: Server, dtype: str) -> None:
     """mstar counts as bf16 only if its model card says the plan's dtype is what it runs."""
     card = model_card(srv.url)
-    said = card.get("dtype", "fp32")
-    if dtype == "bfloat16" and said != "bf16":
+    said = card.get("dtype", "fp32")    # node -> dtype
+    if dtype == "bfloat16" and (not isinstance(said, dict) or set(said.values()) != {"bf16"}):
         raise Needs(f"mstar-run to run a bf16 plan in bf16 and say so in /v1/models (`dtype`); its card says "
                     f"{card.get('dtype')!r}, so a bf16 figure would really be fp32")
 

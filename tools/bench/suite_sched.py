@@ -1,32 +1,96 @@
 """sched: the conductor's own cost, time per scheduled step at 1, 64 and 512 live requests,
 with components that do no work (so only scheduling, batching and messaging are timed).
 
-This is a plain measurement (no baseline): the figure is how many microseconds one
-`Conductor.step()` takes as the number of live requests grows, the number that bounds
+This is a plain measurement (no baseline peer exists): the figure is how many microseconds
+one `Conductor.step()` takes as the number of live requests grows, the number that bounds
 how small a model mstar can serve without the scheduler dominating.
 
-It needs a way to run the conductor against workers whose components return at once —
-a null device/worker in the runtime, as the design's "NULL device" habit asks — and a
-per-step timing the conductor exposes. Until the runtime has both, the suite reports
-what it needs instead of timing the tiny preset's real compute under another name.
+The conductor runs the tiny smollm2 plan against `runtime.worker.null.NullWorkers`, which
+answer every RunBatch at once with one token through the real transport messages, so the
+requests stay alive (long decode loops) and each timed `step()` is schedule + dispatch +
+apply. The step is timed from outside with `time.perf_counter` around `await step()`.
 """
 from __future__ import annotations
 
+import asyncio
+import time
+
 from bench.registry import Context, Needs, register
-from bench.results import Row
+from bench.results import Row, Side
+from bench.stats import LOWER
 
 LIVE_REQUESTS = (1, 64, 512)
+STEPS = 200                # timed steps per round
+MAX_TOKENS = 8192          # decode loops far longer than a run: every request stays live
+LABEL = "mstar Conductor.step() with null workers (tiny smollm2 plan, one lm node, batch {batch})"
+NOTE = "absolute figure: there is no baseline peer for the conductor's own cost"
 
 
-def _null_worker_available() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("runtime.worker.null") is not None
+class NullConductor:
+    """A conductor of `live` decode loops answered instantly by null workers."""
+
+    def __init__(self, ctx: Context, live: int) -> None:
+        try:
+            from mstar_compiler.ir import Options
+            from mstar_compiler.pipeline import compile_file
+            from runtime.conductor.conductor import Conductor, ConductorConfig
+            from runtime.conductor.scheduler import SchedulerConfig
+            from runtime.worker.null import NullWorkers
+        except ImportError as exc:
+            raise Needs(f"the conductor and its null worker (runtime/worker/null.py): {exc}") from exc
+        plan = compile_file(str(ctx.root / "graphs/smollm2.yaml"), Options(preset="tiny")).plan
+        config = ConductorConfig(plan_path="null", scheduler=SchedulerConfig(max_running=max(live, 256)))
+        self.loop = asyncio.new_event_loop()
+        self.conductor = Conductor(plan, config)
+        self.workers = NullWorkers(self.conductor)
+        self.batch = plan.node("lm").max_batch
+        self.reqs = [self.conductor.submit("chat", {"max_tokens": MAX_TOKENS}, [("text", list(range(1, 9)))])
+                     for _ in range(live)]
+        self.loop.run_until_complete(self._steps(2 * (live // self.batch + 2)))   # every prompt prefilled
+
+    async def _steps(self, n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            await self.conductor.step()
+        return time.perf_counter() - start
+
+    def measure(self) -> dict[str, float]:
+        rows, before = self.workers.rows, [len(r.output_ids) for r in self.reqs]
+        seconds = self.loop.run_until_complete(self._steps(STEPS))
+        live = sum(1 for r in self.reqs if not r.state.is_final)
+        if live != len(self.reqs):
+            raise Needs(f"requests to stay live through the run: {len(self.reqs) - live} ended early")
+        advanced = sum(1 for r, n in zip(self.reqs, before) if len(r.output_ids) > n)
+        return {"us": seconds / STEPS * 1e6, "per_req": seconds / STEPS * 1e6 / live,
+                "rows": (self.workers.rows - rows) / STEPS, "advanced": advanced}
+
+    def close(self) -> None:
+        for req in self.reqs:
+            self.conductor.abort(req)
+        self.loop.close()
+
+
+def _rows(live: int, label: str, samples: dict[str, list[float]]) -> list[Row]:
+    case = f"{live} live"
+    rows_per_step = sum(samples["rows"]) / len(samples["rows"])
+    advanced = min(samples["advanced"])
+    note = f"{NOTE}; {rows_per_step:.1f} rows per step; {advanced:.0f} of {live} requests got a token while timed"
+    return [Row(case, "conductor time per step", "µs", LOWER, Side(label, samples["us"]), plot="step",
+                x=live, xlabel="live requests", note=note, names=("mstar", "")),
+            Row(case, "conductor time per step per live request", "µs", LOWER, Side(label, samples["per_req"]),
+                plot="per-request", x=live, xlabel="live requests", names=("mstar", ""))]
 
 
 @register("sched", "conductor time per scheduled step at 1 / 64 / 512 live requests, components doing no work")
 def run(ctx: Context) -> list[Row]:
-    ctx.settings.update(live_requests=list(LIVE_REQUESTS))
-    if not _null_worker_available():
-        raise Needs("a null worker (runtime/worker/null.py: components that return at once) and a per-step "
-                    "time from the conductor (e.g. an `on_step(seconds, live)` hook like its `on_batch`)")
-    raise Needs("the null worker exists; wire `runtime.worker.null` into this suite (tools/bench/suite_sched.py)")
+    ctx.settings.update(live_requests=list(LIVE_REQUESTS), steps_per_round=STEPS, max_tokens=MAX_TOKENS,
+                        baseline="none: absolute figures and their per-request scaling")
+    rows: list[Row] = []
+    for live in (1, 8) if ctx.quick else LIVE_REQUESTS:
+        harness = NullConductor(ctx, live)
+        try:
+            samples = ctx.alternate(f"sched {live} live", {"mstar": harness.measure})["mstar"]
+        finally:
+            harness.close()
+        rows.extend(_rows(live, LABEL.format(batch=harness.batch), samples))
+    return rows

@@ -1,0 +1,31 @@
+"""The sched suite: the conductor against null workers keeps its requests live and times real steps."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.registry import Context
+from bench.suite_sched import NullConductor, run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_null_workers_answer_every_row_and_keep_requests_live() -> None:
+    harness = NullConductor(Context(rounds=1, quick=True, root=ROOT), live=40)
+    try:
+        before = [len(r.output_ids) for r in harness.reqs]
+        got = harness.measure()
+        after = [len(r.output_ids) for r in harness.reqs]
+    finally:
+        harness.close()
+    assert got["rows"] == min(40, harness.batch)            # one full batch per step, the busy node's limit
+    assert sum(after) - sum(before) == got["rows"] * 200     # every answered row is one token of a live request
+    assert got["us"] > 0 and abs(got["per_req"] * 40 - got["us"]) < 1e-6 * got["us"]
+    assert got["advanced"] == sum(1 for a, b in zip(after, before) if a > b) >= harness.batch
+    assert set().union(*(r.output_ids for r in harness.reqs)) == {7}
+
+
+def test_quick_suite_reports_plain_rows_with_no_baseline() -> None:
+    rows = run(Context(rounds=1, quick=True, root=ROOT))
+    assert [(r.case, r.metric) for r in rows][::2] == [("1 live", "conductor time per step"),
+                                                    ("8 live", "conductor time per step")]
+    assert all(r.b is None and len(r.a.samples) == 1 and r.a.samples[0] > 0 for r in rows)
