@@ -118,13 +118,7 @@ class Catalogue:
 def _builtin_specs() -> list[KindSpec]:
     specs: list[KindSpec] = []
     for family in BUILTIN_FAMILIES:
-        try:
-            module = importlib.import_module(f"{__name__}.{family}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{family}":
-                raise
-            continue
-        specs.extend(module.KINDS)
+        specs.extend(importlib.import_module(f"{__name__}.{family}").KINDS)
     return specs
 
 

@@ -40,6 +40,7 @@ def register(kind: str) -> Callable[[T], T]:
 
 
 def _import_builtin(kind: str) -> None:
+    """Import runtime/components/<kind>.py if there is one (plugin kinds have none)."""
     try:
         importlib.import_module(f"{__name__}.{kind}")
     except ModuleNotFoundError as exc:
