@@ -35,7 +35,7 @@ from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding
 from runtime.parallel import SINGLE, TensorParallelGroup
 from runtime.qwen3_omni.speech import Sample, greedy
-from runtime.qwen3_omni.weights import CheckpointWeights, initialise, parameter_slots
+from runtime.qwen3_omni.weights import CheckpointWeights, decoder_slots, initialise
 from runtime.weights import Slot
 
 
@@ -61,13 +61,9 @@ class Qwen3OmniCodePredictor(CheckpointWeights, nn.Module):
         initialise(self.hf_slots(), args, self.hf_prefix)
 
     def hf_slots(self) -> dict[str, Slot]:
-        slots = {f"model.layers.{i}.{k}": v for i, layer in enumerate(self.model.layers)
-                 for k, v in layer.slots("", self.config).items()}
         plain = {"model.norm": self.model.norm, "model.codec_embedding": self.model.codec_embedding,
                  "lm_head": self.lm_head}
-        for prefix, module in plain.items():
-            slots.update({f"{prefix}.{k}": v for k, v in parameter_slots(module).items()})
-        return slots
+        return decoder_slots(self.model.layers, self.config, plain)
 
     def make_kv_cache(self, num_blocks: int, block_size: int | None = None, dtype: torch.dtype | None = None,
                       device: torch.device | str | None = None) -> PagedKVCache:

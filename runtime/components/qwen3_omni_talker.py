@@ -35,7 +35,7 @@ from runtime.layers.decoder import DecoderLayer
 from runtime.layers.norm import RMSNorm
 from runtime.parallel import SINGLE, TensorParallelGroup
 from runtime.qwen3_omni.talker_layers import MRotaryEmbedding, ResizeMLP, SharedExpertMoE
-from runtime.qwen3_omni.weights import CheckpointWeights, initialise, parameter_slots
+from runtime.qwen3_omni.weights import CheckpointWeights, decoder_slots, initialise
 from runtime.weights import Slot
 
 
@@ -68,14 +68,10 @@ class Qwen3OmniTalker(CheckpointWeights, nn.Module):
         initialise(self.hf_slots(), args, self.hf_prefix)
 
     def hf_slots(self) -> dict[str, Slot]:
-        slots = {f"model.layers.{i}.{k}": v for i, layer in enumerate(self.model.layers)
-                 for k, v in layer.slots("", self.config).items()}
         plain = {"model.codec_embedding": self.model.codec_embedding, "model.norm": self.model.norm,
                  "text_projection": self.text_projection, "hidden_projection": self.hidden_projection,
                  "codec_head": self.codec_head}
-        for prefix, module in plain.items():
-            slots.update({f"{prefix}.{k}": v for k, v in parameter_slots(module).items()})
-        return slots
+        return decoder_slots(self.model.layers, self.config, plain)
 
     # ---- cache and attention (as DecoderLM) -----------------------------------------
 

@@ -46,6 +46,14 @@ def parameter_slots(module: nn.Module) -> dict[str, Slot]:
     return slots
 
 
+def decoder_slots(layers: nn.ModuleList, config: Any, plain: Mapping[str, nn.Module]) -> dict[str, Slot]:
+    """Slots of `model.layers.*` (shared DecoderLayer weights) plus plain modules by HF prefix."""
+    slots = {f"model.layers.{i}.{k}": v for i, layer in enumerate(layers) for k, v in layer.slots("", config).items()}
+    for prefix, module in plain.items():
+        slots.update({f"{prefix}.{k}": v for k, v in parameter_slots(module).items()})
+    return slots
+
+
 @torch.no_grad()
 def _copy(param: torch.Tensor, tensor: torch.Tensor) -> None:
     param.copy_(tensor)

@@ -14,20 +14,13 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.runtime.serving.conftest import Server, compile_plan
+from tests.runtime.serving.conftest import Server, serve_tiny
 
 MODEL = "bagel-7b-mot"
-ENV = {"OMP_NUM_THREADS": "1"}
 
 
 def _serve(tmp_path_factory: pytest.TempPathFactory, placement: str) -> Iterator[Server]:
-    plan = compile_plan(tmp_path_factory.mktemp("bagel"), "bagel", preset="tiny", placement=placement)
-    srv = Server(plan, env=ENV)
-    try:
-        srv.wait_ready(120)
-        yield srv
-    finally:
-        assert srv.stop() == 0
+    yield from serve_tiny(tmp_path_factory, "bagel", placement)
 
 
 @pytest.fixture(scope="module")

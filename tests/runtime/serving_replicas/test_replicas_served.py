@@ -7,20 +7,14 @@ from typing import Iterator
 
 import pytest
 
-from tests.runtime.serving.conftest import Server, compile_plan, http
+from tests.runtime.serving.conftest import Server, http, serve_tiny
 
 MODEL = "smollm2-135m-instruct"
 N = 8
 
 
 def _serve(tmp_path_factory: pytest.TempPathFactory, placement: str) -> Iterator[Server]:
-    srv = Server(compile_plan(tmp_path_factory.mktemp("replicas"), "smollm2", preset="tiny", placement=placement),
-                 env={"OMP_NUM_THREADS": "1"})
-    try:
-        srv.wait_ready(60)
-        yield srv
-    finally:
-        assert srv.stop() == 0
+    yield from serve_tiny(tmp_path_factory, "smollm2", placement, timeout=60)
 
 
 @pytest.fixture(scope="module")

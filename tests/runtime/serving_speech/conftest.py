@@ -10,17 +10,10 @@ from typing import Iterator
 
 import pytest
 
-from tests.runtime.serving.conftest import Server, compile_plan
+from tests.runtime.serving.conftest import Server, serve_tiny
 
-ENV = {"OMP_NUM_THREADS": "1"}
 ORPHEUS, OMNI, VJEPA = "orpheus-3b", "qwen3-omni-30b-a3b", "vjepa2-ac-vitg"
 
 
 def serve(tmp_path_factory: pytest.TempPathFactory, graph: str, placement: str = "single") -> Iterator[Server]:
-    plan = compile_plan(tmp_path_factory.mktemp(graph), graph, preset="tiny", placement=placement)
-    srv = Server(plan, env=ENV)
-    try:
-        srv.wait_ready(120)
-        yield srv
-    finally:
-        assert srv.stop() == 0
+    yield from serve_tiny(tmp_path_factory, graph, placement)
