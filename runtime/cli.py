@@ -25,6 +25,10 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="where workers connect (a fixed port lets `mstar-run worker` join from elsewhere)")
     p.add_argument("--remote-ranks", default="", help="comma-separated ranks started by hand with `mstar-run worker`")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request is aborted")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="run every node for one request at a time and never merge batches: no output then "
+                        "depends on what else is running or on the placement, bit for bit (CPU GEMMs pick other "
+                        "kernels for other row counts); costs the throughput of cross-request batching")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -66,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         serve(ServerConfig(plan_path=args.plan, host=args.host, port=args.port, api_key=args.api_key,
                            max_concurrency=args.max_concurrency, weights_dir=args.weights,
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
-                           remote_ranks=remote, request_timeout_s=args.request_timeout))
+                           remote_ranks=remote, request_timeout_s=args.request_timeout,
+                           batch_invariant=args.batch_invariant))
         return 0
     except PlanFormatError as exc:
         print(f"mstar-run: {exc}", file=sys.stderr)

@@ -188,8 +188,8 @@ class Conductor:
         self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group))
         items = [e.item for e in batch.entries]
         for rank in batch.group:
-            self._send(rank, RunBatch(batch_id=batch_id, node=batch.node, items=items, follower=rank != batch.rank),
-                       tensors)
+            self._send(rank, RunBatch(batch_id=batch_id, node=batch.node, items=items, follower=rank != batch.rank,
+                                      alone=self.config.scheduler.batch_invariant), tensors)
 
     def _note_kv(self, req: Request, node: str, tokens: list[int]) -> None:
         if not self.index.nodes[node].has_kv_cache:

@@ -55,6 +55,7 @@ class PlannedBatch:
 class SchedulerConfig:
     max_running: int = 256           # requests admitted at once (RUNNING + PREEMPTED)
     max_batch_tokens: int = 4096     # new tokens per LM batch (prefill rows + decode rows)
+    batch_invariant: bool = False    # one Run per batch: no output depends on what else is running
 
 
 class Scheduler:
@@ -111,7 +112,7 @@ class Scheduler:
             if self.streams is not None and not self.streams.can_run(req, pending):
                 continue
             batch = batches.setdefault(key, PlannedBatch(rank, pending.run.node, group=group))
-            if len(batch.entries) >= self.index.nodes[pending.run.node].max_batch:
+            if len(batch.entries) >= self._max_batch(pending.run.node):
                 continue
             entry = self._entry(req, pending, rank)
             entry.kv_from = self._kv_holder(req, pending.run.node, rank)
@@ -159,6 +160,9 @@ class Scheduler:
             self.preemptions += 1
         pool.grow(req.request_id, n_new)
         return True
+
+    def _max_batch(self, node: str) -> int:
+        return 1 if self.config.batch_invariant else self.index.nodes[node].max_batch
 
     def stats(self) -> dict[str, float]:
         """KV pressure numbers for /metrics."""

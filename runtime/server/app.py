@@ -45,6 +45,7 @@ class ServerConfig:
     worker_endpoint: str = "tcp://127.0.0.1:0"   # where workers connect
     remote_ranks: frozenset[int] = frozenset()
     request_timeout_s: float = 600.0
+    batch_invariant: bool = False        # every forward holds one request's Run (see `mstar-run --help`)
     drain_timeout_s: float = 30.0
 
 
@@ -59,7 +60,8 @@ class MstarServer:
         self.conductor = Conductor(self.plan, ConductorConfig(
             plan_path=config.plan_path, endpoint=config.worker_endpoint, remote_ranks=config.remote_ranks,
             weights_dir=config.weights_dir, log_level=config.log_level,
-            scheduler=SchedulerConfig(max_running=config.max_concurrency)), on_batch=self.metrics.observe_batch)
+            scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant)),
+            on_batch=self.metrics.observe_batch)
         self.chat_node = self._chat_node()
         self.tokenizer = load_text_tokenizer(
             weight_source(self.plan, self.plan.node(self.chat_node), config.weights_dir) if self.chat_node else None)
@@ -140,7 +142,7 @@ class MstarServer:
                  for n in self.plan.nodes}
         card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "mstar",
                 "tasks": [t.name for t in self.plan.tasks], "preset": self.plan.preset,
-                "placement": self.plan.placement, "weights": nodes,
+                "placement": self.plan.placement, "weights": nodes, "batch_invariant": self.config.batch_invariant,
                 "dtype": {n.name: n.dtype for n in self.plan.nodes},
                 "ranks": {str(r): {n.name: {"params": n.num_params} for n in s.nodes}
                           for r, s in sorted(self.conductor.workers.ranks.items())}}

@@ -121,6 +121,7 @@ class RunBatch(_Msg, tag="run"):
                                     # name is "<request_id>/<value key>"
     follower: bool = False          # a tensor-parallel follower: run in step with the group's lead,
                                     # push nothing and emit nothing (the lead does)
+    alone: bool = False             # run as its own call, never merged with other queued batches
 
 
 class ItemResult(msgspec.Struct, omit_defaults=True):

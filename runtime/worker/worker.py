@@ -131,7 +131,7 @@ class Worker:
         """Run queued batches; those whose executors share a `group` as one call."""
         groups: dict[int, list[Envelope]] = {}
         for env in envs:
-            group = getattr(self.executors[env.msg.node], "group", None)
+            group = None if env.msg.alone else getattr(self.executors[env.msg.node], "group", None)
             groups.setdefault(id(group) if group is not None else id(env), []).append(env)
         for members in groups.values():
             self._run_batch(members)

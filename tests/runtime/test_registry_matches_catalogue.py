@@ -14,7 +14,7 @@ from runtime.components import component_class, registered_kinds
 CATALOGUE = load_catalogue()
 # presets small enough to build on a CPU in a test (the full-size ones are checked by formula only)
 SMALL = [(spec.kind, name) for spec in CATALOGUE.specs() for name in spec.presets
-         if name == "tiny" or name.endswith("-tiny")]
+         if name in ("tiny", "bench-mid") or name.endswith("-tiny")]
 
 
 def test_every_catalogue_kind_has_an_implementation():

@@ -95,11 +95,11 @@ def plan_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def serve_tiny(tmp_path_factory: pytest.TempPathFactory, graph: str, placement: str = "single",
-               timeout: float = 120) -> Iterator[Server]:
+               *extra: str, timeout: float = 120) -> Iterator[Server]:
     """A module-scoped server of `graph`'s tiny preset; its workers run torch on one thread
     (OMP_NUM_THREADS is passed on: a second thread spin-waits on a shared 2-core machine)."""
     plan = compile_plan(tmp_path_factory.mktemp(graph), graph, preset="tiny", placement=placement)
-    srv = Server(plan, env={"OMP_NUM_THREADS": "1"})
+    srv = Server(plan, *extra, env={"OMP_NUM_THREADS": "1"})
     try:
         srv.wait_ready(timeout)
         yield srv

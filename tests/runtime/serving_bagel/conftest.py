@@ -19,8 +19,8 @@ from tests.runtime.serving.conftest import Server, serve_tiny
 MODEL = "bagel-7b-mot"
 
 
-def _serve(tmp_path_factory: pytest.TempPathFactory, placement: str) -> Iterator[Server]:
-    yield from serve_tiny(tmp_path_factory, "bagel", placement)
+def _serve(tmp_path_factory: pytest.TempPathFactory, placement: str, *extra: str) -> Iterator[Server]:
+    yield from serve_tiny(tmp_path_factory, "bagel", placement, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +57,22 @@ def png(width: int, height: int, seed: int = 0) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     return buf.getvalue()
+
+
+GEN = {"seed": 3, "steps": 4}
+
+
+def generate(client: openai.OpenAI, prompt: str = "a red cube", size: str = "64x48", **extra):
+    return client.images.generate(model=MODEL, prompt=prompt, size=size, extra_body={**GEN, **extra})
+
+
+def edit(client: openai.OpenAI, image: bytes, prompt: str = "make it blue", **kw):
+    extra = {**GEN, **kw.pop("extra", {})}
+    return client.images.edit(model=MODEL, image=("in.png", image, "image/png"), prompt=prompt, extra_body=extra, **kw)
+
+
+def chat_with_image(client: openai.OpenAI, image: bytes, question: str = "what is in the picture?"):
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                          max_tokens=6, temperature=0)

@@ -9,33 +9,13 @@ and then (measured: 8 of 24 images bit-identical, the rest off by 1 in < 0.01% o
 """
 from __future__ import annotations
 
-import base64
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import openai
 import pytest
 
-from tests.runtime.serving_bagel.conftest import MODEL, client_of, pixels, png
-
-GEN = {"seed": 3, "steps": 4}
-
-
-def generate(client: openai.OpenAI, prompt: str = "a red cube", size: str = "64x48", **extra):
-    return client.images.generate(model=MODEL, prompt=prompt, size=size, extra_body={**GEN, **extra})
-
-
-def edit(client: openai.OpenAI, image: bytes, prompt: str = "make it blue", **kw):
-    extra = {**GEN, **kw.pop("extra", {})}
-    return client.images.edit(model=MODEL, image=("in.png", image, "image/png"), prompt=prompt, extra_body=extra, **kw)
-
-
-def chat_with_image(client: openai.OpenAI, image: bytes, question: str = "what is in the picture?"):
-    url = "data:image/png;base64," + base64.b64encode(image).decode()
-    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]
-    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                          max_tokens=6, temperature=0)
-
+from tests.runtime.serving_bagel.conftest import MODEL, chat_with_image, client_of, edit, generate, pixels, png
 
 def test_models_list_names_the_tasks_and_weights(client) -> None:
     [card] = client.models.list().data
