@@ -14,6 +14,7 @@ from torch import nn
 
 from runtime.layers.config import DecoderConfig
 from runtime.parallel import TensorParallelGroup
+from runtime.parallel.cpu_linear import linear, pack_weight
 from runtime.weights import Slot
 
 
@@ -28,6 +29,13 @@ class SparseMoE(nn.Module):
         self.experts = nn.Module()
         self.experts.gate_up_proj = nn.Parameter(torch.empty(e, 2 * self.local_intermediate, h))
         self.experts.down_proj = nn.Parameter(torch.empty(e, h, self.local_intermediate))
+        self.packed: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per expert (runtime.parallel.cpu_linear)
+
+    def pack_for_cpu(self) -> int:
+        packs = [(pack_weight(gate_up), pack_weight(down))
+                 for gate_up, down in zip(self.experts.gate_up_proj, self.experts.down_proj)]
+        self.packed = packs if all(p is not None for pair in packs for p in pair) else None
+        return 2 * len(packs) if self.packed else 0
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, k) routing weights in x's dtype and (N, k) expert ids."""
@@ -48,8 +56,9 @@ class SparseMoE(nn.Module):
             if count:
                 picks = order[start:start + count]
                 tokens = picks // self.top_k
-                gate, up = F.linear(x[tokens], self.experts.gate_up_proj[e]).chunk(2, dim=-1)
-                y = F.linear(F.silu(gate) * up, self.experts.down_proj[e])   # (count, hidden)
+                packed = self.packed[e] if self.packed else (None, None)
+                gate, up = linear(x[tokens], self.experts.gate_up_proj[e], None, packed[0]).chunk(2, dim=-1)
+                y = linear(F.silu(gate) * up, self.experts.down_proj[e], None, packed[1])   # (count, hidden)
                 out.index_add_(0, tokens, y * weights.flatten()[picks, None])
                 start += count
         return self.tp.all_reduce(out)

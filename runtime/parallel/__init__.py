@@ -1,11 +1,13 @@
-"""Tensor parallelism: process groups and sharded linear / embedding layers."""
+"""Tensor parallelism: process groups and sharded linear / embedding layers (on CPU, their
+weights packed for oneDNN once loaded: `pack_linears`)."""
 from __future__ import annotations
 
+from runtime.parallel.cpu_linear import pack_linears
 from runtime.parallel.embedding import ParallelLMHead, VocabParallelEmbedding
 from runtime.parallel.group import SINGLE, TensorParallelGroup, init_tensor_parallel
 from runtime.parallel.linear import ColumnParallelLinear, RowParallelLinear
 
 __all__ = [
-    "SINGLE", "TensorParallelGroup", "init_tensor_parallel",
+    "pack_linears", "SINGLE", "TensorParallelGroup", "init_tensor_parallel",
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelLMHead",
 ]

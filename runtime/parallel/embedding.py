@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.parallel.cpu_linear import linear, pack_weight
 from runtime.parallel.group import SINGLE, TensorParallelGroup
 
 
@@ -55,13 +56,18 @@ class ParallelLMHead(nn.Module):
         else:
             self.weight = nn.Parameter(torch.empty_like(embedding.weight))
             self.start, self.shard = embedding.start, embedding.shard
+        self.packed: torch.Tensor | None = None     # oneDNN copy of the table (runtime.parallel.cpu_linear)
 
     def table(self) -> torch.Tensor:
         return self._embedding[0].weight if self.tied else self.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.table())  # (M, shard)
+        logits = linear(hidden, self.table(), None, self.packed)  # (M, shard)
         return self.tp.all_gather_last(logits)[..., :self.vocab_size]
+
+    def pack_for_cpu(self) -> int:
+        self.packed = pack_weight(self.table())
+        return int(self.packed is not None)
 
     @torch.no_grad()
     def load_weight(self, part: int, full: torch.Tensor) -> None:

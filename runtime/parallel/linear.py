@@ -4,7 +4,7 @@ A column-parallel layer splits its output features over the group: every rank ho
 slice of each *part* of the output (q, k and v of a fused QKV projection; gate and up of
 a fused SwiGLU projection), so each rank computes whole heads / whole channels with no
 communication. A row-parallel layer splits its input features and sums the partial
-products with an all-reduce. With a group of size 1 both are plain `F.linear`.
+products with an all-reduce. With a group of size 1 both are a plain linear (`runtime.parallel.cpu_linear.linear`).
 
 Weights are loaded from full (unsharded) checkpoint tensors: `load_weight(part, full)`
 copies this rank's slice of `full` into place, so every rank can read the same file.
@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from runtime.parallel.cpu_linear import linear, pack_weight
 from runtime.parallel.group import SINGLE, TensorParallelGroup
 
 
@@ -30,9 +30,14 @@ class ColumnParallelLinear(nn.Module):
         self.local_parts = [tp.shard(n, "output features") for n in out_parts]
         self.weight = nn.Parameter(torch.empty(sum(self.local_parts), in_features))
         self.bias = nn.Parameter(torch.empty(sum(self.local_parts))) if bias else None
+        self.packed: torch.Tensor | None = None     # oneDNN copy of the weight (runtime.parallel.cpu_linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed)
+
+    def pack_for_cpu(self) -> int:
+        self.packed = pack_weight(self.weight)
+        return int(self.packed is not None)
 
     def _rows(self, part: int) -> slice:
         start = sum(self.local_parts[:part])
@@ -60,10 +65,15 @@ class RowParallelLinear(nn.Module):
         self.local_in = tp.shard(in_features, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.tp.all_reduce(linear(x, self.weight, None, self.packed))
         return y if self.bias is None else y + self.bias
+
+    def pack_for_cpu(self) -> int:
+        self.packed = pack_weight(self.weight)
+        return int(self.packed is not None)
 
     @torch.no_grad()
     def load_weight(self, part: int, full: torch.Tensor) -> None:

@@ -22,7 +22,7 @@ import torch
 
 from mstar_compiler.plan import Node, Plan
 from runtime.components import component_class
-from runtime.parallel import SINGLE, TensorParallelGroup, init_tensor_parallel
+from runtime.parallel import SINGLE, TensorParallelGroup, init_tensor_parallel, pack_linears
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,7 @@ def load_rank(plan: Plan, rank: int, weights_dir: str | None,
         if node.weight_key not in by_key:
             log.info("rank %d: loading %s (%s) from %s", rank, name, node.kind, describe_source(node, ref))
             group = tp if node.placement.tp_size > 1 else SINGLE
-            by_key[node.weight_key] = build_module(node, ref, group).to(device)
+            module = by_key[node.weight_key] = build_module(node, ref, group).to(device)
+            log.debug("rank %d: %s: %d linear weights packed for oneDNN", rank, name, pack_linears(module))
         out[name] = (by_key[node.weight_key], describe_source(node, ref))
     return out
