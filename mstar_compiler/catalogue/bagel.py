@@ -10,7 +10,8 @@ Five kinds, implemented in `runtime/components/<kind>.py`:
   * `cfg_combine`  — classifier-free guidance combine + renorm + Euler step (no weights).
 
 Every `num_params` below is the exact parameter count of the runtime module built from
-the same dims (tests/runtime/test_registry_matches_catalogue.py checks the tiny presets).
+the same dims (tests/runtime/test_registry_matches_catalogue.py checks the tiny and
+bench-mid presets).
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ _SIGLIP_TINY = {
     "num_attention_heads": 2, "patch_size": 14, "num_channels": 3,
     "max_num_patch_per_side": 4, "layer_norm_eps": 1e-6, "llm_hidden_size": 64,
 }
+# `bench-mid`: the tiny tower feeding the bench-mid LM (width 512); the LM dominates a T2I step
+_SIGLIP_BENCH_MID = {**_SIGLIP_TINY, "llm_hidden_size": 512}
 # SigLIP so400m/14 as BAGEL uses it: image_size 980 (70 patches a side), last layer dropped.
 _SIGLIP_BAGEL = {
     "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 26,
@@ -99,6 +102,12 @@ _LM_TINY = {
     "timestep_embedding_dim": 256,
     "bos_token_id": 500, "eos_token_id": 501, "start_of_image_id": 502, "end_of_image_id": 503,
 }
+# `bench-mid`: between tiny (Python overhead) and 7B (too big for a 2-core CPU), so that served
+# benchmarks compare compute: 6 layers of width 512, latent grid up to 16 x 16 (256 x 256 images)
+_LM_BENCH_MID = {
+    **_LM_TINY, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 6,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "max_latent_size": 16,
+}
 # Qwen2.5-7B per expert; special ids are Qwen2's <|im_start|>, <|im_end|>, <|vision_start|>, <|vision_end|>.
 _LM_BAGEL = {
     "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
@@ -150,7 +159,7 @@ KINDS: tuple[KindSpec, ...] = (
         doc="SigLIP vision tower + BAGEL connector: image -> LLM-width embeddings",
         inputs=(Port("image", "image", (3, "H", "W")),),
         outputs=(Port("hidden", "hidden", ("T", "llm_hidden_size")),),
-        presets={"tiny": _SIGLIP_TINY, "bagel-7b": _SIGLIP_BAGEL},
+        presets={"tiny": _SIGLIP_TINY, "bench-mid": _SIGLIP_BENCH_MID, "bagel-7b": _SIGLIP_BAGEL},
         num_params=_siglip_params,
         tp_divides=("num_attention_heads",),
         args=_WEIGHT_ARGS,
@@ -186,7 +195,7 @@ KINDS: tuple[KindSpec, ...] = (
             Port("velocity", "velocity", _LATENT),
             Port("token", "tokens", ("T",), stream=True),   # sampled tokens, one per decode step
         ),
-        presets={"tiny": _LM_TINY, "bagel-7b": _LM_BAGEL},
+        presets={"tiny": _LM_TINY, "bench-mid": _LM_BENCH_MID, "bagel-7b": _LM_BAGEL},
         num_params=_mot_lm_params,
         has_kv_cache=True,
         kv_bytes_per_token=_kv_bytes,

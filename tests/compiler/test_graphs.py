@@ -96,3 +96,14 @@ def test_schema_is_valid_2020_12_and_graphs_point_at_it():
     for graph in GRAPHS:
         first = (REPO / "graphs" / f"{graph}.yaml").read_text().splitlines()[0]
         assert first == "# yaml-language-server: $schema=../schemas/walk_graph.schema.json"
+
+
+@pytest.mark.parametrize("placement", GRAPHS["bagel"])
+def test_bagel_bench_mid_preset_compiles(placement):
+    """The benchmark preset: a 6 x 512 LM (the ViT's connector at its width), tiny VAE and CFG."""
+    p = _compile("bagel", placement=placement, preset="bench-mid").plan
+    llm, vit = p.node("llm"), p.node("vit")
+    assert (llm.preset, llm.dims["num_hidden_layers"], llm.dims["hidden_size"]) == ("bench-mid", 6, 512)
+    assert vit.dims["llm_hidden_size"] == llm.dims["hidden_size"]
+    assert p.node("vae_dec").preset == "tiny"
+    assert [r.weight_bytes > 100 * 2**20 for r in p.ranks] == [True] * len(p.ranks)   # the fp32 LM on every rank

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -81,3 +82,11 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+
+def mstar_run(plan: Path, log_path: Path, name: str, threads: int | None = None) -> Server:
+    """`mstar-run plan` on a free port; `threads` becomes OMP_NUM_THREADS, which the server
+    hands its local workers as `--threads`."""
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "mstar-run"), str(plan), "--port", str(port), "--log-level", "warning"]
+    return Server(name, cmd, port, log_path, {} if threads is None else {"OMP_NUM_THREADS": str(threads)})

@@ -1,8 +1,8 @@
 """cfg: BAGEL text-to-image denoising, CFG branches batched vs sequential; placement.
 
 Part 1, in this process on the same random weights of a `bagel_mot_lm` sized so that
-compute matters on a CPU (BENCH_DIMS below; tiny is overhead-bound, bagel-7b does not
-fit a 2-core machine): one request's denoising steps, each step predicting the velocity
+compute matters on a CPU (its `bench-mid` preset; tiny is overhead-bound, bagel-7b does
+not fit a 2-core machine): one request's denoising steps, each step predicting the velocity
 of the full-condition, text-dropped and image-dropped branches and taking the guided
 Euler step.
   mstar:    the 3 GEN segments packed into ONE forward + the `cfg_combine` component
@@ -12,25 +12,51 @@ On CPU `cfg_combine` itself runs that same torch reference (its fused Triton ker
 CUDA-only), so here only the batching differs. Both sides are checked to reach the
 same latent before timing.
 
-Part 2 (single rank vs 3 ranks, one CFG branch per CPU process) needs a served BAGEL
-preset between tiny and bagel-7b; until the catalogue has one it is reported as not measured.
+Part 2, served: graphs/bagel.yaml's `bench-mid` preset (the same LM dims, seeded random
+weights) behind two real `mstar-run` servers, one per placement, sent the same T2I requests
+(fixed prompts, seeds, size and steps) over HTTP /v1/images/generations at concurrency 1
+and 4; p50 end-to-end seconds per image.
+  cfg_parallel: 3 worker processes (llm, llm_cfg_text, llm_cfg_img), one CFG branch each,
+                velocities sent worker to worker
+  single:       1 worker process, the CFG branches (of all requests) batched in one forward
+Every worker runs torch on one thread (OMP_NUM_THREADS=1 -> `mstar-run worker --threads 1`),
+so three workers do not oversubscribe a 2-core machine; `single` thereby uses one core
+where `cfg_parallel` may use two. T2I is run as BAGEL runs it (cfg_img_scale 1): only the
+full and text-dropped branches run, so rank 2 idles while denoising. Both servers are
+checked to return the same image size (and their max pixel difference is noted) first.
 """
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
+from pathlib import Path
 
+from bench.image_load import ImageJob, generate_images, pixels
+from bench.openai_load import model_card
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
-from bench.stats import LOWER
+from bench.servers import Server, free_port
+from bench.stats import HIGHER, LOWER
+from bench.suite_chat import compile_plan
 
-# Qwen2-style MoT LM, 6 layers of width 512, 256 latent tokens per image (32x32 latent)
-BENCH_DIMS = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 6, "num_attention_heads": 8,
-              "num_key_value_heads": 2, "head_dim": 64, "max_latent_size": 16}
+# bagel_mot_lm's (and graphs/bagel.yaml's) `bench-mid` preset: Qwen2-style MoT LM, 6 layers of
+# width 512, up to 256 latent tokens per image (32x32 latent)
+PRESET = "bench-mid"
 LATENT_SIDE, QUICK_LATENT_SIDE = 32, 16   # latent (16, side, side): (side/2)^2 tokens
 PROMPT_TOKENS, STEPS = 32, 8
 MSTAR = "3 CFG branches packed into one bagel_mot_lm forward + cfg_combine component"
 BASELINE = "3 sequential bagel_mot_lm forwards (one per branch) + unfused torch combine"
 ANCHOR = 1.25  # the M* paper's BAGEL T2I p50 E2E gain over single-stage vLLM-Omni (not the same pair of sides)
+
+VAE_SCALE = 8                   # image pixels per latent cell: 256 x 256 images (quick: 128 x 128)
+CONCURRENCY = (1, 4)
+MAX_PIXEL_DIFF = 4              # float reassociation across placements flips a level or so (measured: 1)
+JOBS = (ImageJob("a red cube on a wooden table", 11), ImageJob("a lighthouse at dusk, oil painting", 12),
+        ImageJob("a bowl of lemons, studio photo", 13), ImageJob("a snowy mountain village at night", 14))
+PLACEMENTS = {"cfg_parallel": "mstar-run cfg_parallel: 3 worker processes, one CFG branch each "
+                              "(llm, llm_cfg_text, llm_cfg_img), velocities sent worker to worker",
+              "single": "mstar-run single: 1 worker process, the CFG branches batched in one forward"}
 
 
 class _Branches:
@@ -72,8 +98,7 @@ def _build(quick: bool):
         from runtime.components import component_class
     except ImportError as exc:
         raise Needs(f"BAGEL's components (bagel_mot_lm, cfg_combine): {exc}") from exc
-    cat = load_catalogue()
-    dims = {**cat["bagel_mot_lm"].presets["tiny"], **BENCH_DIMS}
+    cat, dims = load_catalogue(), _lm_dims()
     torch.manual_seed(0)
     try:
         model = component_class("bagel_mot_lm")(dims, {"seed": 0}).eval()
@@ -83,6 +108,14 @@ def _build(quick: bool):
     side = QUICK_LATENT_SIDE if quick else LATENT_SIDE
     latent = torch.randn(dims["latent_channels"], side, side, generator=torch.Generator().manual_seed(2))
     return model, combine, latent, dims
+
+
+def _lm_dims() -> dict:
+    from mstar_compiler.catalogue import load_catalogue
+    presets = load_catalogue()["bagel_mot_lm"].presets
+    if PRESET not in presets:
+        raise Needs(f"bagel_mot_lm's `{PRESET}` preset in mstar_compiler/catalogue/bagel.py")
+    return dict(presets[PRESET])
 
 
 def _times(steps: int) -> list[float]:
@@ -137,13 +170,67 @@ def _branches_row(ctx: Context) -> Row:
                     f"{PROMPT_TOKENS} tokens; max |diff| {diff:.1e}; on CPU both combines are the torch reference")
 
 
+def _placement_server(ctx: Context, placement: str) -> Server:
+    """mstar-run on graphs/bagel.yaml's bench-mid preset; every worker on one torch thread."""
+    plans, logs = ctx.root / "bench-results/plans", ctx.root / "bench-results/logs"
+    plan = compile_plan(ctx.root / "graphs/bagel.yaml", plans / f"bagel-{PRESET}-{placement}.plan.bin",
+                        "--preset", PRESET, "--placement", placement)
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "mstar-run"), str(plan), "--port", str(port), "--log-level", "warning"]
+    return Server(f"mstar-run bagel {placement}", cmd, port, logs / f"bagel-{placement}.log", {"OMP_NUM_THREADS": "1"})
+
+
+def _agreement(servers: dict[str, Server], model: str, extra: dict) -> str:
+    """Both placements draw the first job (a warm-up too): same image size; the max pixel difference."""
+    for name, srv in servers.items():
+        said = model_card(srv.url).get("placement")
+        if said != name:
+            raise AssertionError(f"the {name} server says its placement is {said!r}")
+    a, b = (pixels(generate_images(srv.url, model, JOBS[:1], extra, 1).pngs[0]) for srv in servers.values())
+    if a.shape != b.shape:
+        raise AssertionError(f"the placements return images of shapes {a.shape} and {b.shape}")
+    if a.std() < 1:
+        raise AssertionError("the served image is flat: no image was drawn")
+    diff = int(abs(a - b).max())
+    if diff > MAX_PIXEL_DIFF:
+        raise AssertionError(f"the placements draw different images (max pixel diff {diff}): not the same work")
+    return f"both {a.shape[1]}x{a.shape[0]}, max pixel diff {diff}"
+
+
+def _placement_rows(ctx: Context) -> list[Row]:
+    side = VAE_SCALE * (QUICK_LATENT_SIDE if ctx.quick else LATENT_SIDE)
+    extra = {"size": f"{side}x{side}", "steps": STEPS + 1}  # STEPS + 1 timesteps: STEPS Euler steps
+    with contextlib.ExitStack() as stack:
+        servers = {name: stack.enter_context(_placement_server(ctx, name)) for name in PLACEMENTS}
+        model = model_card(servers["single"].url)["id"]
+        check = _agreement(servers, model, extra)
+        samples = {c: ctx.alternate(f"cfg placements c={c}", {
+            name: (lambda url=srv.url, c=c: generate_images(url, model, JOBS, extra, c).metrics())
+            for name, srv in servers.items()}, warmup=0) for c in CONCURRENCY}  # _agreement warmed both
+    dims = _lm_dims()
+    note = (f"{PRESET}: bagel_mot_lm {dims['num_hidden_layers']} layers x {dims['hidden_size']}; "
+            f"{len(JOBS)} requests, {STEPS} steps, BAGEL T2I (cfg_img_scale 1: 2 branches run, rank 2 idles); "
+            f"every worker --threads 1 (OMP_NUM_THREADS=1) so 3 workers fit 2 cores: single uses 1 core; {check}")
+    rows = []
+    for c in CONCURRENCY:
+        for key, metric, unit, better in (("p50_e2e", "p50 E2E per image", "s", LOWER),
+                                          ("img_s", "images per second", "img/s", HIGHER)):
+            rows.append(Row(f"{side}x{side}, {STEPS} steps, concurrency {c}", metric, unit, better,
+                            Side(PLACEMENTS["cfg_parallel"], samples[c]["cfg_parallel"][key]),
+                            Side(PLACEMENTS["single"], samples[c]["single"][key]), plot=f"placement-{key}", x=c,
+                            xlabel="concurrent requests", names=("cfg_parallel", "single"), note=note))
+    return rows
+
+
 @register("cfg", "BAGEL T2I: 3 CFG branches in one forward + cfg_combine vs 3 sequential forwards + "
-                 "unfused combine; single vs 3-rank placement")
+                 "unfused combine; served cfg_parallel (3 ranks) vs single placement")
 def run(ctx: Context) -> list[Row]:
-    ctx.settings.update(dims=BENCH_DIMS, steps=STEPS, prompt_tokens=PROMPT_TOKENS,
-                        latent_side=QUICK_LATENT_SIDE if ctx.quick else LATENT_SIDE)
+    ctx.settings.update(dims=_lm_dims(), steps=STEPS, prompt_tokens=PROMPT_TOKENS,
+                        latent_side=QUICK_LATENT_SIDE if ctx.quick else LATENT_SIDE, served_preset=PRESET,
+                        concurrency=list(CONCURRENCY), requests=len(JOBS), worker_threads=1)
     rows = [_branches_row(ctx)]
-    ctx.record_needs("single rank vs 3 ranks (cfg_parallel placement)", Needs(
-        "a BAGEL preset between tiny and bagel-7b in the catalogue and graphs/bagel.yaml, so that the "
-        "served placements compare compute rather than Python overhead"))
+    try:
+        rows += _placement_rows(ctx)
+    except Needs as exc:
+        ctx.record_needs("cfg_parallel vs single placement (served)", exc)
     return rows

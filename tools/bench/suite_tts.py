@@ -1,12 +1,13 @@
 """tts: speech. Orpheus time to first audio (TTFA) and real-time factor (RTF) at 1 / 8 / 16
-concurrent streams, streamed vs generate-then-decode; Qwen3-Omni talker + code2wav
-co-located vs split.
+concurrent streams, streamed vs generate-then-decode, both in-process and served; Qwen3-Omni
+talker + code2wav split from the thinker vs co-located, served.
 
-Orpheus runs in this process as a component loop (not through the server, which has no
-speech endpoint yet): the `lm` node of graphs/orpheus.yaml's tiny preset (random
-weights, greedy, driven by its `DecoderLMExecutor`, all streams in one batch) produces
-N audio tokens per stream; each sampled id is mapped onto a valid audio token of its
-frame position so SNAC decodes real codes. The decoder is `snac_decoder` at its full
+Served rows (tts_served.py) go through real `mstar-run` processes and `/v1/audio/speech`.
+In-process rows (this module) are the component-level view of the same Orpheus comparison,
+without server, conductor or transport: the `lm` node of graphs/orpheus.yaml's tiny preset
+(random weights, greedy, driven by its `DecoderLMExecutor`, all streams in one batch)
+produces N audio tokens per stream; each sampled id is mapped onto a valid audio token of
+its frame position so SNAC decodes real codes. The decoder is `snac_decoder` at its full
 24 kHz size (19.8M parameters), which is where streaming costs or saves time.
   mstar:    every token goes into the stream's `StreamBuffer(Sliding(28, 7))`; each
             released window of every stream decodes in one `decode_chunks` batch
@@ -17,17 +18,20 @@ wall time over the seconds of audio each stream gets (lower is better for both).
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.stats import LOWER
 from bench.suite_chat import compile_plan
+from bench.tts_served import (OMNI_CONCURRENCY, OMNI_FRAMES, ORPHEUS_STREAMS, QUICK_OMNI_FRAMES, omni_rows,
+                              orpheus_rows)
 
-STREAMS = (1, 8, 16)
+STREAMS = ORPHEUS_STREAMS          # the in-process rows take the served cases
 FRAMES, QUICK_FRAMES = 24, 8            # audio per stream: frames of 2048 samples (85 ms)
 PROMPT_TOKENS, SAMPLE_RATE = 16, 24000
-MSTAR = "streamed: StreamBuffer(Sliding(28, 7)) + batched snac_decoder.decode_chunks per release"
-BASELINE = "generate-then-decode: all tokens first, then one SNAC decode per stream (batched)"
+MSTAR = "in-process, streamed: Sliding(28, 7) windows, batched SNAC decode per release"
+BASELINE = "in-process, generate-then-decode: all tokens, then one SNAC decode per stream"
 
 
 class _Orpheus:
@@ -114,27 +118,38 @@ def generate_then_decode(orph: _Orpheus, streams: int, num_tokens: int) -> dict[
     return _metrics(start, [done] * streams, [a.numel() for a in audio])
 
 
-def _orpheus_rows(ctx: Context, orph: _Orpheus, streams: int, num_tokens: int) -> list[Row]:
-    samples = ctx.alternate(f"tts orpheus {streams} streams", {
+def _inprocess_rows(ctx: Context, orph: _Orpheus, streams: int, num_tokens: int) -> list[Row]:
+    samples = ctx.alternate(f"tts in-process orpheus {streams} streams", {
         "mstar": lambda: streamed(orph, streams, num_tokens),
-        "baseline": lambda: generate_then_decode(orph, streams, num_tokens)})
+        "baseline": lambda: generate_then_decode(orph, streams, num_tokens)}, warmup=0)
     audio_s = samples["mstar"]["samples"][0] / SAMPLE_RATE
     note = (f"{num_tokens} audio tokens = {audio_s:.2f} s of audio per stream (generate-then-decode: "
             f"{samples['baseline']['samples'][0] / SAMPLE_RATE:.2f} s); LM orpheus-tiny, SNAC 24 kHz full size")
-    return [Row(f"Orpheus, {streams} concurrent", metric, "s" if key == "ttfa" else "x", LOWER,
+    return [Row(f"Orpheus in-process (components), {streams} concurrent", metric, "s" if key == "ttfa" else "x", LOWER,
                 Side(MSTAR, samples["mstar"][key]), Side(BASELINE, samples["baseline"][key]),
-                plot=f"{key}-vs-streams", x=streams, xlabel="concurrent streams", note=note)
+                plot=f"in-process-{key}", x=streams, xlabel="concurrent streams", note=note)
             for key, metric in (("ttfa", "time to first audio"), ("rtf", "real-time factor"))]
 
 
-@register("tts", "Orpheus TTFA/RTF at 1/8/16 streams, streamed vs generate-then-decode; Qwen3-Omni talker+code2wav "
-                 "co-located vs split")
+def _served(ctx: Context, case: str, rows: Callable[[], list[Row]]) -> list[Row]:
+    """A served comparison's rows; a server that cannot start or answer becomes a `needs` entry."""
+    try:
+        return rows()
+    except (Needs, RuntimeError) as exc:
+        ctx.record_needs(case, exc if isinstance(exc, Needs) else Needs(str(exc)))
+        return []
+
+
+@register("tts", "Orpheus TTFA/RTF at 1/8/16 streams, streamed vs generate-then-decode (served and in-process); "
+                 "Qwen3-Omni talker+code2wav split vs co-located (served)")
 def run(ctx: Context) -> list[Row]:
     num_tokens = 7 * (QUICK_FRAMES if ctx.quick else FRAMES)
-    ctx.settings.update(streams=list(STREAMS), window=28, stride=7, audio_tokens=num_tokens)
+    ctx.settings.update(streams=list(STREAMS), window=28, stride=7, audio_tokens=num_tokens,
+                        worker_threads=ctx.threads, omni_concurrency=list(OMNI_CONCURRENCY),
+                        omni_frames=QUICK_OMNI_FRAMES if ctx.quick else OMNI_FRAMES)
+    rows = _served(ctx, "Orpheus served", lambda: orpheus_rows(ctx, num_tokens))
+    rows += _served(ctx, "Qwen3-Omni served, split vs co-located", lambda: omni_rows(ctx))
     orph = _Orpheus(ctx)
-    rows = [row for streams in STREAMS for row in _orpheus_rows(ctx, orph, streams, num_tokens)]
-    ctx.record_needs("Qwen3-Omni talker + code2wav co-located vs split", Needs(
-        "a served speech endpoint in mstar-run (/v1/audio/speech or the chat audio output) and a Qwen3-Omni preset "
-        "between tiny and 30B-A3B, to time the thinker_talker placement against single"))
-    return rows
+    for side in (streamed, generate_then_decode):   # warm-up, one stream
+        side(orph, 1, num_tokens)
+    return rows + [row for streams in STREAMS for row in _inprocess_rows(ctx, orph, streams, num_tokens)]
