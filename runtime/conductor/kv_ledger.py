@@ -18,13 +18,10 @@ class KvPoolLedger:
     block_size: int
     tokens: dict[int, int] = field(default_factory=dict)   # request id -> tokens in the cache
     peak_blocks: int = 0                                     # most blocks ever held at once
+    used_blocks: int = 0                                     # blocks held now: the sum over `tokens`
 
     def _blocks(self, n: int) -> int:
         return -(-n // self.block_size)
-
-    @property
-    def used_blocks(self) -> int:
-        return sum(self._blocks(n) for n in self.tokens.values())
 
     def needed(self, request_id: int, n_new: int) -> int:
         held = self.tokens.get(request_id, 0)
@@ -38,11 +35,16 @@ class KvPoolLedger:
         return self.needed(request_id, n_new) + reserved <= self.num_blocks - self.used_blocks
 
     def grow(self, request_id: int, n_new: int) -> None:
+        self.used_blocks += self.needed(request_id, n_new)
         self.tokens[request_id] = self.tokens.get(request_id, 0) + n_new
         self.peak_blocks = max(self.peak_blocks, self.used_blocks)
 
     def free(self, request_id: int) -> None:
-        self.tokens.pop(request_id, None)
+        self.used_blocks -= self._blocks(self.tokens.pop(request_id, 0))
+
+    def clear(self) -> None:
+        self.tokens.clear()
+        self.used_blocks = 0
 
     def holders(self) -> list[int]:
         return list(self.tokens)
@@ -67,7 +69,7 @@ class KvLedger:
     def free_rank(self, rank: int) -> None:
         for (r, _), pool in self.pools.items():
             if r == rank:
-                pool.tokens.clear()
+                pool.clear()
 
     def usage(self) -> float:
         """Fraction of all KV blocks in use."""

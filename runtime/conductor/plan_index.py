@@ -93,5 +93,13 @@ class PlanIndex:
                        if t.kind in ("edge", "carry") and t.walk == walk and t.src_node == node
                        and t.src_rank == rank and t.dst_rank != rank})
 
+    def batch_keys(self) -> frozenset[tuple[int, str]]:
+        """Every (rank, node) a batch can be formed for: each replica, a TP group's lead rank."""
+        keys = set()
+        for node in self.plan.nodes:
+            for ranks in (node.placement.ranks, *node.placement.walk_ranks.values()):
+                keys.update((r, node.name) for r in (ranks[:1] if node.placement.tp_size > 1 else ranks))
+        return frozenset(keys)
+
     def kv_nodes(self) -> list[Node]:
         return [n for n in self.plan.nodes if n.has_kv_cache]

@@ -75,6 +75,7 @@ class Scheduler:
         self.holds = 0                                 # admissions held back for KV room (once per wait)
         self.preemptions = 0                           # requests whose cache was taken back for another
         self._held: set[int] = set()                   # requests waiting for KV room now
+        self._open: set[tuple[int, str]] = set()       # (rank, node) batches not yet full this step
 
     def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
                  ready_ranks: set[int]) -> list[PlannedBatch]:
@@ -86,12 +87,15 @@ class Scheduler:
         self.rejected = []
         self._held &= {r.request_id for r in waiting}   # an aborted request is held no more
         self._load = self._replica_load([*running, *waiting])
+        self._open = set(self.index.batch_keys() - busy)   # keys that can still take a Run this step
         for req in running:
+            if not self._open:                        # every batch is full or in flight: the rest wait
+                break
             if req.state == RequestState.RUNNING:     # not one preempted earlier in this loop
                 self._place(req, batches, busy, ready_ranks, placed, admitting=False)
         num_admitted = len(running)
         for req in waiting:
-            if num_admitted >= self.config.max_running:
+            if num_admitted >= self.config.max_running or not self._open:
                 break
             if not self._place(req, batches, busy, ready_ranks, placed, admitting=True):
                 if any(r is req for r, _ in self.rejected):
@@ -126,6 +130,8 @@ class Scheduler:
                 self._held.discard(req.request_id)
                 admitting = False
             batch.entries.append(entry)
+            if len(batch.entries) >= self._max_batch(pending.run.node):
+                self._open.discard(key)
             if self.streams is not None:
                 self.streams.bind(req, pending, entry.item)
             req.note_dispatch(pending.run.node, rank, entry.version, entry.read, self._reader(req, pending))

@@ -85,3 +85,31 @@ def test_a_context_that_never_fits_is_rejected_and_does_not_hold_the_queue(plan)
     (req, message), = bench.scheduler.rejected
     assert req.request_id == 1 and "129 tokens needs 9 KV blocks" in message
     assert bench.ledger.pool(0, "lm").used_blocks == 2
+
+
+def test_the_ledger_keeps_its_block_count_equal_to_what_it_holds() -> None:
+    import random
+
+    rng, ledger = random.Random(0), KvLedger()
+    ledger.add_pool(0, "lm", 1000, 16)
+    pool = ledger.pool(0, "lm")
+    for _ in range(500):
+        rid = rng.randrange(20)
+        if rng.random() < 0.2:
+            ledger.free_request(rid)
+        else:
+            pool.grow(rid, rng.randint(1, 40))
+        assert pool.used_blocks == sum(-(-n // 16) for n in pool.tokens.values())
+    ledger.free_rank(0)
+    assert pool.used_blocks == 0 and ledger.usage() == 0.0
+
+
+def test_a_step_stops_looking_once_every_batch_is_full(plan) -> None:
+    bench = Bench(plan)
+    bench.ledger.pools[(0, "lm")].num_blocks = 400
+    max_batch = plan.node("lm").max_batch
+    for rid in range(3 * max_batch):
+        bench.submit(rid, 4)
+    assert bench.step() == list(range(max_batch))            # FIFO: the first full batch, the rest wait
+    assert [r.state for r in bench.waiting[:1]] == [RequestState.WAITING]
+    assert len(bench.waiting) == 2 * max_batch
