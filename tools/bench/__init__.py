@@ -6,8 +6,10 @@ Package layout, one concern per module:
   stats        medians, min/max, percentiles, per-round ratios, verdicts in words
   results      the result JSON schema (one file per suite run) and machine facts
   report       the markdown table; plots: the PNG figures
-  servers      start/stop a model server process; openai_load: concurrent chat bursts
+  servers      start/stop a model server process; openai_load: concurrent chat bursts;
+               image_load / speech_load: concurrent image and speech requests
+  tts_graphs   the graph copies the served speech comparisons compile; tts_served: those comparisons
   hf_generate  the HF transformers static-batch baseline; smollm2_fp32: the GGUF -> fp32 export
-  suite_*      one module per comparison (chat, rollout, cfg, tts, stack, sched)
+  suite_*      one module per comparison (chat, rollout, cfg, tts, stack, sched, linear)
 Everything here is a tool, not part of the served runtime.
 """

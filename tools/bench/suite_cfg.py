@@ -19,15 +19,16 @@ and 4; p50 end-to-end seconds per image.
   cfg_parallel: 3 worker processes (llm, llm_cfg_text, llm_cfg_img), one CFG branch each,
                 velocities sent worker to worker
   single:       1 worker process, the CFG branches (of all requests) batched in one forward
-Every worker runs torch on one thread (OMP_NUM_THREADS=1 -> `mstar-run worker --threads 1`),
-so three workers do not oversubscribe a 2-core machine; `single` thereby uses one core
-where `cfg_parallel` may use two. T2I is run as BAGEL runs it (cfg_img_scale 1): only the
+Both servers split the cores as mstar-run does by default (each local worker gets an
+equal share: on a 2-core machine `single`'s worker runs 2 torch threads, each of
+`cfg_parallel`'s three runs 1), so each placement may use the whole machine. T2I is run as BAGEL runs it (cfg_img_scale 1): only the
 full and text-dropped branches run, so rank 2 idles while denoising. Both servers are
 checked to return the same image size (and their max pixel difference is noted) first.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -171,13 +172,18 @@ def _branches_row(ctx: Context) -> Row:
 
 
 def _placement_server(ctx: Context, placement: str) -> Server:
-    """mstar-run on graphs/bagel.yaml's bench-mid preset; every worker on one torch thread."""
+    """mstar-run on graphs/bagel.yaml's bench-mid preset; its workers share the cores as mstar-run splits them."""
     plans, logs = ctx.root / "bench-results/plans", ctx.root / "bench-results/logs"
     plan = compile_plan(ctx.root / "graphs/bagel.yaml", plans / f"bagel-{PRESET}-{placement}.plan.bin",
                         "--preset", PRESET, "--placement", placement)
     port = free_port()
     cmd = [str(Path(sys.executable).parent / "mstar-run"), str(plan), "--port", str(port), "--log-level", "warning"]
-    return Server(f"mstar-run bagel {placement}", cmd, port, logs / f"bagel-{placement}.log", {"OMP_NUM_THREADS": "1"})
+    return Server(f"mstar-run bagel {placement}", cmd, port, logs / f"bagel-{placement}.log", {})
+
+
+def _threads(local_workers: int) -> int:
+    """The torch threads mstar-run gives each of its local workers here (runtime.conductor.workers)."""
+    return max(1, (os.cpu_count() or 1) // local_workers)
 
 
 def _agreement(servers: dict[str, Server], model: str, extra: dict) -> str:
@@ -210,7 +216,8 @@ def _placement_rows(ctx: Context) -> list[Row]:
     dims = _lm_dims()
     note = (f"{PRESET}: bagel_mot_lm {dims['num_hidden_layers']} layers x {dims['hidden_size']}; "
             f"{len(JOBS)} requests, {STEPS} steps, BAGEL T2I (cfg_img_scale 1: 2 branches run, rank 2 idles); "
-            f"every worker --threads 1 (OMP_NUM_THREADS=1) so 3 workers fit 2 cores: single uses 1 core; {check}")
+            f"mstar-run's default threads: cores // local workers ({_threads(1)} for single's worker, "
+            f"{_threads(3)} for each of cfg_parallel's 3); {check}")
     rows = []
     for c in CONCURRENCY:
         for key, metric, unit, better in (("p50_e2e", "p50 E2E per image", "s", LOWER),
@@ -227,7 +234,8 @@ def _placement_rows(ctx: Context) -> list[Row]:
 def run(ctx: Context) -> list[Row]:
     ctx.settings.update(dims=_lm_dims(), steps=STEPS, prompt_tokens=PROMPT_TOKENS,
                         latent_side=QUICK_LATENT_SIDE if ctx.quick else LATENT_SIDE, served_preset=PRESET,
-                        concurrency=list(CONCURRENCY), requests=len(JOBS), worker_threads=1)
+                        concurrency=list(CONCURRENCY), requests=len(JOBS),
+                        worker_threads={"single": _threads(1), "cfg_parallel": _threads(3)})
     rows = [_branches_row(ctx)]
     try:
         rows += _placement_rows(ctx)

