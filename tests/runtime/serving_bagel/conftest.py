@@ -6,6 +6,7 @@ spin-waits and a tiny forward takes ~1 s instead of ~2 ms.
 from __future__ import annotations
 
 import base64
+from concurrent.futures import ThreadPoolExecutor
 import io
 from typing import Iterator
 
@@ -76,3 +77,14 @@ def chat_with_image(client: openai.OpenAI, image: bytes, question: str = "what i
     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
                                           max_tokens=6, temperature=0)
+
+
+def alone_and_together(client: openai.OpenAI) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Three seeded images drawn one at a time, then again concurrently beside a chat with an image."""
+    solo = [pixels(generate(client, prompt=f"cube {i}", seed=i).data[0].b64_json) for i in range(3)]
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(generate, client, f"cube {i}", seed=i) for i in range(3)]
+        answer = pool.submit(chat_with_image, client, png(40, 40))
+        together = [pixels(f.result().data[0].b64_json) for f in futures]
+        answer.result()
+    return list(zip(solo, together))

@@ -9,13 +9,11 @@ and then (measured: 8 of 24 images bit-identical, the rest off by 1 in < 0.01% o
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import openai
 import pytest
 
-from tests.runtime.serving_bagel.conftest import MODEL, chat_with_image, client_of, edit, generate, pixels, png
+from tests.runtime.serving_bagel.conftest import MODEL, alone_and_together, chat_with_image, client_of, edit, generate, pixels, png
 
 def test_models_list_names_the_tasks_and_weights(client) -> None:
     [card] = client.models.list().data
@@ -95,13 +93,7 @@ def test_chat_with_an_image_and_without(client) -> None:
 
 
 def test_requests_batch_together_without_changing_results(client) -> None:
-    solo = [pixels(generate(client, prompt=f"cube {i}", seed=i).data[0].b64_json) for i in range(3)]
-    with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(generate, client, f"cube {i}", seed=i) for i in range(3)]
-        answer = pool.submit(chat_with_image, client, png(40, 40))
-        together = [pixels(f.result().data[0].b64_json) for f in futures]
-        answer.result()
-    for a, b in zip(solo, together):
+    for a, b in alone_and_together(client):
         assert np.abs(a - b).max() <= 1 and (a != b).mean() < 0.001   # float reassociation at most
 
 

@@ -8,14 +8,13 @@ has the same shapes whatever the placement or the load.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import numpy as np
 import pytest
 
 from tests.runtime.serving.conftest import Server
-from tests.runtime.serving_bagel.conftest import _serve, chat_with_image, client_of, edit, generate, pixels, png
+from tests.runtime.serving_bagel.conftest import _serve, alone_and_together, chat_with_image, client_of, edit, generate, pixels, png
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +43,5 @@ def test_placement_changes_no_bit(one_rank, three_ranks) -> None:
 
 
 def test_load_changes_no_bit(one_rank) -> None:
-    client = client_of(one_rank)
-    solo = [pixels(generate(client, prompt=f"cube {i}", seed=i).data[0].b64_json) for i in range(3)]
-    with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(generate, client, f"cube {i}", seed=i) for i in range(3)]
-        answer = pool.submit(chat_with_image, client, png(40, 40))
-        together = [pixels(f.result().data[0].b64_json) for f in futures]
-        answer.result()
-    for a, b in zip(solo, together):
+    for a, b in alone_and_together(client_of(one_rank)):
         assert np.array_equal(a, b)
