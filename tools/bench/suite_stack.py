@@ -8,11 +8,17 @@ over the same prompts with the same forced output lengths as the chat suite:
             (prefill every prompt in one batch, then one decode batch per token)
 A ratio near 1 means the stack adds little; below 1 is the stack's overhead. With
 `--threads N` both sides run N torch/OpenMP threads (the server through OMP_NUM_THREADS).
+The note gives the worker's busy share of each served burst, from the server's own
+/metrics (`mstar_batch_run_ms_sum`: time inside the executor): what is not busy is the
+worker waiting between batches, the most that overlapping scheduling with execution
+could win back.
 """
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
+import urllib.request
 
 from bench.openai_load import ChatJob, chat_burst, model_card
 from bench.registry import Context, Needs, register
@@ -67,6 +73,21 @@ class BareLoop:
         return {"tok_s": sum(made) / (time.perf_counter() - start)}
 
 
+def worker_busy_ms(url: str) -> float:
+    """Milliseconds the server's workers have spent inside executors so far (every node)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("mstar_batch_run_ms_sum"))
+
+
+def served_burst(url: str, model: str, work: list[ChatJob]) -> dict[str, float]:
+    """One burst through the server: its metrics and the worker's busy share of the wall time."""
+    busy, start = worker_busy_ms(url), time.perf_counter()
+    metrics = chat_burst(url, model, work).metrics()
+    wall = time.perf_counter() - start
+    return {**metrics, "busy": (worker_busy_ms(url) - busy) / 1e3 / wall}
+
+
 @register("stack", "SmolLM2 tokens/s through HTTP + conductor + worker vs the bare component loop, same batch")
 def run(ctx: Context) -> list[Row]:
     plan = mstar_plan(ctx, "float32")
@@ -80,9 +101,11 @@ def run(ctx: Context) -> list[Row]:
         for batch in BATCH_SIZES:
             work = all_jobs[:batch]
             samples = ctx.alternate(f"stack batch {batch}", {
-                "mstar": lambda: chat_burst(srv.url, model, work).metrics(), "bare": lambda: bare.run(work)})
+                "mstar": lambda: served_burst(srv.url, model, work), "bare": lambda: bare.run(work)})
+            busy = statistics.median(samples["mstar"]["busy"])
             rows.append(Row(f"batch {batch}", "useful throughput", "tok/s", HIGHER,
                             Side(MSTAR, samples["mstar"]["tok_s"]), Side(BARE, samples["bare"]["tok_s"]),
                             names=("mstar", "bare loop"), plot="throughput-vs-batch", x=batch, xlabel="batch size",
-                            note=f"{sum(j.max_tokens for j in work)} useful tokens per run"))
+                            note=f"{sum(j.max_tokens for j in work)} useful tokens per run; served worker busy "
+                                 f"{busy:.1%} of the burst (median), waiting between batches the rest"))
     return rows
