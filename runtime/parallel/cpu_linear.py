@@ -1,11 +1,11 @@
 """Linear layers on CPU through oneDNN, with each weight packed once after loading.
 
-torch's fp32 `F.linear` on CPU calls MKL's sgemm, which repacks the weight on every call
-and on AMD CPUs takes a path without AVX-512. oneDNN with a weight reordered once into
-its blocked layout (the op torch's own compiler uses after freezing) runs the same GEMM
-2-2.6x faster in fp32 and ~1.45x in bf16 at the batch sizes of decoding (measured on the
-2-core AMD EPYC of this project: M = 16, K = 576, N = 1728 fp32, one thread: 85 vs 225
-GFLOP/s; `python tools/bench.py linear` times whole SmolLM2 decode steps both ways).
+torch's fp32 `F.linear` on CPU calls MKL's sgemm, which on this project's AMD CPUs runs
+the decode-sized GEMMs (16 x 576 x 1728) at well under half of oneDNN's speed. oneDNN with
+a weight reordered once into its blocked layout (the op torch's own compiler uses after
+freezing) makes whole SmolLM2
+decode steps 1.9-2.2x faster in fp32 and 1.07-1.22x in bf16 at batch 1-64 on this
+project's 2-core AMD EPYC (`python tools/bench.py linear`).
 
 `pack_linears(module)` runs after a rank's weights are loaded (runtime.worker.loader):
 every linear of the module tree on CPU keeps its dense weight (state_dict, tied
