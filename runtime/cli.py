@@ -27,8 +27,9 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request is aborted")
     p.add_argument("--batch-invariant", action="store_true",
                    help="run every node for one request at a time and never merge batches: no output then "
-                        "depends on what else is running or on the placement, bit for bit (CPU GEMMs pick other "
-                        "kernels for other row counts); costs the throughput of cross-request batching")
+                        "depends on what else is running or on the placement, bit for bit, unless a node is split "
+                        "by tensor parallelism (CPU GEMMs pick other kernels for other row counts); costs the "
+                        "throughput of cross-request batching")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
