@@ -43,6 +43,7 @@ class PlanIndex:
                         self._loop_emits.setdefault((walk.name, out.node), set()).add(out.port)
             for out in outs:
                 self._emits.setdefault((walk.name, out.node), set()).add(out.port)
+        self.batch_keys = self._batch_keys()
 
     def _build_sources(self, walk: str, node: str) -> dict[str, list[Source]]:
         """input port -> candidate sources in precedence order: carry, edge, request input."""
@@ -93,7 +94,7 @@ class PlanIndex:
                        if t.kind in ("edge", "carry") and t.walk == walk and t.src_node == node
                        and t.src_rank == rank and t.dst_rank != rank})
 
-    def batch_keys(self) -> frozenset[tuple[int, str]]:
+    def _batch_keys(self) -> frozenset[tuple[int, str]]:
         """Every (rank, node) a batch can be formed for: each replica, a TP group's lead rank."""
         keys = set()
         for node in self.plan.nodes:

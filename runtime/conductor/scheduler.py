@@ -87,7 +87,7 @@ class Scheduler:
         self.rejected = []
         self._held &= {r.request_id for r in waiting}   # an aborted request is held no more
         self._load = self._replica_load([*running, *waiting])
-        self._open = set(self.index.batch_keys() - busy)   # keys that can still take a Run this step
+        self._open = set(self.index.batch_keys - busy)   # keys that can still take a Run this step
         for req in running:
             if not self._open:                        # every batch is full or in flight: the rest wait
                 break

@@ -108,8 +108,12 @@ def test_a_step_stops_looking_once_every_batch_is_full(plan) -> None:
     bench = Bench(plan)
     bench.ledger.pools[(0, "lm")].num_blocks = 400
     max_batch = plan.node("lm").max_batch
-    for rid in range(3 * max_batch):
-        bench.submit(rid, 4)
+    reqs = [bench.submit(rid, 4) for rid in range(3 * max_batch)]
+    asked: list[int] = []
+    for req in reqs:
+        for cursor in req.tracks:       # count what the scheduler asks of each request's cursor
+            cursor.ready = lambda c=cursor, r=req.request_id: asked.append(r) or type(c).ready(c)
     assert bench.step() == list(range(max_batch))            # FIFO: the first full batch, the rest wait
     assert [r.state for r in bench.waiting[:1]] == [RequestState.WAITING]
     assert len(bench.waiting) == 2 * max_batch
+    assert set(asked) == set(range(max_batch))                # the waiting ones were not even looked at
