@@ -63,13 +63,7 @@ class WorkerSet:
         status.last_seen = time.monotonic()
 
     def threads_per_worker(self) -> int:
-        """An equal share of this host's cores per local worker: more threads than cores
-        make torch's intra-op threads spin-wait on each other (a tiny matmul then takes
-        milliseconds instead of microseconds). OMP_NUM_THREADS, when set, is the user's choice."""
-        if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
-            return int(os.environ["OMP_NUM_THREADS"])
-        num_local = sum(1 for s in self.ranks.values() if s.is_local)
-        return max(1, (os.cpu_count() or 1) // max(1, num_local))
+        return threads_per_local_worker(sum(1 for s in self.ranks.values() if s.is_local))
 
     def dead_ranks(self) -> list[int]:
         now = time.monotonic()
@@ -109,3 +103,13 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def threads_per_local_worker(num_local: int) -> int:
+    """Torch threads for each of `num_local` workers on this host: an equal share of the cores
+    (more threads than cores make torch's intra-op threads spin-wait on each other, and a tiny
+    matmul then takes milliseconds instead of microseconds). OMP_NUM_THREADS, when set, is the
+    user's choice."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
+    return max(1, (os.cpu_count() or 1) // max(1, num_local))

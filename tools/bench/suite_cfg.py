@@ -28,7 +28,6 @@ checked to return the same image size (and their max pixel difference is noted) 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from pathlib import Path
@@ -181,11 +180,6 @@ def _placement_server(ctx: Context, placement: str) -> Server:
     return Server(f"mstar-run bagel {placement}", cmd, port, logs / f"bagel-{placement}.log", {})
 
 
-def _threads(local_workers: int) -> int:
-    """The torch threads mstar-run gives each of its local workers here (runtime.conductor.workers)."""
-    return max(1, (os.cpu_count() or 1) // local_workers)
-
-
 def _agreement(servers: dict[str, Server], model: str, extra: dict) -> str:
     """Both placements draw the first job (a warm-up too): same image size; the max pixel difference."""
     for name, srv in servers.items():
@@ -204,6 +198,8 @@ def _agreement(servers: dict[str, Server], model: str, extra: dict) -> str:
 
 
 def _placement_rows(ctx: Context) -> list[Row]:
+    from runtime.conductor.workers import threads_per_local_worker
+    ctx.settings["worker_threads"] = {"single": threads_per_local_worker(1), "cfg_parallel": threads_per_local_worker(3)}
     side = VAE_SCALE * (QUICK_LATENT_SIDE if ctx.quick else LATENT_SIDE)
     extra = {"size": f"{side}x{side}", "steps": STEPS + 1}  # STEPS + 1 timesteps: STEPS Euler steps
     with contextlib.ExitStack() as stack:
@@ -216,8 +212,8 @@ def _placement_rows(ctx: Context) -> list[Row]:
     dims = _lm_dims()
     note = (f"{PRESET}: bagel_mot_lm {dims['num_hidden_layers']} layers x {dims['hidden_size']}; "
             f"{len(JOBS)} requests, {STEPS} steps, BAGEL T2I (cfg_img_scale 1: 2 branches run, rank 2 idles); "
-            f"mstar-run's default threads: cores // local workers ({_threads(1)} for single's worker, "
-            f"{_threads(3)} for each of cfg_parallel's 3); {check}")
+            f"mstar-run's default threads: cores // local workers ({threads_per_local_worker(1)} for single's "
+            f"worker, {threads_per_local_worker(3)} for each of cfg_parallel's 3); {check}")
     rows = []
     for c in CONCURRENCY:
         for key, metric, unit, better in (("p50_e2e", "p50 E2E per image", "s", LOWER),
@@ -234,8 +230,7 @@ def _placement_rows(ctx: Context) -> list[Row]:
 def run(ctx: Context) -> list[Row]:
     ctx.settings.update(dims=_lm_dims(), steps=STEPS, prompt_tokens=PROMPT_TOKENS,
                         latent_side=QUICK_LATENT_SIDE if ctx.quick else LATENT_SIDE, served_preset=PRESET,
-                        concurrency=list(CONCURRENCY), requests=len(JOBS),
-                        worker_threads={"single": _threads(1), "cfg_parallel": _threads(3)})
+                        concurrency=list(CONCURRENCY), requests=len(JOBS))
     rows = [_branches_row(ctx)]
     try:
         rows += _placement_rows(ctx)

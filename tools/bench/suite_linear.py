@@ -14,10 +14,11 @@ from __future__ import annotations
 import os
 import time
 
-from bench.registry import Context, Needs, register
+from bench.registry import Context, register
 from bench.results import Row, Side
 from bench.stats import HIGHER
 from bench.suite_chat import mstar_plan
+from bench.suite_stack import lm_executor
 
 BATCHES, QUICK_BATCHES = (1, 16, 64), (1, 16)
 STEPS, QUICK_STEPS, PROMPT = 32, 8, 32
@@ -29,24 +30,16 @@ class Decoder:
     """The plan's lm node in this process; `packed` picks the linear path at load."""
 
     def __init__(self, plan_path, packed: bool) -> None:
-        try:
-            from mstar_compiler.plan import load_plan
-            from runtime.executors.decoder_lm import DecoderLMExecutor
-            from runtime.transport.messages import WorkItem
-            from runtime.worker.loader import load_rank
-        except ImportError as exc:
-            raise Needs(f"the decoder LM executor and worker loader: {exc}") from exc
-        plan = load_plan(plan_path)
-        node = next(n for n in plan.nodes if n.kind == "llama_lm")
         before = os.environ.pop("MSTAR_CPU_LINEAR", None)
         os.environ["MSTAR_CPU_LINEAR"] = "onednn" if packed else "torch"
         try:
-            module = load_rank(plan, 0, None)[node.name][0]
+            _, _, self.executor = lm_executor(plan_path)
         finally:
             os.environ.pop("MSTAR_CPU_LINEAR")
             if before is not None:
                 os.environ["MSTAR_CPU_LINEAR"] = before
-        self.executor, self.WorkItem = DecoderLMExecutor(node, module, 0), WorkItem
+        from runtime.transport.messages import WorkItem
+        self.WorkItem = WorkItem
 
     def decode(self, batch: int, steps: int) -> tuple[list[list[int]], float]:
         """Greedy tokens of every request and the decode steps' tokens/s."""

@@ -31,23 +31,29 @@ MSTAR = "mstar-run: HTTP + conductor + worker process (fp32)"
 BARE = "the same DecoderLMExecutor driven in-process, no server (fp32)"
 
 
+def lm_executor(plan_path):
+    """The plan's llama_lm node loaded by the worker's loader in this process: (plan, node, executor)."""
+    try:
+        from mstar_compiler.plan import load_plan
+        from runtime.executors.decoder_lm import DecoderLMExecutor
+        from runtime.worker.loader import load_rank
+    except ImportError as exc:
+        raise Needs(f"the decoder LM executor and worker loader: {exc}") from exc
+    plan = load_plan(plan_path)
+    node = next(n for n in plan.nodes if n.kind == "llama_lm")
+    return plan, node, DecoderLMExecutor(node, load_rank(plan, 0, None)[node.name][0], 0)
+
+
 class BareLoop:
     """The lm node of a compiled plan, driven directly: no HTTP, no conductor, no ZeroMQ."""
 
     def __init__(self, plan_path) -> None:
-        try:
-            from mstar_compiler.plan import load_plan
-            from runtime.executors.decoder_lm import DecoderLMExecutor
-            from runtime.server.text import load_text_tokenizer
-            from runtime.transport.messages import WorkItem
-            from runtime.worker.loader import load_rank, weight_source
-        except ImportError as exc:
-            raise Needs(f"the decoder LM executor and worker loader: {exc}") from exc
-        plan = load_plan(plan_path)
-        node = next(n for n in plan.nodes if n.kind == "llama_lm")
-        module = load_rank(plan, 0, None)[node.name][0]
+        from runtime.server.text import load_text_tokenizer
+        from runtime.transport.messages import WorkItem
+        from runtime.worker.loader import weight_source
+        plan, node, self.executor = lm_executor(plan_path)
         self.tokenizer = load_text_tokenizer(weight_source(plan, node, None))
-        self.executor, self.WorkItem = DecoderLMExecutor(node, module, 0), WorkItem
+        self.WorkItem = WorkItem
 
     def prompt_ids(self, prompt: str) -> list[int]:
         text = self.tokenizer.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
