@@ -24,6 +24,27 @@ _MIN_DOT = 16
 
 
 @triton.jit
+def _attend_page(q, K, V, tables, req, s_bt, page, s, d, s_kb, s_ks, s_kh, kvh, seq_len, m, l, acc, visible,
+                 BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold one cache page into an online softmax of q's rows, -> (m, l, acc). A row sees the
+    page's keys below seq_len where `visible` (broadcast to (rows, BLOCK_SIZE)) holds."""
+    block = tl.load(tables + req * s_bt + page).to(tl.int64)
+    pos = page * BLOCK_SIZE + s
+    kv_mask = (pos[:, None] < seq_len) & (d[None, :] < HEAD_DIM)
+    offs = block * s_kb + s[:, None] * s_ks + kvh * s_kh + d[None, :]
+    k = tl.load(K + offs, mask=kv_mask, other=0.0).to(tl.float32)      # (BLOCK_SIZE, BLOCK_D)
+    v = tl.load(V + offs, mask=kv_mask, other=0.0).to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)          # (rows, BLOCK_SIZE)
+    scores = tl.where(visible & (pos[None, :] < seq_len), scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, 1))
+    p = tl.exp(scores - m_new[:, None])
+    alpha = tl.exp(m - m_new)
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
 def _paged_decode_kernel(Q, K, V, O, tables, seq_lens, reqs, rows, scale,
                          s_qt, s_qh, s_kb, s_ks, s_kh, s_bt, s_ot, s_oh,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -41,21 +62,9 @@ def _paged_decode_kernel(Q, K, V, O, tables, seq_lens, reqs, rows, scale,
     m = tl.full([BLOCK_G], -1.0e30, tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for page in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):
-        block = tl.load(tables + req * s_bt + page).to(tl.int64)
-        pos = page * BLOCK_SIZE + s
-        kv_mask = (pos[:, None] < seq_len) & (d[None, :] < HEAD_DIM)
-        offs = block * s_kb + s[:, None] * s_ks + kvh * s_kh + d[None, :]
-        k = tl.load(K + offs, mask=kv_mask, other=0.0).to(tl.float32)      # (BLOCK_SIZE, BLOCK_D)
-        v = tl.load(V + offs, mask=kv_mask, other=0.0).to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)          # (BLOCK_G, BLOCK_SIZE)
-        scores = tl.where(pos[None, :] < seq_len, scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        p = tl.exp(scores - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        m = m_new
+    for page in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):     # a decode row sees every cached key
+        m, l, acc = _attend_page(q, K, V, tables, req, s_bt, page, s, d, s_kb, s_ks, s_kh, kvh, seq_len, m, l, acc,
+                                 g[:, None] >= 0, BLOCK_SIZE, HEAD_DIM, PRECISION)
     out = acc / l[:, None]
     tl.store(O + row * s_ot + (kvh * GROUP + g)[:, None] * s_oh + d[None, :],
              out.to(O.dtype.element_ty), mask=q_mask)
@@ -85,21 +94,9 @@ def _paged_prefill_kernel(Q, K, V, O, tables, seq_lens, starts, reqs, scale,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     end = tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_M)   # causal bound of this tile
     for page in range(0, tl.cdiv(end, BLOCK_SIZE)):
-        block = tl.load(tables + req * s_bt + page).to(tl.int64)
-        pos = page * BLOCK_SIZE + s
-        kv_mask = (pos[:, None] < seq_len) & (d[None, :] < HEAD_DIM)
-        offs = block * s_kb + s[:, None] * s_ks + kvh * s_kh + d[None, :]
-        k = tl.load(K + offs, mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(V + offs, mask=kv_mask, other=0.0).to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)          # (BLOCK_M, BLOCK_SIZE)
-        visible = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] < seq_len)
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        p = tl.exp(scores - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        m = m_new
+        causal = (page * BLOCK_SIZE + s)[None, :] <= q_pos[:, None]
+        m, l, acc = _attend_page(q, K, V, tables, req, s_bt, page, s, d, s_kb, s_ks, s_kh, kvh, seq_len, m, l, acc,
+                                 causal, BLOCK_SIZE, HEAD_DIM, PRECISION)
     out = acc / l[:, None]
     tl.store(O + (start + i)[:, None] * s_ot + head * s_oh + d[None, :],
              out.to(O.dtype.element_ty), mask=q_mask)
