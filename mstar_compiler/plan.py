@@ -274,6 +274,17 @@ class DynamicLoopEnd(Base, tag="dynamic_loop_end"):
 Op = Union[Run, Parallel, LoopBegin, LoopEnd, DynamicLoopBegin, DynamicLoopEnd]
 
 
+def program_runs(ops: list[Op]) -> list[Run]:
+    """The Runs of `ops` in order, Parallel branches flattened; control ops are skipped."""
+    out: list[Run] = []
+    for op in ops:
+        if isinstance(op, Run):
+            out.append(op)
+        elif isinstance(op, Parallel):
+            out += [r for branch in op.branches for r in branch]
+    return out
+
+
 class Walk(Base):
     name: str
     program: list[Op]                   # flat; pc = index

@@ -69,19 +69,9 @@ def _lowered(ir: IR) -> None:
                     _require(t.target == plan.DONE or 0 <= t.target < len(track.states), "transition out of range")
 
 
-def _runs(program: list[plan.Op]) -> list[plan.Run]:
-    out: list[plan.Run] = []
-    for op in program:
-        if isinstance(op, plan.Run):
-            out.append(op)
-        elif isinstance(op, plan.Parallel):
-            out += [r for b in op.branches for r in b]
-    return out
-
-
 def _placed(ir: IR) -> None:
     for walk, program in ir.programs.items():
-        for run in _runs(program):
+        for run in plan.program_runs(program):
             _require(bool(run.ranks) and all(0 <= r < ir.num_ranks for r in run.ranks),
                      f"{walk}: {run.node} placed on {run.ranks} of {ir.num_ranks} ranks")
     for t in ir.transfers:

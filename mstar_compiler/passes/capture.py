@@ -22,14 +22,9 @@ def run(ir: IR) -> IR:
 
 def _region(ir: IR, walk: str, op: plan.LoopBegin | plan.DynamicLoopBegin,
             body: list[plan.Op]) -> plan.CaptureRegion | None:
-    runs: list[plan.Run] = []
-    for inner in body:
-        if isinstance(inner, plan.Run):
-            runs.append(inner)
-        elif isinstance(inner, plan.Parallel):
-            runs += [r for branch in inner.branches for r in branch]
-        else:
-            return None
+    if not all(isinstance(inner, (plan.Run, plan.Parallel)) for inner in body):
+        return None      # a nested loop: not one capture region
+    runs = plan.program_runs(body)
     rank_sets = {tuple(r.ranks) for r in runs}
     nodes = [ir.nodes[r.node] for r in runs]
     if len(rank_sets) != 1 or not all(n.spec.is_capture_safe for n in nodes):
