@@ -28,15 +28,13 @@ checked to return the same image size (and their max pixel difference is noted) 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
-from pathlib import Path
 
 from bench.image_load import ImageJob, generate_images, pixels
 from bench.openai_load import model_card
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
-from bench.servers import Server, free_port
+from bench.servers import Server, mstar_run
 from bench.stats import HIGHER, LOWER
 from bench.suite_chat import compile_plan
 
@@ -175,9 +173,7 @@ def _placement_server(ctx: Context, placement: str) -> Server:
     plans, logs = ctx.root / "bench-results/plans", ctx.root / "bench-results/logs"
     plan = compile_plan(ctx.root / "graphs/bagel.yaml", plans / f"bagel-{PRESET}-{placement}.plan.bin",
                         "--preset", PRESET, "--placement", placement)
-    port = free_port()
-    cmd = [str(Path(sys.executable).parent / "mstar-run"), str(plan), "--port", str(port), "--log-level", "warning"]
-    return Server(f"mstar-run bagel {placement}", cmd, port, logs / f"bagel-{placement}.log", {})
+    return mstar_run(plan, logs / f"bagel-{placement}.log", f"mstar-run bagel {placement}")
 
 
 def _agreement(servers: dict[str, Server], model: str, extra: dict) -> str:

@@ -21,7 +21,7 @@ from typing import Callable
 from bench.openai_load import ChatJob, chat_burst, model_card
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
-from bench.servers import Server, free_port
+from bench.servers import Server, free_port, mstar_run
 from bench.stats import HIGHER, LOWER
 
 TOPICS = ("the ocean", "a lighthouse keeper", "volcanoes", "the history of bread", "a robot learning to paint",
@@ -80,10 +80,8 @@ def compile_plan(graph: Path, plan: Path, *options: str) -> Path:
 
 def mstar_server(ctx: Context, dtype: str, threads: int | None = None) -> Server:
     """mstar-run on the compiled plan; `threads` pins its processes' torch/OpenMP threads."""
-    plan, port = mstar_plan(ctx, dtype), free_port()
-    cmd = [str(Path(sys.executable).parent / "mstar-run"), str(plan), "--port", str(port), "--log-level", "warning"]
-    env = {} if threads is None else {"OMP_NUM_THREADS": str(threads)}
-    return Server(f"mstar-run ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"mstar-{dtype}.log", env)
+    return mstar_run(mstar_plan(ctx, dtype), ctx.root / "bench-results/logs" / f"mstar-{dtype}.log",
+                     f"mstar-run ({dtype})", threads)
 
 
 def _check_mstar_dtype(srv: Server, dtype: str) -> None:
