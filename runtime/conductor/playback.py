@@ -10,7 +10,7 @@ so the order decides who waits when a rank is saturated.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from mstar_compiler.plan import Plan
 from runtime.conductor.request import Request
@@ -21,7 +21,8 @@ from runtime.streams.deadline import PlaybackClock, by_deadline
 class PlaybackBook:
     """Every audio request's playback clock; totals for /metrics."""
 
-    def __init__(self, plan: Plan, first_audio_target_s: float = 1.0) -> None:
+    def __init__(self, plan: Plan, first_audio_target_s: float = 1.0,
+                 now: Callable[[], float] = time.monotonic) -> None:
         # "<node>.<port>" of every audio output -> its sampling rate
         self.rates = {f"{n.name}.{p.name}": int(n.dims.get("sampling_rate", 24000))
                       for n in plan.nodes for p in n.outputs if p.dtype == "audio"}
@@ -31,6 +32,7 @@ class PlaybackBook:
         self.first_audio_target_s = first_audio_target_s
         self.clocks: dict[int, PlaybackClock] = {}
         self.num_underruns = 0
+        self.now = now          # the clock chunks are sent by (tests drive a simulated one)
 
     def open(self, req: Request) -> None:
         if req.task in self.audio_tasks:
@@ -48,7 +50,7 @@ class PlaybackBook:
             rate = self.rates.get(key)
             if rate is not None and tensor.numel():
                 before = clock.num_underruns
-                clock.on_chunk_sent(time.monotonic(), tensor.numel() / rate)
+                clock.on_chunk_sent(self.now(), tensor.numel() / rate)
                 self.num_underruns += clock.num_underruns - before
 
     def order(self, running: list[Request]) -> list[Request]:
