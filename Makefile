@@ -21,7 +21,7 @@ $(VENV)/.installed: $(BIN)/python setup.cfg
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
+$(VENV)/.installed-test: $(VENV)/.installed tests/plugins/mstar_audio_gain/pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q -e tests/plugins/mstar_audio_gain   # example plugin: adds kind audio_gain
 	touch $@

@@ -48,6 +48,7 @@ class NodeIR:
     max_batch: int
     path: Path
     weights: str | None = None                                 # resolve: preset `weights:` source
+    executor: str = ""                                         # resolve: the runtime executor's registry name
     inputs: list[plan.Port] = field(default_factory=list)     # typecheck
     outputs: list[plan.Port] = field(default_factory=list)    # typecheck
     placement: plan.Placement | None = None                   # place

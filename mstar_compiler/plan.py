@@ -150,6 +150,11 @@ class Node(Base):
     # a safetensors file or directory, a .gguf file, or "gguf:<package>[/<file>]", a GGUF file inside an installed
     # Python package (resolved by the runtime, never downloaded)
     weights: str | None = None
+    # the runtime executor that runs the node: a registry name (runtime/executors/__init__.py),
+    # the kind's default from the catalogue unless the graph's `executor:` names another
+    executor: str = ""
+    # a streaming consumer's first Run waits for this many chunks (catalogue `first_run_chunks`)
+    first_run_chunks: int = 1
 
 
 # ---------------------------------------------------------------- dataflow

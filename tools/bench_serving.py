@@ -74,7 +74,7 @@ def bare_tokens_per_s(plan_path: str, batch: int, max_tokens: int, prompt_len: i
     plan = load_plan(plan_path)
     name = next(n.name for n in plan.nodes if n.has_kv_cache)
     module, _ = load_rank(plan, 0, None)[name]
-    ex = executor_for(plan.node(name), module, 0)
+    ex = executor_for(plan.node(name), module, 0, plan)
     torch.manual_seed(0)
     for rid in range(batch):
         ex.open(rid, {"temperature": 0.0})

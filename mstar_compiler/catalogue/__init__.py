@@ -20,7 +20,7 @@ Shapes of ports are tuples of axis names. An axis is either
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Any, Callable, Iterable, Mapping
 
@@ -81,6 +81,19 @@ class KindSpec:
     tp_divides: tuple[str, ...] = ()
     # args the kind accepts in YAML `args:` with their default values
     args: Mapping[str, Any] = field(default_factory=dict)
+    # the runtime executor a node of this kind gets unless its graph names another (`executor:`);
+    # "" = the generic one: "decoder_lm" for kinds with a KV cache, "stateless" otherwise
+    executor: str = ""
+    # a streaming consumer's first Run waits for this many chunks (Qwen3-Omni's talker starts
+    # from two thinker chunks: the text and the first hidden states); later Runs take one
+    first_run_chunks: int = 1
+    # the model family whose folder implements the kind: runtime/models/<family>/<kind>.py;
+    # set by the catalogue from the family module that defines it ("" for plugin kinds)
+    family: str = ""
+
+    @property
+    def default_executor(self) -> str:
+        return self.executor or ("decoder_lm" if self.has_kv_cache else "stateless")
 
     def port(self, name: str, *, output: bool) -> Port | None:
         ports = self.outputs if output else self.inputs
@@ -118,7 +131,7 @@ class Catalogue:
 def _builtin_specs() -> list[KindSpec]:
     specs: list[KindSpec] = []
     for family in BUILTIN_FAMILIES:
-        specs.extend(importlib.import_module(f"{__name__}.{family}").KINDS)
+        specs.extend(replace(spec, family=family) for spec in importlib.import_module(f"{__name__}.{family}").KINDS)
     return specs
 
 

@@ -156,6 +156,7 @@ _LATENT = ("latent_channels", "h", "w")
 KINDS: tuple[KindSpec, ...] = (
     KindSpec(
         kind="siglip_vit",
+        executor="bagel_image_encoder",
         doc="SigLIP vision tower + BAGEL connector: image -> LLM-width embeddings",
         inputs=(Port("image", "image", (3, "H", "W")),),
         outputs=(Port("hidden", "hidden", ("T", "llm_hidden_size")),),
@@ -166,6 +167,7 @@ KINDS: tuple[KindSpec, ...] = (
     ),
     KindSpec(
         kind="vae_encoder",
+        executor="bagel_image_encoder",
         doc="FLUX VAE encoder: image -> scaled, shifted 16-channel latent (8x down)",
         inputs=(Port("image", "image", (3, "H", "W")),),
         outputs=(Port("latent", "latent", _LATENT),),
@@ -175,6 +177,7 @@ KINDS: tuple[KindSpec, ...] = (
     ),
     KindSpec(
         kind="vae_decoder",
+        executor="vae_decoder",
         doc="FLUX VAE decoder: scaled, shifted 16-channel latent -> image (8x up)",
         inputs=(Port("latent", "latent", _LATENT),),
         outputs=(Port("image", "image", (3, "H", "W")),),
@@ -184,6 +187,7 @@ KINDS: tuple[KindSpec, ...] = (
     ),
     KindSpec(
         kind="bagel_mot_lm",
+        executor="bagel_mot_lm",
         doc="Qwen2.5 mixture-of-transformers LM: prefill text/ViT/VAE, decode text, predict velocity",
         inputs=(
             Port("tokens", "tokens", ("T",), optional=True),
@@ -204,6 +208,7 @@ KINDS: tuple[KindSpec, ...] = (
     ),
     KindSpec(
         kind="cfg_combine",
+        executor="cfg_combine",
         doc="BAGEL CFG: combine full/text-dropped/image-dropped velocities, renorm, Euler step",
         inputs=(
             Port("v_full", "velocity", _LATENT),

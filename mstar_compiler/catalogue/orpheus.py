@@ -70,6 +70,7 @@ _SNAC_24KHZ = {
 
 SNAC_DECODER = KindSpec(
     kind="snac_decoder",
+    executor="snac_decoder",
     doc="SNAC 24 kHz decoder for Orpheus audio tokens (7 per frame), sliding-window decode",
     inputs=(Port("codes", "tokens", ("T",), stream=True),),
     outputs=(Port("audio", "audio", ("S",)),),
@@ -88,7 +89,7 @@ SNAC_DECODER = KindSpec(
         # published). Off by default: a deterministic, batch-invariant decode.
         "noise": False,
         # emit frame 0 and the two lagged tail frames too (True), or exactly Orpheus's
-        # [2048:4096] per window and nothing else (False); see runtime/orpheus/windows.py
+        # [2048:4096] per window and nothing else (False); see runtime/models/orpheus/windows.py
         "keep_edges": True,
     },
 )

@@ -259,6 +259,8 @@ KINDS: tuple[KindSpec, ...] = (
     ),
     KindSpec(
         kind="qwen3_omni_talker",
+        executor="qwen3_omni_talker",
+        first_run_chunks=2,   # its prompt: the thinker's prompt rows, then its first token
         doc="Qwen3-Omni talker: MoE LM over projected thinker states, emits codebook 0 of each codec frame",
         inputs=(
             Port("thinker_hidden", "hidden", ("T", "thinker_hidden_size"), stream=True),
@@ -279,6 +281,7 @@ KINDS: tuple[KindSpec, ...] = (
     ),
     KindSpec(
         kind="qwen3_omni_code_predictor",
+        executor="qwen3_omni_code_predictor",
         doc="Qwen3-Omni multi-token code predictor: talker hidden + codebook 0 -> the frame's other codebooks",
         inputs=(
             Port("hidden", "hidden", ("F", 2, "hidden_size"), stream=True),
@@ -297,6 +300,7 @@ KINDS: tuple[KindSpec, ...] = (
     ),
     KindSpec(
         kind="qwen3_omni_code2wav",
+        executor="qwen3_omni_code2wav",
         doc="Qwen3-Omni code2wav: causal codec decoder, frames of codes -> 24 kHz audio",
         inputs=(Port("codes", "codes", ("F", "num_quantizers"), stream=True),),
         outputs=(Port("audio", "audio", ("S",), stream=True),),

@@ -54,6 +54,7 @@ _VIDEO = {"in_chans": 3, "image_size": 256, "patch_size": 16, "tubelet_size": 2,
 
 VJEPA2_ENCODER = KindSpec(
     kind="vjepa2_encoder",
+    executor="vjepa2_encoder",
     doc="V-JEPA 2 video ViT: clip (F,3,H,W) -> hidden tokens per tubelet frame pair",
     inputs=(Port("video", "video", ("F", 3, "H", "W")),),
     outputs=(Port("hidden", "hidden", ("T", "hidden_size")),),
@@ -83,6 +84,7 @@ _AC = {"image_size": 256, "patch_size": 16, "tubelet_size": 2, "layer_norm_eps":
 
 VJEPA2_AC_PREDICTOR = KindSpec(
     kind="vjepa2_ac_predictor",
+    executor="vjepa2_rollout",
     doc="V-JEPA 2-AC predictor: frame tokens + action/state -> next frame tokens, per-frame KV cache",
     inputs=(
         Port("frames", "hidden", ("T", "embed_dim")),       # context frame tokens (F x tokens_per_frame)

@@ -223,6 +223,7 @@ def _apply_node_options(ir: IR, node: NodeIR, raw: dict[str, Any], defaults: dic
         node.page_tokens = kv.get("page_tokens", DEFAULT_PAGE_TOKENS)
         node.max_pages = kv.get("max_pages")
     node.max_batch = raw.get("batch", DEFAULT_MAX_BATCH if spec.can_batch else 1)
+    node.executor = raw.get("executor", spec.default_executor)
     if node.max_batch > 1 and not spec.can_batch:
         raise ir.doc.error(f"kind '{spec.kind}' cannot batch requests", (*node.path, "batch"),
                            "use batch: 1 or leave it out")

@@ -40,12 +40,10 @@ def register(kind: str) -> Callable[[T], T]:
 
 
 def _import_builtin(kind: str) -> None:
-    """Import runtime/components/<kind>.py if there is one (plugin kinds have none)."""
-    try:
-        importlib.import_module(f"{__name__}.{kind}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{kind}":
-            raise
+    """Import runtime/models/<family>/<kind>.py for a built-in kind (plugin kinds have none)."""
+    catalogue = load_catalogue()
+    if kind in catalogue and catalogue[kind].family:
+        importlib.import_module(f"runtime.models.{catalogue[kind].family}.{kind}")
 
 
 def _load_plugins() -> None:

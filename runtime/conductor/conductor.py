@@ -19,6 +19,7 @@ import zmq
 import zmq.asyncio
 
 from mstar_compiler.plan import Plan
+from runtime.conductor.cursor import resolve_count
 from runtime.conductor.kv_ledger import KvLedger
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.playback import PlaybackBook
@@ -303,7 +304,8 @@ class Conductor:
         walk, node = entry.pending.walk, entry.pending.run.node
         if tokens and self.index.client_tokens(walk, node):
             req.emit_tokens(tokens)
-            if len(req.output_ids) >= int(req.params.get("max_tokens", 1 << 30)):
+            budget = self.index.token_budgets.get(node)
+            if budget is not None and len(req.output_ids) >= resolve_count(budget, req.params):
                 for cursor in req.tracks:
                     if cursor.index == entry.pending.track:   # other tracks (a vocoder) still drain
                         cursor.force_exit("max")

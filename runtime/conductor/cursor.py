@@ -126,7 +126,7 @@ class TrackCursor:
 
     def _control(self, op: Any, req: RequestView) -> None:
         if isinstance(op, (LoopBegin, DynamicLoopBegin)):
-            trips = _count(op.count if isinstance(op, LoopBegin) else op.max, req.params)
+            trips = resolve_count(op.count if isinstance(op, LoopBegin) else op.max, req.params)
             self.loops[op.loop] = _Loop(0, trips, op)
             exit_now = trips <= 0 or (isinstance(op, DynamicLoopBegin) and self._exit_reason(op, req))
             self.pc = op.end + 1 if exit_now else self.pc + 1
@@ -190,7 +190,8 @@ class TrackCursor:
         self.in_flight.clear()   # a batch still running for it is ignored when it returns
 
 
-def _count(count: Count, params: dict[str, Any]) -> int:
+def resolve_count(count: Count, params: dict[str, Any]) -> int:
+    """A plan trip count for one request's params."""
     base = count.const if count.param is None else int(params[count.param])
     return int(base) + count.offset
 

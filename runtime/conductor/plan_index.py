@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mstar_compiler.plan import DynamicLoopBegin, LoopBegin, Node, Plan
+from mstar_compiler.plan import Count, DynamicLoopBegin, LoopBegin, Node, Parallel, Plan, Run
 
 # Port dtypes the conductor keeps itself (small ints, needed for streaming and stop checks);
 # every other dtype stays on the workers and moves worker -> worker.
@@ -44,6 +44,25 @@ class PlanIndex:
             for out in outs:
                 self._emits.setdefault((walk.name, out.node), set()).add(out.port)
         self.batch_keys = self._batch_keys()
+        self.token_budgets = self._token_budgets()
+
+    def _token_budgets(self) -> dict[str, Count]:
+        """node -> the `max` of the DynamicLoop whose body emits the node's client tokens: the most
+        tokens a request's client gets from that node, counting those emitted before the loop
+        (a prefill's first token), as OpenAI's `max_tokens` counts them."""
+        budgets: dict[str, Count] = {}
+        for walk in self.plan.walks:
+            program = walk.program
+            for i, op in enumerate(program):
+                if not isinstance(op, DynamicLoopBegin):
+                    continue
+                for body in program[i + 1:op.end]:
+                    runs = [body] if isinstance(body, Run) else \
+                        [r for b in body.branches for r in b] if isinstance(body, Parallel) else []
+                    for run in runs:
+                        if self.client_tokens(walk.name, run.node):
+                            budgets.setdefault(run.node, op.max)
+        return budgets
 
     def _build_sources(self, walk: str, node: str) -> dict[str, list[Source]]:
         """input port -> candidate sources in precedence order: carry, edge, request input."""

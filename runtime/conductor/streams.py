@@ -10,7 +10,7 @@ same order — so it knows, without the data, when a chunk is due and how full a
     `can_push()` (the plan's `capacity`);
   * consumption: a Run of the consumer node is dispatched only when the chunks it needs
     are released (one per Run; a kind may need more on its first Run, see
-    FIRST_RUN_CHUNKS), or once the producer has ended (then it takes what is left);
+    the consumer node's plan `first_run_chunks`), or once the producer has ended (then it takes what is left);
   * the Run's WorkItem says how many chunks to take and how many items must have
     arrived first (`StreamTake`), or where to push its item (`StreamRoute`);
   * the producer ends when every track that runs the producer node is done: the mirror
@@ -34,11 +34,6 @@ from runtime.conductor.request import Request
 from runtime.streams.chunk_policy import StreamBuffer
 from runtime.streams.plan_policy import plan_policy
 from runtime.transport.messages import StreamRoute, StreamTake, WorkItem
-
-# Consumer kinds whose first Run needs more than one chunk: the Qwen3-Omni talker's
-# prompt holds the thinker's prompt rows (item 0) and its first generated token (item 1).
-FIRST_RUN_CHUNKS = {"qwen3_omni_talker": 2}
-
 
 def track_nodes(plan: Plan, track: Track) -> set[str]:
     """Every node a track's walks run."""
@@ -92,7 +87,6 @@ class StreamLedger:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.kinds = {n.name: n.kind for n in plan.nodes}
         self._edges: dict[int, dict[str, EdgeState]] = {}
         self._by_task: dict[str, list[tuple[Stream, frozenset[int], frozenset[int]]]] = {
             t.name: self._task_streams(t.tracks) for t in plan.tasks}
@@ -121,7 +115,7 @@ class StreamLedger:
         edges = {}
         for s, producers, consumers in self._by_task.get(req.task, []):
             buffer = StreamBuffer(plan_policy(s), s.capacity)
-            edges[s.name] = EdgeState(s, buffer, producers, consumers, FIRST_RUN_CHUNKS.get(self.kinds[s.dst_node], 1))
+            edges[s.name] = EdgeState(s, buffer, producers, consumers, self.plan.node(s.dst_node).first_run_chunks)
         if edges:
             self._edges[req.request_id] = edges
 

@@ -1,6 +1,6 @@
 """`DecodeGraphs`: a decoder LM's decode step, padded to batch buckets and CUDA-graph captured per bucket.
 
-Who calls it: `DecoderLMExecutor` (runtime/executors/decoder_lm.py) for decode-only
+Who calls it: `DecoderLMExecutor` (runtime/models/decoder_lm/executors.py) for decode-only
 batches of a node that the plan's capture pass put in a capture region, on CUDA. Per
 bucket there is one attention backend instance (planned once; see
 runtime/attention/triton_backend.py for why that keeps a graph valid), one graph and

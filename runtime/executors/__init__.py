@@ -8,17 +8,23 @@ nodes), its KV cache, and per-request state (sampling). The worker calls:
     ex.close(request_id, kv_only)        free the request's KV blocks (and state unless kv_only)
     ex.kv_blocks, ex.kv_block_size       pool size (0 when the node keeps no KV cache)
 
-`executor_for(node, module, rank, plan)` picks the adapter for the node's kind. An executor
+`executor_for(node, module, rank, plan)` builds the executor the plan names for the node
+(`Node.executor`: the graph's `executor:` or the kind's catalogue default), from a registry
+filled by `@register_executor(name)` in each family's `runtime/models/<family>/executors.py`
+and by plugins through the entry-point group ``mstar.executors``. An executor
 may carry a `group` attribute: queued batches of executors with the same group run as
 one call, `group.run_group([(executor, items, inputs), ...])` (BAGEL's CFG branches).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+import importlib
+from importlib.metadata import entry_points
+from typing import Any, Callable, Protocol
 
 import torch
 
+from mstar_compiler.catalogue import BUILTIN_FAMILIES
 from mstar_compiler.plan import Node, Plan
 from runtime.transport.messages import WorkItem
 
@@ -58,16 +64,37 @@ class CachelessExecutor:
         return 0
 
 
-def executor_for(node: Node, module: torch.nn.Module, rank: int, plan: Plan | None = None) -> Executor:
-    """The adapter that runs `node` (its kind decides which; BAGEL's kinds need the plan)."""
-    from runtime.executors.bagel import bagel_executor
-    from runtime.executors.decoder_lm import DecoderLMExecutor
-    from runtime.executors.specialised import specialised_executor
-    from runtime.executors.stateless import StatelessExecutor
-    special = (bagel_executor(plan, node, module, rank) or specialised_executor(plan, node, module, rank)
-               if plan is not None else None)   # speech, rollouts: runtime/executors/specialised.py
-    if special is not None:
-        return special
-    if node.has_kv_cache and hasattr(module, "make_kv_cache"):
-        return DecoderLMExecutor(node, module, rank, plan)
-    return StatelessExecutor(node, module)
+ExecutorFactory = Callable[[Plan, Node, torch.nn.Module, int], Executor]
+
+_EXECUTORS: dict[str, ExecutorFactory] = {}
+
+
+def register_executor(name: str) -> Callable[[ExecutorFactory], ExecutorFactory]:
+    """Decorator: `factory(plan, node, module, rank)` builds the executor registered as `name`."""
+
+    def deco(factory: ExecutorFactory) -> ExecutorFactory:
+        if name in _EXECUTORS and _EXECUTORS[name] is not factory:
+            raise ValueError(f"executor {name!r} is registered twice")
+        _EXECUTORS[name] = factory
+        return factory
+
+    return deco
+
+
+def _load_executors() -> None:
+    """Import every built-in family's executors module and the plugins' (entry points)."""
+    import runtime.executors.stateless  # noqa: F401  (registers "stateless")
+    for family in BUILTIN_FAMILIES:
+        importlib.import_module(f"runtime.models.{family}.executors")
+    for ep in entry_points(group="mstar.executors"):
+        register_executor(ep.name)(ep.load())
+
+
+def executor_for(node: Node, module: torch.nn.Module, rank: int, plan: Plan) -> Executor:
+    """The executor the plan names for `node` (`Node.executor`: the graph's or the kind's default)."""
+    if node.executor not in _EXECUTORS:
+        _load_executors()
+    if node.executor not in _EXECUTORS:
+        raise KeyError(f"node '{node.name}' ({node.source}) names executor {node.executor!r}, which no built-in "
+                       f"family or installed plugin registers; known: {', '.join(sorted(_EXECUTORS))}")
+    return _EXECUTORS[node.executor](plan, node, module, rank)

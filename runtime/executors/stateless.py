@@ -11,8 +11,8 @@ from typing import Any, Mapping
 
 import torch
 
-from mstar_compiler.plan import Node
-from runtime.executors import CachelessExecutor, ExecResult
+from mstar_compiler.plan import Node, Plan
+from runtime.executors import CachelessExecutor, ExecResult, register_executor
 from runtime.transport.messages import WorkItem
 
 
@@ -41,3 +41,8 @@ class StatelessExecutor(CachelessExecutor):
         if isinstance(out, Mapping):
             return {k: v for k, v in out.items() if k in self.out_ports}
         return dict(zip(self.out_ports, out))
+
+
+@register_executor("stateless")
+def stateless_executor(plan: Plan, node: Node, module: torch.nn.Module, rank: int) -> StatelessExecutor:
+    return StatelessExecutor(node, module)

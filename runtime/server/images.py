@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from runtime.bagel.generation import check_image_size, max_image_side
-from runtime.bagel.image_io import png_bytes
+from runtime.models.bagel.generation import check_image_size, max_image_side
+from runtime.models.bagel.image_io import png_bytes
 from runtime.conductor.request import Request
 from runtime.server.errors import ApiError
 from runtime.server.multimodal import bagel_lm_dims, data_url_bytes, image_item

@@ -18,8 +18,8 @@ import torch
 from PIL import UnidentifiedImageError
 
 from mstar_compiler.plan import Plan
-from runtime.bagel.generation import vae_resize
-from runtime.bagel.image_io import image_from_bytes, resize_for
+from runtime.models.bagel.generation import vae_resize
+from runtime.models.bagel.image_io import image_from_bytes, resize_for
 from runtime.server.errors import ApiError
 
 IMAGE_TASK = "i2t"

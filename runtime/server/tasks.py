@@ -2,12 +2,14 @@
 
 Body: {"params": {...}, "inputs": [{"type": "text", "text": "..."} | {"type": "tokens", "ids": [...]}]}
 Answer: {"task", "finish_reason", "token_ids", "text", "tensors": {"<node>.<port>":
-{"dtype", "shape", "data": base64 of the raw little-endian bytes}}}.
+{"dtype", "shape", "data": base64 of the raw little-endian bytes}}}; a port that streamed several
+tensors (audio chunks, predicted frames) gives them concatenated along their first axis.
 """
 from __future__ import annotations
 
 import base64
 
+import torch
 from aiohttp import web
 
 from runtime.server.errors import ApiError
@@ -32,6 +34,11 @@ def _inputs(body: dict, server) -> list[tuple[str, list[int]]]:
     return out
 
 
+def _tensor_json(t: torch.Tensor) -> dict:
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+            "data": base64.b64encode(t.contiguous().numpy().tobytes()).decode()}
+
+
 async def run_task(request: web.Request) -> web.Response:
     server = request.app["mstar"]
     task = request.match_info["task"]
@@ -44,19 +51,19 @@ async def run_task(request: web.Request) -> web.Response:
     params = resolve_params(server.plan, body.get("params", {}))
     req = server.conductor.submit(task, params, _inputs(body, server), frozenset(server.tokenizer.eos_token_ids),
                                   server.config.request_timeout_s)
-    tensors: dict = {}
+    chunks: dict[str, list[torch.Tensor]] = {}
     try:
         while True:
             event = await req.events.get()
             for key, t in event.tensors.items():
-                tensors[key] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                                "data": base64.b64encode(t.contiguous().numpy().tobytes()).decode()}
+                chunks.setdefault(key, []).append(t)
             if event.finish_reason == "error":
                 raise ApiError(500, f"request failed: {event.error}", code="worker_failed")
             if event.finish_reason is not None:
                 break
     finally:
         server.conductor.abort(req)
+    tensors = {key: _tensor_json(torch.cat(ts) if len(ts) > 1 else ts[0]) for key, ts in chunks.items()}
     ids = [t for t in req.output_ids if t not in req.stop_token_ids]
     return web.json_response({"task": task, "finish_reason": req.finish_reason, "token_ids": req.output_ids,
                               "text": server.tokenizer.decode(ids), "tensors": tensors})

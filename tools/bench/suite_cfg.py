@@ -62,7 +62,7 @@ class _Branches:
 
     def __init__(self, model, prompt_tokens: int) -> None:
         import torch
-        from runtime.bagel.segments import Segment, SegmentKind
+        from runtime.models.bagel.segments import Segment, SegmentKind
         from runtime.kv import KVBlockManager
 
         self.model, self.Segment, self.GEN = model, Segment, SegmentKind.GEN
@@ -117,12 +117,12 @@ def _lm_dims() -> dict:
 
 
 def _times(steps: int) -> list[float]:
-    from runtime.bagel.flow import flow_timesteps
+    from runtime.models.bagel.flow import flow_timesteps
     return [float(t) for t in flow_timesteps(steps + 1, shift=3.0)]
 
 
 def _denoise_batched(branches: _Branches, combine, x, times: list[float]):
-    from runtime.components.cfg_combine import CfgRequest
+    from runtime.models.bagel.cfg_combine import CfgRequest
     for t, t_next in zip(times[:-1], times[1:]):
         v_full, v_text, v_img = branches.velocities(x, t, batched=True)
         x, = combine([CfgRequest(x, v_full, v_text, v_img, t, t_next)])
@@ -131,7 +131,7 @@ def _denoise_batched(branches: _Branches, combine, x, times: list[float]):
 
 def _denoise_sequential(branches: _Branches, combine, x, times: list[float]):
     import torch
-    from runtime.kernels.cfg import Guidance, cfg_euler_step_reference
+    from runtime.models.bagel.cfg_kernel import Guidance, cfg_euler_step_reference
     guidance = Guidance.uniform(1, combine.text_scale, combine.img_scale, combine.cfg_interval)
     for t, t_next in zip(times[:-1], times[1:]):
         v_full, v_text, v_img = branches.velocities(x, t, batched=False)

@@ -1,7 +1,7 @@
 """rollout: V-JEPA 2-AC world-model rollout, mstar's per-frame KV cache vs the native rollout.
 
 A side is one whole rollout of horizon H from one context frame, batch 1, in this process
-on the same random weights: mstar advances it with `runtime.vjepa2.rollout.rollout_step`
+on the same random weights: mstar advances it with `runtime.models.vjepa2.rollout.rollout_step`
 (what each iteration of the `rollout` walk's DynamicLoop runs: only the new frame's
 tokens, attending to the cached ones); the baseline is V-JEPA 2-AC's own algorithm,
 re-running the predictor over the whole trajectory at every step. Both are checked to
@@ -21,7 +21,7 @@ ANCHORS = {4: 2.08, 15: 3.76, 30: 12.5}  # the M* paper's rollout speed-ups at t
 # (64 patch tokens per frame) keeps H = 30 of the native rollout within a minute here.
 CASES = (("tiny", None), ("ac-mid", 128))
 QUICK_CASES = (("tiny", None), ("ac-mid", 64))
-MSTAR = "DynamicLoop step (runtime.vjepa2.rollout.rollout_step) + per-frame KV cache"
+MSTAR = "DynamicLoop step (runtime.models.vjepa2.rollout.rollout_step) + per-frame KV cache"
 NATIVE = "native V-JEPA 2-AC rollout: predictor re-run over the whole trajectory each step"
 
 
@@ -30,9 +30,9 @@ def _build(preset: str, image_size: int | None):
         import torch
         from mstar_compiler.catalogue import load_catalogue
         from runtime.components import component_class
-        from runtime.vjepa2.rollout import cached_rollout, native_rollout
+        from runtime.models.vjepa2.rollout import cached_rollout, native_rollout
     except ImportError as exc:
-        raise Needs(f"the V-JEPA 2-AC predictor (runtime/vjepa2/rollout.py): {exc}") from exc
+        raise Needs(f"the V-JEPA 2-AC predictor (runtime/models/vjepa2/rollout.py): {exc}") from exc
     spec = load_catalogue()["vjepa2_ac_predictor"]
     dims = {**spec.presets[preset], **({"image_size": image_size} if image_size else {})}
     torch.manual_seed(0)

@@ -35,7 +35,7 @@ def lm_executor(plan_path):
     """The plan's llama_lm node loaded by the worker's loader in this process: (plan, node, executor)."""
     try:
         from mstar_compiler.plan import load_plan
-        from runtime.executors.decoder_lm import DecoderLMExecutor
+        from runtime.models.decoder_lm.executors import DecoderLMExecutor
         from runtime.worker.loader import load_rank
     except ImportError as exc:
         raise Needs(f"the decoder LM executor and worker loader: {exc}") from exc

@@ -43,7 +43,7 @@ class _Orpheus:
             from mstar_compiler.catalogue import load_catalogue
             from mstar_compiler.plan import load_plan
             from runtime.components import component_class
-            from runtime.executors.decoder_lm import DecoderLMExecutor
+            from runtime.models.decoder_lm.executors import DecoderLMExecutor
             from runtime.streams import Sliding, StreamBuffer
             from runtime.transport.messages import WorkItem
             from runtime.worker.loader import load_rank

@@ -9,7 +9,7 @@ from typing import Hashable
 import torch
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.bagel.segments import Segment, SegmentKind
+from runtime.models.bagel.segments import Segment, SegmentKind
 from runtime.components import component_class
 from runtime.kv import KVBlockManager
 

@@ -1,4 +1,4 @@
-"""The BAGEL image-generation walk wired from the components, as runtime/bagel/__init__.py
+"""The BAGEL image-generation walk wired from the components, as runtime/models/bagel/__init__.py
 describes it, against BAGEL's `generate_image` loop on the dense reference.
 
 Two I2I requests run together: per step one `bagel_mot_lm` call holds the three CFG
@@ -12,12 +12,12 @@ import torch
 from bagel_lm_helpers import DIMS, RefSequence, Runner, bagel_weights, build_lm
 from bagel_reference import DenseBagel
 from mstar_compiler.catalogue import load_catalogue
-from runtime.bagel.flow import flow_timesteps
-from runtime.bagel.image_io import png_bytes
-from runtime.bagel.segments import SegmentKind as K
+from runtime.models.bagel.flow import flow_timesteps
+from runtime.models.bagel.image_io import png_bytes
+from runtime.models.bagel.segments import SegmentKind as K
 from runtime.components import component_class
-from runtime.components.cfg_combine import CfgRequest
-from runtime.kernels.cfg import Guidance, cfg_euler_step
+from runtime.models.bagel.cfg_combine import CfgRequest
+from runtime.models.bagel.cfg_kernel import Guidance, cfg_euler_step
 
 STEPS, SHIFT, INTERVAL, TEXT_SCALE, IMG_SCALE = 4, 3.0, (0.7, 1.0), 4.0, 1.5
 BRANCHES = ("full", "cfg_text", "cfg_img")

@@ -9,7 +9,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from bagel_lm_helpers import DIMS, RefSequence, Runner, bagel_weights, build_lm
 from bagel_reference import DenseBagel
-from runtime.bagel.segments import SegmentKind as K
+from runtime.models.bagel.segments import SegmentKind as K
 from runtime.components import component_class
 
 IDS = [7, 42, 99, 3, 250]

@@ -8,11 +8,11 @@ import torch
 from PIL import Image
 
 from bagel_reference import bagel_sincos_table
-from runtime.bagel.embeddings import TimestepEmbedder, sincos_2d_table, timestep_frequencies
-from runtime.bagel.flow import flow_step_times, flow_timesteps
-from runtime.bagel.image_io import (VAE_RESIZE, VIT_RESIZE, image_from_bytes, pil_to_tensor, png_bytes,
+from runtime.models.bagel.embeddings import TimestepEmbedder, sincos_2d_table, timestep_frequencies
+from runtime.models.bagel.flow import flow_step_times, flow_timesteps
+from runtime.models.bagel.image_io import (VAE_RESIZE, VIT_RESIZE, image_from_bytes, pil_to_tensor, png_bytes,
                                     resize_for, target_size)
-from runtime.bagel.patchify import grid_position_ids, patchify, unpatchify
+from runtime.models.bagel.patchify import grid_position_ids, patchify, unpatchify
 
 
 @pytest.mark.parametrize("n, shift", [(2, 1.0), (5, 3.0), (50, 3.0)])

@@ -6,8 +6,8 @@ import torch
 
 from mstar_compiler.catalogue import load_catalogue
 from runtime.components import component_class
-from runtime.components.cfg_combine import CfgRequest
-from runtime.kernels.cfg import Guidance, cfg_euler_step
+from runtime.models.bagel.cfg_combine import CfgRequest
+from runtime.models.bagel.cfg_kernel import Guidance, cfg_euler_step
 
 SPEC = load_catalogue()["cfg_combine"]
 

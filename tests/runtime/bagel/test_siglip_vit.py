@@ -9,9 +9,9 @@ from transformers import SiglipVisionConfig
 from transformers import SiglipVisionModel as HFSiglipVisionModel
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.bagel.embeddings import sincos_2d_table
+from runtime.models.bagel.embeddings import sincos_2d_table
 from runtime.components import component_class
-from runtime.components.siglip_vit import conv_patch_weight_to_linear
+from runtime.models.bagel.siglip_vit import conv_patch_weight_to_linear
 from runtime.weights import WeightLoadError
 
 SPEC = load_catalogue()["siglip_vit"]

@@ -14,7 +14,7 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.components import component_class
 from runtime.cuda_graphs import DecodeGraphs
-from runtime.executors.decoder_lm import DecoderLMExecutor
+from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
 
 pytestmark = pytest.mark.gpu

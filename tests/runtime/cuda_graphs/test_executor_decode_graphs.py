@@ -13,7 +13,7 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.components import component_class
 from runtime.cuda_graphs import DecodeGraphs, capture_buckets
-from runtime.executors.decoder_lm import DecoderLMExecutor
+from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
 
 GRAPHS = Path(__file__).resolve().parents[3] / "graphs"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.kernels.cfg import RENORM_TYPES, Guidance, cfg_euler_step, cfg_euler_step_triton
+from runtime.models.bagel.cfg_kernel import RENORM_TYPES, Guidance, cfg_euler_step, cfg_euler_step_triton
 
 P = 2
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.orpheus.codes import codes_to_tokens, tokens_to_codes
+from runtime.models.orpheus.codes import codes_to_tokens, tokens_to_codes
 from snac_reference import CODEBOOK, OFFSET
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.orpheus.codes import codes_to_tokens, tokens_to_codes
+from runtime.models.orpheus.codes import codes_to_tokens, tokens_to_codes
 from runtime.streams.chunk_policy import Chunk, Sliding, StreamBuffer
 from snac_reference import CODEBOOK, OFFSET, make_decoder, random_levels, reference_snac
 

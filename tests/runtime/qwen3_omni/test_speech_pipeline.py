@@ -13,8 +13,8 @@ import torch
 
 from omni_reference import checkpoint_tensors, hf_model, omni_config, preset, randomize
 from runtime.components import component_class
-from runtime.qwen3_omni.speech import generate_frames
-from runtime.qwen3_omni.talker_prompt import TalkerText, talker_prompt
+from runtime.models.qwen3_omni.speech import generate_frames
+from runtime.models.qwen3_omni.talker_prompt import TalkerText, talker_prompt
 
 TALKER = preset("qwen3_omni_talker")
 THINKER_EOS = 510

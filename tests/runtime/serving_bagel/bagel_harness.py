@@ -1,6 +1,6 @@
 """Factories for the BAGEL executor tests: a rank's executors built from the compiled tiny plan,
 a driver that feeds them WorkItems the way the conductor and worker do, and an oracle that
-runs BAGEL's call sequence (runtime/bagel/__init__.py) on the same modules, one segment
+runs BAGEL's call sequence (runtime/models/bagel/__init__.py) on the same modules, one segment
 per call, every CFG branch computed."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import torch
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.bagel.generation import Generation, GuidanceUse, vae_resize, vit_resize
-from runtime.bagel.segments import Segment, SegmentKind as K
-from runtime.components.cfg_combine import CfgRequest
+from runtime.models.bagel.generation import Generation, GuidanceUse, vae_resize, vit_resize
+from runtime.models.bagel.segments import Segment, SegmentKind as K
+from runtime.models.bagel.cfg_combine import CfgRequest
 from runtime.executors import executor_for
-from runtime.executors.bagel_nodes import image_tensor
+from runtime.models.bagel.node_executors import image_tensor
 from runtime.kv import KVBlockManager
 from runtime.transport.messages import WorkItem
 from runtime.worker.loader import load_rank

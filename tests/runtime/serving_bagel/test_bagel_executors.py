@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.bagel.segments import SegmentKind as K
+from runtime.models.bagel.segments import SegmentKind as K
 from runtime.executors import ExecResult
-from runtime.executors.bagel_roles import cfg_consumer, segment_kinds
+from runtime.models.bagel.roles import cfg_consumer, segment_kinds
 from runtime.transport.messages import BatchDone, RunBatch, WorkItem
 from runtime.transport.queues import Envelope
 from runtime.worker.worker import Worker

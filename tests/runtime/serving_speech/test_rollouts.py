@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from mstar_compiler.plan import load_plan
-from runtime.vjepa2 import cached_rollout, native_rollout
+from runtime.models.vjepa2 import cached_rollout, native_rollout
 from runtime.worker.loader import load_rank
 from tests.runtime.serving.conftest import compile_plan
 from tests.runtime.serving.conftest import http as request_json

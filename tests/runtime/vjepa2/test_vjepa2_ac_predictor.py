@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.vjepa2.rollout import cached_rollout, native_rollout, rollout_step, start_rollout
+from runtime.models.vjepa2.rollout import cached_rollout, native_rollout, rollout_step, start_rollout
 from vjepa2_reference import make, native_ac_forward, randomize, tiny
 
 E, A = 48, 7

@@ -5,9 +5,9 @@ import math
 
 import torch
 
-from runtime.vjepa2.planning import CemConfig, l1_to_goal, plan_cem, score_candidates
-from runtime.vjepa2.pose import droid_pose, euler_xyz_to_matrix, matrix_to_euler_xyz
-from runtime.vjepa2.rollout import native_rollout
+from runtime.models.vjepa2.planning import CemConfig, l1_to_goal, plan_cem, score_candidates
+from runtime.models.vjepa2.pose import droid_pose, euler_xyz_to_matrix, matrix_to_euler_xyz
+from runtime.models.vjepa2.rollout import native_rollout
 from vjepa2_reference import make, randomize
 
 

@@ -11,7 +11,8 @@ AUDIO_GAIN = KindSpec(
     presets={"tiny": {"channels": 1}, "stereo": {"channels": 2}},
     num_params=lambda dims: dims["channels"],
     is_capture_safe=True,
-    args={"initial_gain": 1.0},
+    args={"initial_gain": 1.0, "fade_samples": 0},
+    executor="audio_gain",      # mstar_audio_gain.executor, through the mstar.executors entry point
 )
 
 

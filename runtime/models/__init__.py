@@ -1,0 +1,15 @@
+"""One folder per model family: everything mstar knows about one family's runtime.
+
+    decoder_lm/   llama_lm, qwen2_lm, qwen3_lm, qwen3_moe_lm and the decoder-LM executor
+    bagel/        BAGEL's MoT LM, SigLIP ViT, FLUX VAE, CFG combine (+ its Triton kernel), image I/O
+    qwen3_omni/   Qwen3-Omni's encoders, talker, code predictor, code2wav, speech prompt, executors
+    orpheus/      the SNAC decoder, Orpheus' audio-token mapping, windows and executors
+    vjepa2/       the V-JEPA 2 encoder, the AC predictor, per-frame KV rollouts and planning
+
+A family folder is named after its catalogue module (`mstar_compiler/catalogue/<family>.py`,
+which stays torch-free): each kind is implemented in `<family>/<kind>.py` (registered with
+`runtime.components.register`), and the family's executors in `<family>/executors.py`
+(registered by name with `runtime.executors.register_executor`). The generic runtime
+(conductor, worker, server core) names no family and no kind: it reads the plan, whose
+nodes carry their kind and the name of their executor.
+"""

@@ -1,0 +1,180 @@
+"""Runs a decoder LM node (`runtime.layers.DecoderLM` kinds) over a batch: mixed prefill/decode.
+
+One call packs every request's new tokens (a whole prompt, a recomputed context after
+preemption, or one decode token) into one forward over the paged KV cache, then samples
+one token per request with that request's own `SamplingState` (seeded per request, so the
+batch around a request never changes its tokens). The block tables live here
+(`KVBlockManager`); the conductor keeps a matching count and never over-commits.
+
+CUDA graphs: on a CUDA device, when the plan puts the node in a capture region,
+decode-only batches (one token per request) that fit a batch bucket replay a captured
+graph (`runtime.cuda_graphs.DecodeGraphs`); everything else — prefill, mixed batches,
+batches above the largest bucket, every CPU run, tensor-parallel shards — runs eagerly.
+
+Disaggregation: `export_kv(request_id)` hands a request's cache contents and sampling
+state to the rank that runs the node next (and frees them here); `import_kv` takes them.
+"""
+from __future__ import annotations
+
+from itertools import accumulate
+from typing import Any
+
+import torch
+
+from mstar_compiler.plan import Node, Plan
+from runtime.cuda_graphs import DecodeGraphs, capture_buckets
+from runtime.executors import ExecResult, register_executor
+from runtime.kv import KVBlockManager
+from runtime.sampling import Sampler, SamplingParams, SamplingState
+from runtime.transport.messages import KvState, WorkItem
+
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                   "presence_penalty", "frequency_penalty", "seed")
+
+
+def sampling_params(params: dict[str, Any]) -> SamplingParams:
+    """The sampling part of a request's params (stops are the conductor's business)."""
+    return SamplingParams.from_mapping({k: params[k] for k in SAMPLING_FIELDS if k in params})
+
+
+class DecoderLMExecutor:
+    """A decoder LM node on one rank: model, paged cache, block tables, per-request samplers."""
+
+    def __init__(self, node: Node, model: torch.nn.Module, rank: int, plan: Plan | None = None) -> None:
+        pool = next(p for p in node.kv_pools if p.rank == rank)
+        self.node = node
+        self.model = model
+        self.kv_blocks, self.kv_block_size = pool.num_pages, pool.page_tokens
+        self.cache = model.make_kv_cache(pool.num_pages, pool.page_tokens)
+        self.device = self.cache.k[0].device
+        self.blocks = KVBlockManager(pool.num_pages, pool.page_tokens)
+        self.sampler = Sampler()
+        self._params: dict[int, SamplingParams] = {}
+        self._states: dict[int, SamplingState] = {}
+        self.decode_graphs = self._decode_graphs(plan, rank)
+
+    def _decode_graphs(self, plan: Plan | None, rank: int) -> DecodeGraphs | None:
+        """Captured decode steps when on CUDA and in a capture region of the plan, else None (eager)."""
+        buckets = capture_buckets(plan, self.node.name, rank) if plan is not None else ()
+        if self.device.type != "cuda" or not buckets or not getattr(self.model, "is_graph_capturable", False):
+            return None
+        if getattr(getattr(self.model, "tp", None), "size", 1) > 1:   # a capture would run collectives alone
+            return None
+        max_len = int(self.node.dims.get("max_position_embeddings", self.kv_blocks * self.kv_block_size))
+        max_blocks = min(self.kv_blocks, -(-max_len // self.kv_block_size))
+        graphs = DecodeGraphs(self.model, self.cache, buckets, max_blocks)
+        graphs.capture_all()
+        return graphs
+
+    def open(self, request_id: int, params: dict[str, Any]) -> None:
+        self._params[request_id] = sampling_params(params)
+
+    def close(self, request_id: int, kv_only: bool) -> None:
+        if request_id in self.blocks:
+            self.blocks.free(request_id)
+        if not kv_only:
+            self._params.pop(request_id, None)
+            self._states.pop(request_id, None)
+
+    def kv_used_blocks(self) -> int:
+        return self.kv_blocks - self.blocks.allocator.num_free
+
+    def export_kv(self, request_id: int) -> tuple[KvState, dict[str, torch.Tensor]] | None:
+        """The request's cache contents and sampling state for another rank (None: none held);
+        both are freed here."""
+        if request_id not in self.blocks:
+            return None
+        table = self.blocks.table(request_id)
+        idx = torch.tensor(table.blocks, dtype=torch.long, device=self.device)
+        tensors = {"k": torch.stack([pages[idx] for pages in self.cache.k]).cpu(),   # (L, blocks, bs, kvh, hd)
+                   "v": torch.stack([pages[idx] for pages in self.cache.v]).cpu()}
+        msg = KvState(request_id=request_id, node=self.node.name, num_tokens=table.num_tokens)
+        state = self._states.pop(request_id, None)
+        if state is not None:
+            msg.prompt_ids, msg.output_ids = list(state.prompt_ids), list(state.output_ids)
+            tensors["rng"] = state.generator.get_state()
+        self.blocks.free(request_id)
+        return msg, tensors
+
+    def import_kv(self, msg: KvState, tensors: dict[str, torch.Tensor]) -> None:
+        """Take a request's cache contents and sampling state from the rank that held them."""
+        rid = msg.request_id
+        if rid in self.blocks:
+            self.blocks.free(rid)
+        self.blocks.allocate(rid, msg.num_tokens)
+        idx = torch.tensor(self.blocks.table(rid).blocks, dtype=torch.long, device=self.device)
+        for layer, (k, v) in enumerate(zip(self.cache.k, self.cache.v)):
+            k[idx] = tensors["k"][layer].to(self.device, k.dtype)
+            v[idx] = tensors["v"][layer].to(self.device, v.dtype)
+        if "rng" in tensors:
+            state = SamplingState(self._params.get(rid, SamplingParams()), msg.prompt_ids, self.device)
+            state.generator.set_state(tensors["rng"].clone())
+            for token in msg.output_ids:
+                state.append(token)
+            self._states[rid] = state
+
+    @torch.inference_mode()
+    def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
+        starts = self._reserve(items)
+        if self._is_graph_step(items):
+            logits, hidden = self._decode_step(items)
+        else:
+            logits, hidden = self._forward(items, starts)
+        states = [self._state(item) for item in items]
+        tokens = self.sampler(logits, states).token_ids.tolist()
+        rows = list(accumulate((len(item.tokens) for item in items), initial=0))
+        results = []
+        for b, (state, token) in enumerate(zip(states, tokens)):
+            state.append(token)
+            results.append(ExecResult([token], {"token": torch.tensor([token]), "hidden": hidden[rows[b]:rows[b + 1]]}))
+        return results
+
+    def _is_graph_step(self, items: list[WorkItem]) -> bool:
+        # a subclass that wraps `self.model` (its own compute_logits) keeps the eager path
+        if self.decode_graphs is None or self.decode_graphs.model is not self.model:
+            return False
+        if any(len(item.tokens) != 1 for item in items):
+            return False
+        tables = [self.blocks.table(item.request_id) for item in items]
+        return self.decode_graphs.can_run([t.blocks for t in tables], [t.num_tokens for t in tables])
+
+    def _forward(self, items: list[WorkItem], starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eager packed forward: (B, vocab) logits of each request's last row, (N, hidden) states."""
+        ids = torch.tensor([t for item in items for t in item.tokens], dtype=torch.long, device=self.device)
+        positions = torch.tensor([p for s, item in zip(starts, items) for p in range(s, s + len(item.tokens))],
+                                 dtype=torch.long, device=self.device)                         # (N,)
+        batch = self.blocks.metadata([(item.request_id, len(item.tokens)) for item in items], device=self.device)
+        hidden = self.model(ids, positions, batch, self.cache)                                 # (N, hidden)
+        return self.model.compute_logits(hidden[batch.last_token_rows()]), hidden
+
+    def _decode_step(self, items: list[WorkItem]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode-only batch through the captured graphs; hidden copied out of the static buffer."""
+        tables = [self.blocks.table(item.request_id) for item in items]
+        logits, hidden = self.decode_graphs.run([item.tokens[0] for item in items], [t.blocks for t in tables],
+                                                [t.num_tokens for t in tables])
+        return logits, hidden.clone()
+
+    def _reserve(self, items: list[WorkItem]) -> list[int]:
+        """Room for every item's tokens in the cache; the position of each item's first token."""
+        starts = []
+        for item in items:
+            rid = item.request_id
+            if rid not in self.blocks:
+                self.blocks.allocate(rid, len(item.tokens))
+                starts.append(0)
+            else:
+                starts.append(self.blocks.num_tokens(rid))
+                # copied at once: an OutOfBlocks for a later item must not leave a table without its copy
+                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens)))
+        return starts
+
+    def _state(self, item: WorkItem) -> SamplingState:
+        rid = item.request_id
+        if rid not in self._states:
+            self._states[rid] = SamplingState(self._params.get(rid, SamplingParams()), item.tokens, self.device)
+        return self._states[rid]
+
+
+@register_executor("decoder_lm")
+def decoder_lm_executor(plan: Plan, node: Node, module: torch.nn.Module, rank: int) -> DecoderLMExecutor:
+    return DecoderLMExecutor(node, module, rank, plan)

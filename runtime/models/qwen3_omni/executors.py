@@ -1,0 +1,220 @@
+"""Qwen3-Omni speech on the worker: thinker stream, talker, code predictor, code2wav.
+
+How the plan's tracks map onto these executors (graphs/qwen3_omni.yaml, task voice_chat):
+
+  thinker track   `ThinkerExecutor`: a decoder LM whose `hidden` output is the stream item
+                  the talker reads — the *input embeddings* of the tokens it fed this step
+                  (`hidden`), their ids (`hidden:ids`) and, on the first item, the embeddings
+                  of tts_bos / tts_eos / tts_pad (`hidden:tts`). The shared `qwen3_moe_lm`
+                  decoder returns only its final-normed states, so the embeddings come from
+                  the thinker's own table (`DecoderLM.embed`); the talker's multimodal rows
+                  (layer-`accept_hidden_layer` states) are not streamed: voice chat reads
+                  text prompts.
+  talker track    `TalkerExecutor` (one talker step per Run: its first Run takes the
+                  prompt item and the first generated token's item and prefills the talker
+                  prompt; later Runs add one thinker row, or tts_eos / tts_pad once the
+                  thinker has ended) then `CodePredictorExecutor` (residual codebooks); the
+                  frame goes onto the `codec_frames` stream unless the talker said codec EOS,
+                  which it reports as `finished="eos"` to end the `speak` loop.
+  code2wav track  `Code2WavExecutor`, per chunk of `codec_frames` (left context 25 + 25).
+
+The talker and code predictor decode greedily (as `runtime.models.qwen3_omni.speech.speak_step`).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from mstar_compiler.plan import Node, Plan
+from runtime.executors import CachelessExecutor, ExecResult, register_executor
+from runtime.models.decoder_lm.executors import DecoderLMExecutor
+from runtime.kv import KVBlockManager
+from runtime.models.qwen3_omni.talker_prompt import TalkerText, talker_prompt
+from runtime.streams.chunk_policy import Chunk
+from runtime.transport.messages import WorkItem
+
+DEFAULT_SPEAKER = "ethan"
+
+
+class ThinkerExecutor(DecoderLMExecutor):
+    """A `qwen3_moe_lm` thinker whose `hidden` stream feeds a talker (module docstring)."""
+
+    def __init__(self, node: Node, model: nn.Module, rank: int, tts_ids: tuple[int, int, int],
+                 plan: Plan | None = None) -> None:
+        super().__init__(node, model, rank, plan)
+        self.tts_ids = torch.tensor(tts_ids, dtype=torch.long, device=self.device)
+        self._num_fed: dict[int, int] = {}
+
+    def close(self, request_id: int, kv_only: bool) -> None:
+        super().close(request_id, kv_only)
+        if not kv_only:
+            self._num_fed.pop(request_id, None)
+
+    @torch.inference_mode()
+    def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
+        starts = [self.blocks.num_tokens(i.request_id) if i.request_id in self.blocks else 0 for i in items]
+        results = super().run(items, inputs)
+        for item, start, result in zip(items, starts, results):
+            done = self._num_fed.get(item.request_id, 0)
+            ids = torch.tensor(item.tokens[max(0, done - start):], dtype=torch.long,
+                               device=self.device)                       # a recompute re-feeds history
+            result.outputs["hidden"] = self.model.embed(ids)                       # (n, hidden)
+            result.outputs["hidden:ids"] = ids
+            if done == 0:
+                result.outputs["hidden:tts"] = self.model.embed(self.tts_ids)      # (3, hidden)
+            self._num_fed[item.request_id] = done + len(ids)
+        return results
+
+
+def _items(chunks: list[Chunk]) -> list[dict[str, torch.Tensor]]:
+    return [it for c in chunks for it in c.new_items]
+
+
+class TalkerExecutor:
+    """The `qwen3_omni_talker` node: paged KV cache, per-request text rows, codebook 0."""
+
+    def __init__(self, node: Node, talker: nn.Module, rank: int) -> None:
+        pool = next(p for p in node.kv_pools if p.rank == rank)
+        self.talker = talker
+        self.kv_blocks, self.kv_block_size = pool.num_pages, pool.page_tokens
+        self.cache = talker.make_kv_cache(pool.num_pages, pool.page_tokens)
+        self.blocks = KVBlockManager(pool.num_pages, pool.page_tokens)
+        self.device = self.cache.k[0].device
+        self.eos = int(talker.dims["codec_eos_token_id"])
+        self._texts: dict[int, TalkerText] = {}
+        self._speakers: dict[int, str] = {}
+
+    def open(self, request_id: int, params: dict[str, Any]) -> None:
+        self._speakers[request_id] = str(params.get("speaker", DEFAULT_SPEAKER))
+
+    def close(self, request_id: int, kv_only: bool) -> None:
+        if request_id in self.blocks:
+            self.blocks.free(request_id)
+        if not kv_only:
+            self._texts.pop(request_id, None)
+            self._speakers.pop(request_id, None)
+
+    def kv_used_blocks(self) -> int:
+        return self.kv_blocks - self.blocks.allocator.num_free
+
+    def _rows(self, item: WorkItem, ins: dict[str, Any]) -> torch.Tensor:
+        """This step's input rows (n, hidden): the prompt on the first Run, else one decode row."""
+        rid, chunks = item.request_id, ins.get("thinker_hidden", [])
+        news = [{k: v.to(self.device) for k, v in it.items()} for it in _items(chunks)]   # from another rank: CPU
+        if rid not in self._texts:
+            head, rest = news[:2], news[2:]
+            embeds = torch.cat([it["value"] for it in head])                     # (T+1, Dt)
+            rows = talker_prompt(self.talker, head[0]["ids"], embeds, None, head[0]["tts"],
+                                 self._speakers.get(rid, DEFAULT_SPEAKER))
+            self._texts[rid] = TalkerText(self.talker, head[0]["tts"])
+        else:
+            rows, rest = None, news
+        text = self._texts[rid]
+        if rest:
+            text.push(torch.cat([it["value"] for it in rest]))
+        if any(c.is_final for c in chunks):
+            text.finish()
+        return rows if rows is not None else (ins["frame_embed"].to(self.device) + text.next_row())[None]   # (1, H)
+
+    def _reserve(self, rid: int, n: int) -> None:
+        if rid not in self.blocks:
+            self.blocks.allocate(rid, n)
+            return
+        for src, dst in self.blocks.append(rid, n):
+            self.cache.copy_blocks([(src, dst)])
+
+    @torch.inference_mode()
+    def run(self, items: list[WorkItem], inputs: list[dict[str, Any]]) -> list[ExecResult]:
+        rows = [self._rows(item, ins) for item, ins in zip(items, inputs)]
+        for item, r in zip(items, rows):
+            self._reserve(item.request_id, r.shape[0])
+        schedule = [(item.request_id, r.shape[0]) for item, r in zip(items, rows)]
+        batch = self.blocks.metadata(schedule, device=self.device)
+        positions = torch.cat([torch.arange(self.blocks.num_tokens(rid) - n, self.blocks.num_tokens(rid),
+                                            device=self.device) for rid, n in schedule])
+        hidden = self.talker(torch.cat(rows), positions, batch, self.cache)[batch.last_token_rows()]  # (B, H)
+        logits = self.talker.compute_logits(hidden).masked_fill(~self.talker.speakable(), float("-inf"))
+        code0 = logits.argmax(dim=-1)                                                          # (B,)
+        prefix = torch.stack((hidden, self.talker.embed_codes(code0)), dim=1)                  # (B, 2, H)
+        return [ExecResult(tokens=[int(c)], outputs={"code0": code0[b:b + 1], "hidden": prefix[b]},
+                           finished="eos" if int(c) == self.eos else "")
+                for b, c in enumerate(code0)]
+
+
+class CodePredictorExecutor(CachelessExecutor):
+    """The `qwen3_omni_code_predictor` node: codebooks 1..G-1 of each speaking request's frame.
+
+    No KV pool: each frame is a fresh sequence whose cache lives for one call."""
+
+    def __init__(self, node: Node, predictor: nn.Module, codec_eos: int) -> None:
+        self.predictor = predictor
+        self.device = next(predictor.parameters()).device
+        self.codec_eos = codec_eos
+        self.hidden_size = int(node.dims["hidden_size"])
+
+    @torch.inference_mode()
+    def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
+        speaking = [i for i, ins in enumerate(inputs) if int(ins["code0"][0]) != self.codec_eos]
+        results = [ExecResult(outputs={"frame_embed": torch.zeros(self.hidden_size, device=self.device)})
+                   for _ in items]
+        if speaking:
+            prefix = torch.stack([inputs[i]["hidden"] for i in speaking]).to(self.device)    # (B', 2, H)
+            code0 = torch.cat([inputs[i]["code0"] for i in speaking]).to(self.device)        # (B',)
+            frames, embeds = self.predictor.predict_frames(prefix, code0)
+            for j, i in enumerate(speaking):
+                results[i] = ExecResult(outputs={"frame": frames[j], "frame_embed": embeds[j]})
+        return results
+
+
+class Code2WavExecutor(CachelessExecutor):
+    """The `qwen3_omni_code2wav` node: one left-context chunk of codec frames per request per Run."""
+
+    def __init__(self, node: Node, module: nn.Module) -> None:
+        self.module = module
+        self.num_quantizers = int(node.dims["num_quantizers"])
+        self.device = next(module.parameters()).device
+
+    @torch.inference_mode()
+    def run(self, items: list[WorkItem], inputs: list[dict[str, Any]]) -> list[ExecResult]:
+        chunks: list[Chunk] = [ins["codes"][0] if ins.get("codes") else Chunk([], 0, 0, True) for ins in inputs]
+        frames = [torch.stack([it["value"] for it in c.items]).to(self.device) if c.items
+                  else torch.zeros(0, self.num_quantizers, dtype=torch.long, device=self.device)
+                  for c in chunks]                                                             # (F_i, G)
+        audio = self.module.decode_chunks(frames, [c.num_context for c in chunks])
+        return [ExecResult(outputs={"audio": a.float().cpu()}) for a in audio]
+
+
+def tts_token_ids(talker_dims: Mapping[str, Any]) -> tuple[int, int, int]:
+    """Thinker ids of tts_bos, tts_eos, tts_pad (the talker's text-side specials)."""
+    return (int(talker_dims["tts_bos_token_id"]), int(talker_dims["tts_eos_token_id"]),
+            int(talker_dims["tts_pad_token_id"]))
+
+
+def _talker(plan: Plan, node: Node) -> Node:
+    talker = next((n for n in plan.nodes if n.kind == "qwen3_omni_talker"), None)
+    if talker is None:
+        raise ValueError(f"node '{node.name}' ({node.source}) runs executor {node.executor} in a graph "
+                         f"without a qwen3_omni_talker node")
+    return talker
+
+
+@register_executor("qwen3_omni_thinker")
+def thinker_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> ThinkerExecutor:
+    return ThinkerExecutor(node, module, rank, tts_token_ids(_talker(plan, node).dims), plan)
+
+
+@register_executor("qwen3_omni_talker")
+def talker_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> TalkerExecutor:
+    return TalkerExecutor(node, module, rank)
+
+
+@register_executor("qwen3_omni_code_predictor")
+def code_predictor_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> CodePredictorExecutor:
+    return CodePredictorExecutor(node, module, int(_talker(plan, node).dims["codec_eos_token_id"]))
+
+
+@register_executor("qwen3_omni_code2wav")
+def code2wav_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> Code2WavExecutor:
+    return Code2WavExecutor(node, module)
