@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graph_factories import BLOCK, changed_slots, clone_cache, eager_decode, new_slot, prefilled, tiny_llama
+from tests.runtime.cuda_graphs.graph_factories import BLOCK, changed_slots, clone_cache, eager_decode, new_slot, prefilled, tiny_llama
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.components import component_class

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graph_factories import (BLOCK, changed_slots, clone_cache, eager_decode, new_slot, prefilled, real_pages,
+from tests.runtime.cuda_graphs.graph_factories import (BLOCK, changed_slots, clone_cache, eager_decode, new_slot, prefilled, real_pages,
                              tiny_llama)
 from mstar_compiler.catalogue import load_catalogue
 from runtime.components import component_class

@@ -1,0 +1,75 @@
+"""Linear weights packed for oneDNN on CPU (runtime.parallel.cpu_linear) compute what the
+plain weights compute: per layer to float tolerance, and the same greedy tokens over a
+paged decode; parameters, state_dict and tied embeddings stay as they were."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.runtime.models.decoder_lm.lm_factories import CASES, PagedRunner, build, tiny_dims
+from runtime.parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, pack_linears
+from runtime.parallel.cpu_linear import PackedLinear, linear, onednn_available, pack_weight
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN linear")
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("rows", [0, 1, 3, 16, 37])
+def test_packed_linear_matches_f_linear(dtype, tol, rows) -> None:
+    g = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(48, 40, generator=g).to(dtype), torch.randn(48, generator=g).to(dtype)
+    x = torch.randn(2, rows, 40, generator=g).to(dtype)
+    packed = pack_weight(weight)
+    assert packed is not None
+    out = linear(x, weight, bias, packed)
+    ref = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+    assert out.shape == (2, rows, 48) and out.dtype == dtype
+    assert torch.allclose(out.float(), ref, rtol=tol, atol=tol * 10)
+
+
+def test_weights_that_cannot_be_packed_are_left() -> None:
+    assert pack_weight(torch.randn(4, 4, dtype=torch.float64)) is None
+    assert pack_weight(torch.randn(2, 4, 4)) is None
+    assert pack_weight(torch.randn(0, 4)) is None
+
+
+@pytest.mark.parametrize("case", ["llama", "llama-tied-llama3-bias", "qwen3_moe"])
+@torch.no_grad()
+def test_packed_decoder_gives_the_same_tokens(case: str) -> None:
+    kind, overrides = CASES[case]
+    plain, packed = build(kind, tiny_dims(kind, **overrides)), build(kind, tiny_dims(kind, **overrides))
+    keys = list(packed.state_dict())
+    count = pack_linears(packed)
+    assert count >= 4 * packed.config.num_layers   # qkv, o, gate-up / router, down per layer at least
+    assert list(packed.state_dict()) == keys
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), packed.state_dict().values()))
+    kinds = {type(m) for m in packed.modules()}
+    assert nn.Linear not in kinds and {ColumnParallelLinear, RowParallelLinear, ParallelLMHead} <= kinds
+    runs = {}
+    for name, model in (("plain", plain), ("packed", packed)):
+        runner, tokens, logits = PagedRunner(model, num_blocks=32, block_size=4), [3, 17, 101, 7, 250], []
+        for step in range(12):
+            rows = runner.step([("r", tokens if step == 0 else tokens[-1:])])[0]
+            logits.append(rows[-1])
+            tokens.append(int(rows[-1].argmax()))
+        runs[name] = (tokens, torch.stack(logits))
+    assert runs["plain"][0] == runs["packed"][0]
+    assert torch.allclose(runs["plain"][1], runs["packed"][1], atol=1e-4)
+
+
+def test_switched_off_by_environment(monkeypatch) -> None:
+    monkeypatch.setenv("MSTAR_CPU_LINEAR", "torch")
+    model = build("llama_lm", tiny_dims("llama_lm"))
+    assert pack_linears(model) == 0
+    assert all(getattr(m, "packed", None) is None for m in model.modules())
+
+
+def test_plain_linear_children_are_swapped_around_the_same_parameters() -> None:
+    parent = nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 4, bias=False))
+    weights = [p for p in parent.parameters()]
+    x = torch.randn(5, 8)
+    ref = parent(x)
+    assert pack_linears(parent) == 2
+    assert isinstance(parent[0], PackedLinear) and [p for p in parent.parameters()] == weights
+    assert torch.allclose(parent(x), ref, atol=1e-6)
