@@ -222,8 +222,8 @@ KINDS: tuple[KindSpec, ...] = (
         presets={"tiny": _CFG_DIMS, "bagel-7b": _CFG_DIMS},
         num_params=lambda d: 0,
         args={
-            "text_scale": 4.0,           # cfg_text_scale; <= 1 disables CFG entirely (as BAGEL)
-            "img_scale": 1.5,            # cfg_img_scale; <= 1 disables the image branch
+            "text_scale": None,          # required (the graph binds it to $cfg_text_scale); <= 1 disables CFG
+            "img_scale": None,           # required (the graph binds it to $cfg_img_scale); <= 1: no image branch
             "renorm_type": "global",     # "global" | "channel" | "text_channel"
             "renorm_min": 0.0,           # lower clamp of the renorm scale (upper is 1)
             "cfg_interval": [0.4, 1.0],  # CFG active where lo < t <= hi

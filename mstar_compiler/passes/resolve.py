@@ -210,6 +210,9 @@ def _apply_node_options(ir: IR, node: NodeIR, raw: dict[str, Any], defaults: dic
                                did_you_mean(key, spec.args) or f"kind '{spec.kind}' takes no args", key=True)
         args[key] = value
     for key, value in args.items():
+        if value is None and key != "weights":
+            raise ir.doc.error(f"kind '{spec.kind}' needs arg '{key}'", node.path,
+                               f"give it under `args:`, a constant or a $param (e.g. args: {{{key}: $my_param}})")
         if isinstance(value, str) and value.startswith("$"):
             node.param_args[key] = param_ref(ir, value, (*node.path, "args", key))
         else:

@@ -28,7 +28,9 @@ checked to return the same image size (and their max pixel difference is noted) 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
+from pathlib import Path
 
 from bench.image_load import ImageJob, generate_images, pixels
 from bench.openai_load import model_card
@@ -116,16 +118,28 @@ def _lm_dims() -> dict:
     return dict(presets[PRESET])
 
 
+@functools.cache
+def _defaults() -> dict:
+    """BAGEL's request param defaults, from graphs/bagel.yaml (the one place they are written)."""
+    from mstar_compiler.pipeline import compile_file
+    plan = compile_file(str(Path(__file__).resolve().parents[2] / "graphs" / "bagel.yaml")).plan
+    return {p.name: p.default for p in plan.params}
+
+
+def _scales() -> tuple[float, float]:
+    return float(_defaults()["cfg_text_scale"]), float(_defaults()["cfg_img_scale"])
+
+
 def _times(steps: int) -> list[float]:
     from runtime.models.bagel.flow import flow_timesteps
-    return [float(t) for t in flow_timesteps(steps + 1, shift=3.0)]
+    return [float(t) for t in flow_timesteps(steps + 1, shift=float(_defaults()["timestep_shift"]))]
 
 
 def _denoise_batched(branches: _Branches, combine, x, times: list[float]):
     from runtime.models.bagel.cfg_combine import CfgRequest
     for t, t_next in zip(times[:-1], times[1:]):
         v_full, v_text, v_img = branches.velocities(x, t, batched=True)
-        x, = combine([CfgRequest(x, v_full, v_text, v_img, t, t_next)])
+        x, = combine([CfgRequest(x, v_full, v_text, v_img, t, t_next, *_scales())])
     return x
 
 

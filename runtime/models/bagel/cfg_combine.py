@@ -28,9 +28,9 @@ class CfgRequest:
     v_img: torch.Tensor | None            # velocity with the input image(s) dropped; None: no image guidance
     timestep: float                       # t of x_t
     timestep_next: float                  # t of the step's result
-    text_scale: float | None = None       # None: the node's arg
-    img_scale: float | None = None
-    cfg_interval: tuple[float, float] | None = None
+    text_scale: float                     # the request's cfg_text_scale (or the node's constant arg)
+    img_scale: float                      # the request's cfg_img_scale (or the node's constant arg)
+    cfg_interval: tuple[float, float] | None = None   # None: the node's arg
 
 
 @register("cfg_combine")
@@ -40,11 +40,9 @@ class CfgCombine(nn.Module):
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any]) -> None:
         super().__init__()
         self.patch = dims["latent_patch_size"]
-        self.text_scale = float(args.get("text_scale", 4.0))
-        self.img_scale = float(args.get("img_scale", 1.5))
-        self.renorm_type = str(args.get("renorm_type", "global"))
-        self.renorm_min = float(args.get("renorm_min", 0.0))
-        self.cfg_interval = tuple(float(x) for x in args.get("cfg_interval", (0.4, 1.0)))
+        self.renorm_type = str(args["renorm_type"])
+        self.renorm_min = float(args["renorm_min"])
+        self.cfg_interval = tuple(float(x) for x in args["cfg_interval"])
         if self.renorm_type not in RENORM_TYPES:
             raise ValueError(f"cfg_combine: renorm_type {self.renorm_type!r} is not one of {RENORM_TYPES}")
 
@@ -54,8 +52,7 @@ class CfgCombine(nn.Module):
 
         intervals = [r.cfg_interval or self.cfg_interval for r in group]
         return Guidance(
-            text_scale=column([self.text_scale if r.text_scale is None else r.text_scale for r in group]),
-            img_scale=column([self.img_scale if r.img_scale is None else r.img_scale for r in group]),
+            text_scale=column([r.text_scale for r in group]), img_scale=column([r.img_scale for r in group]),
             interval_lo=column([lo for lo, _ in intervals]), interval_hi=column([hi for _, hi in intervals]))
 
     def _step(self, group: Sequence[CfgRequest]) -> torch.Tensor:

@@ -69,7 +69,7 @@ class Generation:
         side = max_image_side(lm_dims)
         return cls(seed=int(params.get("seed", 0)), height=int(params.get("height", side)),
                    width=int(params.get("width", side)), steps=int(params["steps"]),
-                   shift=float(params.get("timestep_shift", 3.0)))
+                   shift=float(params["timestep_shift"]))
 
     def noise(self, channels: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """x at t = 1: (channels, H/8, W/8) float32 standard normal from `seed` (same on every rank)."""
@@ -93,12 +93,12 @@ class GuidanceUse:
     @classmethod
     def of(cls, cfg_args: Mapping[str, Any], param_args: Mapping[str, str], params: Mapping[str, Any]) -> GuidanceUse:
         """From the cfg node's args, overridden by the request params its `param_args` name."""
-        def value(arg: str, default: float) -> float:
+        def value(arg: str) -> float:
             param = param_args.get(arg)
-            return float(params[param]) if param in params else float(cfg_args.get(arg, default))
+            return float(params[param]) if param is not None else float(cfg_args[arg])
 
-        lo, hi = cfg_args.get("cfg_interval", (0.4, 1.0))
-        return cls(value("text_scale", 4.0), value("img_scale", 1.5), (float(lo), float(hi)))
+        lo, hi = cfg_args["cfg_interval"]
+        return cls(value("text_scale"), value("img_scale"), (float(lo), float(hi)))
 
     def uses_text(self, t: float) -> bool:
         return self.interval[0] < t <= self.interval[1] and self.text_scale > 1.0

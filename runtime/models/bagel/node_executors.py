@@ -87,6 +87,7 @@ class CfgExecutor(_Stateless):
         super().__init__(module)
         self.lm_dims = lm_dims(plan)
         self.param_args = dict(node.param_args)
+        self.args = dict(node.args)
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
@@ -105,9 +106,9 @@ class CfgExecutor(_Stateless):
             v = ins.get(port)
             return None if v is None or v.numel() == 0 else v.to(self.device)
 
-        def scale(arg: str) -> float | None:
+        def scale(arg: str) -> float:
             param = self.param_args.get(arg)
-            return float(params[param]) if param in params else None
+            return float(params[param]) if param is not None else float(self.args[arg])
 
         return CfgRequest(latent.to(self.device), velocity("v_full"), velocity("v_text"), velocity("v_img"),
                           t, t_next, scale("text_scale"), scale("img_scale"))

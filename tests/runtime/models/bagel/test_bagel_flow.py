@@ -40,7 +40,8 @@ def _draw(runner: Runner, cfg, requests: list[str], noise: dict) -> dict:
         calls = [(f"{r}/{b}", runner.segment(f"{r}/{b}", K.GEN, latent=x[r], timestep=float(t[i])))
                  for r in requests for b in BRANCHES]
         v = runner.run(calls)
-        x = dict(zip(requests, cfg([CfgRequest(x[r], *v[3 * j:3 * j + 3], float(t[i]), float(t[i + 1]))
+        x = dict(zip(requests, cfg([CfgRequest(x[r], *v[3 * j:3 * j + 3], float(t[i]), float(t[i + 1]),
+                                               TEXT_SCALE, IMG_SCALE)
                                     for j, r in enumerate(requests)])))
     return x
 

@@ -16,11 +16,15 @@ def _node(**args):
     return component_class("cfg_combine")(SPEC.presets["tiny"], {**SPEC.args, **args})
 
 
+TEXT_SCALE, IMG_SCALE = 4.0, 1.5     # BAGEL's defaults (graphs/bagel.yaml), the scales most requests bring
+
+
 def _request(shape, seed, branches=2, **overrides) -> CfgRequest:
     g = torch.Generator().manual_seed(seed)
     x, vf, vt, vi = (torch.randn(*shape, generator=g) for _ in range(4))
+    scales = {"text_scale": TEXT_SCALE, "img_scale": IMG_SCALE, **overrides}
     return CfgRequest(x, vf, vt if branches >= 1 else None, vi if branches >= 2 else None,
-                      timestep=0.8, timestep_next=0.7, **overrides)
+                      timestep=0.8, timestep_next=0.7, **scales)
 
 
 def _one(v: torch.Tensor | None) -> torch.Tensor | None:
@@ -28,9 +32,7 @@ def _one(v: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _alone(node, r: CfgRequest) -> torch.Tensor:
-    g = Guidance.uniform(1, node.text_scale if r.text_scale is None else r.text_scale,
-                         node.img_scale if r.img_scale is None else r.img_scale,
-                         r.cfg_interval or node.cfg_interval)
+    g = Guidance.uniform(1, r.text_scale, r.img_scale, r.cfg_interval or node.cfg_interval)
     return cfg_euler_step(r.latent[None], r.v_full[None], _one(r.v_text), _one(r.v_img), torch.tensor([r.timestep]),
                           torch.tensor([r.timestep_next]), g, renorm_type=node.renorm_type,
                           renorm_min=node.renorm_min, backend="torch")[0]
