@@ -1,4 +1,4 @@
-"""The compiler: a flat list of named passes, each IR -> IR (DESIGN.md section 3).
+"""The compiler: a flat list of named passes, each IR -> IR.
 
     load -> validate -> resolve -> typecheck -> lower -> place -> memory -> capture -> buffers -> emit
 

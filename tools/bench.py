@@ -1,4 +1,4 @@
-"""Benchmark suite of mstar (issue 7): each comparison against an honestly named baseline.
+"""Benchmark suite of mstar: each comparison against an honestly named baseline.
 
     python tools/bench.py [suite ...] [--rounds N] [--quick] [--out bench-results]
     python tools/bench.py --list            # suites and what they compare

@@ -1,8 +1,9 @@
 """Component registry: `kind` string -> implementation class.
 
 The `kind` string is the one in YAML, in the catalogue (`mstar_compiler.catalogue`) and
-the module name under this package that implements it (habit 6 of STYLE.md). Built-in
-kinds register with `@register("kind")` when their module is imported; a separately
+the name of the module that implements it, `runtime/models/<family>/<kind>.py` (the family
+is the catalogue module that defines the kind). Built-in kinds register with
+`@register("kind")` when their module is imported; a separately
 installed package adds kinds through the entry-point group ``mstar.components``, each
 entry point loading to a class with a `kind` attribute.
 

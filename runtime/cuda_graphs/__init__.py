@@ -1,4 +1,4 @@
-"""CUDA-graph capture of a plan's capture regions per batch bucket (DESIGN.md §4).
+"""CUDA-graph capture of a plan's capture regions per batch bucket.
 
 * `capture_buckets(plan, node, rank)` / `bucket_for(n, buckets)` — which buckets a node
   has and which one a batch of n requests runs in;

@@ -1,11 +1,9 @@
 """Linear layers on CPU through oneDNN, with each weight packed once after loading.
 
-torch's fp32 `F.linear` on CPU calls MKL's sgemm, which on this project's AMD CPUs runs
-the decode-sized GEMMs (16 x 576 x 1728) at well under half of oneDNN's speed. oneDNN with
-a weight reordered once into its blocked layout (the op torch's own compiler uses after
-freezing) makes whole SmolLM2
-decode steps 1.9-2.2x faster in fp32 and 1.07-1.22x in bf16 at batch 1-64 on this
-project's 2-core AMD EPYC (`python tools/bench.py linear`).
+torch's fp32 `F.linear` on CPU calls MKL's sgemm, which runs decode-sized GEMMs
+(16 x 576 x 1728) far below oneDNN's speed with a weight reordered once into its blocked
+layout (the op torch's own compiler uses after freezing). `python tools/bench.py linear`
+measures the two on the same weights; the README's benchmark table holds the figures.
 
 `pack_linears(module)` runs after a rank's weights are loaded (runtime.worker.loader):
 every linear of the module tree on CPU keeps its dense weight (state_dict, tied

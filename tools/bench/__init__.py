@@ -1,4 +1,4 @@
-"""mstar's benchmark suite (issue 7): `python tools/bench.py [suite...]` or `make bench`.
+"""mstar's benchmark suite: `python tools/bench.py [suite...]` or `make bench`.
 
 Package layout, one concern per module:
   registry     suite registry, the `Needs` error and the run context

@@ -111,7 +111,9 @@ def cached_rollout(predictor: Vjepa2ACPredictor, context_frames: torch.Tensor, c
 @torch.inference_mode()
 def native_rollout(predictor: Vjepa2ACPredictor, context_frames: torch.Tensor, context_states: torch.Tensor,
                    actions: torch.Tensor, horizon: int) -> torch.Tensor:
-    """V-JEPA 2-AC's own rollout: re-run the predictor over the whole trajectory every step.
+    """V-JEPA 2-AC's own rollout, restated from facebookresearch/vjepa2's action-conditioned
+    planning code: re-run the predictor over the whole trajectory every step (the oracle of the
+    cached rollout and the baseline of `tools/bench.py rollout`).
 
     Same arguments as `cached_rollout` (one horizon for the batch); returns (B, H, P, E).
     """

@@ -1,4 +1,4 @@
-"""A dense, unbatched BAGEL LM written the way BAGEL's `qwen2_navit.py` writes it.
+"""A dense, unbatched BAGEL LM restated from ByteDance-Seed/Bagel's `modeling/bagel/qwen2_navit.py`.
 
 The oracle for `bagel_mot_lm`: no paging, no packing, one sequence at a time, every
 tensor read by its BAGEL checkpoint name from a plain dict. Rows listed in `gen_rows`

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct from its GGUF, end to end, against transformers loading the same file.
 
 transformers' GGUF loading takes ~11 s, so it happens once for the module. fp32 greedy
-throughout: the first answer token is a near tie ("The" vs "L"), see REFERENCE.md.
+throughout: the first answer token is a near tie ("The" vs "L"), so bf16 or a reordered sum may flip it.
 """
 from __future__ import annotations
 

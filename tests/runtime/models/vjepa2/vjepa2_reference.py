@@ -71,7 +71,8 @@ def native_ac_attention(attn, x: torch.Tensor, mask: torch.Tensor, t: int, grid:
 
 
 def native_ac_forward(pred, frames: torch.Tensor, actions: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    """The published VisionTransformerPredictorAC.forward restated on `pred`'s weights."""
+    """facebookresearch/vjepa2's VisionTransformerPredictorAC.forward (src/models/ac_predictor.py)
+    restated on `pred`'s weights."""
     b, t = actions.shape[:2]
     x = pred.predictor_embed(frames).view(b, t, pred.tokens_per_frame, -1)
     x = torch.cat([pred.action_encoder(actions)[:, :, None], pred.state_encoder(states)[:, :, None], x], 2)
