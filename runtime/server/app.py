@@ -12,7 +12,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from aiohttp import web
 
@@ -20,13 +20,14 @@ from mstar_compiler.plan import Plan, load_plan
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import Request
 from runtime.conductor.scheduler import SchedulerConfig
+from runtime.sampling import SamplingParams, stop_token_ids
 from runtime.server.chat import ChatRequest
 from runtime.server.errors import ApiError, error_middleware
 from runtime.server.images import images_edits, images_generations
 from runtime.server.metrics import Metrics
 from runtime.server.streaming import install_streaming
 from runtime.server.tasks import run_task
-from runtime.server.text import load_text_tokenizer
+from runtime.text import load_text_tokenizer
 from runtime.worker.loader import describe_source, weight_source
 
 log = logging.getLogger(__name__)
@@ -108,14 +109,19 @@ class MstarServer:
             raise ApiError(400, f"prompt ({len(chat.prompt_ids)} tokens) + max_tokens exceeds the KV cache "
                            f"({limit} tokens)", "max_tokens", "context_length_exceeded")
         task = chat.task or ("chat" if any(t.name == "chat" for t in self.plan.tasks) else self.plan.default_task)
-        stop_ids = frozenset() if chat.params.get("ignore_eos") else self.stop_token_ids()
+        stop_ids = self.stop_token_ids(chat.params.get("stop_token_ids") or (), bool(chat.params.get("ignore_eos")))
         items = chat.input_items or [("text", chat.prompt_ids)]
         return self.conductor.submit(task, chat.params, items, stop_ids, self.config.request_timeout_s)
 
-    def stop_token_ids(self) -> frozenset[int]:
-        """The tokenizer's end-of-sequence ids, and the end token the chat LM's dims name (BAGEL's)."""
+    def stop_token_ids(self, extra: Sequence[int] = (), ignore_eos: bool = False) -> frozenset[int]:
+        """The ids a request stops at, for every handler: the tokenizer's end-of-sequence ids, the end
+        token the chat LM's dims name (BAGEL's), and the request's own `stop_token_ids`; with
+        `ignore_eos` (forced lengths) none."""
+        if ignore_eos:
+            return frozenset()
         lm_eos = self.plan.node(self.chat_node).dims.get("eos_token_id") if self.chat_node else None
-        return frozenset(self.tokenizer.eos_token_ids) | (frozenset() if lm_eos is None else {int(lm_eos)})
+        eos = (*self.tokenizer.eos_token_ids, *(() if lm_eos is None else (int(lm_eos),)))
+        return stop_token_ids(SamplingParams(stop_token_ids=tuple(extra)), eos)
 
     def observe_finished(self, req: Request) -> None:
         now = time.monotonic()

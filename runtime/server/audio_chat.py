@@ -25,7 +25,7 @@ from runtime.server.chat import chat_completions
 from runtime.server.errors import ApiError, error_body
 from runtime.server.speech import speech_params
 from runtime.server.speech_model import AudioEvents, omni_prompt
-from runtime.server.text import IncrementalDecoder
+from runtime.text import IncrementalDetokenizer
 
 AUDIO_FORMATS = ("wav", "pcm16")
 EXPIRES_S = 3600
@@ -85,7 +85,7 @@ async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
     body = {**body, "max_tokens": body.get("max_completion_tokens", body.get("max_tokens"))}
     ids = omni_prompt(server.tokenizer, model.talker_dims, messages)
     req = server.conductor.submit(model.task, speech_params(server, body, {"speaker": speaker}), [("text", ids)],
-                                  frozenset(server.tokenizer.eos_token_ids), server.config.request_timeout_s)
+                                  server.stop_token_ids(), server.config.request_timeout_s)
     events = AudioEvents(server, req, model)
     ctx = _Reply(server, events, len(ids))
     try:
@@ -102,13 +102,13 @@ class _Reply:
 
     def __init__(self, server: Any, events: AudioEvents, num_prompt: int) -> None:
         self.server, self.events, self.num_prompt = server, events, num_prompt
-        self.decoder = IncrementalDecoder(server.tokenizer)
+        self.decoder = IncrementalDetokenizer(server.tokenizer)
         self.cid, self.aid, self.created = f"chatcmpl-{uuid.uuid4().hex}", f"audio_{uuid.uuid4().hex}", int(time.time())
 
     async def next(self) -> tuple[str, list[Any], bool]:
         ids, audio, done = await self.events.next()
         req = self.events.req
-        text = self.decoder.push([t for t in ids if t not in req.stop_token_ids])
+        text = "".join(self.decoder.push(t) for t in ids if t not in req.stop_token_ids)
         return (text + self.decoder.flush() if done else text), audio, done
 
     def finish_reason(self) -> str:

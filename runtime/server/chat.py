@@ -16,11 +16,11 @@ from typing import Any
 from aiohttp import web
 
 from runtime.conductor.request import OutputEvent, Request
-from runtime.sampling import SamplingParams, SamplingParamsError, StopStringMatcher
+from runtime.sampling import SamplingParams, SamplingParamsError
 from runtime.server.errors import ApiError, error_body
 from runtime.server.multimodal import IMAGE_TASK, image_chat_items
 from runtime.server.params import resolve_params
-from runtime.server.text import IncrementalDecoder
+from runtime.text import TextStream
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                  "repetition_penalty")
@@ -99,10 +99,9 @@ def _sampling(body: dict, params: dict) -> SamplingParams:
 class ChatStream:
     """Turns a request's events into text deltas, watching stop strings."""
 
-    def __init__(self, server: Any, req: Request, stop: tuple[str, ...]) -> None:
+    def __init__(self, server: Any, req: Request, stop: tuple[str, ...], prompt_ids: list[int]) -> None:
         self.server, self.req = server, req
-        self.decoder = IncrementalDecoder(server.tokenizer)
-        self.matcher = StopStringMatcher(stop)
+        self.text = TextStream(server.tokenizer, SamplingParams(stop=stop), prompt_ids, stop_ids=req.stop_token_ids)
         self.finish_reason: str | None = None
 
     async def next(self) -> tuple[str, bool]:
@@ -110,15 +109,19 @@ class ChatStream:
         event: OutputEvent = await self.req.events.get()
         if event.finish_reason == "error":
             raise ApiError(500, f"request failed: {event.error}", code="worker_failed")
-        text = self.decoder.push([t for t in event.token_ids if t not in self.req.stop_token_ids])
+        text = ""
+        for token in event.token_ids:
+            if self.text.finished:      # tokens of a step already in flight when a stop string matched
+                break
+            delta = self.text.push(token)
+            text += delta.text
+            if delta.finished and isinstance(delta.stop_reason, str) and self.finish_reason is None:
+                self.finish_reason = "stop"
+                self.server.conductor.end_early(self.req, "stop")
         if event.finish_reason is not None:
-            text += self.decoder.flush()
+            text += self.text.finish()
             self.finish_reason = self.finish_reason or event.finish_reason
-        emit, matched = self.matcher.push(text)
-        if matched and self.finish_reason is None:
-            self.finish_reason = "stop"
-            self.server.conductor.end_early(self.req, "stop")
-        return emit, event.finish_reason is not None
+        return text, event.finish_reason is not None
 
     def usage(self, prompt_tokens: int) -> dict[str, int]:
         done = len(self.req.output_ids)
@@ -129,7 +132,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     server = request.app["mstar"]
     chat = parse_chat(await server.read_json(request), server)
     req = server.submit_chat(chat)
-    stream = ChatStream(server, req, chat.stop)
+    stream = ChatStream(server, req, chat.stop, chat.prompt_ids)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     try:
         if chat.stream:

@@ -59,7 +59,7 @@ def submit_speech(server: Any, model: SpeechModel, text: str, voice: str, body: 
         ids, extra, stops = orpheus_prompt(server.tokenizer, voice, text), {}, frozenset()
     else:
         ids = omni_prompt(server.tokenizer, model.talker_dims, [{"role": "user", "content": text}])
-        extra, stops = {"speaker": voice}, frozenset(server.tokenizer.eos_token_ids)
+        extra, stops = {"speaker": voice}, server.stop_token_ids()
     return server.conductor.submit(model.task, speech_params(server, body, extra), [("text", ids)], stops,
                                    server.config.request_timeout_s)
 

@@ -23,7 +23,7 @@ from mstar_compiler.plan import Plan
 from runtime.conductor.request import Request
 from runtime.conductor.streams import track_nodes
 from runtime.server.errors import ApiError
-from runtime.server.text import ByteTokenizer
+from runtime.text import ByteTokenizer
 from runtime.streams.deadline import PlaybackClock
 
 ORPHEUS_START_HUMAN, ORPHEUS_PROMPT_END = 128259, (128009, 128260, 128261, 128257)

@@ -49,7 +49,7 @@ async def run_task(request: web.Request) -> web.Response:
     if not isinstance(body, dict) or not isinstance(body.get("params", {}), dict):
         raise ApiError(400, "the body must be an object with an optional 'params' object")
     params = resolve_params(server.plan, body.get("params", {}))
-    req = server.conductor.submit(task, params, _inputs(body, server), frozenset(server.tokenizer.eos_token_ids),
+    req = server.conductor.submit(task, params, _inputs(body, server), server.stop_token_ids(),
                                   server.config.request_timeout_s)
     chunks: dict[str, list[torch.Tensor]] = {}
     try:

@@ -4,14 +4,16 @@ from __future__ import annotations
 from runtime.text.chat_template import ChatTemplate, ChatTemplateError
 from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.text.stream import TextDelta, TextStream
-from runtime.text.tokenizer import TextTokenizer, load_tokenizer
+from runtime.text.tokenizer import ByteTokenizer, TextTokenizer, load_text_tokenizer, load_tokenizer
 
 __all__ = [
+    "ByteTokenizer",
     "ChatTemplate",
     "ChatTemplateError",
     "IncrementalDetokenizer",
     "TextDelta",
     "TextStream",
     "TextTokenizer",
+    "load_text_tokenizer",
     "load_tokenizer",
 ]

@@ -30,10 +30,12 @@ class TextStream:
     """Per-request text output with stop tokens and stop strings applied."""
 
     def __init__(self, tokenizer: TextTokenizer, params: SamplingParams, prompt_ids: Sequence[int] = (), *,
-                 skip_special_tokens: bool = True) -> None:
+                 stop_ids: frozenset[int] | None = None, skip_special_tokens: bool = True) -> None:
+        """`stop_ids`: the ids the request stops at (the server passes the set the conductor stops
+        on); by default `stop_token_ids(params, tokenizer.eos_token_ids)`."""
         self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens)
         self._stops = StopStringMatcher(params.stop)
-        self._stop_ids = stop_token_ids(params, tokenizer.eos_token_ids)
+        self._stop_ids = stop_token_ids(params, tokenizer.eos_token_ids) if stop_ids is None else stop_ids
         self.finished = False
 
     def push(self, token_id: int) -> TextDelta:

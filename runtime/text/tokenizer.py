@@ -125,3 +125,24 @@ def _generation_eos_ids(path: Path) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids 0..255: for LMs with seeded random weights and no vocabulary."""
+
+    eos_token_ids: frozenset[int] = frozenset()
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
+        lines = [f"{m.get('role', 'user')}: {m.get('content', '')}" for m in messages]
+        return "\n".join(lines) + ("\nassistant: " if add_generation_prompt else "")
+
+
+def load_text_tokenizer(weight_ref: str | None) -> TextTokenizer | ByteTokenizer:
+    """The tokenizer of the LM's checkpoint, or a byte tokenizer for seeded random weights."""
+    return load_tokenizer(weight_ref) if weight_ref else ByteTokenizer()
