@@ -8,8 +8,9 @@ Package layout, one concern per module:
   report       the markdown table; plots: the PNG figures
   servers      start/stop a model server process; openai_load: concurrent chat bursts;
                image_load / speech_load: concurrent image and speech requests
+  playback     the simulated real-time listener: underruns from chunk arrival times
   tts_graphs   the graph copies the served speech comparisons compile; tts_served: those comparisons
   hf_generate  the HF transformers static-batch baseline; smollm2_fp32: the GGUF -> fp32 export
-  suite_*      one module per comparison (chat, rollout, cfg, tts, stack, sched, linear)
+  suite_*      one module per comparison (chat, rollout, cfg, tts, stack, sched, linear, speech)
 Everything here is a tool, not part of the served runtime.
 """

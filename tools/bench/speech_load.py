@@ -2,10 +2,10 @@
 
 Every body is POSTed at once to `/v1/audio/speech` with `stream_format: sse` and
 `response_format: pcm` (aiohttp, one connection each); each `speech.audio.delta` event
-is one decoded chunk of 16-bit PCM. Per stream: the time from its send to its first
-audio bytes (time to first audio, TTFA), the samples received, the number of chunks and
-the tokens the server reports in `speech.audio.done`. The burst's wall time runs from
-the first send to the last event.
+is one decoded chunk of 16-bit PCM. Per stream: when each chunk arrived (seconds after its
+send; the first is the time to first audio, TTFA), the samples in each chunk and the
+tokens the server reports in `speech.audio.done`. The burst's wall time runs from the
+first send to the last event.
 """
 from __future__ import annotations
 
@@ -24,10 +24,21 @@ import aiohttp
 class StreamResult:
     """What one streamed request delivered."""
 
-    first_audio_s: float     # send -> first audio bytes
-    samples: int             # audio samples received
-    chunks: int              # speech.audio.delta events
-    output_tokens: int       # from the done event's usage
+    arrivals: tuple[float, ...]      # send -> each speech.audio.delta event (s)
+    chunk_samples: tuple[int, ...]   # audio samples in each of those chunks
+    output_tokens: int               # from the done event's usage
+
+    @property
+    def first_audio_s(self) -> float:
+        return self.arrivals[0]
+
+    @property
+    def samples(self) -> int:
+        return sum(self.chunk_samples)
+
+    @property
+    def chunks(self) -> int:
+        return len(self.chunk_samples)
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,7 @@ class SpeechBurst:
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> StreamResult:
-    start, first, samples, chunks, tokens = time.perf_counter(), None, 0, 0, -1
+    start, arrivals, chunk_samples, tokens = time.perf_counter(), [], [], -1
     async with session.post(url + "/v1/audio/speech",
                             json={**body, "stream_format": "sse", "response_format": "pcm"}) as resp:
         if resp.status != 200:
@@ -56,15 +67,15 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> StreamRe
                 continue
             event = json.loads(line[6:])
             if event.get("type") == "speech.audio.delta":
-                first = time.perf_counter() - start if first is None else first
-                samples, chunks = samples + len(base64.b64decode(event["audio"])) // 2, chunks + 1
+                arrivals.append(time.perf_counter() - start)
+                chunk_samples.append(len(base64.b64decode(event["audio"])) // 2)
             elif event.get("type") == "speech.audio.done":
                 tokens = int(event["usage"]["output_tokens"])
             else:
                 raise RuntimeError(f"{url}/v1/audio/speech streamed an error: {str(event)[:300]}")
-    if first is None or tokens < 0:
+    if not arrivals or tokens < 0:
         raise RuntimeError(f"{url}/v1/audio/speech ended without audio or without its done event")
-    return StreamResult(first, samples, chunks, tokens)
+    return StreamResult(tuple(arrivals), tuple(chunk_samples), tokens)
 
 
 async def _burst(url: str, bodies: Sequence[dict]) -> SpeechBurst:
