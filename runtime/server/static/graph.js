@@ -19,8 +19,9 @@ function svgText(parent, x, y, text, cls) {
 function route(a, b, k, n) {
   const off = (k - (n - 1) / 2) * 10;
   if (a === b) {
-    const x1 = a.x + a.w * 0.72, x2 = a.x + a.w * 0.28, y = a.y, up = 26 + 8 * k;
-    return { d: `M${x1},${y} C${x1},${y - up} ${x2},${y - up} ${x2},${y}`, lx: a.x + a.w / 2, ly: y - up + 4 };
+    // a loop carry: out of the right side and back in (the band's label sits above the node)
+    const x = a.x + a.w, y1 = a.y + a.h * 0.3, y2 = a.y + a.h * 0.7, out = x + 34 + 10 * k;
+    return { d: `M${x},${y1} C${out},${y1 - 14} ${out},${y2 + 14} ${x},${y2}`, lx: out + 2, ly: a.y + a.h + 14 + 12 * k };
   }
   if (b.x > a.x) {
     const x1 = a.x + a.w, y1 = a.y + a.h / 2 + off, x2 = b.x, y2 = b.y + b.h / 2 + off, mx = (x1 + x2) / 2;
@@ -49,8 +50,8 @@ class GraphView {
   draw() {
     const L = this.layout, svg = this.svg;
     svg.innerHTML = "";
-    svg.setAttribute("viewBox", `0 0 ${L.width} ${L.height + 40}`);
-    svg.setAttribute("width", L.width);
+    svg.setAttribute("viewBox", `0 0 ${L.width + 80} ${L.height + 40}`);   // room for carries on the right
+    svg.setAttribute("width", L.width + 80);
     svg.setAttribute("height", L.height + 40);
     const defs = svgEl("defs", {}, svg);
     for (const [id, color] of [["arrow", "#556"], ["arrow-blue", "#2563eb"]]) {
@@ -116,7 +117,9 @@ class GraphView {
       v.lines[0].textContent = `waiting ${s.waiting} · running ${s.running}`;
       const kv = s.kv ? ` · KV ${s.kv.used_blocks}/${s.kv.num_blocks}` : "";
       v.lines[1].textContent = `batch ${s.last_batch} · ${s.batches_per_s.toFixed(1)}/s${kv}`;
-      v.g.classList.toggle("busy", s.running > 0);
+      // lit while running, or when it ran since the previous snapshot (a short run falls between two)
+      v.g.classList.toggle("busy", s.running > 0 || (v.batches !== undefined && s.batches > v.batches));
+      v.batches = s.batches;
       v.g.classList.toggle("queued", s.waiting > 0 && s.running === 0);
       v.g.classList.toggle("tracked", trackedNodes.has(name));
       v.g.dataset.waiting = s.waiting;

@@ -1,0 +1,74 @@
+"""The pages of BAGEL tiny and Orpheus tiny servers in headless Chromium: the graph as planned,
+an image and a speech request from the playground, the node counters moving as they run."""
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+from PIL import Image
+
+from tests.runtime.serving.conftest import compile_plan
+from tests.runtime.serving_page.conftest import drawn, max_running, node_data, open_page, planned, screenshot, serve, was_lit
+
+
+@pytest.fixture(scope="module")
+def bagel_plan(plan_dir) -> str:
+    return compile_plan(plan_dir, "bagel", preset="tiny", placement="single")
+
+
+@pytest.fixture(scope="module")
+def orpheus_plan(plan_dir) -> str:
+    return compile_plan(plan_dir, "orpheus", preset="tiny", placement="single")
+
+
+def _wait_batches(page, node: str, before: int) -> None:
+    page.wait_for_function(f"document.querySelector(\"g.node[data-node='{node}']\").dataset.batches > {before}")
+
+
+def test_image_from_the_playground(page, bagel_plan, tmp_path) -> None:
+    srv_gen = serve(bagel_plan)
+    srv = next(srv_gen)
+    try:
+        open_page(page, srv.url)
+        assert drawn(page) == planned(bagel_plan)
+        before = {n: node_data(page, n, "batches") for n in ("llm", "vae_dec")}
+        size = page.eval_on_selector_all("#image-size option", "os => os.map(o => o.value)")[1]   # the 2nd size
+        page.select_option("#image-size", size)
+        page.fill("#image-steps", "3")
+        page.click("#image-go")
+        page.wait_for_selector("#image-output[data-done='1']", timeout=120_000)
+        assert "error" not in page.text_content("#image-output")
+        src = page.get_attribute("#image-result", "src")
+        image = Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
+        assert f"{image.width}x{image.height}" == size
+        for node, n in before.items():
+            _wait_batches(page, node, n)
+        assert was_lit(page, "llm") and was_lit(page, "vae_dec")   # ran within a feed period: lit up
+        screenshot(page, tmp_path, "bagel")
+    finally:
+        next(srv_gen, None)
+
+
+def test_speech_from_the_playground(page, orpheus_plan, tmp_path) -> None:
+    srv_gen = serve(orpheus_plan)
+    srv = next(srv_gen)
+    try:
+        open_page(page, srv.url)
+        assert drawn(page) == planned(orpheus_plan)
+        assert "sliding 28/7" in page.text_content("svg#graph text.stream-label")
+        before = {n: node_data(page, n, "batches") for n in ("lm", "snac")}
+        page.fill("#speech-max", "70")
+        page.click("#speech-go")
+        page.wait_for_selector("#speech-output[data-done='1']", timeout=120_000)
+        assert "error" not in page.text_content("#speech-output")
+        pcm_bytes = int(page.get_attribute("#speech-audio", "data-bytes"))
+        wav = page.evaluate("async () => Array.from(new Uint8Array(await (await fetch("
+                            "document.getElementById('speech-audio').src)).arrayBuffer()))")
+        assert pcm_bytes > 0 and len(wav) == 44 + pcm_bytes and bytes(wav[:4]) == b"RIFF"
+        for node, n in before.items():
+            _wait_batches(page, node, n)
+        assert max_running(page, "lm") >= 1 and was_lit(page, "lm") and was_lit(page, "snac")
+        screenshot(page, tmp_path, "orpheus")
+    finally:
+        next(srv_gen, None)
