@@ -28,7 +28,7 @@ def playground(server: Any) -> dict[str, Any]:
     speech = getattr(server, "speech_model", None)
     pred = next((n for n in server.plan.nodes if n.kind == "vjepa2_ac_predictor"), None)
     return {
-        "chat": server.chat_node is not None,
+        "chat": server.chat_node is not None and "chat" in tasks,
         "images": None if lm is None or "t2i" not in tasks else
         {"edit": "i2i" in tasks, "max_side": max_image_side(lm), "stride": image_stride(lm)},
         "speech": None if speech is None else
