@@ -14,9 +14,9 @@ from typing import Any
 
 from mstar_compiler import plan as P
 
-COL_W = 230          # px between column origins
+COL_W = 260          # px between column origins
 ROW_H = 96           # px between node origins inside a band
-NODE_W, NODE_H = 170, 70
+NODE_W, NODE_H = 190, 70
 MARGIN = 24          # px around everything and inside each band (its label sits in the top margin)
 
 

@@ -79,6 +79,7 @@ class GraphView {
       if (l.cls === "stream") r.ly = Math.max(a.y + a.h, b.y + b.h) + 30;   // under the nodes: room for policy and fill
       const path = svgEl("path", { d: r.d, class: l.cls, "data-src": l.src, "data-dst": l.dst }, layer);
       if (l.cls === "stream") path.setAttribute("data-stream", l.name);
+      svgEl("title", {}, path).textContent = l.text + (l.walks ? ` (walks: ${l.walks.join(", ")})` : "");
       const label = svgText(layer, r.lx, r.ly, l.text, l.cls === "stream" ? "stream-label" : "label");
       label.setAttribute("text-anchor", "middle");
       if (l.cls === "stream") this.streams[l.name] = { label, base: l.text };

@@ -40,6 +40,8 @@ async function start() {
   document.getElementById("model").textContent = `${layout.model_id} · preset ${layout.preset} · placement ${layout.placement}`;
   const graph = new GraphView(document.getElementById("graph"), layout);
   taskButtons(graph, layout);
+  const labels = document.getElementById("port-labels");
+  labels.onchange = () => document.getElementById("graph").classList.toggle("show-labels", labels.checked);
   buildPlayground(document.getElementById("playground"), layout);
   window.mstar = { layout, graph, feed: new LiveFeed(graph) };
   window.mstar.feed.start();

@@ -159,7 +159,7 @@ function plotTrajectory(svg, points) {
   const [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
   const sx = v => 10 + 180 * (x1 > x0 ? (v - x0) / (x1 - x0) : 0.5), sy = v => 110 - 100 * (y1 > y0 ? (v - y0) / (y1 - y0) : 0.5);
   svgEl("polyline", { points: points.map(p => `${sx(p[0])},${sy(p[1])}`).join(" "), fill: "none", stroke: "#2563eb" }, svg);
-  points.forEach((p, i) => svgText(svg, sx(p[0]) + 3, sy(p[1]) - 3, String(i + 1), "label"));
+  points.forEach((p, i) => svgText(svg, sx(p[0]) + 3, sy(p[1]) - 3, String(i + 1), "plot-label"));
 }
 
 function rolloutPanel(root, model, spec) {

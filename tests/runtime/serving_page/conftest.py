@@ -30,8 +30,10 @@ WATCH_JS = """() => {
 }"""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Module-scoped: Playwright's sync API holds an asyncio loop in this thread while it runs,
+    which would break every later test that runs its own loop."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is not installed (Debian: apt-get install -y chromium; .ci/run does it)")
     from playwright.sync_api import sync_playwright

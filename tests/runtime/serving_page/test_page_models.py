@@ -1,5 +1,5 @@
-"""The pages of BAGEL tiny and Orpheus tiny servers in headless Chromium: the graph as planned,
-an image and a speech request from the playground, the node counters moving as they run."""
+"""The pages of BAGEL, Orpheus and V-JEPA 2-AC tiny servers in headless Chromium: the graph as
+planned, an image, a speech and a rollout request from the playground, the node counters moving."""
 from __future__ import annotations
 
 import base64
@@ -70,5 +70,25 @@ def test_speech_from_the_playground(page, orpheus_plan, tmp_path) -> None:
             _wait_batches(page, node, n)
         assert max_running(page, "lm") >= 1 and was_lit(page, "lm") and was_lit(page, "snac")
         screenshot(page, tmp_path, "orpheus")
+    finally:
+        next(srv_gen, None)
+
+
+def test_rollout_from_the_playground(page, plan_dir, tmp_path) -> None:
+    plan = compile_plan(plan_dir, "vjepa2_ac", preset="tiny")
+    srv_gen = serve(plan)
+    srv = next(srv_gen)
+    try:
+        open_page(page, srv.url)
+        assert drawn(page) == planned(plan)
+        before = node_data(page, "predictor", "batches")
+        page.fill("#rollout-horizon", "3")
+        page.click("#rollout-go")
+        page.wait_for_selector("#rollout-output[data-done='1']", timeout=120_000)
+        assert page.text_content("#rollout-output").startswith("3 frame(s) of ")
+        assert page.eval_on_selector_all("#rollout-plot polyline", "els => els[0].getAttribute('points')").count(",") == 3
+        _wait_batches(page, "predictor", before)
+        assert was_lit(page, "encoder") and was_lit(page, "predictor")
+        screenshot(page, tmp_path, "vjepa2")
     finally:
         next(srv_gen, None)
