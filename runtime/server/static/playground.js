@@ -45,7 +45,9 @@ function imagePanel(root, model, spec) {
   const p = panel(root, spec.edit ? "Images: generate and edit" : "Images: generate");
   const prompt = el("input", { id: "image-prompt", type: "text", value: "a red cat" }, p);
   const size = el("select", { id: "image-size" }, p);
-  for (let s = spec.stride; s <= Math.min(spec.max_side, 512); s *= 2) el("option", { value: `${s}x${s}` }, size, `${s}×${s}`);
+  for (let s = spec.stride; s <= Math.min(spec.max_side, 512); s *= 2) {
+    el("option", Object.assign({ value: `${s}x${s}` }, s === Math.min(64, spec.max_side) ? { selected: "" } : {}), size, `${s}×${s}`);
+  }
   el("label", {}, p, " steps ");
   const steps = el("input", { id: "image-steps", type: "number", value: 4, min: 2, style: "width:4em" }, p);
   const go = el("button", { id: "image-go" }, p, "Generate");

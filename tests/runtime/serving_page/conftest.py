@@ -18,14 +18,16 @@ from mstar_compiler.plan import load_plan
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-# Records, per node, the highest `running` the feed showed and whether the page lit it up.
+# Records, per node, the highest `running` the feed showed, whether the page lit it up and whether
+# it marked the followed request there.
 WATCH_JS = """() => {
-  window.seen = {maxRunning: {}, lit: {}};
+  window.seen = {maxRunning: {}, lit: {}, tracked: {}};
   window.mstar.feed.source.addEventListener('state', ev => {
     const s = JSON.parse(ev.data);
     for (const [n, v] of Object.entries(s.nodes))
       window.seen.maxRunning[n] = Math.max(window.seen.maxRunning[n] || 0, v.running);
     for (const g of document.querySelectorAll('svg#graph g.node.busy')) window.seen.lit[g.dataset.node] = true;
+    for (const g of document.querySelectorAll('svg#graph g.node.tracked')) window.seen.tracked[g.dataset.node] = true;
   });
 }"""
 
@@ -87,8 +89,8 @@ def max_running(page: Any, node: str) -> int:
     return int(page.evaluate(f"window.seen.maxRunning[{node!r}] || 0"))
 
 
-def was_lit(page: Any, node: str) -> bool:
-    return bool(page.evaluate(f"window.seen.lit[{node!r}] || false"))
+def was_lit(page: Any, node: str, mark: str = "lit") -> bool:
+    return bool(page.evaluate(f"window.seen.{mark}[{node!r}] || false"))
 
 
 def screenshot(page: Any, tmp_path: Path, name: str) -> Path:

@@ -3,7 +3,6 @@ the API key entered once in the page; /v1/state under 64 concurrent chats."""
 from __future__ import annotations
 
 import importlib.util
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,7 +10,7 @@ import openai
 import pytest
 
 from tests.runtime.serving.conftest import compile_plan, http
-from tests.runtime.serving_page.conftest import drawn, max_running, node_data, open_page, planned, screenshot, serve
+from tests.runtime.serving_page.conftest import drawn, max_running, node_data, open_page, planned, screenshot, serve, was_lit
 
 MODEL = "smollm2-135m-instruct"
 
@@ -44,6 +43,7 @@ def test_chat_from_the_playground_lights_up_the_graph(page, real_server, real_pl
     assert "Paris" in page.text_content("#chat-output")
     page.wait_for_function(f"document.querySelector(\"g.node[data-node='lm']\").dataset.batches > {before}")
     assert max_running(page, "lm") >= 1         # the feed showed the chat running at lm
+    assert was_lit(page, "lm", "tracked")      # and the page followed it there
     page.wait_for_function("document.querySelector(\"g.node[data-node='lm']\").dataset.running == 0")
     screenshot(page, tmp_path, "smollm2")
 
@@ -99,6 +99,8 @@ def test_api_key_is_asked_once_and_guards_the_feed(page, tiny_plan, tmp_path) ->
         assert http("GET", f"{srv.url}/v1/graph")[0] == 401
         assert http("GET", f"{srv.url}/v1/state/stream?api_key=wrong")[0] == 401
         assert http("GET", f"{srv.url}/v1/state", headers={"Authorization": "Bearer sekret"})[0] == 200
+        assert http("GET", f"{srv.url}/")[0] == 200              # the shell only: it holds no data
+        assert http("GET", f"{srv.url}/static/page.py")[0] == 404    # nothing but the shipped files
         page.goto(srv.url + "/")
         page.wait_for_selector("#key-form:not([hidden])")
         assert page.eval_on_selector_all("svg#graph g.node", "els => els.length") == 0
