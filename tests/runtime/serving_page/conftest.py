@@ -21,11 +21,13 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 # Records, per node, the highest `running` the feed showed, whether the page lit it up and whether
 # it marked the followed request there.
 WATCH_JS = """() => {
-  window.seen = {maxRunning: {}, lit: {}, tracked: {}};
+  window.seen = {maxRunning: {}, lit: {}, tracked: {}, maxBuffered: {}};
   window.mstar.feed.source.addEventListener('state', ev => {
     const s = JSON.parse(ev.data);
     for (const [n, v] of Object.entries(s.nodes))
       window.seen.maxRunning[n] = Math.max(window.seen.maxRunning[n] || 0, v.running);
+    for (const [n, v] of Object.entries(s.streams))
+      window.seen.maxBuffered[n] = Math.max(window.seen.maxBuffered[n] || 0, v.buffered);
     for (const g of document.querySelectorAll('svg#graph g.node.busy')) window.seen.lit[g.dataset.node] = true;
     for (const g of document.querySelectorAll('svg#graph g.node.tracked')) window.seen.tracked[g.dataset.node] = true;
   });

@@ -69,6 +69,7 @@ def test_speech_from_the_playground(page, orpheus_plan, tmp_path) -> None:
         for node, n in before.items():
             _wait_batches(page, node, n)
         assert max_running(page, "lm") >= 1 and was_lit(page, "lm") and was_lit(page, "snac")
+        assert page.evaluate("window.seen.maxBuffered.audio_tokens") > 0   # the stream edge held items
         screenshot(page, tmp_path, "orpheus")
     finally:
         next(srv_gen, None)
