@@ -177,7 +177,8 @@ class MstarServer:
         given = request.headers.get("Authorization") or (
             f"Bearer {request.query.get('api_key')}" if request.path == "/v1/state/stream" else None)
         if request.path.startswith("/v1/") and given != f"Bearer {self.config.api_key}":
-            raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)", code="invalid_api_key")
+            how = " or ?api_key=<key>" if request.path == "/v1/state/stream" else ""
+            raise ApiError(401, f"invalid or missing API key (Authorization: Bearer <key>{how})", code="invalid_api_key")
         return await handler(request)
 
     async def drain(self) -> None:
