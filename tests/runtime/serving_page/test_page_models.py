@@ -93,3 +93,21 @@ def test_rollout_from_the_playground(page, plan_dir, tmp_path) -> None:
         screenshot(page, tmp_path, "vjepa2")
     finally:
         next(srv_gen, None)
+
+
+def test_qwen3_omni_split_page_draws_both_ranks_and_streams(page, plan_dir, tmp_path) -> None:
+    plan = compile_plan(plan_dir, "qwen3_omni", preset="tiny", placement="thinker_talker")
+    srv_gen = serve(plan)
+    srv = next(srv_gen)
+    try:
+        open_page(page, srv.url)
+        assert drawn(page) == planned(plan)
+        assert page.eval_on_selector_all("svg#graph g.band", "els => els.map(e => e.dataset.rank)") == ["0", "1"]
+        assert page.is_visible("#chat-send") and page.is_visible("#speech-go") and not page.query_selector("#image-go")
+        page.fill("#chat-max", "4")
+        page.click("#chat-send")
+        page.wait_for_selector("#chat-output[data-done='1']", timeout=120_000)
+        assert "error" not in page.text_content("#chat-output")
+        screenshot(page, tmp_path, "qwen3_omni")
+    finally:
+        next(srv_gen, None)
