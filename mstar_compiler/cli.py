@@ -4,13 +4,14 @@
                    [--device-memory 80GiB] [--devices N] [--dump-stages DIR]
     mstarc lint PATH... [--format text|github]
     mstarc explain plan.bin
-    mstarc graph GRAPH [--format dot|svg] [-o FILE] [--placement NAME] [--preset NAME]
+    mstarc graph GRAPH [--format dot|svg|json] [-o FILE] [--placement NAME] [--preset NAME]
 
 Exit status: 0 ok, 1 a graph has errors (CompileError) or a plan is unreadable, 2 usage.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,9 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument("--format", choices=("text", "github"), default="text")
     exp = sub.add_parser("explain", help="print a plan for people")
     exp.add_argument("plan")
-    graph = sub.add_parser("graph", help="draw a graph (DOT, or SVG via Graphviz)")
+    graph = sub.add_parser("graph", help="draw a graph (DOT, SVG via Graphviz, or the page's layout as JSON)")
     graph.add_argument("graph")
-    graph.add_argument("--format", choices=("dot", "svg"), default="dot")
+    graph.add_argument("--format", choices=("dot", "svg", "json"), default="dot")
     graph.add_argument("-o", "--output")
     _add_options(graph)
     return parser
@@ -129,10 +130,14 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _graph(args: argparse.Namespace) -> int:
     from mstar_compiler.graph_dot import GraphvizMissing, to_dot, to_svg
+    from mstar_compiler.graph_layout import layout
     from mstar_compiler.pipeline import compile_file
-    dot = to_dot(compile_file(args.graph, _options(args)).plan)
+    compiled = compile_file(args.graph, _options(args)).plan
     try:
-        text = to_svg(dot) if args.format == "svg" else dot
+        if args.format == "json":
+            text = json.dumps(layout(compiled), indent=1) + "\n"
+        else:
+            text = to_svg(to_dot(compiled)) if args.format == "svg" else to_dot(compiled)
     except GraphvizMissing as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,10 +1,15 @@
-"""`mstarc graph`: a compiled plan drawn as Graphviz DOT (SVG through the `dot` program)."""
+"""`mstarc graph`: a compiled plan drawn as Graphviz DOT (SVG through the `dot` program).
+
+The picture comes from `graph_layout.layout`, the same data the server's page draws.
+"""
 from __future__ import annotations
 
 import shutil
 import subprocess
+from typing import Any
 
 from mstar_compiler import plan
+from mstar_compiler.graph_layout import layout
 
 
 def _q(text: str) -> str:
@@ -12,28 +17,24 @@ def _q(text: str) -> str:
 
 
 def to_dot(p: plan.Plan) -> str:
-    """Nodes grouped by rank; edges labelled with their walk; streams dashed; carries dotted."""
-    lines = [f"digraph {_q(p.model)} {{", "  rankdir=LR;", "  node [shape=box, fontname=Helvetica];"]
-    for r in p.ranks:
-        lines.append(f"  subgraph cluster_rank{r.index} {{ label={_q(f'rank {r.index}')};")
-        for name in r.nodes:
-            if p.node(name).placement.ranks[0] == r.index:
-                label = _q(name)[:-1] + "\\n" + p.node(name).kind + '"'  # Graphviz line break
-                lines.append(f"    {_q(name)} [label={label}];")
+    """Nodes grouped by rank; edges labelled with their ports; streams dashed (with their
+    chunk policy); carries dotted."""
+    g: dict[str, Any] = layout(p)
+    lines = [f"digraph {_q(g['model'])} {{", "  rankdir=LR;", "  node [shape=box, fontname=Helvetica];"]
+    kinds = {n["name"]: n["kind"] for n in g["nodes"]}
+    for band in g["ranks"]:
+        lines.append(f"  subgraph cluster_rank{band['index']} {{ label={_q('rank ' + str(band['index']))};")
+        for name in band["nodes"]:
+            label = _q(name)[:-1] + "\\n" + kinds[name] + '"'  # Graphviz line break
+            lines.append(f"    {_q(name)} [label={label}];")
         lines.append("  }")
-    seen = set()
-    for e in p.edges:
-        key = (e.src_node, e.src_port, e.dst_node, e.dst_port)
-        if key not in seen:
-            seen.add(key)
-            lines.append(f"  {_q(e.src_node)} -> {_q(e.dst_node)} [label={_q(f'{e.src_port}->{e.dst_port}')}];")
-    for w in p.walks:
-        for op in w.program:
-            for c in getattr(op, "carries", []):
-                lines.append(f"  {_q(c.src_node)} -> {_q(c.dst_node)} [style=dotted, label={_q('carry ' + c.dst_port)}];")
-    for s in p.streams:
-        lines.append(f"  {_q(s.src_node)} -> {_q(s.dst_node)} [style=dashed, color=blue, "
-                     f"label={_q(f'stream {s.name} ({s.policy.kind})')}];")
+    for e in g["edges"]:
+        lines.append(f"  {_q(e['src'])} -> {_q(e['dst'])} [label={_q(e['src_port'] + '->' + e['dst_port'])}];")
+    for c in g["carries"]:
+        lines.append(f"  {_q(c['src'])} -> {_q(c['dst'])} [style=dotted, label={_q('carry ' + c['dst_port'])}];")
+    for s in g["streams"]:
+        lines.append(f"  {_q(s['src'])} -> {_q(s['dst'])} [style=dashed, color=blue, "
+                     f"label={_q('stream ' + s['name'] + ' (' + s['policy'] + ')')}];")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -47,7 +48,8 @@ def to_svg(dot: str) -> str:
     exe = shutil.which("dot")
     if exe is None:
         raise GraphvizMissing("SVG needs Graphviz's `dot` program, which is not installed "
-                              "(Debian/Ubuntu: apt-get install graphviz); `--format dot` works without it")
+                              "(Debian/Ubuntu: apt-get install graphviz); `--format dot` works without it "
+                              "(and `--format json`, the layout the server's page draws)")
     done = subprocess.run([exe, "-Tsvg"], input=dot, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise GraphvizMissing(f"dot failed: {done.stderr.strip()}")

@@ -21,6 +21,7 @@ import zmq.asyncio
 from mstar_compiler.plan import Plan
 from runtime.conductor.cursor import resolve_count
 from runtime.conductor.kv_ledger import KvLedger
+from runtime.conductor.live_state import LiveState
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.playback import PlaybackBook
 from runtime.conductor.request import Request, RequestState
@@ -64,6 +65,7 @@ class Conductor:
         self.ledger = KvLedger()
         self.streams = StreamLedger(plan)
         self.playback = PlaybackBook(plan)
+        self.live = LiveState()                        # batch counters for /v1/state
         self.worker_stats: dict[int, Heartbeat] = {}   # latest heartbeat numbers per rank
         self.requests: dict[int, Request] = {}
         self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self.requests.__getitem__,
@@ -278,6 +280,7 @@ class Conductor:
         msg, env = flight.lead
         batch = flight.batch
         self.on_batch(batch.node, len(batch.entries), msg.run_ms)
+        self.live.observe_batch(batch.group, batch.node, len(batch.entries), msg.run_ms)
         token_ports = self.index.token_outputs(batch.node)
         for entry, result in zip(batch.entries, msg.items):
             req = entry.request

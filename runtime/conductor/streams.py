@@ -134,6 +134,15 @@ class StreamLedger:
     def num_buffers(self) -> int:
         return sum(len(e) for e in self._edges.values())
 
+    def buffered(self) -> dict[str, dict[str, int]]:
+        """Per stream: items buffered now (consumer side, all requests) and requests it is open for."""
+        out = {s.name: {"buffered": 0, "num_requests": 0} for s in self.plan.streams}
+        for edges in self._edges.values():
+            for name, edge in edges.items():
+                out[name]["buffered"] += len(edge.mirror)
+                out[name]["num_requests"] += 1
+        return out
+
     # ---- scheduling --------------------------------------------------------------------
 
     def can_run(self, req: Request, pending: PendingRun) -> bool:

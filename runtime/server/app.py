@@ -25,6 +25,8 @@ from runtime.server.chat import ChatRequest
 from runtime.server.errors import ApiError, error_middleware
 from runtime.server.images import images_edits, images_generations
 from runtime.server.metrics import Metrics
+from runtime.server.page import install_page
+from runtime.server.state_feed import install_state_feed
 from runtime.server.streaming import install_streaming
 from runtime.server.tasks import run_task
 from runtime.text import load_text_tokenizer
@@ -171,12 +173,18 @@ class MstarServer:
         app.router.add_post("/v1/images/generations", images_generations)
         app.router.add_post("/v1/images/edits", images_edits)
         app.router.add_post("/v1/tasks/{task}", run_task)
+        install_state_feed(self, app)   # /v1/state, /v1/state/stream (SSE)
+        install_page(app)               # /, /static/*, /v1/graph
         return app
 
     @web.middleware
     async def _auth(self, request: web.Request, handler) -> web.StreamResponse:
-        if request.path.startswith("/v1/") and request.headers.get("Authorization") != f"Bearer {self.config.api_key}":
-            raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)", code="invalid_api_key")
+        # EventSource cannot send headers: the page's live feed may carry the key as ?api_key=
+        given = request.headers.get("Authorization") or (
+            f"Bearer {request.query.get('api_key')}" if request.path == "/v1/state/stream" else None)
+        if request.path.startswith("/v1/") and given != f"Bearer {self.config.api_key}":
+            how = " or ?api_key=<key>" if request.path == "/v1/state/stream" else ""
+            raise ApiError(401, f"invalid or missing API key (Authorization: Bearer <key>{how})", code="invalid_api_key")
         return await handler(request)
 
     async def drain(self) -> None:

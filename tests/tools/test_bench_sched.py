@@ -26,6 +26,25 @@ def test_null_workers_answer_every_row_and_keep_requests_live() -> None:
 
 def test_quick_suite_reports_plain_rows_with_no_baseline() -> None:
     rows = run(Context(rounds=1, quick=True, root=ROOT))
-    assert [(r.case, r.metric) for r in rows][::2] == [("1 live", "conductor time per step"),
+    assert [(r.case, r.metric) for r in rows][::3] == [("1 live", "conductor time per step"),
                                                     ("8 live", "conductor time per step")]
+    assert rows[2].metric.startswith("one /v1/state snapshot")
     assert all(r.b is None and len(r.a.samples) == 1 and r.a.samples[0] > 0 for r in rows)
+
+
+def test_state_snapshot_counts_every_live_request_where_it_rests() -> None:
+    harness = NullConductor(Context(rounds=1, quick=True, root=ROOT), live=40)
+    try:
+        harness.measure()
+        state = harness.conductor.live.snapshot(harness.conductor)
+        by_state = [r.state.name.lower() for r in harness.conductor.requests.values()]
+        in_flight = sum(len(f.batch.entries) for f in harness.conductor.in_flight.values())
+    finally:
+        harness.close()
+    lm = state["nodes"]["lm"]
+    assert lm["waiting"] + lm["running"] == 40 == state["num_requests"] == len(state["requests"])
+    assert lm["running"] == in_flight <= harness.batch
+    assert lm["batches"] > 0 and lm["last_batch"] == harness.batch
+    assert state["tasks"]["chat"] == {s: by_state.count(s) for s in ("waiting", "running", "preempted")}
+    assert sum(state["tasks"]["chat"].values()) == 40
+    assert {t["walk"] for r in state["requests"] for t in r["tracks"]} <= {"prefill", "decode"}

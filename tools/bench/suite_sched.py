@@ -9,6 +9,8 @@ The conductor runs the tiny smollm2 plan against `runtime.worker.null.NullWorker
 answer every RunBatch at once with one token through the real transport messages, so the
 requests stay alive (long decode loops) and each timed `step()` is schedule + dispatch +
 apply. The step is timed from outside with `time.perf_counter` around `await step()`.
+A third row times one `/v1/state` snapshot of the same requests: the page's live feed
+builds at most four a second, so its cost per second is bounded by 4x that figure.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from bench.stats import LOWER
 
 LIVE_REQUESTS = (1, 64, 512)
 STEPS = 200                # timed steps per round
+SNAPSHOTS = 20             # timed /v1/state snapshots per round
 MAX_TOKENS = 8192          # decode loops far longer than a run: every request stays live
 LABEL = "mstar Conductor.step() with null workers (tiny smollm2 plan, one lm node, batch {batch})"
 NOTE = "absolute figure: there is no baseline peer for the conductor's own cost"
@@ -62,7 +65,14 @@ class NullConductor:
             raise Needs(f"requests to stay live through the run: {len(self.reqs) - live} ended early")
         advanced = sum(1 for r, n in zip(self.reqs, before) if len(r.output_ids) > n)
         return {"us": seconds / STEPS * 1e6, "per_req": seconds / STEPS * 1e6 / live,
-                "rows": (self.workers.rows - rows) / STEPS, "advanced": advanced}
+                "rows": (self.workers.rows - rows) / STEPS, "advanced": advanced, "snapshot_us": self._snapshot_us()}
+
+    def _snapshot_us(self) -> float:
+        """One /v1/state snapshot of these requests (built at most 4 times a second, outside step())."""
+        start = time.perf_counter()
+        for _ in range(SNAPSHOTS):
+            self.conductor.live.snapshot(self.conductor)
+        return (time.perf_counter() - start) / SNAPSHOTS * 1e6
 
     def close(self) -> None:
         for req in self.reqs:
@@ -78,7 +88,10 @@ def _rows(live: int, label: str, samples: dict[str, list[float]]) -> list[Row]:
     return [Row(case, "conductor time per step", "µs", LOWER, Side(label, samples["us"]), plot="step",
                 x=live, xlabel="live requests", note=note, names=("mstar", "")),
             Row(case, "conductor time per step per live request", "µs", LOWER, Side(label, samples["per_req"]),
-                plot="per-request", x=live, xlabel="live requests", names=("mstar", ""))]
+                plot="per-request", x=live, xlabel="live requests", names=("mstar", "")),
+            Row(case, "one /v1/state snapshot (at most 4 per second, shared by every viewer)", "µs", LOWER,
+                Side(label, samples["snapshot_us"]), plot="snapshot", x=live, xlabel="live requests",
+                names=("mstar", ""))]
 
 
 @register("sched", "conductor time per scheduled step at 1 / 64 / 512 live requests, components doing no work")
