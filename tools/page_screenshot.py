@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.runtime.serving.conftest import Server, compile_plan  # noqa: E402
-from tests.runtime.serving_page.conftest import ARGS, CHROMIUM  # noqa: E402
+from tests.runtime.serving.page.conftest import ARGS, CHROMIUM  # noqa: E402
 
 
 def _chat(url: str, model: str, max_tokens: int) -> None:

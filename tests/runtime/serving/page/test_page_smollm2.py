@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.runtime.serving.conftest import compile_plan, http
-from tests.runtime.serving_page.conftest import drawn, max_running, node_data, open_page, planned, screenshot, serve, was_lit
+from tests.runtime.serving.page.conftest import drawn, max_running, node_data, open_page, planned, screenshot, serve, was_lit
 
 MODEL = "smollm2-135m-instruct"
 

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from tests.runtime.serving.conftest import compile_plan
-from tests.runtime.serving_page.conftest import drawn, max_running, node_data, open_page, planned, screenshot, serve, was_lit
+from tests.runtime.serving.page.conftest import drawn, max_running, node_data, open_page, planned, screenshot, serve, was_lit
 
 
 @pytest.fixture(scope="module")
