@@ -23,7 +23,7 @@ from runtime.conductor.scheduler import SchedulerConfig
 from runtime.sampling import SamplingParams, stop_token_ids
 from runtime.server.chat import ChatRequest
 from runtime.server.errors import ApiError, error_middleware
-from runtime.server.images import images_edits, images_generations
+from runtime.server.families import families_of
 from runtime.server.metrics import Metrics
 from runtime.server.page import install_page
 from runtime.server.state_feed import install_state_feed
@@ -169,9 +169,10 @@ class MstarServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_route)
         app.router.add_get("/v1/models", self.models)
-        install_streaming(self, app)    # /v1/chat/completions (text or audio), /v1/audio/speech, /v1/rollouts
-        app.router.add_post("/v1/images/generations", images_generations)
-        app.router.add_post("/v1/images/edits", images_edits)
+        install_streaming(self, app)    # /v1/chat/completions (text or audio), /v1/audio/speech
+        for family in families_of(self.plan):   # a family's own endpoints: BAGEL's images, V-JEPA's rollouts
+            if family.install is not None:
+                family.install(app)
         app.router.add_post("/v1/tasks/{task}", run_task)
         install_state_feed(self, app)   # /v1/state, /v1/state/stream (SSE)
         install_page(app)               # /, /static/*, /v1/graph

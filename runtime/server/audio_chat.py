@@ -20,11 +20,11 @@ from typing import Any
 
 from aiohttp import web
 
-from runtime.server.audio_io import omni_speaker, pcm16, wav
+from runtime.server.audio_io import pcm16, wav
 from runtime.server.chat import chat_completions
 from runtime.server.errors import ApiError, error_body
 from runtime.server.speech import speech_params
-from runtime.server.speech_model import AudioEvents, omni_prompt
+from runtime.server.speech_model import AudioEvents
 from runtime.text import IncrementalDetokenizer
 
 AUDIO_FORMATS = ("wav", "pcm16")
@@ -61,12 +61,12 @@ def _messages(body: dict) -> list[dict[str, str]]:
 def _parse(server: Any, body: dict) -> tuple[list[dict[str, str]], str, str, bool]:
     server.check_model(body.get("model"))
     model = server.speech_model
-    if model is None or model.family != "omni":
+    if model is None or not model.speaker.can_chat:
         raise ApiError(400, f"the model '{server.model_id}' does not answer with audio in chat", "modalities")
     audio = body.get("audio") or {}
     if not isinstance(audio, dict):
         raise ApiError(400, "'audio' must be an object {voice, format}", "audio")
-    speaker = omni_speaker(str(audio.get("voice", "alloy")))
+    speaker = model.speaker.voice(str(audio.get("voice", "alloy")))
     if speaker is None:
         raise ApiError(400, f"unknown voice '{audio.get('voice')}'", "audio.voice")
     fmt = audio.get("format", "pcm16" if body.get("stream") else "wav")
@@ -83,9 +83,9 @@ async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
     messages, speaker, fmt, stream = _parse(server, body)
     model = server.speech_model
     body = {**body, "max_tokens": body.get("max_completion_tokens", body.get("max_tokens"))}
-    ids = omni_prompt(server.tokenizer, model.talker_dims, messages)
-    req = server.conductor.submit(model.task, speech_params(server, body, {"speaker": speaker}), [("text", ids)],
-                                  server.stop_token_ids(), server.config.request_timeout_s)
+    ids, extra, stops = model.speaker.chat_prompt(server, speaker, messages)
+    req = server.conductor.submit(model.task, speech_params(server, body, extra), [("text", ids)], stops,
+                                  server.config.request_timeout_s)
     events = AudioEvents(server, req, model)
     ctx = _Reply(server, events, len(ids))
     try:

@@ -1,4 +1,4 @@
-"""Audio bytes for clients: 16-bit PCM, WAV (whole or streamed), and voice names.
+"""Audio bytes for clients: 16-bit PCM, WAV (whole or streamed), and voice-name lookup.
 
 Streamed WAV starts with a header whose RIFF and data sizes are 0xFFFFFFFF (the length is
 unknown while the audio is produced; players read to the end of the stream), followed by
@@ -13,28 +13,10 @@ import torch
 FORMATS = ("wav", "pcm")        # response_format values this server writes
 UNKNOWN_SIZE = 0xFFFFFFFF
 
-# OpenAI's voice names -> the seed models' own voices (each model also takes its own names)
-ORPHEUS_VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
-OMNI_SPEAKERS = ("chelsie", "ethan", "aiden")
-_OPENAI_TO_ORPHEUS = {"alloy": "tara", "ash": "leo", "ballad": "dan", "coral": "jess", "echo": "leo",
-                      "fable": "dan", "onyx": "zac", "nova": "mia", "sage": "leah", "shimmer": "zoe", "verse": "zac"}
-_OPENAI_TO_OMNI = {"alloy": "chelsie", "ash": "ethan", "ballad": "aiden", "coral": "chelsie", "echo": "ethan",
-                   "fable": "aiden", "onyx": "ethan", "nova": "chelsie", "sage": "chelsie", "shimmer": "chelsie",
-                   "verse": "aiden"}
-
-
 def voice_for(voice: str, own: tuple[str, ...], openai_map: dict[str, str]) -> str | None:
     """The model's voice for a requested name (its own or OpenAI's), None if unknown."""
     name = voice.lower()
     return name if name in own else openai_map.get(name)
-
-
-def orpheus_voice(voice: str) -> str | None:
-    return voice_for(voice, ORPHEUS_VOICES, _OPENAI_TO_ORPHEUS)
-
-
-def omni_speaker(voice: str) -> str | None:
-    return voice_for(voice, OMNI_SPEAKERS, _OPENAI_TO_OMNI)
 
 
 def pcm16(audio: torch.Tensor) -> bytes:

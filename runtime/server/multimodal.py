@@ -1,44 +1,39 @@
 """Images in requests: decoding them into request input items, and chats that carry them.
 
-An image input item is ("image", (H, W, 3) uint8 RGB tensor). For a BAGEL plan the image
-is first resized as BAGEL resizes every input image (its VAE transform; the ViT resizes
-further on its rank), so the server knows an I2I request's output size. A chat message
-whose content has `image_url` parts (data URLs; the server never fetches) becomes
-interleaved input items, text parts as plain token ids, BAGEL's `interleave_inference`
-way, and runs the plan's `i2t` task.
+An image input item is ("image", (H, W, 3) uint8 RGB tensor), prepared first as the plan's
+model family takes input images (`FamilyServing.prepare_image`: BAGEL resizes every input
+image with its VAE transform, so the server knows an I2I request's output size). A chat
+message whose content has `image_url` parts (data URLs; the server never fetches) becomes
+interleaved input items, text parts as plain token ids, and runs the plan's `i2t` task.
 """
 from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import UnidentifiedImageError
 
 from mstar_compiler.plan import Plan
-from runtime.models.bagel.generation import vae_resize
-from runtime.models.bagel.image_io import image_from_bytes, resize_for
 from runtime.server.errors import ApiError
+from runtime.server.families import families_of
+from runtime.server.image_io import image_from_bytes
 
 IMAGE_TASK = "i2t"
 
 
-def bagel_lm_dims(plan: Plan) -> Mapping[str, Any] | None:
-    """Dims of the plan's BAGEL LM, None for other models."""
-    return next((n.dims for n in plan.nodes if n.kind == "bagel_mot_lm"), None)
-
-
 def image_item(plan: Plan, data: bytes, field: str) -> torch.Tensor:
-    """Encoded image bytes -> (H, W, 3) uint8 tensor (BAGEL-resized for a BAGEL plan); 400 if not an image."""
+    """Encoded image bytes -> (H, W, 3) uint8 tensor, prepared as the plan's family takes images; 400 if
+    not an image."""
     try:
         image = image_from_bytes(data)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise ApiError(400, f"{field}: not a decodable image ({exc})", field) from None
-    dims = bagel_lm_dims(plan)
-    if dims is not None:
-        image = resize_for(image, vae_resize(dims))
+    for family in families_of(plan):
+        if family.prepare_image is not None:
+            image = family.prepare_image(plan, image)
     return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.uint8).copy())
 
 

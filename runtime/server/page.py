@@ -13,9 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from mstar_compiler.graph_layout import layout
-from runtime.bagel.generation import image_stride, max_image_side
-from runtime.server.audio_io import OMNI_SPEAKERS, ORPHEUS_VOICES
-from runtime.server.multimodal import bagel_lm_dims
+from runtime.server.families import families_of
 
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
@@ -24,19 +22,15 @@ _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".
 def playground(server: Any) -> dict[str, Any]:
     """Which playground panels the plan can serve, with what the page needs to fill them in."""
     tasks = {t.name for t in server.plan.tasks}
-    lm = bagel_lm_dims(server.plan)
     speech = getattr(server, "speech_model", None)
-    pred = next((n for n in server.plan.nodes if n.kind == "vjepa2_ac_predictor"), None)
-    return {
-        "chat": server.chat_node is not None and "chat" in tasks,
-        "images": None if lm is None or "t2i" not in tasks else
-        {"edit": "i2i" in tasks, "max_side": max_image_side(lm), "stride": image_stride(lm)},
-        "speech": None if speech is None else
-        {"voices": list(ORPHEUS_VOICES if speech.family == "orpheus" else OMNI_SPEAKERS),
-         "sample_rate": speech.sample_rate},
-        "rollout": None if pred is None or "rollout" not in tasks else
-        {key: int(pred.dims[key]) for key in ("image_size", "action_dim", "state_dim", "tubelet_size")},
+    panels: dict[str, Any] = {
+        "chat": server.chat_node is not None and "chat" in tasks, "images": None, "rollout": None,
+        "speech": None if speech is None else {"voices": list(speech.speaker.voices), "sample_rate": speech.sample_rate},
     }
+    for family in families_of(server.plan):     # BAGEL's image panel, V-JEPA's rollout panel
+        if family.playground is not None:
+            panels.update(family.playground(server.plan))
+    return panels
 
 
 async def index(request: web.Request) -> web.FileResponse:

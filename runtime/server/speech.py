@@ -24,10 +24,10 @@ from aiohttp import web
 
 from runtime.conductor.request import Request
 from runtime.sampling import SamplingParams, SamplingParamsError
-from runtime.server.audio_io import FORMATS, content_type, omni_speaker, orpheus_voice, pcm16, wav, wav_header
+from runtime.server.audio_io import FORMATS, content_type, pcm16, wav, wav_header
 from runtime.server.errors import ApiError, error_body
 from runtime.server.params import resolve_params
-from runtime.server.speech_model import AudioEvents, SpeechModel, omni_prompt, orpheus_prompt
+from runtime.server.speech_model import AudioEvents, SpeechModel
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,7 @@ def speech_params(server: Any, body: dict, extra: dict[str, Any]) -> dict[str, A
 
 def submit_speech(server: Any, model: SpeechModel, text: str, voice: str, body: dict) -> Request:
     """Queue `text` spoken in `voice` (the model's voice name)."""
-    if model.family == "orpheus":
-        ids, extra, stops = orpheus_prompt(server.tokenizer, voice, text), {}, frozenset()
-    else:
-        ids = omni_prompt(server.tokenizer, model.talker_dims, [{"role": "user", "content": text}])
-        extra, stops = {"speaker": voice}, server.stop_token_ids()
+    ids, extra, stops = model.speaker.prompt(server, voice, text)
     return server.conductor.submit(model.task, speech_params(server, body, extra), [("text", ids)], stops,
                                    server.config.request_timeout_s)
 
@@ -75,7 +71,7 @@ def _parse(server: Any, body: Any) -> tuple[SpeechModel, str, str, str, str | No
     if not text:
         raise ApiError(400, "'input' must be a non-empty string", "input")
     voice_name = _field(body, "voice", str, "alloy")
-    voice = orpheus_voice(voice_name) if model.family == "orpheus" else omni_speaker(voice_name)
+    voice = model.speaker.voice(voice_name)
     if voice is None:
         raise ApiError(400, f"unknown voice '{voice_name}'", "voice")
     fmt = _field(body, "response_format", str, "wav")

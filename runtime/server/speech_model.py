@@ -1,21 +1,15 @@
-"""What a plan needs to speak: its speech task, where the audio comes out, and its prompts.
+"""What a plan needs to speak: its speech task, where the audio comes out, and who prompts it.
 
-Two families of speaking graphs are recognised by their node kinds:
-  * Orpheus (`snac_decoder`): task `speech`; the prompt is Orpheus' own
-    `<start_of_human> "{voice}: {text}" <eot> <end_of_human> <start_of_ai> <start_of_speech>`.
-  * Qwen3-Omni (`qwen3_omni_talker`): task `voice_chat`; the prompt is a ChatML chat whose
-    last turn is an open `<|im_start|>assistant` (the talker needs that turn), and the
-    talker's speaker is a request param. With seeded random weights the server has a byte
-    tokenizer and no chat template, so the ChatML special tokens are written as the ids
-    the talker preset names (`im_start_token_id`, `user_token_id`, `assistant_token_id`).
+A speaking graph is recognised by its family's `Speaker` (runtime/server/families.py): the
+vocoder kind whose audio the client hears, the model's voices and its prompts.
 `AudioEvents` turns a speaking request's events into text ids and audio pieces, and
 measures what the client receives for /metrics.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,65 +17,43 @@ from mstar_compiler.plan import Plan
 from runtime.conductor.request import Request
 from runtime.conductor.streams import track_nodes
 from runtime.server.errors import ApiError
-from runtime.text import ByteTokenizer
+from runtime.server.families import Speaker, families_of
 from runtime.streams.deadline import PlaybackClock
 
-ORPHEUS_START_HUMAN, ORPHEUS_PROMPT_END = 128259, (128009, 128260, 128261, 128257)
-SYSTEM_ROLE_BYTES = b"system"
+if TYPE_CHECKING:
+    from runtime.server.app import MstarServer
 
 
 @dataclass(frozen=True)
 class SpeechModel:
     """How the served plan speaks."""
 
-    family: str                  # "orpheus" | "omni"
     task: str                    # the task with the audio track
     audio_key: str               # "<node>.<port>" of the audio chunks
     sample_rate: int
-    talker_dims: dict[str, Any] = field(default_factory=dict)   # omni: the talker preset (special ids)
+    speaker: Speaker             # its family's prompts and voices
 
 
 def speech_model(plan: Plan) -> SpeechModel | None:
     """The plan's way of speaking, or None when it has no audio-producing task."""
-    by_kind = {n.kind: n for n in plan.nodes}
-    family, vocoder = ("orpheus", by_kind.get("snac_decoder")) if "snac_decoder" in by_kind else \
-        ("omni", by_kind.get("qwen3_omni_code2wav"))
-    if vocoder is None:
-        return None
-    task = next((t.name for t in plan.tasks for tr in t.tracks
-                 if tr.per_chunk is not None and vocoder.name in track_nodes(plan, tr)), None)
-    if task is None:
-        return None
-    port = next(p.name for p in vocoder.outputs if p.dtype == "audio")
-    talker = by_kind.get("qwen3_omni_talker")
-    return SpeechModel(family, task, f"{vocoder.name}.{port}", int(vocoder.dims.get("sampling_rate", 24000)),
-                       dict(talker.dims) if talker else {})
-
-
-def orpheus_prompt(tokenizer: Any, voice: str, text: str) -> list[int]:
-    """Orpheus' prompt ids for `text` in `voice`."""
-    ids = tokenizer.encode(f"{voice}: {text}")
-    return [ORPHEUS_START_HUMAN, *ids, *ORPHEUS_PROMPT_END]
-
-
-def omni_prompt(tokenizer: Any, dims: dict[str, Any], messages: list[dict[str, str]]) -> list[int]:
-    """ChatML ids ending in an open assistant turn (module docstring)."""
-    if not isinstance(tokenizer, ByteTokenizer):
-        return tokenizer.encode(tokenizer.render_chat(messages, add_generation_prompt=True), add_special_tokens=False)
-    role_ids = {"user": [dims["user_token_id"]], "assistant": [dims["assistant_token_id"]],
-                "system": list(SYSTEM_ROLE_BYTES)}
-    ids: list[int] = []
-    for m in messages:
-        if m["role"] not in role_ids:
-            raise ApiError(400, f"unknown role '{m['role']}' (system, user, assistant)", "messages")
-        ids += [dims["im_start_token_id"], *role_ids[m["role"]], *tokenizer.encode("\n" + m["content"] + "\n")]
-    return ids + [dims["im_start_token_id"], dims["assistant_token_id"], *tokenizer.encode("\n")]
+    for family in families_of(plan):
+        speaker = family.speaker
+        vocoder = next((n for n in plan.nodes if speaker and n.kind == speaker.vocoder_kind), None)
+        if vocoder is None:
+            continue
+        task = next((t.name for t in plan.tasks for tr in t.tracks
+                     if tr.per_chunk is not None and vocoder.name in track_nodes(plan, tr)), None)
+        if task is None:
+            continue
+        port = next(p.name for p in vocoder.outputs if p.dtype == "audio")
+        return SpeechModel(task, f"{vocoder.name}.{port}", int(vocoder.dims.get("sampling_rate", 24000)), speaker)
+    return None
 
 
 class AudioEvents:
     """A speaking request's events as (text ids, audio pieces, is last); playback measured."""
 
-    def __init__(self, server: Any, req: Request, model: SpeechModel) -> None:
+    def __init__(self, server: MstarServer, req: Request, model: SpeechModel) -> None:
         self.server, self.req, self.model = server, req, model
         self.clock = PlaybackClock(req.arrival)
         self.num_samples = 0

@@ -1,10 +1,9 @@
-"""Wires the streaming endpoints into a server: speech, audio chat, rollouts, their metrics.
+"""Wires the streaming endpoints into a server: speech, audio chat, their metrics.
 
 `install_streaming(server, app)` is called once when the application is built:
   POST /v1/audio/speech        runtime/server/speech.py (plans that speak)
   POST /v1/chat/completions    runtime/server/audio_chat.py routes `modalities: [..., "audio"]`
                                to the audio chat, the rest to the text chat
-  POST /v1/rollouts            runtime/server/rollouts.py (world models)
 and registers the audio metrics and the rank gauges (runtime/server/stream_metrics.py).
 """
 from __future__ import annotations
@@ -14,7 +13,6 @@ from typing import Any
 from aiohttp import web
 
 from runtime.server.audio_chat import chat_or_audio
-from runtime.server.rollouts import rollouts
 from runtime.server.speech import audio_speech
 from runtime.server.speech_model import speech_model
 from runtime.server.stream_metrics import AudioMetrics, RuntimeCollector
@@ -28,4 +26,3 @@ def install_streaming(server: Any, app: web.Application) -> None:
         server.metrics.registry.register(RuntimeCollector(server.conductor))
     app.router.add_post("/v1/audio/speech", audio_speech)
     app.router.add_post("/v1/chat/completions", chat_or_audio)
-    app.router.add_post("/v1/rollouts", rollouts)

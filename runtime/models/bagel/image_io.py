@@ -72,7 +72,3 @@ def png_bytes(image: torch.Tensor) -> bytes:
     tensor_to_pil(image).save(buffer, format="PNG")
     return buffer.getvalue()
 
-
-def image_from_bytes(data: bytes) -> Image.Image:
-    """An encoded image (PNG, JPEG, ...) -> RGB PIL image."""
-    return Image.open(io.BytesIO(data)).convert("RGB")

@@ -7,7 +7,9 @@ import wave
 
 import torch
 
-from runtime.server.audio_io import omni_speaker, orpheus_voice, pcm16, wav, wav_header
+from runtime.models.orpheus.serving import OrpheusSpeaker
+from runtime.models.qwen3_omni.serving import OmniSpeaker
+from runtime.server.audio_io import pcm16, wav, wav_header
 
 
 def test_pcm16_rounds_and_clamps() -> None:
@@ -31,5 +33,6 @@ def test_a_streamed_wav_header_has_unknown_sizes() -> None:
 
 
 def test_voices_take_the_models_names_and_openais() -> None:
+    orpheus_voice, omni_speaker = OrpheusSpeaker().voice, OmniSpeaker().voice
     assert orpheus_voice("Tara") == "tara" and orpheus_voice("alloy") == "tara" and orpheus_voice("x") is None
     assert omni_speaker("ETHAN") == "ethan" and omni_speaker("fable") == "aiden" and omni_speaker("tara") is None

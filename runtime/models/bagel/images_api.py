@@ -18,16 +18,17 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from aiohttp import web
 
 from runtime.models.bagel.generation import check_image_size, max_image_side
 from runtime.models.bagel.image_io import png_bytes
+from mstar_compiler.plan import Plan
 from runtime.conductor.request import Request
 from runtime.server.errors import ApiError
-from runtime.server.multimodal import bagel_lm_dims, data_url_bytes, image_item
+from runtime.server.multimodal import data_url_bytes, image_item
 from runtime.server.params import resolve_params
 
 ALIASES = {"guidance_scale": "cfg_text_scale", "guidance": "cfg_text_scale", "image_guidance_scale": "cfg_img_scale"}
@@ -100,6 +101,11 @@ def _check_formats(fields: dict[str, Any]) -> None:
         raise ApiError(400, "streaming image generation is not supported", "stream")
     if fields.get("mask") is not None:
         raise ApiError(400, "masks are not supported: BAGEL edits the whole image by the prompt", "mask")
+
+
+def bagel_lm_dims(plan: Plan) -> Mapping[str, Any] | None:
+    """Dims of the plan's BAGEL LM, None for other models."""
+    return next((n.dims for n in plan.nodes if n.kind == "bagel_mot_lm"), None)
 
 
 def parse_job(server: Any, fields: dict[str, Any], images: list[torch.Tensor], task: str) -> ImageJob:

@@ -1,0 +1,35 @@
+"""What BAGEL adds to the server (runtime/server/families.py): OpenAI's image endpoints over its
+t2i / i2i tasks, its resize of every input image, and the page's image panel."""
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from PIL import Image
+
+from mstar_compiler.plan import Plan
+from runtime.models.bagel.generation import image_stride, max_image_side, vae_resize
+from runtime.models.bagel.image_io import resize_for
+from runtime.models.bagel.images_api import bagel_lm_dims, images_edits, images_generations
+from runtime.server.families import FamilyServing, register_family_serving
+
+
+def _install(app: web.Application) -> None:
+    app.router.add_post("/v1/images/generations", images_generations)
+    app.router.add_post("/v1/images/edits", images_edits)
+
+
+def _prepare_image(plan: Plan, image: Image.Image) -> Image.Image:
+    """BAGEL resizes every input image with its VAE transform (the ViT resizes further on its rank)."""
+    return resize_for(image, vae_resize(bagel_lm_dims(plan)))
+
+
+def _playground(plan: Plan) -> dict[str, Any]:
+    lm, tasks = bagel_lm_dims(plan), {t.name for t in plan.tasks}
+    if "t2i" not in tasks:
+        return {}
+    return {"images": {"edit": "i2i" in tasks, "max_side": max_image_side(lm), "stride": image_stride(lm)}}
+
+
+SERVING = register_family_serving(FamilyServing("bagel", frozenset({"bagel_mot_lm"}), install=_install,
+                                                playground=_playground, prepare_image=_prepare_image))
