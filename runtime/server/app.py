@@ -21,6 +21,7 @@ from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import Request
 from runtime.conductor.scheduler import SchedulerConfig
 from runtime.server.chat import ChatRequest
+from runtime.server.chat_inputs import chat_inputs_for
 from runtime.server.errors import ApiError, error_middleware
 from runtime.server.images import images_edits, images_generations
 from runtime.server.metrics import Metrics
@@ -65,6 +66,7 @@ class MstarServer:
         self.chat_node = self._chat_node()
         self.tokenizer = load_text_tokenizer(
             weight_source(self.plan, self.plan.node(self.chat_node), config.weights_dir) if self.chat_node else None)
+        self.chat_inputs = chat_inputs_for(self.plan)   # the family's reader of audio/image parts, if any
         self.draining = False
 
     def _chat_node(self) -> str | None:
