@@ -28,6 +28,7 @@ from runtime.server.metrics import Metrics
 from runtime.server.streaming import install_streaming
 from runtime.server.tasks import run_task
 from runtime.server.text import load_text_tokenizer
+from runtime.server.transcriptions import audio_transcriptions
 from runtime.worker.loader import describe_source, weight_source
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,7 @@ class MstarServer:
         install_streaming(self, app)    # /v1/chat/completions (text or audio), /v1/audio/speech, /v1/rollouts
         app.router.add_post("/v1/images/generations", images_generations)
         app.router.add_post("/v1/images/edits", images_edits)
+        app.router.add_post("/v1/audio/transcriptions", audio_transcriptions)
         app.router.add_post("/v1/tasks/{task}", run_task)
         return app
 

@@ -49,7 +49,12 @@ def _input_items(server: Any, body: dict, talker_dims: dict) -> list[tuple[str, 
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role' and 'content'", f"messages[{i}]")
     items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
-    return items or [("text", omni_prompt(server.tokenizer, talker_dims, _messages(messages)))]
+    if items:
+        # the talker's first Run takes the thinker's prompt as one stream item; a prompt read in
+        # pieces (text, audio, text) would hand it only the first piece
+        raise ApiError(400, "voice chat (modalities with 'audio') takes text prompts only for now; send audio "
+                            "or image parts to the text chat (modalities ['text'])", "messages", "unsupported_input")
+    return [("text", omni_prompt(server.tokenizer, talker_dims, _messages(messages)))]
 
 
 def _messages(messages: list) -> list[dict[str, str]]:

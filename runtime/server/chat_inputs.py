@@ -19,6 +19,8 @@ from mstar_compiler.plan import Plan
 class ChatInputs(Protocol):
     """Turns chat messages with content parts into the conductor's input items."""
 
+    sample_rate: int     # the rate of the waveforms in its audio items (the audio encoder's)
+
     def chat_items(self, messages: list[dict], tokenizer: Any) -> list[tuple[str, Any]] | None:
         """The prompt's input items in message order (text ids and media items), None when every
         part is text (the handler's text path applies); raises ApiError (4xx) for a bad part."""
