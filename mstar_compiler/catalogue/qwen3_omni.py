@@ -123,7 +123,8 @@ _TALKER_TINY: dict[str, Any] = {
     "codec_pad_id": 64, "codec_bos_id": 65, "codec_eos_token_id": 66, "codec_nothink_id": 67,
     "codec_think_bos_id": 68, "codec_think_eos_id": 69, "codebook_size": 64,
     "speaker_id": {"chelsie": 70, "ethan": 71, "aiden": 72},
-    # thinker-vocabulary ids the talker's prompt is cut and padded with (tiny thinker vocab: 512)
+    # thinker-vocabulary ids the talker's prompt is cut and padded with, and the chat processor's
+    # audio/vision markers (runtime/models/qwen3_omni/chat_inputs.py; tiny thinker vocab: 512)
     "im_start_token_id": 500, "user_token_id": 501, "assistant_token_id": 502,
     "audio_token_id": 503, "image_token_id": 504, "video_token_id": 505,
     "audio_start_token_id": 496, "audio_end_token_id": 497, "vision_start_token_id": 499, "vision_end_token_id": 498,
