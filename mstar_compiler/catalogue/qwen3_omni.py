@@ -123,9 +123,11 @@ _TALKER_TINY: dict[str, Any] = {
     "codec_pad_id": 64, "codec_bos_id": 65, "codec_eos_token_id": 66, "codec_nothink_id": 67,
     "codec_think_bos_id": 68, "codec_think_eos_id": 69, "codebook_size": 64,
     "speaker_id": {"chelsie": 70, "ethan": 71, "aiden": 72},
-    # thinker-vocabulary ids the talker's prompt is cut and padded with (tiny thinker vocab: 512)
+    # thinker-vocabulary ids the talker's prompt is cut and padded with, and the chat processor's
+    # audio/vision markers (runtime/models/qwen3_omni/chat_inputs.py; tiny thinker vocab: 512)
     "im_start_token_id": 500, "user_token_id": 501, "assistant_token_id": 502,
     "audio_token_id": 503, "image_token_id": 504, "video_token_id": 505,
+    "audio_start_token_id": 496, "audio_end_token_id": 497, "vision_start_token_id": 499, "vision_end_token_id": 498,
     "tts_pad_token_id": 506, "tts_bos_token_id": 507, "tts_eos_token_id": 508,
 }
 _TALKER_FULL: dict[str, Any] = {
@@ -139,6 +141,8 @@ _TALKER_FULL: dict[str, Any] = {
     "speaker_id": {"chelsie": 2301, "ethan": 2302, "aiden": 2303},
     "im_start_token_id": 151644, "user_token_id": 872, "assistant_token_id": 77091,
     "audio_token_id": 151675, "image_token_id": 151655, "video_token_id": 151656,
+    "audio_start_token_id": 151669, "audio_end_token_id": 151670, "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
     "tts_pad_token_id": 151671, "tts_bos_token_id": 151672, "tts_eos_token_id": 151673,
 }
 
@@ -236,6 +240,7 @@ LM_ARGS: dict[str, Any] = {**ARGS, "attention_backend": "auto"}  # torch | trito
 KINDS: tuple[KindSpec, ...] = (
     KindSpec(
         kind="qwen3_omni_audio_encoder",
+        executor="qwen3_omni_audio_encoder",
         doc="Qwen3-Omni AuT audio encoder: 16 kHz waveform -> log-mel -> hidden states at 12.5 Hz",
         inputs=(Port("audio", "audio", ("S",)),),
         outputs=(Port("hidden", "hidden", ("T", "output_dim")),),

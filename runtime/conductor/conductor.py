@@ -305,7 +305,8 @@ class Conductor:
 
     def _client_output(self, req: Request, entry: Any, tokens: list[int], env: Envelope) -> None:
         walk, node = entry.pending.walk, entry.pending.run.node
-        if tokens and self.index.client_tokens(walk, node):
+        # a prompt read in pieces (for_each): a token sampled after a middle piece predicts prompt text
+        if tokens and self.index.client_tokens(walk, node) and req.tracks[entry.pending.track].is_on_last_item:
             req.emit_tokens(tokens)
             budget = self.index.token_budgets.get(node)
             if budget is not None and len(req.output_ids) >= resolve_count(budget, req.params):

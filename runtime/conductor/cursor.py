@@ -170,6 +170,12 @@ class TrackCursor:
         self.item, name = self._items.pop(0)
         self.walk, self.pc, self.loops, self.branch_pos = self.plan.walk(name), 0, {}, []
 
+    @property
+    def is_on_last_item(self) -> bool:
+        """Whether the running walk is the state's last: a for_each state runs one walk per input
+        item, and only the last item's sampled token follows the whole prompt."""
+        return not self._items
+
     def _end_walk(self, req: RequestView) -> None:
         self.walk = None
         if not self._items:

@@ -43,6 +43,19 @@ class IllegalTransition(RuntimeError):
     """A transition the state table does not allow (a conductor bug, never a user error)."""
 
 
+@dataclass(frozen=True)
+class MediaInput:
+    """A non-text request input item and the token ids that stand for it in an LM's context.
+
+    The encoder's port of the item's modality reads `value`; in the same for_each state, an
+    LM's `tokens` port reads `tokens` (the placeholders whose embeddings the encoder's output
+    replaces), so the LM's KV cache and the conductor's count of it include those rows.
+    """
+
+    value: Any              # what the encoder reads: a tensor (a waveform, an image)
+    tokens: list[int]       # placeholder ids, one per encoder output row (and any markers around them)
+
+
 @dataclass
 class OutputEvent:
     """What the conductor tells the server about a request: new tokens, tensors, or the end."""
@@ -127,13 +140,18 @@ class Request:
         A for_each state (`item` >= 0) reads that item, a plain state (-1) the first one, of
         the port's modality (a `tokens` port reads text) that no other state has read: an
         input belongs to the state that takes it in (t2i's `draw` does not re-read the prompt).
+        A for_each state's `tokens` port at a `MediaInput` item reads that item's placeholders.
         """
         modality = "text" if dtype == "tokens" else dtype
         candidates = [item] if item >= 0 else range(len(self.input_items))
         for i in candidates:
-            if i < len(self.input_items) and self.input_items[i][0] == modality \
-                    and self.readers.get(i, reader) == reader:
-                return i, self.input_items[i][1]
+            if i >= len(self.input_items) or self.readers.get(i, reader) != reader:
+                continue
+            kind, value = self.input_items[i]
+            if kind == modality:
+                return i, value.value if isinstance(value, MediaInput) else value
+            if item >= 0 and dtype == "tokens" and isinstance(value, MediaInput):
+                return i, value.tokens          # an LM reading a media item: its placeholders
         return None
 
     def note_dispatch(self, node: str, rank: int, version: int, read: list[int], reader: tuple[int, int]) -> None:

@@ -22,6 +22,7 @@ from runtime.conductor.request import Request
 from runtime.conductor.scheduler import SchedulerConfig
 from runtime.sampling import SamplingParams, stop_token_ids
 from runtime.server.chat import ChatRequest
+from runtime.server.chat_inputs import chat_inputs_for
 from runtime.server.errors import ApiError, error_middleware
 from runtime.server.families import families_of
 from runtime.server.metrics import Metrics
@@ -29,6 +30,7 @@ from runtime.server.page import install_page
 from runtime.server.state_feed import install_state_feed
 from runtime.server.streaming import install_streaming
 from runtime.server.tasks import run_task
+from runtime.server.transcriptions import audio_transcriptions
 from runtime.text import load_text_tokenizer
 from runtime.worker.loader import describe_source, weight_source
 
@@ -68,6 +70,7 @@ class MstarServer:
         self.chat_node = self._chat_node()
         self.tokenizer = load_text_tokenizer(
             weight_source(self.plan, self.plan.node(self.chat_node), config.weights_dir) if self.chat_node else None)
+        self.chat_inputs = chat_inputs_for(self.plan)   # the family's reader of audio/image parts, if any
         self.draining = False
 
     def _chat_node(self) -> str | None:
@@ -170,6 +173,7 @@ class MstarServer:
         app.router.add_get("/metrics", self.metrics_route)
         app.router.add_get("/v1/models", self.models)
         install_streaming(self, app)    # /v1/chat/completions (text or audio), /v1/audio/speech
+        app.router.add_post("/v1/audio/transcriptions", audio_transcriptions)
         for family in families_of(self.plan):   # a family's own endpoints: BAGEL's images, V-JEPA's rollouts
             if family.install is not None:
                 family.install(app)

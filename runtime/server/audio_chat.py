@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from runtime.server.audio_io import pcm16, wav
-from runtime.server.chat import chat_completions
+from runtime.server.chat import chat_completions, item_tokens
 from runtime.server.errors import ApiError, error_body
 from runtime.server.speech import speech_params
 from runtime.server.speech_model import AudioEvents
@@ -40,10 +40,26 @@ async def chat_or_audio(request: web.Request) -> web.StreamResponse:
     return await chat_completions(request)
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
+def _input_items(server: Any, body: dict, voice: str) -> tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]]:
+    """(the prompt's input items, extra params, stop ids): the family's reader for audio/image parts,
+    else its speaker's chat prompt."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
+            raise ApiError(400, f"messages[{i}] must be an object with a string 'role' and 'content'", f"messages[{i}]")
+    items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
+    if items:
+        # the talker's first Run takes the thinker's prompt as one stream item; a prompt read in
+        # pieces (text, audio, text) would hand it only the first piece
+        raise ApiError(400, "voice chat (modalities with 'audio') takes text prompts only for now; send audio "
+                            "or image parts to the text chat (modalities ['text'])", "messages", "unsupported_input")
+    ids, extra, stops = server.speech_model.speaker.chat_prompt(server, voice, _messages(messages))
+    return [("text", ids)], extra, stops
+
+
+def _messages(messages: list) -> list[dict[str, str]]:
     out = []
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
@@ -58,7 +74,7 @@ def _messages(body: dict) -> list[dict[str, str]]:
     return out
 
 
-def _parse(server: Any, body: dict) -> tuple[list[dict[str, str]], str, str, bool]:
+def _parse(server: Any, body: dict) -> tuple[tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]], str, bool]:
     server.check_model(body.get("model"))
     model = server.speech_model
     if model is None or not model.speaker.can_chat:
@@ -75,19 +91,18 @@ def _parse(server: Any, body: dict) -> tuple[list[dict[str, str]], str, str, boo
         raise ApiError(400, "audio.format must be 'wav' or 'pcm16' ('pcm16' when streaming)", "audio.format")
     if not isinstance(stream, bool):
         raise ApiError(400, "'stream' must be a boolean", "stream")
-    return _messages(body), speaker, fmt, stream
+    return _input_items(server, body, speaker), fmt, stream
 
 
 async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
     server = request.app["mstar"]
-    messages, speaker, fmt, stream = _parse(server, body)
+    (items, extra, stops), fmt, stream = _parse(server, body)
     model = server.speech_model
     body = {**body, "max_tokens": body.get("max_completion_tokens", body.get("max_tokens"))}
-    ids, extra, stops = model.speaker.chat_prompt(server, speaker, messages)
-    req = server.conductor.submit(model.task, speech_params(server, body, extra), [("text", ids)], stops,
+    req = server.conductor.submit(model.task, speech_params(server, body, extra), items, stops,
                                   server.config.request_timeout_s)
     events = AudioEvents(server, req, model)
-    ctx = _Reply(server, events, len(ids))
+    ctx = _Reply(server, events, len(item_tokens(items)))
     try:
         if stream:
             options = body.get("stream_options") or {}

@@ -36,7 +36,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     task: str | None = None                           # None: the plan's chat task
-    input_items: list[tuple[str, Any]] | None = None  # interleaved text/image items (a chat with images)
+    input_items: list[tuple[str, Any]] | None = None  # interleaved text/media items (a chat with images, audio)
 
 
 def parse_chat(body: Any, server: Any) -> ChatRequest:
@@ -50,8 +50,9 @@ def parse_chat(body: Any, server: Any) -> ChatRequest:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role' and 'content'", f"messages[{i}]")
-    image_items = image_chat_items(messages, server.plan, server.tokenizer)
-    if image_items is None:
+    media_items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
+    image_items = None if media_items else image_chat_items(messages, server.plan, server.tokenizer)
+    if image_items is None and media_items is None:
         messages = [{"role": m["role"], "content": _text_content(m["content"], i)} for i, m in enumerate(messages)]
     if body.get("n", 1) != 1:
         raise ApiError(400, "only n = 1 is supported", "n")
@@ -66,10 +67,17 @@ def parse_chat(body: Any, server: Any) -> ChatRequest:
         raise ApiError(400, "'stream' must be a boolean", "stream")
     options = body.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+    if media_items is not None:
+        return ChatRequest(item_tokens(media_items), params, sampling.stop, stream, include_usage, None, media_items)
     if image_items is not None:
         prompt_ids = [t for dtype, ids in image_items if dtype == "text" for t in ids]
         return ChatRequest(prompt_ids, params, sampling.stop, stream, include_usage, IMAGE_TASK, image_items)
     return ChatRequest(server.chat_prompt(messages), params, sampling.stop, stream, include_usage)
+
+
+def item_tokens(items: list[tuple[str, Any]]) -> list[int]:
+    """Every token id the LM reads for these input items: text runs and media placeholders."""
+    return [t for dtype, value in items for t in (value if dtype == "text" else value.tokens)]
 
 
 def _text_content(content: str | list, i: int) -> str:

@@ -52,6 +52,8 @@ class FamilyServing:
     playground: Callable[[Plan], dict[str, Any]] | None = None  # the page's panels it can fill
     # an input image (PIL) as the family's models take it (BAGEL resizes every input image)
     prepare_image: Callable[[Plan, Any], Any] | None = None
+    # the reader of non-text chat parts (runtime/server/chat_inputs.py's ChatInputs) for a plan
+    chat_inputs: Callable[[Plan], Any] | None = None
 
 
 _FAMILIES: dict[str, FamilyServing] = {}

@@ -48,7 +48,7 @@ class BareLoop:
     """The lm node of a compiled plan, driven directly: no HTTP, no conductor, no ZeroMQ."""
 
     def __init__(self, plan_path) -> None:
-        from runtime.server.text import load_text_tokenizer
+        from runtime.text import load_text_tokenizer
         from runtime.transport.messages import WorkItem
         from runtime.worker.loader import weight_source
         plan, node, self.executor = lm_executor(plan_path)

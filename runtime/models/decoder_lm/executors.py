@@ -11,6 +11,12 @@ decode-only batches (one token per request) that fit a batch bucket replay a cap
 graph (`runtime.cuda_graphs.DecodeGraphs`); everything else — prefill, mixed batches,
 batches above the largest bucket, every CPU run, tensor-parallel shards — runs eagerly.
 
+Multimodal prompts: a Run whose `embeds` input is set (an encoder's output, (M, hidden))
+puts those rows in place of the token embeddings of its placeholder tokens (ids in
+`placeholder_ids`; with none declared, every token of the Run is a placeholder). The
+embeds a request was given are kept until it closes, so a recompute after preemption
+refills every placeholder of its history in order.
+
 Disaggregation: `export_kv(request_id)` hands a request's cache contents and sampling
 state to the rank that runs the node next (and frees them here); `import_kv` takes them.
 """
@@ -40,6 +46,8 @@ def sampling_params(params: dict[str, Any]) -> SamplingParams:
 class DecoderLMExecutor:
     """A decoder LM node on one rank: model, paged cache, block tables, per-request samplers."""
 
+    placeholder_ids: frozenset[int] = frozenset()    # token ids whose rows `embeds` replace (module docstring)
+
     def __init__(self, node: Node, model: torch.nn.Module, rank: int, plan: Plan | None = None) -> None:
         pool = next(p for p in node.kv_pools if p.rank == rank)
         self.node = node
@@ -51,6 +59,7 @@ class DecoderLMExecutor:
         self.sampler = Sampler()
         self._params: dict[int, SamplingParams] = {}
         self._states: dict[int, SamplingState] = {}
+        self._embeds: dict[int, list[torch.Tensor]] = {}   # request -> the embeds it was given, in order
         self.decode_graphs = self._decode_graphs(plan, rank)
 
     def _decode_graphs(self, plan: Plan | None, rank: int) -> DecodeGraphs | None:
@@ -75,6 +84,7 @@ class DecoderLMExecutor:
         if not kv_only:
             self._params.pop(request_id, None)
             self._states.pop(request_id, None)
+            self._embeds.pop(request_id, None)
 
     def kv_used_blocks(self) -> int:
         return self.kv_blocks - self.blocks.allocator.num_free
@@ -119,7 +129,7 @@ class DecoderLMExecutor:
         if self._is_graph_step(items):
             logits, hidden = self._decode_step(items)
         else:
-            logits, hidden = self._forward(items, starts)
+            logits, hidden = self._forward(items, starts, inputs)
         states = [self._state(item) for item in items]
         tokens = self.sampler(logits, states).token_ids.tolist()
         rows = list(accumulate((len(item.tokens) for item in items), initial=0))
@@ -138,14 +148,40 @@ class DecoderLMExecutor:
         tables = [self.blocks.table(item.request_id) for item in items]
         return self.decode_graphs.can_run([t.blocks for t in tables], [t.num_tokens for t in tables])
 
-    def _forward(self, items: list[WorkItem], starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, items: list[WorkItem], starts: list[int],
+                 inputs: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Eager packed forward: (B, vocab) logits of each request's last row, (N, hidden) states."""
         ids = torch.tensor([t for item in items for t in item.tokens], dtype=torch.long, device=self.device)
-        positions = torch.tensor([p for s, item in zip(starts, items) for p in range(s, s + len(item.tokens))],
-                                 dtype=torch.long, device=self.device)                         # (N,)
+        positions = torch.cat([self.positions(item, s) for s, item in zip(starts, items)])      # (N,) or (3, N)
         batch = self.blocks.metadata([(item.request_id, len(item.tokens)) for item in items], device=self.device)
-        hidden = self.model(ids, positions, batch, self.cache)                                 # (N, hidden)
+        embeds, rows = self._embeds_rows(items, starts, inputs)
+        hidden = self.model(ids, positions, batch, self.cache, embeds=embeds, embeds_rows=rows)  # (N, hidden)
         return self.model.compute_logits(hidden[batch.last_token_rows()]), hidden
+
+    def positions(self, item: WorkItem, start: int) -> torch.Tensor:
+        """Rotary positions of the item's tokens, the first at cache position `start`: (n,)."""
+        return torch.arange(start, start + len(item.tokens), dtype=torch.long, device=self.device)
+
+    def _embeds_rows(self, items: list[WorkItem], starts: list[int], inputs: list[dict[str, torch.Tensor]]
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Packed (M, hidden) embeds and their (M,) rows in the batch, or (None, None) (module docstring)."""
+        embeds, rows, offset = [], [], 0
+        for item, start, ins in zip(items, starts, inputs):
+            given = self._embeds.setdefault(item.request_id, [])
+            if "embeds" in ins:
+                given.append(ins["embeds"].to(self.device))
+            held = given if start == 0 else given[-1:] if "embeds" in ins else []   # start 0: a whole history
+            at = [i for i, t in enumerate(item.tokens) if not self.placeholder_ids or t in self.placeholder_ids]
+            if held and sum(e.shape[0] for e in held) != len(at):
+                raise ValueError(f"node '{self.node.name}': request {item.request_id} has {len(at)} placeholder "
+                                 f"rows but {sum(e.shape[0] for e in held)} embedding rows to put there")
+            if held:
+                embeds += held
+                rows += [offset + i for i in at]
+            offset += len(item.tokens)
+        if not embeds:
+            return None, None
+        return torch.cat(embeds), torch.tensor(rows, dtype=torch.long, device=self.device)
 
     def _decode_step(self, items: list[WorkItem]) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode-only batch through the captured graphs; hidden copied out of the static buffer."""

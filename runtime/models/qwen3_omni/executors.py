@@ -7,9 +7,12 @@ How the plan's tracks map onto these executors (graphs/qwen3_omni.yaml, task voi
                   (`hidden`), their ids (`hidden:ids`) and, on the first item, the embeddings
                   of tts_bos / tts_eos / tts_pad (`hidden:tts`). The shared `qwen3_moe_lm`
                   decoder returns only its final-normed states, so the embeddings come from
-                  the thinker's own table (`DecoderLM.embed`); the talker's multimodal rows
-                  (layer-`accept_hidden_layer` states) are not streamed: voice chat reads
-                  text prompts.
+                  the thinker's own table (`DecoderLM.embed`). Audio and image prompt rows
+                  reach the thinker as its `embeds` at their placeholder ids (audio, image,
+                  video pads); the talker's multimodal rows (layer-`accept_hidden_layer`
+                  states) are not streamed yet, so the talker sees the pads' embeddings there.
+  audio_enc       `AudioEncoderExecutor`: 16 kHz waveforms -> (T_i, thinker hidden), batched
+                  (the encoder pads every chunk alone, so a batch equals its members alone).
   talker track    `TalkerExecutor` (one talker step per Run: its first Run takes the
                   prompt item and the first generated token's item and prefills the talker
                   prompt; later Runs add one thinker row, or tts_eos / tts_pad once the
@@ -42,8 +45,9 @@ class ThinkerExecutor(DecoderLMExecutor):
     """A `qwen3_moe_lm` thinker whose `hidden` stream feeds a talker (module docstring)."""
 
     def __init__(self, node: Node, model: nn.Module, rank: int, tts_ids: tuple[int, int, int],
-                 plan: Plan | None = None) -> None:
+                 placeholder_ids: tuple[int, ...] = (), plan: Plan | None = None) -> None:
         super().__init__(node, model, rank, plan)
+        self.placeholder_ids = frozenset(placeholder_ids)
         self.tts_ids = torch.tensor(tts_ids, dtype=torch.long, device=self.device)
         self._num_fed: dict[int, int] = {}
 
@@ -66,6 +70,19 @@ class ThinkerExecutor(DecoderLMExecutor):
                 result.outputs["hidden:tts"] = self.model.embed(self.tts_ids)      # (3, hidden)
             self._num_fed[item.request_id] = done + len(ids)
         return results
+
+
+class AudioEncoderExecutor(CachelessExecutor):
+    """The `qwen3_omni_audio_encoder` node: each request's waveform (S,) -> hidden (T, output_dim)."""
+
+    def __init__(self, node: Node, encoder: nn.Module) -> None:
+        self.encoder = encoder
+        self.device = next(encoder.parameters()).device
+
+    @torch.inference_mode()
+    def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
+        hidden = self.encoder.encode([ins["audio"].to(self.device, torch.float32) for ins in inputs])
+        return [ExecResult(outputs={"hidden": h}) for h in hidden]
 
 
 def _items(chunks: list[Chunk]) -> list[dict[str, torch.Tensor]]:
@@ -202,7 +219,14 @@ def _talker(plan: Plan, node: Node) -> Node:
 
 @register_executor("qwen3_omni_thinker")
 def thinker_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> ThinkerExecutor:
-    return ThinkerExecutor(node, module, rank, tts_token_ids(_talker(plan, node).dims), plan)
+    talker = _talker(plan, node).dims
+    pads = tuple(int(talker[k]) for k in ("audio_token_id", "image_token_id", "video_token_id"))
+    return ThinkerExecutor(node, module, rank, tts_token_ids(talker), pads, plan)
+
+
+@register_executor("qwen3_omni_audio_encoder")
+def audio_encoder_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> AudioEncoderExecutor:
+    return AudioEncoderExecutor(node, module)
 
 
 @register_executor("qwen3_omni_talker")

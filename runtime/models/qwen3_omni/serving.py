@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from runtime.models.qwen3_omni.chat_inputs import omni_chat_inputs
 from runtime.server.audio_io import voice_for
 from runtime.server.errors import ApiError
 from runtime.server.families import FamilyServing, register_family_serving
@@ -60,5 +61,5 @@ class OmniSpeaker:
         return omni_prompt(server.tokenizer, talker_dims(server), messages), {"speaker": voice}, server.stop_token_ids()
 
 
-SERVING = register_family_serving(FamilyServing("qwen3_omni", frozenset({"qwen3_omni_code2wav"}),
-                                                speaker=OmniSpeaker()))
+SERVING = register_family_serving(FamilyServing("qwen3_omni", frozenset({"qwen3_omni_code2wav", "qwen3_omni_audio_encoder"}),
+                                                speaker=OmniSpeaker(), chat_inputs=omni_chat_inputs))

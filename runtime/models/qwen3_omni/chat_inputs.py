@@ -1,0 +1,176 @@
+"""Qwen3-Omni's chat inputs: content parts -> ChatML ids with expanded placeholders + media items.
+
+The published chat template writes each message as `<|im_start|>{role}\n{content}<|im_end|>\n`,
+its content parts concatenated in order, an audio part as `<|audio_start|><|audio_pad|><|audio_end|>`;
+the processor then repeats `<|audio_pad|>` once per audio-encoder output row (transformers'
+`Qwen3OmniMoeProcessor.replace_audio_token`: `_get_feat_extract_output_lengths` of the
+log-mel frame count, 13 rows per 100 frames). With a checkpoint tokenizer the template is
+the checkpoint's own; with seeded random weights (byte tokenizer, no template) the ChatML
+specials are the ids the talker preset names, as `runtime.models.qwen3_omni.serving.omni_prompt`
+writes them for text.
+
+The prompt becomes interleaved input items for the graph's `for_each` state: text runs of
+ids (`read_text`), and per audio part a `MediaInput` (`read_audio`): the 16 kHz waveform for
+the audio encoder, the pads for the thinker, which puts the encoder's rows there. Audio
+positions are sequential (transformers' `get_rope_index` gives audio t = h = w = the
+running index), so the thinker's 1-D positions are its M-RoPE positions for text + audio.
+
+Limits come from the graph's params: `max_audio_seconds` (checked from the file header,
+before decoding) and `max_parts_per_message`.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from mstar_compiler.plan import Plan
+from runtime.conductor.request import MediaInput
+from runtime.models.qwen3_omni.mel import HOP_LENGTH
+from runtime.models.qwen3_omni.qwen3_omni_audio_encoder import cnn_tokens
+from runtime.server.audio_decode import decode_audio
+from runtime.server.errors import ApiError
+from runtime.text import ByteTokenizer
+
+AUDIO_FORMATS = ("wav", "mp3")
+ASR_PROMPT = "Transcribe the audio into text."
+ASR_PROMPT_LANGUAGE = "Transcribe the {language} audio into text."
+LIMIT_PARAMS = ("max_audio_seconds", "max_parts_per_message")
+LANGUAGES = {"en": "English", "zh": "Chinese", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian",
+             "ja": "Japanese", "ko": "Korean", "pt": "Portuguese", "ru": "Russian"}
+
+
+class OmniChatInputs:
+    """The processor of one Qwen3-Omni plan (module docstring)."""
+
+    def __init__(self, plan: Plan, talker: dict[str, Any], audio: dict[str, Any]) -> None:
+        params = {p.name: p.default for p in plan.params}
+        missing = [k for k in LIMIT_PARAMS if k not in params]
+        if missing:
+            raise ValueError(f"graph '{plan.source}' serves Qwen3-Omni chat inputs but declares no param(s) "
+                             f"{missing}: add them under params: (the limits of audio and parts per request)")
+        self.max_audio_seconds = float(params["max_audio_seconds"])
+        self.max_parts = int(params["max_parts_per_message"])
+        self.ids = talker
+        self.sample_rate = int(audio["sampling_rate"])
+        self.chunk = 2 * int(audio["n_window"])
+
+    def num_audio_tokens(self, num_samples: int) -> int:
+        """Encoder rows (= pads) for a waveform of `num_samples` (the processor's output length)."""
+        full, rest = divmod(num_samples // HOP_LENGTH, self.chunk)
+        return full * cnn_tokens(self.chunk) + cnn_tokens(rest)
+
+    def chat_items(self, messages: list[dict], tokenizer: Any) -> list[tuple[str, Any]] | None:
+        if not any(isinstance(m.get("content"), list) and any(_kind(p) != "text" for p in m["content"])
+                   for m in messages):
+            return None
+        media: list[Any] = []
+        ids = self._prompt_ids(messages, tokenizer, media)
+        return self._items(ids, media)
+
+    def transcription_messages(self, audio_part: dict, language: str | None, prompt: str | None) -> list[dict]:
+        ask = ASR_PROMPT_LANGUAGE.format(language=LANGUAGES.get(language, language)) if language else ASR_PROMPT
+        messages = [{"role": "system", "content": prompt}] if prompt else []
+        return messages + [{"role": "user", "content": [audio_part, {"type": "text", "text": ask}]}]
+
+    # ---- the prompt -----------------------------------------------------------------
+
+    def _prompt_ids(self, messages: list[dict], tokenizer: Any, media: list[Any]) -> list[int]:
+        """ChatML ids with one pad per media part; the decoded media appended to `media` in order."""
+        contents = [self._content(m["content"], i, media) for i, m in enumerate(messages)]
+        if not isinstance(tokenizer, ByteTokenizer):
+            text = tokenizer.render_chat([{"role": m["role"], "content": c} for m, c in zip(messages, contents)],
+                                         add_generation_prompt=True)
+            return tokenizer.encode(text, add_special_tokens=False)
+        d, ids = self.ids, []
+        roles = {"user": [d["user_token_id"]], "assistant": [d["assistant_token_id"]], "system": list(b"system")}
+        for m, content in zip(messages, contents):
+            if m["role"] not in roles:
+                raise ApiError(400, f"unknown role '{m['role']}' (system, user, assistant)", "messages")
+            ids += [d["im_start_token_id"], *roles[m["role"]], *tokenizer.encode("\n"),
+                    *self._byte_content(content, tokenizer), *tokenizer.encode("\n")]
+        return ids + [d["im_start_token_id"], d["assistant_token_id"], *tokenizer.encode("\n")]
+
+    def _content(self, content: str | list, i: int, media: list[Any]) -> str:
+        """The message's content as template text, media parts as their marker strings."""
+        if isinstance(content, str):
+            return content
+        if len(content) > self.max_parts:
+            raise ApiError(400, f"messages[{i}].content has {len(content)} parts, more than this model's limit of "
+                                f"{self.max_parts} (param max_parts_per_message)", f"messages[{i}].content",
+                           "too_many_parts")
+        return "".join(self._part(p, f"messages[{i}].content[{j}]", media) for j, p in enumerate(content))
+
+    def _part(self, part: Any, field: str, media: list[Any]) -> str:
+        kind = _kind(part)
+        if kind == "text":
+            return part["text"]
+        if kind == "input_audio":
+            media.append(self._audio(part.get("input_audio"), f"{field}.input_audio"))
+            return AUDIO_MARKER
+        raise ApiError(400, f"{field}: a content part must be {{'type': 'text'}} or {{'type': 'input_audio'}}", field)
+
+    def _audio(self, spec: Any, field: str) -> Any:
+        if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):
+            raise ApiError(400, f"{field} must be an object {{data: base64, format: wav|mp3}}", field)
+        if spec.get("format", "wav") not in AUDIO_FORMATS:
+            raise ApiError(400, f"{field}.format must be one of {AUDIO_FORMATS}", f"{field}.format")
+        try:
+            data = base64.b64decode(spec["data"], validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError(400, f"{field}.data is not valid base64", f"{field}.data", "invalid_audio") from None
+        return decode_audio(data, f"{field}.data", self.sample_rate, self.max_audio_seconds)
+
+    def _byte_content(self, content: str, tokenizer: Any) -> list[int]:
+        """Byte ids of template text whose audio markers become the special ids."""
+        d, ids = self.ids, []
+        for k, text in enumerate(content.split(AUDIO_MARKER)):
+            if k:
+                ids += [d["audio_start_token_id"], d["audio_token_id"], d["audio_end_token_id"]]
+            ids += tokenizer.encode(text, add_special_tokens=False)
+        return ids
+
+    def _items(self, ids: list[int], media: list[Any]) -> list[tuple[str, Any]]:
+        """Text runs between the pads, and one `MediaInput` per pad with its expanded placeholders."""
+        pad = self.ids["audio_token_id"]
+        if ids.count(pad) != len(media):
+            raise ApiError(400, f"the prompt holds {ids.count(pad)} audio placeholders for {len(media)} audio "
+                                f"parts: a text part must not contain the audio pad token", "messages")
+        items: list[tuple[str, Any]] = []
+        run: list[int] = []
+        waves = iter(media)
+        for token in ids:
+            if token != pad:
+                run.append(token)
+                continue
+            if run:
+                items.append(("text", run))
+                run = []
+            wave = next(waves)
+            rows = self.num_audio_tokens(wave.shape[0])
+            if rows == 0:
+                raise ApiError(400, f"an audio part is {wave.shape[0]} samples long, too short for one encoder "
+                                    f"row ({HOP_LENGTH} samples at {self.sample_rate} Hz)", "messages",
+                               "invalid_audio")
+            items.append(("audio", MediaInput(wave, [pad] * rows)))
+        return items + ([("text", run)] if run else [])
+
+
+AUDIO_MARKER = "<|audio_start|><|audio_pad|><|audio_end|>"
+
+
+def _kind(part: Any) -> str | None:
+    if not isinstance(part, dict):
+        return None
+    if part.get("type") == "text" and not isinstance(part.get("text"), str):
+        return None
+    return part.get("type")
+
+
+def omni_chat_inputs(plan: Plan) -> OmniChatInputs | None:
+    """A processor for plans with a Qwen3-Omni talker and audio encoder."""
+    by_kind = {n.kind: n for n in plan.nodes}
+    talker, audio = by_kind.get("qwen3_omni_talker"), by_kind.get("qwen3_omni_audio_encoder")
+    if talker is None or audio is None:
+        return None
+    return OmniChatInputs(plan, dict(talker.dims), dict(audio.dims))
