@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from tests.runtime.serving.conftest import compile_plan
-from tests.runtime.serving.page.conftest import drawn, max_running, node_data, open_page, planned, screenshot, serve, was_lit
+from tests.runtime.serving.page.conftest import drawn, node_data, open_page, planned, screenshot, serve, was_lit
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,9 @@ def test_speech_from_the_playground(page, orpheus_plan, tmp_path) -> None:
         assert pcm_bytes > 0 and len(wav) == 44 + pcm_bytes and bytes(wav[:4]) == b"RIFF"
         for node, n in before.items():
             _wait_batches(page, node, n)
-        assert max_running(page, "lm") >= 1 and was_lit(page, "lm") and was_lit(page, "snac")
+        # lit: the node ran since the page's previous update, read from its batch counter (a tiny
+        # Orpheus request may start and end between two 4 Hz updates, so "seen running" is not asked)
+        assert was_lit(page, "lm") and was_lit(page, "snac")
         assert page.evaluate("window.seen.maxBuffered.audio_tokens") > 0   # the stream edge held items
         screenshot(page, tmp_path, "orpheus")
     finally:
