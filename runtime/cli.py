@@ -2,6 +2,7 @@
 
     mstar-run plan.bin [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-concurrency N]
                        [--weights DIR] [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2]
+                       [--batch-invariant] [--no-prefix-cache]
     mstar-run worker --conductor tcp://HOST:PORT --rank R plan.bin [--weights DIR] [--host 127.0.0.1]
 """
 from __future__ import annotations
@@ -30,6 +31,9 @@ def _serve_parser() -> argparse.ArgumentParser:
                         "depends on what else is running or on the placement, bit for bit, unless a node is split "
                         "by tensor parallelism (CPU GEMMs pick other kernels for other row counts); costs the "
                         "throughput of cross-request batching")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="compute every prompt in full: no reuse of the KV blocks of a prefix an earlier request "
+                        "(a shared system prompt, the previous turns of a chat) already computed")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                            max_concurrency=args.max_concurrency, weights_dir=args.weights,
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
                            remote_ranks=remote, request_timeout_s=args.request_timeout,
-                           batch_invariant=args.batch_invariant))
+                           batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache))
         return 0
     except PlanFormatError as exc:
         print(f"mstar-run: {exc}", file=sys.stderr)

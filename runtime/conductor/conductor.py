@@ -45,6 +45,7 @@ class ConductorConfig:
     weights_dir: str | None = None
     log_level: str = "info"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    prefix_cache: bool = True                 # reuse cached KV blocks of equal prompt prefixes across requests
 
 
 @dataclass
@@ -252,12 +253,20 @@ class Conductor:
         status.nodes, status.is_ready = msg.nodes, True
         for info in msg.nodes:
             if info.kv_blocks:
-                self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size)
+                self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, self._prefix_root(info))
         self._cap_tp_pools()
         peers = {r: s.peer_endpoint for r, s in self.workers.ranks.items() if s.peer_endpoint}
         for r in self.workers.ready_ranks():
             self._send(r, Peers(endpoints=peers))
         log.info("rank %d ready: %s", rank, ", ".join(f"{n.name} ({n.weight_source})" for n in msg.nodes))
+
+    def _prefix_root(self, info: NodeInfo) -> bytes | None:
+        """The root key of the node's prefix cache when it is on: the worker caches prefixes and the
+        node is whole on each rank (a TP group's ranks would each need the lead's count)."""
+        node = self.index.nodes[info.name]
+        if not (self.config.prefix_cache and info.kv_prefix_key) or node.placement.tp_size > 1:
+            return None
+        return bytes.fromhex(info.kv_prefix_key)
 
     def _cap_tp_pools(self) -> None:
         """A TP group's caches advance in lockstep: the lead's (counted) pool gets the smallest size."""
@@ -323,6 +332,9 @@ class Conductor:
         flight = self.in_flight.pop(msg.batch_id, None)
         if flight is None:
             return
+        pool = self.ledger.pool(flight.batch.rank, flight.batch.node)
+        if pool is not None:
+            pool.forget([e.request.request_id for e in flight.batch.entries])
         for entry in flight.batch.entries:
             self._fail(entry.request, f"{flight.batch.node} on rank {msg.rank} failed: {msg.message}")
 

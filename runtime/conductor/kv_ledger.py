@@ -4,10 +4,21 @@ A worker's `KVBlockManager` holds ceil(tokens / block_size) blocks per request (
 across requests yet), so counting tokens here tells exactly whether its next allocation
 fits: the conductor only dispatches work that fits, and a worker never runs out.
 Paired verbs: `can_grow` / `grow` / `free`.
+
+A pool whose worker caches prefixes (its `NodeInfo.kv_prefix_key`) is a `PrefixPoolLedger`:
+it runs its own `KVBlockManager` with prefix caching over the same token ids, in the same
+order as the worker (grows in batch order, `commit` once the pass's batches are formed:
+the worker commits after their forward, before any later batch of that pool or any close
+sent after them), so both hold the same cached chains. `grow` returns the prompt tokens the
+worker will reuse (`WorkItem.cached`); a worker that does not hold them fails the batch
+loudly (`PrefixOutOfStep`) instead of computing on the wrong blocks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
+
+from runtime.kv import KVBlockManager, PrefixStats
 
 
 @dataclass
@@ -31,13 +42,23 @@ class KvPoolLedger:
         """Whether the request's cache after growing fits the pool at all (with nobody else in it)."""
         return self._blocks(self.tokens.get(request_id, 0) + n_new) <= self.num_blocks
 
-    def can_grow(self, request_id: int, n_new: int, reserved: int = 0) -> bool:
+    def can_grow(self, request_id: int, n_new: int, reserved: int = 0, tokens: Sequence[int] | None = None) -> bool:
         return self.needed(request_id, n_new) + reserved <= self.num_blocks - self.used_blocks
 
-    def grow(self, request_id: int, n_new: int) -> None:
+    def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
+        """Count `n_new` more tokens (ids `tokens` if known); returns the cached prompt tokens
+        the worker reuses (always 0 here: this pool caches no prefixes)."""
         self.used_blocks += self.needed(request_id, n_new)
         self.tokens[request_id] = self.tokens.get(request_id, 0) + n_new
         self.peak_blocks = max(self.peak_blocks, self.used_blocks)
+        return 0
+
+    def commit(self) -> None:
+        return None
+
+    def forget(self, request_ids: Sequence[int]) -> None:
+        """The batch that was to write these requests' latest blocks failed (nothing to undo here)."""
+        return None
 
     def free(self, request_id: int) -> None:
         self.used_blocks -= self._blocks(self.tokens.pop(request_id, 0))
@@ -50,17 +71,99 @@ class KvPoolLedger:
         return list(self.tokens)
 
 
+class PrefixPoolLedger(KvPoolLedger):
+    """A pool whose worker caches full blocks by content: counted by a mirror of its block tables."""
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes) -> None:
+        super().__init__(num_blocks, block_size)
+        self.prefix_root = prefix_root
+        self.mirror = KVBlockManager(num_blocks, block_size, prefix_root)
+        self._grown: set[int] = set()                 # requests grown since the last commit
+        self._committed: dict[int, list[int]] = {}    # request -> blocks its last commit keyed
+
+    @property
+    def stats(self) -> PrefixStats:
+        return self.mirror.allocator.stats
+
+    def _reuse(self, request_id: int, tokens: Sequence[int] | None) -> int:
+        if request_id in self.mirror or tokens is None:
+            return 0
+        return self.mirror.prefix_hit(tokens)
+
+    def needed(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
+        if request_id in self.mirror:
+            return super().needed(request_id, n_new)
+        return self.mirror.blocks_needed(n_new, tokens, self._reuse(request_id, tokens))
+
+    def can_grow(self, request_id: int, n_new: int, reserved: int = 0, tokens: Sequence[int] | None = None) -> bool:
+        return self.needed(request_id, n_new, tokens) + reserved <= self.mirror.allocator.num_free
+
+    def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
+        reuse = self._reuse(request_id, tokens)
+        if request_id in self.mirror:
+            self.mirror.append(request_id, n_new, tokens)
+        else:
+            self.mirror.allocate(request_id, n_new, tokens, reuse)
+        self._grown.add(request_id)
+        self.tokens[request_id] = self.tokens.get(request_id, 0) + n_new
+        self._recount()
+        return reuse
+
+    def commit(self) -> None:
+        if self._grown:   # else this pass formed no batch here: the one in flight keeps its record
+            self._committed = {rid: self.mirror.commit(rid) for rid in self._grown if rid in self.mirror}
+        self._grown.clear()
+
+    def forget(self, request_ids: Sequence[int]) -> None:
+        """The worker never cached what the failed batch was to write: neither does the mirror."""
+        for rid in request_ids:
+            for block in self._committed.pop(rid, []):
+                self.mirror.allocator.forget(block)
+        self._recount()
+
+    def free(self, request_id: int) -> None:
+        if request_id in self.mirror:
+            self.mirror.free(request_id)
+        self.tokens.pop(request_id, None)
+        self._grown.discard(request_id)
+        self._recount()
+
+    def clear(self) -> None:
+        """The worker restarted with an empty cache: so does the mirror (the counters go on)."""
+        stats = self.stats
+        super().clear()
+        self.mirror = KVBlockManager(self.num_blocks, self.block_size, self.prefix_root)
+        self.mirror.allocator.stats = stats
+        self._grown.clear()
+        self._committed.clear()
+
+    def _recount(self) -> None:
+        self.used_blocks = self.num_blocks - self.mirror.allocator.num_free
+        self.peak_blocks = max(self.peak_blocks, self.used_blocks)
+
+
 class KvLedger:
     """Every KV pool of the plan, keyed by (rank, node)."""
 
     def __init__(self) -> None:
         self.pools: dict[tuple[int, str], KvPoolLedger] = {}
 
-    def add_pool(self, rank: int, node: str, num_blocks: int, block_size: int) -> None:
-        self.pools[(rank, node)] = KvPoolLedger(num_blocks, block_size)
+    def add_pool(self, rank: int, node: str, num_blocks: int, block_size: int,
+                 prefix_root: bytes | None = None) -> None:
+        self.pools[(rank, node)] = (KvPoolLedger(num_blocks, block_size) if prefix_root is None
+                                    else PrefixPoolLedger(num_blocks, block_size, prefix_root))
 
     def pool(self, rank: int, node: str) -> KvPoolLedger | None:
         return self.pools.get((rank, node))
+
+    def commit(self) -> None:
+        """The batches of this scheduling pass are formed: their full blocks count as cached."""
+        for pool in self.pools.values():
+            pool.commit()
+
+    def prefix_stats(self) -> dict[tuple[int, str], PrefixStats]:
+        """(rank, node) -> prefix-cache counters of every pool that caches prefixes."""
+        return {key: pool.stats for key, pool in self.pools.items() if isinstance(pool, PrefixPoolLedger)}
 
     def free_request(self, request_id: int) -> None:
         for pool in self.pools.values():

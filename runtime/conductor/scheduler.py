@@ -102,6 +102,7 @@ class Scheduler:
                     continue
                 break   # FIFO: a request that does not fit holds the ones behind it
             num_admitted += 1
+        self.ledger.commit()     # the workers cache these batches' full blocks once they have run
         return [b for b in batches.values() if b.entries]
 
     def _place(self, req: Request, batches: dict, busy: set, ready_ranks: set, placed: set, *, admitting: bool) -> bool:
@@ -152,10 +153,11 @@ class Scheduler:
         if pool is None:
             return True
         n_new += moved
+        tokens = entry.item.tokens if not moved else None    # a moved cache's contents are not hashed
         if not pool.fits_alone(req.request_id, n_new):
             self._reject(req, pool.tokens.get(req.request_id, 0) + n_new, batch, pool)
             return False
-        while not pool.can_grow(req.request_id, n_new):
+        while not pool.can_grow(req.request_id, n_new, tokens=tokens):
             victim = None if admitting else self._victim(pool.holders(), req, placed)
             if victim is None:
                 if admitting and req.request_id not in self._held:
@@ -164,7 +166,7 @@ class Scheduler:
                 return False
             self.preempt(victim)
             self.preemptions += 1
-        pool.grow(req.request_id, n_new)
+        entry.item.cached = pool.grow(req.request_id, n_new, tokens=tokens)
         return True
 
     def _max_batch(self, node: str) -> int:

@@ -1,8 +1,11 @@
-"""Paged KV cache: block allocation and tables (`KVBlockManager`) and the tensors (`PagedKVCache`)."""
+"""Paged KV cache: block allocation and tables (`KVBlockManager`), content-addressed blocks for
+prefix caching (`PrefixCachingAllocator`) and the tensors (`PagedKVCache`)."""
 from __future__ import annotations
 
 from runtime.kv.block_allocator import BlockAllocator, OutOfBlocks
-from runtime.kv.block_manager import BlockTable, KVBlockManager
+from runtime.kv.block_manager import BlockTable, KVBlockManager, PrefixOutOfStep
 from runtime.kv.paged_cache import PagedKVCache
+from runtime.kv.prefix_cache import PrefixCachingAllocator, PrefixStats, chain_keys, prefix_root
 
-__all__ = ["BlockAllocator", "BlockTable", "KVBlockManager", "OutOfBlocks", "PagedKVCache"]
+__all__ = ["BlockAllocator", "BlockTable", "KVBlockManager", "OutOfBlocks", "PagedKVCache",
+           "PrefixCachingAllocator", "PrefixOutOfStep", "PrefixStats", "chain_keys", "prefix_root"]

@@ -13,6 +13,12 @@ The scheduler's view of one KV cache (one KV node on one rank):
   * `metadata(schedule)`: the `AttentionMetadata` of a batch of (request, new tokens).
 Every method that can fail raises `OutOfBlocks` before changing any state.
 
+Prefix caching (`prefix_root` given; runtime/kv/prefix_cache.py): `allocate` and
+`append` take the token ids too, `prefix_hit(tokens)` says how many leading tokens are
+cached in full blocks, `allocate(..., reuse=n)` shares those blocks instead of computing
+them, and `commit(req)` after the forward makes the request's newly filled blocks
+findable. A table whose tokens are unknown (given without ids) never caches a block.
+
 Invariant: a block's reference count equals the number of block tables that hold it;
 full shared blocks are never written (tokens are only appended), so only a partly
 filled last block ever needs copying.
@@ -26,6 +32,7 @@ import torch
 
 from runtime.attention.metadata import AttentionMetadata
 from runtime.kv.block_allocator import BlockAllocator, OutOfBlocks
+from runtime.kv.prefix_cache import Key, PrefixCachingAllocator, chain_keys
 
 RequestId = Hashable
 
@@ -36,14 +43,21 @@ class BlockTable:
 
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0
+    keys: list[Key] = field(default_factory=list)   # content keys of the first len(keys) (full) blocks
+    pending: list[int] | None = None                # tokens after those blocks; None: unknown, never cached
+
+
+class PrefixOutOfStep(ValueError):
+    """The conductor counted cached prefix blocks this cache does not hold."""
 
 
 class KVBlockManager:
     """Block tables of every request on one paged KV cache."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_root: Key | None = None) -> None:
         self.block_size = block_size
-        self.allocator = BlockAllocator(num_blocks)
+        self.prefix_root = prefix_root
+        self.allocator = BlockAllocator(num_blocks) if prefix_root is None else PrefixCachingAllocator(num_blocks)
         self._tables: dict[RequestId, BlockTable] = {}
 
     def __contains__(self, req: RequestId) -> bool:
@@ -58,15 +72,68 @@ class KVBlockManager:
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.allocator.can_allocate(self._blocks_for(num_tokens))
+    def prefix_hit(self, tokens: Sequence[int]) -> int:
+        """Leading tokens of `tokens` held in cached full blocks, leaving at least one to compute
+        (the forward must produce the last token's logits); 0 without prefix caching."""
+        if self.prefix_root is None or not tokens:
+            return 0
+        usable = (len(tokens) - 1) // self.block_size
+        keys = chain_keys(self.prefix_root, tokens[:usable * self.block_size], self.block_size)
+        return len(self.allocator.cached(keys)) * self.block_size
 
-    def allocate(self, req: RequestId, num_tokens: int) -> None:
-        """A new request with room for its first `num_tokens` tokens."""
+    def _reused(self, tokens: Sequence[int] | None, reuse: int) -> list[int]:
+        """The cached blocks holding the first `reuse` tokens; PrefixOutOfStep if they are not all here."""
+        if reuse == 0:
+            return []
+        if tokens is None or reuse % self.block_size or reuse > self.prefix_hit(tokens):
+            raise PrefixOutOfStep(f"asked to reuse {reuse} cached tokens, but this KV cache holds "
+                                  f"{self.prefix_hit(tokens) if tokens is not None else 0} of them "
+                                  "(the conductor's ledger and the worker's cache are out of step)")
+        keys = chain_keys(self.prefix_root, tokens[:reuse], self.block_size)
+        return self.allocator.cached(keys)
+
+    def blocks_needed(self, num_tokens: int, tokens: Sequence[int] | None = None, reuse: int = 0) -> int:
+        """Blocks a new request takes from the free (or evictable) ones: all but the reused blocks
+        that another request already holds."""
+        reused = self._reused(tokens, reuse)
+        held = sum(1 for b in reused if self.allocator.ref_count(b) > 0)
+        return self._blocks_for(num_tokens) - held
+
+    def can_allocate(self, num_tokens: int, tokens: Sequence[int] | None = None, reuse: int = 0) -> bool:
+        return self.blocks_needed(num_tokens, tokens, reuse) <= self.allocator.num_free
+
+    def allocate(self, req: RequestId, num_tokens: int, tokens: Sequence[int] | None = None,
+                 reuse: int = 0) -> None:
+        """A new request with room for its first `num_tokens` tokens (ids `tokens`, if known),
+        sharing the cached blocks of its first `reuse` tokens."""
         if req in self._tables:
             raise ValueError(f"request {req!r} already has a KV block table")
-        blocks = self.allocator.allocate(self._blocks_for(num_tokens))
-        self._tables[req] = BlockTable(blocks, num_tokens)
+        reused = self._reused(tokens, reuse)
+        if not self.can_allocate(num_tokens, tokens, reuse):
+            raise OutOfBlocks(self.blocks_needed(num_tokens, tokens, reuse), self.allocator.num_free)
+        if reused:
+            self.allocator.claim(reused)     # first: allocating fresh blocks must not evict these
+        blocks = reused + self.allocator.allocate(self._blocks_for(num_tokens) - len(reused))
+        table = BlockTable(blocks, num_tokens)
+        if self.prefix_root is not None and tokens is not None:
+            table.keys = chain_keys(self.prefix_root, tokens[:reuse], self.block_size)
+            table.pending = list(tokens[reuse:])
+            self.allocator.note_query(len(tokens), reuse)
+        self._tables[req] = table
+
+    def commit(self, req: RequestId) -> list[int]:
+        """Make the request's full, written blocks findable (call after the forward that wrote them);
+        returns the blocks newly keyed."""
+        table = self._tables[req]
+        if self.prefix_root is None or table.pending is None:
+            return []
+        parent = table.keys[-1] if table.keys else self.prefix_root
+        new = chain_keys(parent, table.pending, self.block_size)
+        for i, key in enumerate(new, start=len(table.keys)):
+            self.allocator.register(table.blocks[i], key)
+        table.keys.extend(new)
+        del table.pending[:len(new) * self.block_size]
+        return table.blocks[len(table.keys) - len(new):len(table.keys)]
 
     def _append_needs(self, table: BlockTable, n: int) -> tuple[int, bool]:
         """(fresh blocks needed, whether the shared last block must be copied first)."""
@@ -78,11 +145,14 @@ class KVBlockManager:
     def can_append(self, req: RequestId, n: int) -> bool:
         return self.allocator.can_allocate(self._append_needs(self._tables[req], n)[0])
 
-    def append(self, req: RequestId, n: int) -> list[tuple[int, int]]:
-        """Room for `n` more tokens; returns (src, dst) block copies to apply before writing."""
+    def append(self, req: RequestId, n: int, tokens: Sequence[int] | None = None) -> list[tuple[int, int]]:
+        """Room for `n` more tokens (ids `tokens`, if known); returns (src, dst) block copies to
+        apply before writing."""
         table = self._tables[req]
         needed, cow = self._append_needs(table, n)
         fresh = self.allocator.allocate(needed)
+        if table.pending is not None:
+            table.pending = None if tokens is None else [*table.pending, *tokens]
         copies = []
         if cow:
             src, dst = table.blocks[-1], fresh.pop()
@@ -99,11 +169,13 @@ class KVBlockManager:
             raise ValueError(f"request {child!r} already has a KV block table")
         source = self._tables[parent]
         self.allocator.share(source.blocks)
-        self._tables[child] = BlockTable(list(source.blocks), source.num_tokens)
+        pending = None if source.pending is None else list(source.pending)
+        self._tables[child] = BlockTable(list(source.blocks), source.num_tokens, list(source.keys), pending)
 
     def free(self, req: RequestId) -> None:
-        """Release a finished or preempted request's blocks."""
-        self.allocator.free(self._tables.pop(req).blocks)
+        """Release a finished or preempted request's blocks (last first: a cache evicts the tail
+        of a chain before its head, which more requests share)."""
+        self.allocator.free(reversed(self._tables.pop(req).blocks))
 
     def metadata(self, schedule: Sequence[tuple[RequestId, int]],
                  device: torch.device | str = "cpu") -> AttentionMetadata:
@@ -114,4 +186,4 @@ class KVBlockManager:
             block_tables=[t.blocks for t in tables], block_size=self.block_size, device=device)
 
 
-__all__ = ["BlockTable", "KVBlockManager", "OutOfBlocks"]
+__all__ = ["BlockTable", "KVBlockManager", "OutOfBlocks", "PrefixOutOfStep"]

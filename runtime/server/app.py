@@ -28,6 +28,7 @@ from runtime.server.families import families_of
 from runtime.server.metrics import Metrics
 from runtime.server.page import install_page
 from runtime.server.state_feed import install_state_feed
+from runtime.server.prefix_metrics import PrefixCacheCollector
 from runtime.server.streaming import install_streaming
 from runtime.server.tasks import run_task
 from runtime.server.transcriptions import audio_transcriptions
@@ -51,6 +52,7 @@ class ServerConfig:
     remote_ranks: frozenset[int] = frozenset()
     request_timeout_s: float = 600.0
     batch_invariant: bool = False        # every forward holds one request's Run (see `mstar-run --help`)
+    prefix_cache: bool = True            # reuse the KV blocks of equal prompt prefixes across requests
     drain_timeout_s: float = 30.0
 
 
@@ -65,8 +67,10 @@ class MstarServer:
         self.conductor = Conductor(self.plan, ConductorConfig(
             plan_path=config.plan_path, endpoint=config.worker_endpoint, remote_ranks=config.remote_ranks,
             weights_dir=config.weights_dir, log_level=config.log_level,
-            scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant)),
+            scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant),
+            prefix_cache=config.prefix_cache),
             on_batch=self.metrics.observe_batch)
+        self.metrics.registry.register(PrefixCacheCollector(self.conductor.ledger))
         self.chat_node = self._chat_node()
         self.tokenizer = load_text_tokenizer(
             weight_source(self.plan, self.plan.node(self.chat_node), config.weights_dir) if self.chat_node else None)
@@ -154,6 +158,7 @@ class MstarServer:
         card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "mstar",
                 "tasks": [t.name for t in self.plan.tasks], "preset": self.plan.preset,
                 "placement": self.plan.placement, "weights": nodes, "batch_invariant": self.config.batch_invariant,
+                "prefix_cache": self.config.prefix_cache,
                 "dtype": {n.name: n.dtype for n in self.plan.nodes},
                 "ranks": {str(r): {n.name: {"params": n.num_params} for n in s.nodes}
                           for r, s in sorted(self.conductor.workers.ranks.items())}}

@@ -19,6 +19,12 @@ refills every placeholder of its history in order.
 
 Disaggregation: `export_kv(request_id)` hands a request's cache contents and sampling
 state to the rank that runs the node next (and frees them here); `import_kv` takes them.
+
+Prefix caching (`prefix_cache=True`, the registered executor's default): full blocks are
+cached by content (runtime/kv/prefix_cache.py) and committed after the forward that wrote
+them; a new request's `item.cached` leading tokens (the conductor's count, from its mirror
+of this cache) reuse cached blocks and are not computed. Off when the plan reads the node's
+hidden states (a cached token has none), and for subclasses unless they ask for it.
 """
 from __future__ import annotations
 
@@ -27,10 +33,10 @@ from typing import Any
 
 import torch
 
-from mstar_compiler.plan import Node, Plan
+from mstar_compiler.plan import DynamicLoopBegin, LoopBegin, Node, Plan
 from runtime.cuda_graphs import DecodeGraphs, capture_buckets
 from runtime.executors import ExecResult, register_executor
-from runtime.kv import KVBlockManager
+from runtime.kv import KVBlockManager, prefix_root
 from runtime.sampling import Sampler, SamplingParams, SamplingState
 from runtime.transport.messages import KvState, WorkItem
 
@@ -48,14 +54,21 @@ class DecoderLMExecutor:
 
     placeholder_ids: frozenset[int] = frozenset()    # token ids whose rows `embeds` replace (module docstring)
 
-    def __init__(self, node: Node, model: torch.nn.Module, rank: int, plan: Plan | None = None) -> None:
+    def __init__(self, node: Node, model: torch.nn.Module, rank: int, plan: Plan | None = None,
+                 prefix_cache: bool = False) -> None:
         pool = next(p for p in node.kv_pools if p.rank == rank)
         self.node = node
         self.model = model
         self.kv_blocks, self.kv_block_size = pool.num_pages, pool.page_tokens
         self.cache = model.make_kv_cache(pool.num_pages, pool.page_tokens)
         self.device = self.cache.k[0].device
-        self.blocks = KVBlockManager(pool.num_pages, pool.page_tokens)
+        root = None
+        if prefix_cache and plan is not None and not reads_states(plan, node) and not takes_embeds(plan, node):
+            # the model's identity: equal keys must mean equal KV contents
+            root = prefix_root(plan.model, plan.preset, node.name, node.kind, node.preset, node.weights,
+                               node.dtype, pool.page_tokens)
+        self.kv_prefix_key = root.hex() if root is not None else ""
+        self.blocks = KVBlockManager(pool.num_pages, pool.page_tokens, root)
         self.sampler = Sampler()
         self._params: dict[int, SamplingParams] = {}
         self._states: dict[int, SamplingState] = {}
@@ -130,9 +143,11 @@ class DecoderLMExecutor:
             logits, hidden = self._decode_step(items)
         else:
             logits, hidden = self._forward(items, starts, inputs)
+        for item in items:            # written now: later requests may share the full blocks
+            self.blocks.commit(item.request_id)
         states = [self._state(item) for item in items]
         tokens = self.sampler(logits, states).token_ids.tolist()
-        rows = list(accumulate((len(item.tokens) for item in items), initial=0))
+        rows = list(accumulate((len(item.tokens) - item.cached for item in items), initial=0))
         results = []
         for b, (state, token) in enumerate(zip(states, tokens)):
             state.append(token)
@@ -150,17 +165,21 @@ class DecoderLMExecutor:
 
     def _forward(self, items: list[WorkItem], starts: list[int],
                  inputs: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eager packed forward: (B, vocab) logits of each request's last row, (N, hidden) states."""
-        ids = torch.tensor([t for item in items for t in item.tokens], dtype=torch.long, device=self.device)
+        """Eager packed forward over each item's tokens after its cached prefix: (B, vocab) logits of
+        each request's last row, (N, hidden) states."""
+        new = [item.tokens[item.cached:] for item in items]
+        ids = torch.tensor([t for tokens in new for t in tokens], dtype=torch.long, device=self.device)
         positions = torch.cat([self.positions(item, s) for s, item in zip(starts, items)])      # (N,) or (3, N)
-        batch = self.blocks.metadata([(item.request_id, len(item.tokens)) for item in items], device=self.device)
+        batch = self.blocks.metadata([(item.request_id, len(tokens)) for item, tokens in zip(items, new)],
+                                     device=self.device)
         embeds, rows = self._embeds_rows(items, starts, inputs)
         hidden = self.model(ids, positions, batch, self.cache, embeds=embeds, embeds_rows=rows)  # (N, hidden)
         return self.model.compute_logits(hidden[batch.last_token_rows()]), hidden
 
     def positions(self, item: WorkItem, start: int) -> torch.Tensor:
-        """Rotary positions of the item's tokens, the first at cache position `start`: (n,)."""
-        return torch.arange(start, start + len(item.tokens), dtype=torch.long, device=self.device)
+        """Rotary positions of the item's tokens after its cached prefix, the first at cache position
+        `start`: (n,)."""
+        return torch.arange(start, start + len(item.tokens) - item.cached, dtype=torch.long, device=self.device)
 
     def _embeds_rows(self, items: list[WorkItem], starts: list[int], inputs: list[dict[str, torch.Tensor]]
                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -196,12 +215,15 @@ class DecoderLMExecutor:
         for item in items:
             rid = item.request_id
             if rid not in self.blocks:
-                self.blocks.allocate(rid, len(item.tokens))
-                starts.append(0)
+                self.blocks.allocate(rid, len(item.tokens), item.tokens, reuse=item.cached)
+                starts.append(item.cached)
             else:
+                if item.cached:
+                    raise ValueError(f"request {rid} already has a KV cache on {self.node.name}: "
+                                     "only a new request can reuse cached blocks")
                 starts.append(self.blocks.num_tokens(rid))
                 # copied at once: an OutOfBlocks for a later item must not leave a table without its copy
-                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens)))
+                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens), item.tokens))
         return starts
 
     def _state(self, item: WorkItem) -> SamplingState:
@@ -211,6 +233,25 @@ class DecoderLMExecutor:
         return self._states[rid]
 
 
+def reads_states(plan: Plan, node: Node) -> bool:
+    """Whether another Run (an edge or a loop carry) or the client (a loop's `emit:`) reads the
+    node's outputs other than its tokens: its hidden states, which a cached token has none of."""
+    states = {p.name for p in node.outputs if p.dtype != "tokens"}
+    read = {(e.src_node, e.src_port) for e in plan.edges}
+    for walk in plan.walks:
+        for op in walk.program:
+            if isinstance(op, (LoopBegin, DynamicLoopBegin)):
+                read.update((c.src_node, c.src_port) for c in op.carries)
+                read.update((o.node, o.port) for o in op.outputs)
+    return any((node.name, port) in read for port in states)
+
+
+def takes_embeds(plan: Plan, node: Node) -> bool:
+    """Whether an edge feeds the node embeddings (audio, images): its placeholder token ids do not
+    say what was embedded there, so blocks keyed by tokens alone must not be shared."""
+    return any(e.dst_node == node.name and e.dst_port == "embeds" for e in plan.edges)
+
+
 @register_executor("decoder_lm")
 def decoder_lm_executor(plan: Plan, node: Node, module: torch.nn.Module, rank: int) -> DecoderLMExecutor:
-    return DecoderLMExecutor(node, module, rank, plan)
+    return DecoderLMExecutor(node, module, rank, plan, prefix_cache=True)

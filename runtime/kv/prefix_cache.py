@@ -1,0 +1,158 @@
+"""Content-addressed KV blocks: a `BlockAllocator` that keeps full blocks findable by their tokens.
+
+A full block's key is a hash of its tokens chained with the previous block's key; the
+first block chains with a root key naming the model (plan model, node, weights source,
+dtype, block size), so equal keys mean equal KV contents. `prefix_root` builds that root,
+`chain_keys` the keys of a token sequence's full blocks.
+
+Block life cycle, on top of the reference counts of `BlockAllocator`:
+  * `register(block, key)` after the forward that wrote it: the block is now cached;
+  * `claim(keys)` takes the longest cached chain for a new request (one reference each);
+  * `free` of the last reference puts a cached block on the evictable LRU list instead of
+    the free list: it keeps its contents and stays findable;
+  * `allocate` takes free blocks first and evicts least recently freed cached blocks only
+    when none are left. A block with an owner is never evicted.
+`num_free` counts free and evictable blocks: both can be handed out.
+
+Keys are blake2b digests, identical in every process (the conductor mirrors a worker's
+cache with its own instance: see runtime/conductor/kv_ledger.py).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+import hashlib
+from typing import Iterable, Sequence
+
+from runtime.kv.block_allocator import BlockAllocator, OutOfBlocks
+
+Key = bytes
+
+
+def prefix_root(*identity: object) -> Key:
+    """The root key of one model's cache: a digest of what makes its KV contents what they are."""
+    return hashlib.blake2b("\x1f".join(map(str, identity)).encode(), digest_size=16).digest()
+
+
+def chain_keys(parent: Key, tokens: Sequence[int], block_size: int) -> list[Key]:
+    """Keys of each full block of `tokens`, the first chained with `parent`."""
+    keys = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        h = hashlib.blake2b(parent, digest_size=16)
+        h.update(b"".join(int(t).to_bytes(4, "little", signed=True) for t in tokens[start:start + block_size]))
+        parent = h.digest()
+        keys.append(parent)
+    return keys
+
+
+@dataclass
+class PrefixStats:
+    """What /metrics shows per cache: lookups, lookups that reused a block, tokens reused, evictions."""
+
+    queries: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    query_tokens: int = 0
+    evictions: int = 0
+
+
+class PrefixCachingAllocator(BlockAllocator):
+    """A `BlockAllocator` whose freed full blocks stay findable by key until evicted (LRU)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self._blocks: dict[Key, int] = {}                       # key -> cached block
+        self._keys: dict[int, Key] = {}                         # cached block -> its key
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, no owner; oldest first
+        self.stats = PrefixStats()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._keys)
+
+    def is_evictable(self, block: int) -> bool:
+        return block in self._evictable
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= self.num_free
+
+    def allocate(self, n: int) -> list[int]:
+        if not self.can_allocate(n):
+            raise OutOfBlocks(n, self.num_free)
+        blocks = []
+        for _ in range(n):
+            if self._free:
+                blocks.append(self._free.popleft())
+            else:
+                blocks.append(self._evict())
+        for b in blocks:
+            self._refs[b] = 1
+        return blocks
+
+    def _evict(self) -> int:
+        block, _ = self._evictable.popitem(last=False)
+        del self._blocks[self._keys.pop(block)]
+        self.stats.evictions += 1
+        return block
+
+    def free(self, blocks: Iterable[int]) -> None:
+        for b in blocks:
+            if self._refs[b] == 0:
+                raise ValueError(f"block {b} is freed twice")
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                if b in self._keys:
+                    self._evictable[b] = None
+                else:
+                    self._free.append(b)
+
+    def cached(self, keys: Sequence[Key]) -> list[int]:
+        """The blocks of the longest cached chain that `keys` starts with (nothing changes)."""
+        found = []
+        for key in keys:
+            block = self._blocks.get(key)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def claim(self, blocks: Sequence[int]) -> None:
+        """One more owner for each of `blocks` (from `cached`), taking evictable ones off the LRU list."""
+        for b in blocks:
+            if b not in self._keys:
+                raise ValueError(f"block {b} is not cached; only a cached block can be claimed")
+            self._evictable.pop(b, None)
+            self._refs[b] += 1
+
+    def register(self, block: int, key: Key) -> None:
+        """`block` (allocated, fully written) now holds the contents `key` names. A key already
+        cached in another block (two requests computed it at once) keeps that block."""
+        if self._refs[block] == 0:
+            raise ValueError(f"block {block} is free; only a written, held block can be cached")
+        if key in self._blocks or block in self._keys:
+            return
+        self._blocks[key] = block
+        self._keys[block] = key
+
+    def forget(self, block: int) -> None:
+        """`block`'s contents are not what its key says (the forward that wrote them failed)."""
+        key = self._keys.pop(block, None)
+        if key is None:
+            return
+        del self._blocks[key]
+        if block in self._evictable:
+            del self._evictable[block]
+            self._free.append(block)
+
+    def note_query(self, query_tokens: int, hit_tokens: int) -> None:
+        self.stats.queries += 1
+        self.stats.query_tokens += query_tokens
+        self.stats.hits += int(hit_tokens > 0)
+        self.stats.hit_tokens += hit_tokens
+
+
+__all__ = ["Key", "PrefixCachingAllocator", "PrefixStats", "chain_keys", "prefix_root"]

@@ -1,0 +1,37 @@
+"""Prefix-cache counters per (rank, KV node) on /metrics, read from the conductor's KV ledger.
+
+The ledger's mirror of each worker's cache makes the same reuse decisions as the worker
+(runtime/conductor/kv_ledger.py), so its counts are the worker's: lookups of a new
+request's prompt, lookups that reused at least one block, prompt tokens looked up and
+reused, and cached blocks evicted to make room.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client.core import CounterMetricFamily
+
+from runtime.conductor.kv_ledger import KvLedger
+
+_COUNTERS = (
+    ("queries", "mstar_prefix_cache_queries", "prompts looked up in the prefix cache"),
+    ("hits", "mstar_prefix_cache_hits", "prompts that reused at least one cached KV block"),
+    ("query_tokens", "mstar_prefix_cache_query_tokens", "prompt tokens looked up in the prefix cache"),
+    ("hit_tokens", "mstar_prefix_cache_hit_tokens", "prompt tokens reused from the prefix cache (not computed)"),
+    ("evictions", "mstar_prefix_cache_evictions", "cached KV blocks evicted (least recently freed first)"),
+)
+
+
+class PrefixCacheCollector:
+    """Counters read from the ledger when /metrics is scraped (none while no pool caches prefixes)."""
+
+    def __init__(self, ledger: KvLedger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        stats = sorted(self.ledger.prefix_stats().items())
+        for field, name, doc in _COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=["rank", "node"])
+            for (rank, node), s in stats:
+                family.add_metric([str(rank), node], getattr(s, field))
+            yield family

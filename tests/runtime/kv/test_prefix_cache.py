@@ -1,0 +1,161 @@
+"""Content-addressed KV blocks: reuse of the longest cached chain, LRU eviction of unowned blocks
+only, and a randomised run of allocate / reuse / decode / evict / abort that checks the
+reference counts, that no held block is ever evicted, and that a reused block holds exactly
+the tokens its key names (a block of an aborted prefill is never reachable)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from runtime.conductor.kv_ledger import PrefixPoolLedger
+from runtime.kv import KVBlockManager, OutOfBlocks, PrefixOutOfStep, prefix_root
+
+BS = 4
+ROOT = prefix_root("test-model", "lm", "fp32")
+
+
+def prefill(kv: KVBlockManager, req: int, tokens: list[int]) -> int:
+    """Allocate a new request reusing what is cached, 'run' it, commit; the tokens reused."""
+    hit = kv.prefix_hit(tokens)
+    kv.allocate(req, len(tokens), tokens, reuse=hit)
+    kv.commit(req)
+    return hit
+
+
+def test_a_second_request_reuses_the_shared_full_blocks_and_computes_the_rest() -> None:
+    kv = KVBlockManager(16, BS, ROOT)
+    system = list(range(100, 110))                      # 2 full blocks + 2 tokens
+    assert prefill(kv, 1, system + [1, 2, 3]) == 0
+    assert kv.prefix_hit(system + [7, 8, 9]) == 8       # only full blocks are shared
+    assert prefill(kv, 2, system + [7, 8, 9]) == 8
+    assert kv.table(2).blocks[:2] == kv.table(1).blocks[:2]
+    assert kv.table(2).blocks[2:] != kv.table(1).blocks[2:]
+    assert [kv.allocator.ref_count(b) for b in kv.table(1).blocks[:2]] == [2, 2]
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_token() -> None:
+    kv = KVBlockManager(16, BS, ROOT)
+    prompt = list(range(8))                             # exactly 2 blocks
+    prefill(kv, 1, prompt)
+    assert kv.prefix_hit(prompt) == 4                   # the second block is recomputed for the logits
+    assert kv.prefix_hit(prompt + [9]) == 8
+
+
+def test_other_model_identity_shares_nothing() -> None:
+    a, b = KVBlockManager(8, BS, ROOT), KVBlockManager(8, BS, prefix_root("other-model", "lm", "fp32"))
+    tokens = list(range(12))
+    prefill(a, 1, tokens)
+    assert a.prefix_hit(tokens) == 8
+    assert b.prefix_hit(tokens) == 0
+
+
+def test_freed_cached_blocks_stay_findable_until_free_blocks_run_out_then_lru_goes_first() -> None:
+    kv = KVBlockManager(6, BS, ROOT)
+    old, new = [1] * 8 + [0], [2] * 8 + [0]
+    prefill(kv, 1, old)
+    kv.free(1)
+    prefill(kv, 2, new)
+    kv.free(2)
+    assert kv.allocator.num_free == 6 and kv.allocator.num_cached == 4
+    assert kv.prefix_hit(old + [5]) == 8 and kv.prefix_hit(new + [5]) == 8
+    kv.allocate(3, 4 * BS)                              # 2 truly free blocks, then 2 evictions
+    assert kv.allocator.stats.evictions == 2
+    assert kv.prefix_hit(old + [5]) == 0                # the least recently freed chain went first
+    assert kv.prefix_hit(new + [5]) == 8
+
+
+def test_a_held_block_is_never_evicted_and_running_out_changes_nothing() -> None:
+    kv = KVBlockManager(4, BS, ROOT)
+    prefill(kv, 1, list(range(9)))                      # 3 blocks held
+    with pytest.raises(OutOfBlocks):
+        kv.allocate(2, 2 * BS)
+    assert kv.allocator.num_free == 1 and kv.prefix_hit(list(range(9))) == 8
+
+
+def test_reusing_more_than_is_cached_is_a_loud_error() -> None:
+    kv = KVBlockManager(8, BS, ROOT)
+    with pytest.raises(PrefixOutOfStep, match="out of step"):
+        kv.allocate(1, 9, list(range(9)), reuse=8)
+    assert 1 not in kv and kv.allocator.num_free == 8
+
+
+def test_decode_tokens_fill_blocks_that_a_later_turn_reuses() -> None:
+    kv = KVBlockManager(8, BS, ROOT)
+    turn1 = [5, 6, 7]
+    prefill(kv, 1, turn1)
+    for token in (8, 9, 10, 11, 12):                    # the answer, one decode step at a time
+        kv.append(1, 1, [token])
+        kv.commit(1)
+    kv.free(1)
+    assert kv.prefix_hit(turn1 + [8, 9, 10, 11, 12, 13, 14]) == 8
+
+
+def test_randomised_allocate_reuse_decode_evict_abort_keeps_every_invariant() -> None:
+    rng = random.Random(1234)
+    kv = KVBlockManager(24, BS, ROOT)
+    ledger = PrefixPoolLedger(24, BS, ROOT)             # the conductor's mirror, fed the same calls
+    prefixes = [[rng.randrange(50) for _ in range(rng.randrange(4, 14))] for _ in range(5)]
+    written: dict[int, tuple[int, ...]] = {}            # block -> the tokens its KV was computed from
+    live: dict[int, list[int]] = {}                     # request -> its tokens so far
+    next_id = 0
+    for _ in range(4000):
+        op = rng.random()
+        if op < 0.35 or not live:
+            tokens = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 7))]
+            hit = kv.prefix_hit(tokens)
+            if not kv.can_allocate(len(tokens), tokens, hit):
+                assert not ledger.can_grow(next_id, len(tokens), tokens=tokens)
+                continue
+            assert ledger.can_grow(next_id, len(tokens), tokens=tokens)
+            held_before = {b for t in live for b in kv.table(t).blocks}
+            kv.allocate(next_id, len(tokens), tokens, reuse=hit)
+            assert ledger.grow(next_id, len(tokens), tokens=tokens) == hit
+            blocks = kv.table(next_id).blocks
+            for i, b in enumerate(blocks[:hit // BS]):     # reused: exactly the tokens the key names
+                assert written[b] == tuple(tokens[i * BS:(i + 1) * BS])
+            fresh = blocks[hit // BS:]
+            assert not held_before & set(fresh), "a block some request holds was handed out again"
+            if rng.random() < 0.15:                        # aborted mid-prefill: half-written, never committed
+                for b in fresh:
+                    written[b] = ("garbage",)
+                kv.free(next_id)
+                ledger.commit()                            # the pass ended before the batch failed
+                ledger.forget([next_id])
+                ledger.free(next_id)
+            else:
+                for i, b in enumerate(blocks):
+                    if i >= hit // BS:
+                        written[b] = tuple(tokens[i * BS:(i + 1) * BS])
+                kv.commit(next_id)
+                ledger.commit()
+                live[next_id] = list(tokens)
+            next_id += 1
+        elif op < 0.8:
+            req = rng.choice(list(live))
+            if not kv.can_append(req, 1):
+                continue
+            token = rng.randrange(50)
+            kv.append(req, 1, [token])
+            ledger.grow(req, 1, tokens=[token])
+            live[req].append(token)
+            n = len(live[req])
+            b = kv.table(req).blocks[(n - 1) // BS]
+            written[b] = tuple(live[req][(n - 1) // BS * BS:n])
+            kv.commit(req)
+            ledger.commit()
+        else:
+            req = rng.choice(list(live))
+            kv.free(req)
+            ledger.free(req)
+            del live[req]
+        owners: dict[int, int] = {}
+        for req in live:
+            for b in kv.table(req).blocks:
+                owners[b] = owners.get(b, 0) + 1
+        assert all(kv.allocator.ref_count(b) == owners.get(b, 0) for b in range(24)), "reference counts drifted"
+        assert kv.allocator.num_free == 24 - len(owners)
+        assert ledger.used_blocks == len(owners)
+    for req in list(live):
+        kv.free(req)
+    assert kv.allocator.num_free == 24 and kv.allocator.stats.evictions > 0 and kv.allocator.stats.hits > 0

@@ -1,0 +1,75 @@
+"""The decoder LM executor with prefix caching: a request reusing another's cached prompt blocks
+computes only its suffix and samples what a cache-less executor samples; a forward that fails
+leaves none of its blocks findable."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mstar_compiler.ir import Options
+from mstar_compiler.pipeline import compile_file
+from runtime.components import component_class
+from runtime.models.decoder_lm.executors import DecoderLMExecutor
+from runtime.transport.messages import WorkItem
+
+GRAPHS = Path(__file__).resolve().parents[4] / "graphs"
+SHARED = [(7 * i + 3) % 200 for i in range(40)]     # 2 full blocks of 16 + 8 tokens
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return compile_file(str(GRAPHS / "smollm2.yaml"), Options(preset="tiny")).plan
+
+
+def executor(plan, prefix_cache: bool) -> DecoderLMExecutor:
+    node = plan.node("lm")
+    model = component_class(node.kind)(node.dims, node.args).eval()
+    ex = DecoderLMExecutor(node, model, 0, plan, prefix_cache=prefix_cache)
+    assert bool(ex.kv_prefix_key) == prefix_cache
+    return ex
+
+
+def generate(ex: DecoderLMExecutor, rid: int, prompt: list[int], steps: int, cached: int = 0) -> list[int]:
+    ex.open(rid, {"temperature": 0.0})
+    out = ex.run([WorkItem(request_id=rid, tokens=prompt, cached=cached)], [{}])
+    tokens = out[0].tokens
+    for _ in range(steps):
+        tokens += ex.run([WorkItem(request_id=rid, tokens=tokens[-1:])], [{}])[0].tokens
+    return tokens
+
+
+def test_a_reused_prefix_samples_what_a_full_prefill_samples(plan) -> None:
+    cached, plain = executor(plan, True), executor(plan, False)
+    generate(cached, 1, SHARED + [11, 12, 13], 4)
+    prompt = SHARED + [21, 22, 23, 24]
+    hit = cached.blocks.prefix_hit(prompt)
+    assert hit == 32
+    assert generate(cached, 2, prompt, 6, cached=hit) == generate(plain, 2, prompt, 6)
+    assert cached.blocks.table(2).blocks[:2] == cached.blocks.table(1).blocks[:2]
+
+
+def test_a_failed_forward_caches_none_of_its_blocks(plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    ex = executor(plan, True)
+    generate(ex, 1, SHARED[:17], 0)                   # caches the first block only
+    prompt = SHARED + [5, 6]
+    hit = ex.blocks.prefix_hit(prompt)
+    assert hit == 16
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("forward failed half way")
+    monkeypatch.setattr(ex.model, "forward", broken)
+    with pytest.raises(RuntimeError, match="half way"):
+        ex.run([WorkItem(request_id=2, tokens=prompt, cached=hit)], [{}])
+    ex.close(2, kv_only=False)
+    assert ex.blocks.prefix_hit(prompt) == 16        # the second block was allocated, never written: not found
+    monkeypatch.undo()
+    assert generate(ex, 3, prompt, 2, cached=16) == generate(executor(plan, False), 3, prompt, 2)
+
+
+def test_reusing_blocks_this_cache_does_not_hold_fails_the_batch_loudly(plan) -> None:
+    ex = executor(plan, True)
+    with pytest.raises(ValueError, match="out of step"):
+        ex.run([WorkItem(request_id=1, tokens=SHARED, cached=32)], [{}])
+    assert ex.kv_used_blocks() == 0
