@@ -1,6 +1,6 @@
 """`mstar-run`: serve a compiled plan, or run one worker rank that joins a running server.
 
-    mstar-run plan.bin [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-concurrency N]
+    mstar-run plan.bin [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-concurrency N] [--prefill-chunk 256]
                        [--weights DIR] [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2]
     mstar-run worker --conductor tcp://HOST:PORT --rank R plan.bin [--weights DIR] [--host 127.0.0.1]
 """
@@ -30,6 +30,9 @@ def _serve_parser() -> argparse.ArgumentParser:
                         "depends on what else is running or on the placement, bit for bit, unless a node is split "
                         "by tensor parallelism (CPU GEMMs pick other kernels for other row counts); costs the "
                         "throughput of cross-request batching")
+    p.add_argument("--prefill-chunk", type=int, default=256, metavar="TOKENS",
+                   help="cut prompts longer than this into chunks that run in the same batches as the decoding "
+                        "requests, so streams keep flowing while a long prompt prefills (0: whole prompts)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -64,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
                 torch.set_num_threads(args.threads)
             run_worker(args.plan, args.rank, args.conductor, args.weights, args.host)
             return 0
-        args = _serve_parser().parse_args(argv)
+        parser = _serve_parser()
+        args = parser.parse_args(argv)
+        if args.prefill_chunk < 0:
+            parser.error(f"--prefill-chunk must be 0 (whole prompts) or a positive number of tokens, "
+                         f"got {args.prefill_chunk}")
         _logging(args.log_level)
         from runtime.server.app import ServerConfig, serve
         remote = frozenset(int(r) for r in args.remote_ranks.split(",") if r.strip())
@@ -72,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                            max_concurrency=args.max_concurrency, weights_dir=args.weights,
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
                            remote_ranks=remote, request_timeout_s=args.request_timeout,
-                           batch_invariant=args.batch_invariant))
+                           batch_invariant=args.batch_invariant, prefill_chunk_tokens=args.prefill_chunk))
         return 0
     except PlanFormatError as exc:
         print(f"mstar-run: {exc}", file=sys.stderr)

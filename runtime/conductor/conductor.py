@@ -250,6 +250,8 @@ class Conductor:
         for info in msg.nodes:
             if info.kv_blocks:
                 self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size)
+            if info.prefill_chunks:
+                self.scheduler.chunked_prefill.add((rank, info.name))
         self._cap_tp_pools()
         peers = {r: s.peer_endpoint for r, s in self.workers.ranks.items() if s.peer_endpoint}
         for r in self.workers.ready_ranks():
@@ -281,6 +283,9 @@ class Conductor:
         for entry, result in zip(batch.entries, msg.items):
             req = entry.request
             if req.state.is_final:
+                continue
+            if entry.item.partial:      # a prompt chunk: its Run is ready again for the next one
+                req.tracks[entry.pending.track].requeue(entry.pending)
                 continue
             for port in self.index.nodes[batch.node].outputs:
                 key = f"{batch.node}.{port.name}"

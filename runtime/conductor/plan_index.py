@@ -44,6 +44,7 @@ class PlanIndex:
             for out in outs:
                 self._emits.setdefault((walk.name, out.node), set()).add(out.port)
         self.batch_keys = self._batch_keys()
+        self._tensor_sources = self._nodes_read_for_tensors()
 
     def _build_sources(self, walk: str, node: str) -> dict[str, list[Source]]:
         """input port -> candidate sources in precedence order: carry, edge, request input."""
@@ -101,6 +102,19 @@ class PlanIndex:
             for ranks in (node.placement.ranks, *node.placement.walk_ranks.values()):
                 keys.update((r, node.name) for r in (ranks[:1] if node.placement.tp_size > 1 else ranks))
         return frozenset(keys)
+
+    def _nodes_read_for_tensors(self) -> frozenset[str]:
+        """Nodes some edge, carry or stream reads a non-token output of (anywhere in the plan)."""
+        read = [(e.src_node, e.src_port) for e in self.plan.edges]
+        read += [(s.src_node, s.src_port) for s in self.plan.streams]
+        read += [(c.src_node, c.src_port) for w in self.plan.walks for op in w.program
+                 if isinstance(op, (LoopBegin, DynamicLoopBegin)) for c in op.carries]
+        return frozenset(n for n, p in read if not self.is_token_port(n, p, output=True))
+
+    def can_chunk_prefill(self, node: str) -> bool:
+        """Whether a prompt Run of `node` may be cut into chunks: a KV node whose only outputs
+        anything reads are tokens (a chunk's hidden states would reach no consumer whole)."""
+        return self.nodes[node].has_kv_cache and node not in self._tensor_sources
 
     def kv_nodes(self) -> list[Node]:
         return [n for n in self.plan.nodes if n.has_kv_cache]

@@ -11,6 +11,11 @@ holding the request's cache (prefill/decode disaggregation) moves the cache ther
 several ranks without TP is a set of data-parallel replicas: a request's first Run of it
 goes to the least loaded replica and its later Runs (later walks too) stay there, by its
 KV cache, until a preemption frees that cache (`Request.replicas`).
+
+Chunked prefill: a prompt longer than `prefill_chunk_tokens` goes to a node whose worker
+takes chunks (`NodeInfo.prefill_chunks`) one chunk per step, in the same batch as the
+running decodes, so a long prompt never stalls the streams on its rank for more than one
+chunk's forward. The Run's cursor stays on it until its last chunk comes back.
 """
 from __future__ import annotations
 
@@ -56,6 +61,10 @@ class SchedulerConfig:
     max_running: int = 256           # requests admitted at once (RUNNING + PREEMPTED)
     max_batch_tokens: int = 4096     # new tokens per LM batch (prefill rows + decode rows)
     batch_invariant: bool = False    # one Run per batch: no output depends on what else is running
+    # prompt tokens per prefill chunk (0: whole prompts). 256 rows keep a CPU forward's GEMMs
+    # compute-bound (past ~128 rows they run near peak FLOP/s), while a chunk's forward costs
+    # a few decode steps of a small model, so running streams keep flowing
+    prefill_chunk_tokens: int = 256
 
 
 class Scheduler:
@@ -76,6 +85,7 @@ class Scheduler:
         self.preemptions = 0                           # requests whose cache was taken back for another
         self._held: set[int] = set()                   # requests waiting for KV room now
         self._open: set[tuple[int, str]] = set()       # (rank, node) batches not yet full this step
+        self.chunked_prefill: set[tuple[int, str]] = set()   # (rank, node) whose worker takes prompt chunks
 
     def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
                  ready_ranks: set[int]) -> list[PlannedBatch]:
@@ -120,6 +130,7 @@ class Scheduler:
                 continue
             entry = self._entry(req, pending, rank)
             entry.kv_from = self._kv_holder(req, pending.run.node, rank)
+            self._chunk(req, entry, rank)
             moved = req.kv_fed.get(pending.run.node, 0) if entry.kv_from is not None else 0
             if not self._reserve(req, entry, rank, batch, placed, admitting, moved):
                 return False
@@ -166,6 +177,17 @@ class Scheduler:
             self.preemptions += 1
         pool.grow(req.request_id, n_new)
         return True
+
+    def _chunk(self, req: Request, entry: Entry, rank: int) -> None:
+        """Cut the entry's prompt to its next chunk when it is prefilled in chunks."""
+        node, item, size = entry.pending.run.node, entry.item, self.config.prefill_chunk_tokens
+        if node not in req.prefill_rest:
+            is_recompute = req.kv_fed.get(node, 0) == 0 and bool(req.kv_history.get(node))
+            if (size <= 0 or len(item.tokens) <= size or (rank, node) not in self.chunked_prefill or is_recompute
+                    or item.inputs or entry.tensors or item.routes or item.emit or entry.kv_from is not None
+                    or not self.index.can_chunk_prefill(node)):
+                return
+        item.tokens, item.partial = req.next_prefill_chunk(node, item.tokens, size)
 
     def _max_batch(self, node: str) -> int:
         return 1 if self.config.batch_invariant else self.index.nodes[node].max_batch

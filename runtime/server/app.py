@@ -46,6 +46,7 @@ class ServerConfig:
     remote_ranks: frozenset[int] = frozenset()
     request_timeout_s: float = 600.0
     batch_invariant: bool = False        # every forward holds one request's Run (see `mstar-run --help`)
+    prefill_chunk_tokens: int = 256      # prompt tokens per prefill chunk (0: whole prompts)
     drain_timeout_s: float = 30.0
 
 
@@ -60,7 +61,8 @@ class MstarServer:
         self.conductor = Conductor(self.plan, ConductorConfig(
             plan_path=config.plan_path, endpoint=config.worker_endpoint, remote_ranks=config.remote_ranks,
             weights_dir=config.weights_dir, log_level=config.log_level,
-            scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant)),
+            scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant,
+                                      prefill_chunk_tokens=config.prefill_chunk_tokens)),
             on_batch=self.metrics.observe_batch)
         self.chat_node = self._chat_node()
         self.tokenizer = load_text_tokenizer(

@@ -47,6 +47,7 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     kv_blocks: int = 0      # KV pool size in blocks (0: the node keeps no KV cache)
     kv_block_size: int = 0  # tokens per KV block
     num_params: int = 0     # parameters this rank holds for the node (a tensor-parallel shard holds a part)
+    prefill_chunks: bool = False  # its executor takes a prompt in chunks (`WorkItem.partial`)
 
 
 class Ready(_Msg, tag="ready"):
@@ -109,6 +110,8 @@ class WorkItem(msgspec.Struct, omit_defaults=True):
     stream_in: list[StreamTake] = []    # streaming-edge chunks this Run consumes
     stream_out: list[StreamRoute] = []  # streaming edges this Run's output feeds
     kv_in: bool = False         # the request's KV cache of this node arrives from another rank first
+    partial: bool = False       # a prompt chunk with more of the prompt to follow (chunked prefill):
+                                # cache its keys/values, sample nothing
 
 
 class RunBatch(_Msg, tag="run"):
