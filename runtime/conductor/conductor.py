@@ -23,6 +23,7 @@ from runtime.conductor.kv_ledger import KvLedger
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.playback import PlaybackBook
 from runtime.conductor.request import Request, RequestState
+from runtime.conductor.running import RunningSet
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import WorkerSet
@@ -68,6 +69,7 @@ class Conductor:
         self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self.requests.__getitem__,
                                    self.streams)
         self.waiting: list[Request] = []
+        self.running = RunningSet()
         self.in_flight: dict[int, InFlight] = {}
         self.on_batch = on_batch or (lambda node, size, ms: None)
         self._ids = itertools.count(1)
@@ -159,13 +161,19 @@ class Conductor:
     async def step(self) -> None:
         """Schedule, dispatch, apply results (waits for at least one event)."""
         self._check_workers()
-        running = self.playback.order([r for r in self.requests.values() if r.state == RequestState.RUNNING])
+        running = self.playback.order(self.running.requests())
         busy = {(b.batch.rank, b.batch.node) for b in self.in_flight.values()}
         for batch in self.scheduler.schedule(running, self.waiting, busy, self.workers.ready_ranks()):
             self._dispatch(batch)
         for req, message in self.scheduler.rejected:
             self._fail(req, message)
-        self.waiting = [r for r in self.waiting if r.state in (RequestState.WAITING, RequestState.PREEMPTED)]
+        waiting = []
+        for req in self.waiting:
+            if req.state == RequestState.RUNNING:          # admitted (or resumed) by this pass
+                self.running.add(req)
+            elif req.state in (RequestState.WAITING, RequestState.PREEMPTED):
+                waiting.append(req)
+        self.waiting = waiting
         await self._apply(await self._events.get())
         while not self._events.empty():
             await self._apply(self._events.get_nowait())
@@ -341,6 +349,7 @@ class Conductor:
     def _release(self, req: Request) -> None:
         """Free every resource of a request that reached a final state."""
         self.ledger.free_request(req.request_id)
+        self.running.discard(req)
         ready = self.workers.ready_ranks()
         for rank in (req.ranks_opened | self.streams.consumer_ranks(req.request_id)) & ready:
             self._send(rank, CloseRequest(request_ids=[req.request_id]))
@@ -353,6 +362,7 @@ class Conductor:
         """Take the request's KV blocks back; it resumes later by recomputing its context."""
         log.info("preempting request %d (KV cache full)", req.request_id)
         self.ledger.free_request(req.request_id)
+        self.running.discard(req)
         req.preempt()
         for rank in req.ranks_opened & self.workers.ready_ranks():
             self._send(rank, CloseRequest(request_ids=[req.request_id], kv_only=True))
@@ -395,8 +405,7 @@ class Conductor:
     # ---- numbers for /metrics ----------------------------------------------------------
 
     def stats(self) -> dict[str, float]:
-        running = sum(1 for r in self.requests.values() if r.state == RequestState.RUNNING)
-        return {"waiting": len(self.waiting), "running": running, "kv_usage": self.ledger.usage(),
+        return {"waiting": len(self.waiting), "running": len(self.running), "kv_usage": self.ledger.usage(),
                 **self.scheduler.stats()}
 
 

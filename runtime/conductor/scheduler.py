@@ -51,6 +51,7 @@ class PlannedBatch:
     node: str
     entries: list[Entry] = field(default_factory=list)
     group: list[int] = field(default_factory=list)     # every rank that runs it, lead first ([rank] without TP)
+    num_tokens: int = 0                                # new tokens of all its entries
 
     def __post_init__(self) -> None:
         self.group = self.group or [self.rank]
@@ -96,7 +97,8 @@ class Scheduler:
         placed: set[int] = set()
         self.rejected = []
         self._held &= {r.request_id for r in waiting}   # an aborted request is held no more
-        self._load = self._replica_load([*running, *waiting])
+        # replica load counts every request; a plan without replicas skips that scan
+        self._load = self._replica_load([*running, *waiting]) if self.index.replicated else {}
         self._open = set(self.index.batch_keys - busy)   # keys that can still take a Run this step
         for req in running:
             if not self._open:                        # every batch is full or in flight: the rest wait
@@ -141,6 +143,7 @@ class Scheduler:
                 self._held.discard(req.request_id)
                 admitting = False
             batch.entries.append(entry)
+            batch.num_tokens += len(entry.item.tokens)
             if len(batch.entries) >= self._max_batch(pending.run.node):
                 self._open.discard(key)
             if self.streams is not None:
@@ -158,7 +161,7 @@ class Scheduler:
         """Room in the pool for the item's tokens (and `moved` tokens of a cache moving here)."""
         pool = self.ledger.pool(rank, batch.node)
         n_new = len(entry.item.tokens)
-        if n_new + sum(len(e.item.tokens) for e in batch.entries) > self.config.max_batch_tokens and batch.entries:
+        if n_new + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
             return False
         if pool is None:
             return True
