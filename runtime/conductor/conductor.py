@@ -288,6 +288,7 @@ class Conductor:
         batch = flight.batch
         self.on_batch(batch.node, len(batch.entries), msg.run_ms)
         token_ports = self.index.token_outputs(batch.node)
+        keys = [(f"{batch.node}.{port.name}", port.name in token_ports) for port in self.index.nodes[batch.node].outputs]
         for entry, result in zip(batch.entries, msg.items):
             req = entry.request
             if req.state.is_final:
@@ -295,11 +296,10 @@ class Conductor:
             if entry.item.partial:      # a prompt chunk: its Run is ready again for the next one
                 req.tracks[entry.pending.track].requeue(entry.pending)
                 continue
-            for port in self.index.nodes[batch.node].outputs:
-                key = f"{batch.node}.{port.name}"
-                req.values.setdefault(key, [])
-                if port.name in token_ports:
-                    req.values[key].extend(result.tokens)
+            for key, is_tokens in keys:
+                values = req.values.setdefault(key, [])
+                if is_tokens:
+                    values.extend(result.tokens)
                     req.last_values[key] = list(result.tokens)
             self._client_output(req, entry, result.tokens, env)
             for cursor in req.tracks:

@@ -127,7 +127,7 @@ class Scheduler:
                 continue
             if self.streams is not None and not self.streams.can_run(req, pending):
                 continue
-            batch = batches.setdefault(key, PlannedBatch(rank, pending.run.node, group=group))
+            batch = batches.get(key) or batches.setdefault(key, PlannedBatch(rank, pending.run.node, group=group))
             if len(batch.entries) >= self._max_batch(pending.run.node):
                 continue
             entry = self._entry(req, pending, rank)
