@@ -167,13 +167,7 @@ class Conductor:
             self._dispatch(batch)
         for req, message in self.scheduler.rejected:
             self._fail(req, message)
-        waiting = []
-        for req in self.waiting:
-            if req.state == RequestState.RUNNING:          # admitted (or resumed) by this pass
-                self.running.add(req)
-            elif req.state in (RequestState.WAITING, RequestState.PREEMPTED):
-                waiting.append(req)
-        self.waiting = waiting
+        self.waiting = self.running.take_admitted(self.waiting)
         await self._apply(await self._events.get())
         while not self._events.empty():
             await self._apply(self._events.get_nowait())

@@ -6,7 +6,7 @@ of scanning every request it holds.
 """
 from __future__ import annotations
 
-from runtime.conductor.request import Request
+from runtime.conductor.request import Request, RequestState
 
 
 class RunningSet:
@@ -21,6 +21,16 @@ class RunningSet:
         self._requests[rid] = req
         if is_late:   # a resumed request takes its place by arrival again (rare: after a preemption)
             self._requests = dict(sorted(self._requests.items()))
+
+    def take_admitted(self, waiting: list[Request]) -> list[Request]:
+        """Add the requests of `waiting` a scheduling pass admitted (or resumed); the ones still waiting."""
+        still = []
+        for req in waiting:
+            if req.state == RequestState.RUNNING:
+                self.add(req)
+            elif req.state in (RequestState.WAITING, RequestState.PREEMPTED):
+                still.append(req)
+        return still
 
     def discard(self, req: Request) -> None:
         self._requests.pop(req.request_id, None)

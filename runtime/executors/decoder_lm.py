@@ -4,8 +4,9 @@ One call packs every request's new tokens (a whole prompt, a recomputed context 
 preemption, or one decode token) into one forward over the paged KV cache, then samples
 one token per request with that request's own `SamplingState` (seeded per request, so the
 batch around a request never changes its tokens). A prompt chunk with more to follow
-(`WorkItem.partial`, chunked prefill) only fills the cache: no logits, no token. The block tables live here
-(`KVBlockManager`); the conductor keeps a matching count and never over-commits.
+(`WorkItem.partial`, chunked prefill) only fills the cache: no logits, no token. The
+block tables live here (`KVBlockManager`); the conductor keeps a matching count and
+never over-commits.
 
 CUDA graphs: on a CUDA device, when the plan puts the node in a capture region,
 decode-only batches (one token per request) that fit a batch bucket replay a captured
