@@ -1,6 +1,6 @@
 """`mstar-run`: serve a compiled plan, or run one worker rank that joins a running server.
 
-    mstar-run plan.bin [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-concurrency N]
+    mstar-run plan.bin [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-concurrency N] [--prefill-chunk 256]
                        [--weights DIR] [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2]
                        [--batch-invariant] [--no-prefix-cache]
     mstar-run worker --conductor tcp://HOST:PORT --rank R plan.bin [--weights DIR] [--host 127.0.0.1]
@@ -34,6 +34,9 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="compute every prompt in full: no reuse of the KV blocks of a prefix an earlier request "
                         "(a shared system prompt, the previous turns of a chat) already computed")
+    p.add_argument("--prefill-chunk", type=int, default=256, metavar="TOKENS",
+                   help="cut prompts longer than this into chunks that run in the same batches as the decoding "
+                        "requests, so streams keep flowing while a long prompt prefills (0: whole prompts)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -68,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
                 torch.set_num_threads(args.threads)
             run_worker(args.plan, args.rank, args.conductor, args.weights, args.host)
             return 0
-        args = _serve_parser().parse_args(argv)
+        parser = _serve_parser()
+        args = parser.parse_args(argv)
+        if args.prefill_chunk < 0:
+            parser.error(f"--prefill-chunk must be 0 (whole prompts) or a positive number of tokens, "
+                         f"got {args.prefill_chunk}")
         _logging(args.log_level)
         from runtime.server.app import ServerConfig, serve
         remote = frozenset(int(r) for r in args.remote_ranks.split(",") if r.strip())
@@ -76,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                            max_concurrency=args.max_concurrency, weights_dir=args.weights,
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
                            remote_ranks=remote, request_timeout_s=args.request_timeout,
-                           batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache))
+                           batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
+                           prefill_chunk_tokens=args.prefill_chunk))
         return 0
     except PlanFormatError as exc:
         print(f"mstar-run: {exc}", file=sys.stderr)

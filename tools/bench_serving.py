@@ -6,7 +6,7 @@
 
 Closed loop (`--concurrency N`): N clients each send their next request when the last one
 ends. Open loop (`--rate R`): requests arrive as a Poisson process of R per second.
-Prints TTFT and end-to-end p50/p95 and output tokens/s. Requests use `ignore_eos`, so
+Prints TTFT (at the first chunk carrying content) and end-to-end p50/p95 and output tokens/s. Requests use `ignore_eos`, so
 every request generates exactly `--max-tokens` tokens. `--bare PLAN` also runs the plan's
 LM node in this process through the same executor the worker uses (no HTTP, no conductor,
 no ZeroMQ) at batch N for the same tokens, and prints served/bare throughput.

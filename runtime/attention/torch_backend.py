@@ -2,8 +2,12 @@
 
 Decode rows (query length 1) of all requests are attended in one batched call: their
 pages are gathered into a padded (B, L, kv_heads, D) tensor and masked beyond each
-request's length. Prefill chunks are attended one request at a time with a causal mask
-offset by the request's context, which keeps large prompts free of padding.
+request's length. Prefill chunks are attended one request at a time, which keeps large
+prompts free of padding, through torch's fused (flash) SDPA kernel for CPU: it needs 4-D
+tensors and no (heads x T x T) score matrix is ever built, so a prefill's memory grows
+linearly with the prompt. A chunk with no context (a whole prompt) is plain top-left
+causal; a chunk after context (chunked prefill) is attended QUERY_TILE rows at a time with
+an explicit (rows, keys) mask, built per tile so it too stays linear in the prompt.
 
 Everything that depends only on the batch layout (page lists, masks, row indices) is
 built once in `plan`, from the host copies of the metadata, not once per layer.
@@ -20,12 +24,21 @@ from runtime.attention.backend import AttentionBackend, AttentionShape
 from runtime.attention.metadata import AttentionMetadata
 
 
+# query rows per masked tile of a chunk after context: its mask is QUERY_TILE x seq_len
+# (8 MiB of bool at 16k tokens), and tiles this tall keep the fused kernel's blocks full
+QUERY_TILE = 512
+
+
 @dataclass(frozen=True)
 class _PrefillChunk:
     rows: slice                 # the chunk's query rows in the packed batch
     seq_len: int                # cached tokens of the request after this step
     pages: torch.Tensor         # (num_blocks,) int64 cache blocks of the request
-    mask: torch.Tensor          # (q_len, seq_len) bool: causal visibility
+
+    @property
+    def context(self) -> int:
+        """Tokens cached before this chunk (0: the chunk is the whole prompt)."""
+        return self.seq_len - (self.rows.stop - self.rows.start)
 
 
 class TorchAttention(AttentionBackend):
@@ -77,18 +90,24 @@ def _padded(blocks: tuple[int, ...], width: int) -> tuple[int, ...]:
 
 
 def _prefill_chunk(batch: AttentionMetadata, b: int, start: int, device: torch.device) -> _PrefillChunk:
-    q_len, s = batch.query_lens_cpu[b], batch.seq_lens_cpu[b]
-    rows = torch.arange(s - q_len, s, device=device)
-    mask = torch.arange(s, device=device)[None, :] <= rows[:, None]                     # (q_len, S)
     pages = torch.tensor(batch.block_tables_cpu[b], dtype=torch.long, device=device)
-    return _PrefillChunk(slice(start, start + q_len), s, pages, mask)
+    return _PrefillChunk(slice(start, start + batch.query_lens_cpu[b]), batch.seq_lens_cpu[b], pages)
 
 
 def _attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     chunk: _PrefillChunk, scale: float) -> torch.Tensor:
-    s = chunk.seq_len
-    k = k_cache.index_select(0, chunk.pages).flatten(0, 1)[:s].transpose(0, 1)       # (Hkv, S, D)
-    v = v_cache.index_select(0, chunk.pages).flatten(0, 1)[:s].transpose(0, 1)
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=chunk.mask, scale=scale,
-                                       enable_gqa=True)                              # (Hq, q_len, D)
-    return o.transpose(0, 1)
+    s, ctx = chunk.seq_len, chunk.context
+    k = k_cache.index_select(0, chunk.pages).flatten(0, 1)[:s].transpose(0, 1)[None]  # (1, Hkv, S, D)
+    v = v_cache.index_select(0, chunk.pages).flatten(0, 1)[:s].transpose(0, 1)[None]
+    q = q.transpose(0, 1)[None]                                                         # (1, Hq, q_len, D)
+    if ctx == 0:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        return o[0].transpose(0, 1)                                                     # (q_len, Hq, D)
+    out = torch.empty_like(q)
+    for a in range(0, q.shape[2], QUERY_TILE):
+        b = min(a + QUERY_TILE, q.shape[2])
+        end = ctx + b                                  # the tile's last row sees keys 0 .. end - 1
+        mask = torch.arange(end, device=q.device)[None, :] <= torch.arange(ctx + a, end, device=q.device)[:, None]
+        out[:, :, a:b] = F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, :end], v[:, :, :end],
+                                                         attn_mask=mask, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)                                                       # (q_len, Hq, D)

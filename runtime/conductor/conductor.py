@@ -25,6 +25,7 @@ from runtime.conductor.live_state import LiveState
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.playback import PlaybackBook
 from runtime.conductor.request import Request, RequestState
+from runtime.conductor.running import RunningSet
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import WorkerSet
@@ -72,6 +73,7 @@ class Conductor:
         self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self.requests.__getitem__,
                                    self.streams)
         self.waiting: list[Request] = []
+        self.running = RunningSet()
         self.in_flight: dict[int, InFlight] = {}
         self.on_batch = on_batch or (lambda node, size, ms: None)
         self._ids = itertools.count(1)
@@ -163,13 +165,13 @@ class Conductor:
     async def step(self) -> None:
         """Schedule, dispatch, apply results (waits for at least one event)."""
         self._check_workers()
-        running = self.playback.order([r for r in self.requests.values() if r.state == RequestState.RUNNING])
+        running = self.playback.order(self.running.requests())
         busy = {(b.batch.rank, b.batch.node) for b in self.in_flight.values()}
         for batch in self.scheduler.schedule(running, self.waiting, busy, self.workers.ready_ranks()):
             self._dispatch(batch)
         for req, message in self.scheduler.rejected:
             self._fail(req, message)
-        self.waiting = [r for r in self.waiting if r.state in (RequestState.WAITING, RequestState.PREEMPTED)]
+        self.waiting = self.running.take_admitted(self.waiting)
         await self._apply(await self._events.get())
         while not self._events.empty():
             await self._apply(self._events.get_nowait())
@@ -254,6 +256,8 @@ class Conductor:
         for info in msg.nodes:
             if info.kv_blocks:
                 self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, self._prefix_root(info))
+            if info.prefill_chunks:
+                self.scheduler.chunked_prefill.add((rank, info.name))
         self._cap_tp_pools()
         peers = {r: s.peer_endpoint for r, s in self.workers.ranks.items() if s.peer_endpoint}
         for r in self.workers.ready_ranks():
@@ -291,15 +295,18 @@ class Conductor:
         self.on_batch(batch.node, len(batch.entries), msg.run_ms)
         self.live.observe_batch(batch.group, batch.node, len(batch.entries), msg.run_ms)
         token_ports = self.index.token_outputs(batch.node)
+        keys = [(f"{batch.node}.{port.name}", port.name in token_ports) for port in self.index.nodes[batch.node].outputs]
         for entry, result in zip(batch.entries, msg.items):
             req = entry.request
             if req.state.is_final:
                 continue
-            for port in self.index.nodes[batch.node].outputs:
-                key = f"{batch.node}.{port.name}"
-                req.values.setdefault(key, [])
-                if port.name in token_ports:
-                    req.values[key].extend(result.tokens)
+            if entry.item.partial:      # a prompt chunk: its Run is ready again for the next one
+                req.tracks[entry.pending.track].requeue(entry.pending)
+                continue
+            for key, is_tokens in keys:
+                values = req.values.setdefault(key, [])
+                if is_tokens:
+                    values.extend(result.tokens)
                     req.last_values[key] = list(result.tokens)
             self._client_output(req, entry, result.tokens, env)
             for cursor in req.tracks:
@@ -354,6 +361,7 @@ class Conductor:
     def _release(self, req: Request) -> None:
         """Free every resource of a request that reached a final state."""
         self.ledger.free_request(req.request_id)
+        self.running.discard(req)
         ready = self.workers.ready_ranks()
         for rank in (req.ranks_opened | self.streams.consumer_ranks(req.request_id)) & ready:
             self._send(rank, CloseRequest(request_ids=[req.request_id]))
@@ -366,6 +374,7 @@ class Conductor:
         """Take the request's KV blocks back; it resumes later by recomputing its context."""
         log.info("preempting request %d (KV cache full)", req.request_id)
         self.ledger.free_request(req.request_id)
+        self.running.discard(req)
         req.preempt()
         for rank in req.ranks_opened & self.workers.ready_ranks():
             self._send(rank, CloseRequest(request_ids=[req.request_id], kv_only=True))
@@ -408,8 +417,7 @@ class Conductor:
     # ---- numbers for /metrics ----------------------------------------------------------
 
     def stats(self) -> dict[str, float]:
-        running = sum(1 for r in self.requests.values() if r.state == RequestState.RUNNING)
-        return {"waiting": len(self.waiting), "running": running, "kv_usage": self.ledger.usage(),
+        return {"waiting": len(self.waiting), "running": len(self.running), "kv_usage": self.ledger.usage(),
                 **self.scheduler.stats()}
 
 

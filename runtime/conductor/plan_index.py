@@ -44,6 +44,18 @@ class PlanIndex:
             for out in outs:
                 self._emits.setdefault((walk.name, out.node), set()).add(out.port)
         self.batch_keys = self._batch_keys()
+        # answers asked per dispatched item, memoised (the plan never changes)
+        self._client_tokens: dict[tuple[str, str], bool] = {}
+        self._client_tensors: dict[tuple[str, str], list[str]] = {}
+        self._routes: dict[tuple[str, str, int], list[tuple[str, int]]] = {}
+        # (node, is_output) -> names of its ports the conductor keeps itself (asked per item)
+        self._token_ports = {(n.name, out): frozenset(p.name for p in (n.outputs if out else n.inputs)
+                                                      if p.dtype in CONDUCTOR_DTYPES)
+                             for n in plan.nodes for out in (False, True)}
+        # nodes placed as data-parallel replicas (several ranks, no tensor parallelism)
+        self.replicated = frozenset(n.name for n in plan.nodes if n.placement.tp_size == 1 and any(
+            len(ranks) > 1 for ranks in (n.placement.ranks, *n.placement.walk_ranks.values())))
+        self._tensor_sources = self._nodes_read_for_tensors()
         self.token_budgets = self._token_budgets()
 
     def _token_budgets(self) -> dict[str, Count]:
@@ -85,22 +97,30 @@ class PlanIndex:
         return self._sources.get((walk, node), {})
 
     def is_token_port(self, node: str, port: str, *, output: bool) -> bool:
-        ports = self.nodes[node].outputs if output else self.nodes[node].inputs
-        return any(p.name == port and p.dtype in CONDUCTOR_DTYPES for p in ports)
+        return port in self._token_ports[(node, output)]
 
     def port_dtype(self, node: str, port: str) -> str:
         """dtype of an input port ("tokens", "image", "latent", ...)."""
         return next(p.dtype for p in self.nodes[node].inputs if p.name == port)
 
     def token_outputs(self, node: str) -> list[str]:
-        return [p.name for p in self.nodes[node].outputs if p.dtype in CONDUCTOR_DTYPES]
+        return [p.name for p in self.nodes[node].outputs if p.name in self._token_ports[(node, True)]]
 
     def client_tokens(self, walk: str, node: str) -> bool:
         """Whether tokens this node produces in this walk go to the client."""
-        return any(self.is_token_port(node, p, output=True) for p in self._emits.get((walk, node), ()))
+        key = (walk, node)
+        if key not in self._client_tokens:
+            self._client_tokens[key] = any(self.is_token_port(node, p, output=True) for p in self._emits.get(key, ()))
+        return self._client_tokens[key]
 
     def client_tensors(self, walk: str, node: str) -> list[str]:
         """Output ports whose tensors this node sends back to the client in this walk."""
+        key = (walk, node)
+        if key not in self._client_tensors:
+            self._client_tensors[key] = self._find_client_tensors(walk, node)
+        return list(self._client_tensors[key])
+
+    def _find_client_tensors(self, walk: str, node: str) -> list[str]:
         ports = self._emits.get((walk, node), set())
         declared = self._loop_emits.get((walk, node), set())   # e.g. a rollout's predicted frames (hidden)
         return sorted(p.name for p in self.nodes[node].outputs
@@ -109,9 +129,12 @@ class PlanIndex:
 
     def routes(self, walk: str, node: str, rank: int) -> list[tuple[str, int]]:
         """(output port, consumer rank) for every cross-rank edge or loop carry this Run feeds."""
-        return sorted({(t.src_port, t.dst_rank) for t in self.plan.transfers
-                       if t.kind in ("edge", "carry") and t.walk == walk and t.src_node == node
-                       and t.src_rank == rank and t.dst_rank != rank})
+        key = (walk, node, rank)
+        if key not in self._routes:
+            self._routes[key] = sorted({(t.src_port, t.dst_rank) for t in self.plan.transfers
+                                        if t.kind in ("edge", "carry") and t.walk == walk and t.src_node == node
+                                        and t.src_rank == rank and t.dst_rank != rank})
+        return self._routes[key]
 
     def _batch_keys(self) -> frozenset[tuple[int, str]]:
         """Every (rank, node) a batch can be formed for: each replica, a TP group's lead rank."""
@@ -120,6 +143,19 @@ class PlanIndex:
             for ranks in (node.placement.ranks, *node.placement.walk_ranks.values()):
                 keys.update((r, node.name) for r in (ranks[:1] if node.placement.tp_size > 1 else ranks))
         return frozenset(keys)
+
+    def _nodes_read_for_tensors(self) -> frozenset[str]:
+        """Nodes some edge, carry or stream reads a non-token output of (anywhere in the plan)."""
+        read = [(e.src_node, e.src_port) for e in self.plan.edges]
+        read += [(s.src_node, s.src_port) for s in self.plan.streams]
+        read += [(c.src_node, c.src_port) for w in self.plan.walks for op in w.program
+                 if isinstance(op, (LoopBegin, DynamicLoopBegin)) for c in op.carries]
+        return frozenset(n for n, p in read if not self.is_token_port(n, p, output=True))
+
+    def can_chunk_prefill(self, node: str) -> bool:
+        """Whether a prompt Run of `node` may be cut into chunks: a KV node whose only outputs
+        anything reads are tokens (a chunk's hidden states would reach no consumer whole)."""
+        return self.nodes[node].has_kv_cache and node not in self._tensor_sources
 
     def kv_nodes(self) -> list[Node]:
         return [n for n in self.plan.nodes if n.has_kv_cache]

@@ -55,6 +55,8 @@ class PlaybackBook:
 
     def order(self, running: list[Request]) -> list[Request]:
         """Audio requests earliest deadline first, then the rest in their given order."""
+        if not self.clocks:
+            return running
         live = {str(r.request_id): self.clocks[r.request_id] for r in running if r.request_id in self.clocks}
         if not live:
             return running

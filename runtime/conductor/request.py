@@ -82,6 +82,9 @@ class Request:
     last_values: dict[str, list[int]] = field(default_factory=dict)  # token ids of the latest step only
     kv_history: dict[str, list[int]] = field(default_factory=dict)  # KV node -> every token fed to it
     kv_fed: dict[str, int] = field(default_factory=dict)         # KV node -> tokens in the worker's cache
+    prefill_rest: dict[str, list[int]] = field(default_factory=dict)  # KV node -> prompt tokens of the Run
+                                                                 # being prefilled in chunks, not yet sent
+    prefill_sent: dict[str, int] = field(default_factory=dict)   # KV node -> tokens of that Run already sent
     ranks_opened: set[int] = field(default_factory=set)          # ranks that received OpenRequest
     port_inputs: dict[str, Any] = field(default_factory=dict)    # "input:<node>.<port>" -> value, read before
                                                                  # `input_items` (ports sharing a dtype)
@@ -108,6 +111,10 @@ class Request:
     def preempt(self) -> None:
         self._move(RequestState.PREEMPTED)
         self.kv_fed.clear()
+        for node, sent in self.prefill_sent.items():   # a prompt half prefilled in chunks restarts whole
+            del self.kv_history[node][len(self.kv_history[node]) - sent:]
+        self.prefill_rest.clear()
+        self.prefill_sent.clear()
         self.replicas.clear()     # recomputed from scratch: any replica will do
 
     def resume(self) -> None:
@@ -159,6 +166,19 @@ class Request:
         self.produced[node] = (rank, version)
         for i in read:
             self.readers.setdefault(i, reader)
+
+    def next_prefill_chunk(self, node: str, tokens: list[int], size: int) -> tuple[list[int], bool]:
+        """The next chunk of at most `size` tokens of the prompt `tokens` of a Run of `node` that
+        is prefilled in chunks (`tokens` is ignored once the first chunk went), and whether more
+        of it follows."""
+        rest = self.prefill_rest.pop(node, tokens)
+        chunk, rest = rest[:size], rest[size:]
+        if rest:
+            self.prefill_rest[node] = rest
+            self.prefill_sent[node] = self.prefill_sent.get(node, 0) + len(chunk)
+        else:
+            self.prefill_sent.pop(node, None)
+        return chunk, bool(rest)
 
     def runs_of(self, node: str) -> int:
         return self.produced.get(node, (0, 0))[1]

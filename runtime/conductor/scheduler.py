@@ -11,6 +11,11 @@ holding the request's cache (prefill/decode disaggregation) moves the cache ther
 several ranks without TP is a set of data-parallel replicas: a request's first Run of it
 goes to the least loaded replica and its later Runs (later walks too) stay there, by its
 KV cache, until a preemption frees that cache (`Request.replicas`).
+
+Chunked prefill: a prompt longer than `prefill_chunk_tokens` goes to a node whose worker
+takes chunks (`NodeInfo.prefill_chunks`) one chunk per step, in the same batch as the
+running decodes, so a long prompt never stalls the streams on its rank for more than one
+chunk's forward. The Run's cursor stays on it until its last chunk comes back.
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ class PlannedBatch:
     node: str
     entries: list[Entry] = field(default_factory=list)
     group: list[int] = field(default_factory=list)     # every rank that runs it, lead first ([rank] without TP)
+    num_tokens: int = 0                                # new tokens of all its entries
 
     def __post_init__(self) -> None:
         self.group = self.group or [self.rank]
@@ -56,6 +62,10 @@ class SchedulerConfig:
     max_running: int = 256           # requests admitted at once (RUNNING + PREEMPTED)
     max_batch_tokens: int = 4096     # new tokens per LM batch (prefill rows + decode rows)
     batch_invariant: bool = False    # one Run per batch: no output depends on what else is running
+    # prompt tokens per prefill chunk (0: whole prompts). 256 rows keep a CPU forward's GEMMs
+    # compute-bound (past ~128 rows they run near peak FLOP/s), while a chunk's forward costs
+    # a few decode steps of a small model, so running streams keep flowing
+    prefill_chunk_tokens: int = 256
 
 
 class Scheduler:
@@ -76,6 +86,7 @@ class Scheduler:
         self.preemptions = 0                           # requests whose cache was taken back for another
         self._held: set[int] = set()                   # requests waiting for KV room now
         self._open: set[tuple[int, str]] = set()       # (rank, node) batches not yet full this step
+        self.chunked_prefill: set[tuple[int, str]] = set()   # (rank, node) whose worker takes prompt chunks
 
     def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
                  ready_ranks: set[int]) -> list[PlannedBatch]:
@@ -86,7 +97,8 @@ class Scheduler:
         placed: set[int] = set()
         self.rejected = []
         self._held &= {r.request_id for r in waiting}   # an aborted request is held no more
-        self._load = self._replica_load([*running, *waiting])
+        # replica load counts every request; a plan without replicas skips that scan
+        self._load = self._replica_load([*running, *waiting]) if self.index.replicated else {}
         self._open = set(self.index.batch_keys - busy)   # keys that can still take a Run this step
         for req in running:
             if not self._open:                        # every batch is full or in flight: the rest wait
@@ -116,11 +128,12 @@ class Scheduler:
                 continue
             if self.streams is not None and not self.streams.can_run(req, pending):
                 continue
-            batch = batches.setdefault(key, PlannedBatch(rank, pending.run.node, group=group))
+            batch = batches.get(key) or batches.setdefault(key, PlannedBatch(rank, pending.run.node, group=group))
             if len(batch.entries) >= self._max_batch(pending.run.node):
                 continue
             entry = self._entry(req, pending, rank)
             entry.kv_from = self._kv_holder(req, pending.run.node, rank)
+            self._chunk(req, entry, rank)
             moved = req.kv_fed.get(pending.run.node, 0) if entry.kv_from is not None else 0
             if not self._reserve(req, entry, rank, batch, placed, admitting, moved):
                 return False
@@ -131,6 +144,7 @@ class Scheduler:
                 self._held.discard(req.request_id)
                 admitting = False
             batch.entries.append(entry)
+            batch.num_tokens += len(entry.item.tokens)
             if len(batch.entries) >= self._max_batch(pending.run.node):
                 self._open.discard(key)
             if self.streams is not None:
@@ -148,7 +162,7 @@ class Scheduler:
         """Room in the pool for the item's tokens (and `moved` tokens of a cache moving here)."""
         pool = self.ledger.pool(rank, batch.node)
         n_new = len(entry.item.tokens)
-        if n_new + sum(len(e.item.tokens) for e in batch.entries) > self.config.max_batch_tokens and batch.entries:
+        if n_new + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
             return False
         if pool is None:
             return True
@@ -168,6 +182,17 @@ class Scheduler:
             self.preemptions += 1
         entry.item.cached = pool.grow(req.request_id, n_new, tokens=tokens)
         return True
+
+    def _chunk(self, req: Request, entry: Entry, rank: int) -> None:
+        """Cut the entry's prompt to its next chunk when it is prefilled in chunks."""
+        node, item, size = entry.pending.run.node, entry.item, self.config.prefill_chunk_tokens
+        if node not in req.prefill_rest:
+            is_recompute = req.kv_fed.get(node, 0) == 0 and bool(req.kv_history.get(node))
+            if (size <= 0 or len(item.tokens) <= size or (rank, node) not in self.chunked_prefill or is_recompute
+                    or item.inputs or entry.tensors or item.routes or item.emit or entry.kv_from is not None
+                    or not self.index.can_chunk_prefill(node)):
+                return
+        item.tokens, item.partial = req.next_prefill_chunk(node, item.tokens, size)
 
     def _max_batch(self, node: str) -> int:
         return 1 if self.config.batch_invariant else self.index.nodes[node].max_batch

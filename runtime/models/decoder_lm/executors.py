@@ -3,8 +3,10 @@
 One call packs every request's new tokens (a whole prompt, a recomputed context after
 preemption, or one decode token) into one forward over the paged KV cache, then samples
 one token per request with that request's own `SamplingState` (seeded per request, so the
-batch around a request never changes its tokens). The block tables live here
-(`KVBlockManager`); the conductor keeps a matching count and never over-commits.
+batch around a request never changes its tokens). A prompt chunk with more to follow
+(`WorkItem.partial`, chunked prefill) only fills the cache: no logits, no token. The
+block tables live here (`KVBlockManager`); the conductor keeps a matching count and
+never over-commits.
 
 CUDA graphs: on a CUDA device, when the plan puts the node in a capture region,
 decode-only batches (one token per request) that fit a batch bucket replay a captured
@@ -73,6 +75,9 @@ class DecoderLMExecutor:
         self._params: dict[int, SamplingParams] = {}
         self._states: dict[int, SamplingState] = {}
         self._embeds: dict[int, list[torch.Tensor]] = {}   # request -> the embeds it was given, in order
+        self._prompt_parts: dict[int, list[int]] = {}   # prompt chunks cached before the one that samples
+        # subclasses count their own runs around `run`, so they take prompts whole
+        self.chunks_prefill = type(self) is DecoderLMExecutor
         self.decode_graphs = self._decode_graphs(plan, rank)
 
     def _decode_graphs(self, plan: Plan | None, rank: int) -> DecodeGraphs | None:
@@ -94,6 +99,7 @@ class DecoderLMExecutor:
     def close(self, request_id: int, kv_only: bool) -> None:
         if request_id in self.blocks:
             self.blocks.free(request_id)
+        self._prompt_parts.pop(request_id, None)
         if not kv_only:
             self._params.pop(request_id, None)
             self._states.pop(request_id, None)
@@ -139,34 +145,37 @@ class DecoderLMExecutor:
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
         starts = self._reserve(items)
+        sampling = [b for b, item in enumerate(items) if not item.partial]
         if self._is_graph_step(items):
             logits, hidden = self._decode_step(items)
         else:
-            logits, hidden = self._forward(items, starts, inputs)
+            logits, hidden = self._forward(items, starts, inputs, sampling)
         for item in items:            # written now: later requests may share the full blocks
             self.blocks.commit(item.request_id)
-        states = [self._state(item) for item in items]
-        tokens = self.sampler(logits, states).token_ids.tolist()
+            if item.partial and item.request_id not in self._states:
+                self._prompt_parts.setdefault(item.request_id, []).extend(item.tokens)
+        states = [self._state(items[b]) for b in sampling]
+        tokens = self.sampler(logits, states).token_ids.tolist() if sampling else []
         rows = list(accumulate((len(item.tokens) - item.cached for item in items), initial=0))
-        results = []
-        for b, (state, token) in enumerate(zip(states, tokens)):
+        results = [ExecResult() for _ in items]
+        for b, state, token in zip(sampling, states, tokens):
             state.append(token)
-            results.append(ExecResult([token], {"token": torch.tensor([token]), "hidden": hidden[rows[b]:rows[b + 1]]}))
+            results[b] = ExecResult([token], {"token": torch.tensor([token]), "hidden": hidden[rows[b]:rows[b + 1]]})
         return results
 
     def _is_graph_step(self, items: list[WorkItem]) -> bool:
         # a subclass that wraps `self.model` (its own compute_logits) keeps the eager path
         if self.decode_graphs is None or self.decode_graphs.model is not self.model:
             return False
-        if any(len(item.tokens) != 1 for item in items):
+        if any(len(item.tokens) != 1 or item.partial for item in items):
             return False
         tables = [self.blocks.table(item.request_id) for item in items]
         return self.decode_graphs.can_run([t.blocks for t in tables], [t.num_tokens for t in tables])
 
     def _forward(self, items: list[WorkItem], starts: list[int],
-                 inputs: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eager packed forward over each item's tokens after its cached prefix: (B, vocab) logits of
-        each request's last row, (N, hidden) states."""
+                 inputs: list[dict[str, torch.Tensor]], sampling: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eager packed forward over each item's tokens after its cached prefix: (S, vocab) logits of
+        the last row of each item in `sampling` (the LM head runs for no other row), (N, hidden) states."""
         new = [item.tokens[item.cached:] for item in items]
         ids = torch.tensor([t for tokens in new for t in tokens], dtype=torch.long, device=self.device)
         positions = torch.cat([self.positions(item, s) for s, item in zip(starts, items)])      # (N,) or (3, N)
@@ -174,7 +183,10 @@ class DecoderLMExecutor:
                                      device=self.device)
         embeds, rows = self._embeds_rows(items, starts, inputs)
         hidden = self.model(ids, positions, batch, self.cache, embeds=embeds, embeds_rows=rows)  # (N, hidden)
-        return self.model.compute_logits(hidden[batch.last_token_rows()]), hidden
+        last = batch.last_token_rows()
+        if len(sampling) < len(items):
+            last = last[torch.tensor(sampling, dtype=torch.long, device=last.device)]
+        return self.model.compute_logits(hidden[last]), hidden
 
     def positions(self, item: WorkItem, start: int) -> torch.Tensor:
         """Rotary positions of the item's tokens after its cached prefix, the first at cache position
@@ -229,7 +241,8 @@ class DecoderLMExecutor:
     def _state(self, item: WorkItem) -> SamplingState:
         rid = item.request_id
         if rid not in self._states:
-            self._states[rid] = SamplingState(self._params.get(rid, SamplingParams()), item.tokens, self.device)
+            prompt = self._prompt_parts.pop(rid, []) + list(item.tokens)
+            self._states[rid] = SamplingState(self._params.get(rid, SamplingParams()), prompt, self.device)
         return self._states[rid]
 
 

@@ -59,6 +59,16 @@ def test_paged_attention_equals_dense_sdpa(backend: str) -> None:
     torch.testing.assert_close(out, _dense_reference(q, keys, values), atol=1e-5, rtol=1e-5)
 
 
+def test_torch_prefill_after_context_in_several_query_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the chunk after context (18 rows) is attended 5 rows at a time: tile edges must not shift the mask
+    monkeypatch.setattr("runtime.attention.torch_backend.QUERY_TILE", 5)
+    q, cache, batch, keys, values = _fragmented_batch(torch.float32)
+    attn = select_backend("cpu", "torch")
+    attn.plan(batch, AttentionShape(HQ, HKV, D, torch.float32))
+    out = attn.attend(q, cache.k[0], cache.v[0], batch, D ** -0.5)
+    torch.testing.assert_close(out, _dense_reference(q, keys, values), atol=1e-5, rtol=1e-5)
+
+
 def test_triton_bf16_cache_matches_fp32_reference() -> None:
     q, cache, batch, keys, values = _fragmented_batch(torch.bfloat16)
     attn = select_backend("cpu", "triton")

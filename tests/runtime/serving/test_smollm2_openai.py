@@ -54,6 +54,15 @@ def test_streaming_matches_non_streaming(client) -> None:
     assert chunks[-1].usage.completion_tokens == 6
 
 
+def test_first_chunk_carries_the_role_and_the_first_token(client) -> None:
+    # clients time TTFT at their first chunk: it must hold computed text, not only the role
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=0,
+                                                 stream=True))
+    first = chunks[0].choices[0].delta
+    assert first.role == "assistant" and first.content
+    assert all(c.choices[0].delta.role is None for c in chunks[1:])
+
+
 def test_stop_string_is_cut(client) -> None:
     out = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0, stop=["Paris"])
     assert "Paris" not in out.choices[0].message.content and out.choices[0].finish_reason == "stop"

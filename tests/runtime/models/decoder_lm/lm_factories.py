@@ -1,7 +1,7 @@
 """Small factories for the LM tests: tiny dims, transformers twins with the same weights, a paged runner."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -113,3 +113,21 @@ class PagedRunner:
         hidden = self.model(torch.tensor(ids), torch.tensor(positions), batch, self.cache)
         logits = self.model.compute_logits(hidden)
         return list(logits.split([len(t) for _, t in chunks]))
+
+
+def peak_allocated_bytes(fn: Callable[[], Any]) -> int:
+    """Most bytes held at once by tensors allocated while `fn()` runs (what was live before
+    is not counted). Read from the profiler's allocator events ([memory] records of every
+    CPU allocation and free, kernels' scratch buffers included), so the figure depends only on
+    the sizes allocated, not on the allocator's caching or the machine's load."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()           # negative for a free
+        peak = max(peak, live)
+    return peak

@@ -1,0 +1,24 @@
+"""tools/profile_decode.py on the tiny smollm2 preset: every category is timed, none twice."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import profile_decode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_categories_are_timed_once_and_add_up_to_the_step() -> None:
+    ex = profile_decode.load_executor(ROOT / "graphs/smollm2.yaml", "tiny")
+    profile_decode.instrument(ex)
+    rows = {b: profile_decode.profile_steps(ex, b, context=8, steps=1) for b in (1, 3)}
+    for got in rows.values():
+        assert all(got[c] > 0 for c in ("linears", "lm_head", "attention", "rope_norms", "sampling"))
+        timed = sum(got[c] for c in profile_decode.CATEGORIES if c != "other")
+        assert timed <= got["step"], "a category was counted twice (nested ranges)"
+        assert abs(timed + got["other"] - got["step"]) < 1e-6 * got["step"]
+    text = profile_decode.table(rows)
+    assert text.splitlines()[0] == "| category | batch 1 | batch 3 |"
+    assert [line.split(" |")[0] for line in text.splitlines()[2:]] == [
+        f"| {c}" for c in (*profile_decode.CATEGORIES, "step", "tok/s")]
+    assert ex.blocks.allocator.num_free == ex.kv_blocks, "the profiled requests' KV blocks were not freed"

@@ -1,0 +1,150 @@
+"""Per-op profile of one decode step of a plan's LM node, at several batch sizes (torch.profiler).
+
+    python tools/profile_decode.py                               # SmolLM2-135M (graphs/smollm2.yaml), batch 1/16/64
+    python tools/profile_decode.py --preset tiny --batches 1,4   # the tiny random model (a smoke run)
+    python tools/profile_decode.py --threads 1 --steps 10 --context 128
+
+The LM node runs in this process through the executor a worker uses (no HTTP, no
+conductor, no ZeroMQ): `--batch` requests are prefilled with `--context` random tokens,
+then `--steps` decode steps are profiled, each inside `record_function` ranges placed on
+the model's modules: linears (the q/k/v, o, gate/up and down projections), the LM head,
+attention (the backend's paged attend and the KV cache write), RoPE and RMSNorms, and
+sampling. "other" is the rest of the step (embedding, the SiLU*up product, residual adds,
+batch metadata, Python). Printed: ms per step and share of the step, per category.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
+
+ROOT = Path(__file__).resolve().parent.parent
+CATEGORIES = ("linears", "lm_head", "attention", "rope_norms", "sampling", "other")
+
+
+def load_executor(graph: Path, preset: str | None) -> Any:
+    """The plan's first KV node on rank 0, loaded as a worker loads it."""
+    sys.path.insert(0, str(ROOT))
+    from mstar_compiler.ir import Options
+    from mstar_compiler.pipeline import compile_file
+    from runtime.executors import executor_for
+    from runtime.worker.loader import load_rank
+    plan = compile_file(str(graph), Options(preset=preset)).plan
+    name = next(n.name for n in plan.nodes if n.has_kv_cache)
+    module, _ = load_rank(plan, 0, None)[name]
+    return executor_for(plan.node(name), module, 0, plan)
+
+
+def _scope_module(module: nn.Module, name: str) -> None:
+    """Run every forward of `module` inside record_function(name)."""
+    ranges: list[Any] = []
+    module.register_forward_pre_hook(lambda m, args: ranges.append(record_function(name).__enter__()))
+    module.register_forward_hook(lambda m, args, out: ranges.pop().__exit__(None, None, None))
+
+
+def _scoped(fn: Callable, name: str) -> Callable:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with record_function(name):
+            return fn(*args, **kwargs)
+    return wrapped
+
+
+def instrument(ex: Any) -> None:
+    """Put each category's record_function range on the modules and calls that belong to it."""
+    import runtime.layers.attention as attention_layer
+    model = ex.model
+    scoped: list[str] = []        # a range inside another of its category would count twice
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        category = ("lm_head" if kind == "ParallelLMHead" else "linears" if kind.endswith("Linear")
+                    else "rope_norms" if kind in ("RMSNorm", "RotaryEmbedding") else None)
+        if category is None or any(name.startswith(s + ".") for s in scoped):
+            continue
+        _scope_module(module, category)
+        scoped.append(name)
+    attention_layer.rotate = _scoped(attention_layer.rotate, "rope_norms")
+    model.rotary_emb.cos_sin = _scoped(model.rotary_emb.cos_sin, "rope_norms")
+    backend = model.attention_backend(ex.device)
+    backend.attend = _scoped(backend.attend, "attention")
+    ex.cache.write = _scoped(ex.cache.write, "attention")
+    ex.sampler = _scoped(ex.sampler, "sampling")
+
+
+@contextlib.contextmanager
+def decoding(ex: Any, batch: int, context: int) -> Iterator[Callable[[], None]]:
+    """`batch` prefilled requests; yields one decode step of all of them; frees them after."""
+    from runtime.transport.messages import WorkItem
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(ex.node.dims["vocab_size"])
+    ids = list(range(1, batch + 1))
+    for rid in ids:
+        ex.open(rid, {"temperature": 0.0})
+    prompts = [WorkItem(request_id=r, tokens=torch.randint(0, vocab, (context,), generator=gen).tolist()) for r in ids]
+    last = [res.tokens[0] for res in ex.run(prompts, [{}] * batch)]
+
+    def step() -> None:
+        results = ex.run([WorkItem(request_id=r, tokens=[t]) for r, t in zip(ids, last)], [{}] * batch)
+        last[:] = [res.tokens[0] for res in results]
+    try:
+        yield step
+    finally:
+        for rid in ids:
+            ex.close(rid, kv_only=False)
+
+
+def profile_steps(ex: Any, batch: int, context: int, steps: int) -> dict[str, float]:
+    """ms per decode step in each category (and "step", the whole)."""
+    with decoding(ex, batch, context) as step:
+        for _ in range(2):          # warm-up: first calls pick and cache kernels
+            step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                with record_function("step"):
+                    step()
+    totals = {e.key: e.cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+    out = {c: totals.get(c, 0.0) for c in CATEGORIES if c != "other"}
+    out["step"] = totals["step"]
+    out["other"] = max(out["step"] - sum(v for k, v in out.items() if k not in ("step", "other")), 0.0)
+    return out
+
+
+def table(rows: dict[int, dict[str, float]]) -> str:
+    """Markdown: one row per category, one column per batch (ms per step and share)."""
+    batches = sorted(rows)
+    head = "| category | " + " | ".join(f"batch {b}" for b in batches) + " |"
+    lines = [head, "|" + " --- |" * (len(batches) + 1)]
+    for cat in (*CATEGORIES, "step"):
+        cells = [f"{rows[b][cat]:.2f} ms ({100 * rows[b][cat] / rows[b]['step']:.0f} %)" for b in batches]
+        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    lines.append("| tok/s | " + " | ".join(f"{b * 1e3 / rows[b]['step']:.0f}" for b in batches) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--graph", type=Path, default=ROOT / "graphs/smollm2.yaml")
+    p.add_argument("--preset", default=None, help="graph preset (default: the graph's own)")
+    p.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
+    p.add_argument("--context", type=int, default=64, help="prompt tokens of each request before decoding")
+    p.add_argument("--steps", type=int, default=5, help="profiled decode steps per batch size")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ex = load_executor(args.graph, args.preset)
+    instrument(ex)
+    rows = {b: profile_steps(ex, b, args.context, args.steps) for b in map(int, args.batches.split(","))}
+    print(f"decode step of {ex.node.name} ({args.graph.name}, preset {args.preset or 'default'}), "
+          f"{torch.get_num_threads()} threads, context {args.context}, mean of {args.steps} steps")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
