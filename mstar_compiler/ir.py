@@ -52,7 +52,7 @@ class NodeIR:
     inputs: list[plan.Port] = field(default_factory=list)     # typecheck
     outputs: list[plan.Port] = field(default_factory=list)    # typecheck
     placement: plan.Placement | None = None                   # place
-    kv_pools: list[plan.KvPool] = field(default_factory=list)  # memory
+    kv_pools: list[plan.KVPool] = field(default_factory=list)  # memory
 
 
 @dataclass

@@ -88,7 +88,7 @@ class Rank(Base):
     index: int                          # rank number, 0..len(ranks)-1 = worker id
     memory_bytes: int                   # device memory budget used for planning
     weight_bytes: int                   # bytes of weights resident on this rank (sum over weight groups)
-    kv_bytes: int                       # bytes of KV pools on this rank (sum over KvPool.num_pages * page_bytes)
+    kv_bytes: int                       # bytes of KV pools on this rank (sum over KVPool.num_pages * page_bytes)
     nodes: list[str]                    # nodes this rank loads (any walk), graph order
 
 
@@ -113,7 +113,7 @@ class Port(Base):
 # ---------------------------------------------------------------- nodes and memory
 
 
-class KvPool(Base):
+class KVPool(Base):
     rank: int                           # rank holding this pool
     num_pages: int                      # pages in the pool (per rank; for TP each rank holds its shard of every page)
     page_tokens: int                    # tokens per page
@@ -141,7 +141,7 @@ class Node(Base):
     inputs: list[Port]
     outputs: list[Port]
     has_kv_cache: bool                  # keeps a paged per-request KV cache
-    kv_pools: list[KvPool]              # one per rank it runs on ([] when has_kv_cache is False)
+    kv_pools: list[KVPool]              # one per rank it runs on ([] when has_kv_cache is False)
     can_batch: bool                     # several requests may share one call
     max_batch: int                      # largest batch the conductor may form for this node
     is_capture_safe: bool               # static shapes per batch bucket

@@ -79,7 +79,7 @@ def _kv_pools(ir: IR, rank: int, free: int) -> None:
                            _placement_path(ir), "pass a larger --device-memory or spread nodes over more ranks")
     for node in kv_nodes:
         num = min(pages, node.max_pages) if node.max_pages else pages
-        node.kv_pools.append(plan.KvPool(rank, num, node.page_tokens, page_bytes[node.name]))
+        node.kv_pools.append(plan.KVPool(rank, num, node.page_tokens, page_bytes[node.name]))
 
 
 def _rank(ir: IR, rank: int, weights: int) -> plan.Rank:

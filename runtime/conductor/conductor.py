@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from mstar_compiler.plan import Plan
 from runtime.conductor.cursor import resolve_count
-from runtime.conductor.kv_ledger import KvLedger
+from runtime.conductor.kv_ledger import KVLedger
 from runtime.conductor.live_state import LiveState
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.playback import PlaybackBook
@@ -30,7 +30,7 @@ from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import WorkerSet
 from runtime.transport.messages import (
-    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKv, OpenRequest, Peers, Ready, RunBatch, Shutdown,
+    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKV, OpenRequest, Peers, Ready, RunBatch, Shutdown,
 )
 from runtime.transport.queues import ConductorQueue, Envelope
 
@@ -64,7 +64,7 @@ class Conductor:
         self.plan = plan
         self.config = config
         self.index = PlanIndex(plan)
-        self.ledger = KvLedger()
+        self.ledger = KVLedger()
         self.streams = StreamLedger(plan)
         self.playback = PlaybackBook(plan)
         self.live = LiveState()                        # batch counters for /v1/state
@@ -188,7 +188,7 @@ class Conductor:
                     self._send(rank, OpenRequest(request_id=req.request_id, params=_scalars(req.params)))
                     req.ranks_opened.add(rank)
             if e.kv_from is not None:
-                self._send(e.kv_from, MoveKv(request_id=req.request_id, node=batch.node, dst_rank=batch.rank))
+                self._send(e.kv_from, MoveKV(request_id=req.request_id, node=batch.node, dst_rank=batch.rank))
             self._note_kv(req, batch.node, e.item.tokens)
             tensors.update(e.tensors)
         self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group))

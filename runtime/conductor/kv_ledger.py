@@ -22,7 +22,7 @@ from runtime.kv import KVBlockManager, PrefixStats
 
 
 @dataclass
-class KvPoolLedger:
+class KVPoolLedger:
     """One KV pool: capacity and tokens held per request."""
 
     num_blocks: int
@@ -71,7 +71,7 @@ class KvPoolLedger:
         return list(self.tokens)
 
 
-class PrefixPoolLedger(KvPoolLedger):
+class PrefixPoolLedger(KVPoolLedger):
     """A pool whose worker caches full blocks by content: counted by a mirror of its block tables."""
 
     def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes) -> None:
@@ -142,18 +142,18 @@ class PrefixPoolLedger(KvPoolLedger):
         self.peak_blocks = max(self.peak_blocks, self.used_blocks)
 
 
-class KvLedger:
+class KVLedger:
     """Every KV pool of the plan, keyed by (rank, node)."""
 
     def __init__(self) -> None:
-        self.pools: dict[tuple[int, str], KvPoolLedger] = {}
+        self.pools: dict[tuple[int, str], KVPoolLedger] = {}
 
     def add_pool(self, rank: int, node: str, num_blocks: int, block_size: int,
                  prefix_root: bytes | None = None) -> None:
-        self.pools[(rank, node)] = (KvPoolLedger(num_blocks, block_size) if prefix_root is None
+        self.pools[(rank, node)] = (KVPoolLedger(num_blocks, block_size) if prefix_root is None
                                     else PrefixPoolLedger(num_blocks, block_size, prefix_root))
 
-    def pool(self, rank: int, node: str) -> KvPoolLedger | None:
+    def pool(self, rank: int, node: str) -> KVPoolLedger | None:
         return self.pools.get((rank, node))
 
     def commit(self) -> None:

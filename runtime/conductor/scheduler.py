@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from runtime.conductor.cursor import PendingRun
-from runtime.conductor.kv_ledger import KvLedger, KvPoolLedger
+from runtime.conductor.kv_ledger import KVLedger, KVPoolLedger
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.streams import StreamLedger
@@ -71,7 +71,7 @@ class SchedulerConfig:
 class Scheduler:
     """Forms batches; owns nothing but the decision (state lives in requests and the ledger)."""
 
-    def __init__(self, index: PlanIndex, ledger: KvLedger, config: SchedulerConfig,
+    def __init__(self, index: PlanIndex, ledger: KVLedger, config: SchedulerConfig,
                  preempt: Callable[[Request], None], lookup: Callable[[int], Request],
                  streams: StreamLedger | None = None) -> None:
         self.lookup = lookup
@@ -201,7 +201,7 @@ class Scheduler:
         """KV pressure numbers for /metrics."""
         return {"kv_peak_usage": self.ledger.peak_usage(), "kv_preemptions": self.preemptions, "kv_holds": self.holds}
 
-    def _reject(self, req: Request, tokens: int, batch: PlannedBatch, pool: KvPoolLedger) -> None:
+    def _reject(self, req: Request, tokens: int, batch: PlannedBatch, pool: KVPoolLedger) -> None:
         """The request's cache can never fit the pool, even alone: it fails instead of waiting forever."""
         self._held.discard(req.request_id)
         self.rejected.append((req, f"its context of {tokens} tokens needs {-(-tokens // pool.block_size)} KV blocks, "

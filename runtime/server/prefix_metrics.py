@@ -11,7 +11,7 @@ from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily
 
-from runtime.conductor.kv_ledger import KvLedger
+from runtime.conductor.kv_ledger import KVLedger
 
 _COUNTERS = (
     ("queries", "mstar_prefix_cache_queries", "prompts looked up in the prefix cache"),
@@ -25,7 +25,7 @@ _COUNTERS = (
 class PrefixCacheCollector:
     """Counters read from the ledger when /metrics is scraped (none while no pool caches prefixes)."""
 
-    def __init__(self, ledger: KvLedger) -> None:
+    def __init__(self, ledger: KVLedger) -> None:
         self.ledger = ledger
 
     def collect(self) -> Iterator[CounterMetricFamily]:

@@ -8,11 +8,11 @@ Who sends what:
   worker -> conductor: Hello (joined), Ready (nodes loaded), BatchDone / BatchFailed, Heartbeat
   conductor -> worker: Peers (where every rank listens for tensors), OpenRequest (a
       request's full data, once per rank), RunBatch (one node, many requests; only diffs),
-      CloseRequest (free every resource of these requests), MoveKv (hand a request's KV
+      CloseRequest (free every resource of these requests), MoveKV (hand a request's KV
       cache of one node to another rank), Shutdown
   worker -> worker:    EdgeTensors (outputs of a cross-rank edge, pushed straight to the
       consumer rank, never through the conductor); StreamItems (one item of a streaming
-      edge, pushed as produced to the rank that buffers it); KvState (a request's KV cache
+      edge, pushed as produced to the rank that buffers it); KVState (a request's KV cache
       of one node, sent by the rank that held it to the rank that runs the node next)
 """
 from __future__ import annotations
@@ -164,7 +164,7 @@ class CloseRequest(_Msg, tag="close"):
     nodes: list[str] = []       # restrict to these nodes ([]: every node of the rank)
 
 
-class MoveKv(_Msg, tag="move_kv"):
+class MoveKV(_Msg, tag="move_kv"):
     """Send this request's KV cache of `node` to `dst_rank` (it runs the node next), then free it here."""
 
     request_id: int
@@ -200,7 +200,7 @@ class StreamItems(_Msg, tag="stream"):
     tensors: list[TensorMeta] = []   # the item's named parts ("value", and e.g. "ids")
 
 
-class KvState(_Msg, tag="kv"):
+class KVState(_Msg, tag="kv"):
     """Worker -> worker: a request's KV cache of one node and its sampling state; frames follow
     ("k", "v": (layers, blocks, block_size, kv_heads, head_dim); "rng": generator state)."""
 
@@ -214,7 +214,7 @@ class KvState(_Msg, tag="kv"):
 
 Message = Union[
     Hello, Ready, Peers, OpenRequest, RunBatch, BatchDone, BatchFailed,
-    CloseRequest, MoveKv, Heartbeat, Shutdown, EdgeTensors, StreamItems, KvState,
+    CloseRequest, MoveKV, Heartbeat, Shutdown, EdgeTensors, StreamItems, KVState,
 ]
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -12,8 +12,8 @@ A heartbeat thread with its own socket tells the conductor the process is alive 
 while a long batch runs.
 Tensor parallelism: a rank in a node's TP group joins it before loading (rendezvous at
 $MSTAR_TP_INIT, default the conductor's host and port + 1); a RunBatch marked `follower`
-runs in step with the lead but pushes and emits nothing. Disaggregation: MoveKv sends a
-request's KV cache of a node to another rank (KvState); a Run with `kv_in` waits for it.
+runs in step with the lead but pushes and emits nothing. Disaggregation: MoveKV sends a
+request's KV cache of a node to another rank (KVState); a Run with `kv_in` waits for it.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import zmq
 from mstar_compiler.plan import load_plan
 from runtime.executors import ExecResult, Executor, executor_for
 from runtime.transport.messages import (
-    BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KvState, MoveKv, NodeInfo,
+    BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KVState, MoveKV, NodeInfo,
     OpenRequest, Peers, Ready, RunBatch, Shutdown, StreamItems, WorkItem, encode,
 )
 from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, WorkerQueue
@@ -58,7 +58,7 @@ class Worker:
         self.executors: dict[str, Executor] = {
             name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
         self.values: dict[int, dict[str, torch.Tensor]] = {}
-        self.kv_incoming: dict[tuple[int, str], Envelope] = {}   # (request, node) -> KvState from another rank
+        self.kv_incoming: dict[tuple[int, str], Envelope] = {}   # (request, node) -> KVState from another rank
         self.streams = WorkerStreams(self.plan, rank)
         self.control.send(Ready(rank=rank, nodes=[
             NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
@@ -147,7 +147,7 @@ class Worker:
             self._close(msg)
         elif isinstance(msg, Peers):
             self.outbox.set_peers(msg.endpoints)
-        elif isinstance(msg, MoveKv):
+        elif isinstance(msg, MoveKV):
             self._move_kv(msg)
         elif isinstance(msg, Shutdown):
             return False
@@ -163,12 +163,12 @@ class Worker:
                 self.streams.free(rid)
                 self.kv_incoming = {k: e for k, e in self.kv_incoming.items() if k[0] != rid}
 
-    def _move_kv(self, msg: MoveKv) -> None:
+    def _move_kv(self, msg: MoveKV) -> None:
         """Send the request's KV cache of the node to the rank that runs the node next."""
         exported = self.executors[msg.node].export_kv(msg.request_id)
         if exported is None:
             log.warning("rank %d: no KV of request %d on %s to move", self.rank, msg.request_id, msg.node)
-            exported = (KvState(request_id=msg.request_id, node=msg.node, num_tokens=0), {})
+            exported = (KVState(request_id=msg.request_id, node=msg.node, num_tokens=0), {})
         self.outbox.send(msg.dst_rank, *exported)
 
     def _receive_kv(self, node: str, item: WorkItem) -> None:
@@ -194,7 +194,7 @@ class Worker:
                 store[key] = tensor
         elif isinstance(msg, StreamItems):
             self.streams.receive(msg.request_id, msg.stream, msg.index, env.tensors)
-        elif isinstance(msg, KvState):
+        elif isinstance(msg, KVState):
             self.kv_incoming[(msg.request_id, msg.node)] = env
 
     # ---- batches -------------------------------------------------------------------

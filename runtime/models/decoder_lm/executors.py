@@ -40,7 +40,7 @@ from runtime.cuda_graphs import DecodeGraphs, capture_buckets
 from runtime.executors import ExecResult, register_executor
 from runtime.kv import KVBlockManager, prefix_root
 from runtime.sampling import Sampler, SamplingParams, SamplingState
-from runtime.transport.messages import KvState, WorkItem
+from runtime.transport.messages import KVState, WorkItem
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "seed")
@@ -108,7 +108,7 @@ class DecoderLMExecutor:
     def kv_used_blocks(self) -> int:
         return self.kv_blocks - self.blocks.allocator.num_free
 
-    def export_kv(self, request_id: int) -> tuple[KvState, dict[str, torch.Tensor]] | None:
+    def export_kv(self, request_id: int) -> tuple[KVState, dict[str, torch.Tensor]] | None:
         """The request's cache contents and sampling state for another rank (None: none held);
         both are freed here."""
         if request_id not in self.blocks:
@@ -117,7 +117,7 @@ class DecoderLMExecutor:
         idx = torch.tensor(table.blocks, dtype=torch.long, device=self.device)
         tensors = {"k": torch.stack([pages[idx] for pages in self.cache.k]).cpu(),   # (L, blocks, bs, kvh, hd)
                    "v": torch.stack([pages[idx] for pages in self.cache.v]).cpu()}
-        msg = KvState(request_id=request_id, node=self.node.name, num_tokens=table.num_tokens)
+        msg = KVState(request_id=request_id, node=self.node.name, num_tokens=table.num_tokens)
         state = self._states.pop(request_id, None)
         if state is not None:
             msg.prompt_ids, msg.output_ids = list(state.prompt_ids), list(state.output_ids)
@@ -125,7 +125,7 @@ class DecoderLMExecutor:
         self.blocks.free(request_id)
         return msg, tensors
 
-    def import_kv(self, msg: KvState, tensors: dict[str, torch.Tensor]) -> None:
+    def import_kv(self, msg: KVState, tensors: dict[str, torch.Tensor]) -> None:
         """Take a request's cache contents and sampling state from the rank that held them."""
         rid = msg.request_id
         if rid in self.blocks:

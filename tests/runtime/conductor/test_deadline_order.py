@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mstar_compiler.plan import Plan
-from runtime.conductor.kv_ledger import KvLedger
+from runtime.conductor.kv_ledger import KVLedger
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.playback import PlaybackBook
 from runtime.conductor.request import Request
@@ -50,7 +50,7 @@ def test_the_vocoder_batch_takes_the_earliest_deadlines(dry_in, first) -> None:
     streams, book = StreamLedger(plan), PlaybackBook(plan)
     reqs = speaking_requests(plan, streams, book, dry_in)
     by_id = {r.request_id: r for r in reqs}
-    scheduler = Scheduler(PlanIndex(plan), KvLedger(), SchedulerConfig(), lambda r: None, by_id.__getitem__, streams)
+    scheduler = Scheduler(PlanIndex(plan), KVLedger(), SchedulerConfig(), lambda r: None, by_id.__getitem__, streams)
     batches = scheduler.schedule(book.order(reqs), [], set(), {0})
     vocoder = next(b for b in batches if b.node == "snac")
     assert {e.request.request_id for e in vocoder.entries} == first

@@ -9,7 +9,7 @@ import pytest
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.conductor.cursor import TrackCursor
-from runtime.conductor.kv_ledger import KvLedger
+from runtime.conductor.kv_ledger import KVLedger
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.scheduler import Scheduler, SchedulerConfig
@@ -25,7 +25,7 @@ class Bench:
 
     def __init__(self, plan) -> None:
         self.plan, self.requests = plan, {}
-        self.ledger = KvLedger()
+        self.ledger = KVLedger()
         self.ledger.add_pool(0, "lm", 8, 16)
         self.scheduler = Scheduler(PlanIndex(plan), self.ledger, SchedulerConfig(), self.preempt,
                                    self.requests.__getitem__)
@@ -90,7 +90,7 @@ def test_a_context_that_never_fits_is_rejected_and_does_not_hold_the_queue(plan)
 def test_the_ledger_keeps_its_block_count_equal_to_what_it_holds() -> None:
     import random
 
-    rng, ledger = random.Random(0), KvLedger()
+    rng, ledger = random.Random(0), KVLedger()
     ledger.add_pool(0, "lm", 1000, 16)
     pool = ledger.pool(0, "lm")
     for _ in range(500):

@@ -8,7 +8,7 @@ import pytest
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.conductor.cursor import TrackCursor
-from runtime.conductor.kv_ledger import KvPoolLedger
+from runtime.conductor.kv_ledger import KVPoolLedger
 from runtime.conductor.request import LEGAL_TRANSITIONS, IllegalTransition, Request, RequestState as S
 from tests.runtime.serving.conftest import REPO
 
@@ -84,7 +84,7 @@ def test_cursor_stops_early_at_eos(plan) -> None:
 
 
 def test_kv_ledger_counts_blocks_like_the_block_manager() -> None:
-    pool = KvPoolLedger(num_blocks=4, block_size=16)
+    pool = KVPoolLedger(num_blocks=4, block_size=16)
     assert pool.needed(1, 17) == 2
     pool.grow(1, 17)
     assert pool.needed(1, 15) == 0 and pool.needed(1, 16) == 1
