@@ -1,4 +1,4 @@
-"""`mstarc explain`: a plan as a report for people (ranks, weights, KV pages, programs,
+"""`mstarc explain`: a plan as a report for people (ranks, weights, KV blocks, programs,
 transfers, streams, capture regions)."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _node_line(n: plan.Node, rank: int) -> str:
     share = n.weight_bytes // n.placement.tp_size
     shared = f" same_as {n.weight_key}" if n.weight_key != n.name else ""
     tp = f" tp={n.placement.tp_size}" if n.placement.tp_size > 1 else ""
-    kv = "".join(f", KV {k.num_pages} pages x {k.page_tokens} tok" for k in n.kv_pools if k.rank == rank)
+    kv = "".join(f", KV {k.num_blocks} blocks x {k.block_tokens} tok" for k in n.kv_pools if k.rank == rank)
     return (f"{n.name}: {n.kind}/{n.preset} {n.dtype}{shared}{tp}, {n.num_params:,} params "
             f"({format_size(share)} here){kv}, batch<={n.max_batch}, weights: {n.weights or 'seeded random'}")
 

@@ -43,8 +43,8 @@ class NodeIR:
     weight_key: str
     dtype: str
     has_kv_cache: bool
-    page_tokens: int
-    max_pages: int | None
+    block_tokens: int                                          # YAML kv_cache.page_tokens
+    max_blocks: int | None                                     # YAML kv_cache.max_pages
     max_batch: int
     path: Path
     weights: str | None = None                                 # resolve: preset `weights:` source

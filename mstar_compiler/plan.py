@@ -88,7 +88,7 @@ class Rank(Base):
     index: int                          # rank number, 0..len(ranks)-1 = worker id
     memory_bytes: int                   # device memory budget used for planning
     weight_bytes: int                   # bytes of weights resident on this rank (sum over weight groups)
-    kv_bytes: int                       # bytes of KV pools on this rank (sum over KVPool.num_pages * page_bytes)
+    kv_bytes: int                       # bytes of KV pools on this rank (sum over KVPool.num_blocks * block_bytes)
     nodes: list[str]                    # nodes this rank loads (any walk), graph order
 
 
@@ -114,10 +114,13 @@ class Port(Base):
 
 
 class KVPool(Base):
-    rank: int                           # rank holding this pool
-    num_pages: int                      # pages in the pool (per rank; for TP each rank holds its shard of every page)
-    page_tokens: int                    # tokens per page
-    page_bytes: int                     # bytes of one page on this rank (all layers, K and V, this rank's TP shard)
+    """One node's paged KV cache on one rank, in blocks. The graph language calls a block a page
+    (`kv_cache: {page_tokens, max_pages}`) and plan.bin keeps those names on the wire."""
+
+    rank: int                                                  # rank holding this pool
+    num_blocks: int = msgspec.field(name="num_pages")          # blocks in the pool (per rank; TP: a shard of each)
+    block_tokens: int = msgspec.field(name="page_tokens")      # tokens per block
+    block_bytes: int = msgspec.field(name="block_bytes")        # bytes of one block on this rank (all layers, K and V)
 
 
 class Placement(Base):

@@ -1,5 +1,5 @@
 """Pass 7, memory: weight bytes per rank (catalogue num_params x dtype bytes, split by TP,
-loaded once per rank per `same_as` group) and KV pool pages per KV node per rank, from
+loaded once per rank per `same_as` group) and KV pool blocks per KV node per rank, from
 the device memory budget. A model that does not fit is a CompileError.
 """
 from __future__ import annotations
@@ -58,31 +58,31 @@ def _does_not_fit(ir: IR, rank: int, weights: int, usable: int, reserve: int):
                              "or pass a larger --device-memory")
 
 
-def _page_bytes(ir: IR, node: NodeIR) -> int:
+def _block_bytes(ir: IR, node: NodeIR) -> int:
     per_token = node.spec.kv_bytes_per_token
     if per_token is None:
         raise ir.doc.error(f"kind '{node.kind}' keeps a KV cache but its catalogue entry gives no "
                            "kv_bytes_per_token", node.path, "fix the kind's catalogue entry")
     assert node.placement is not None
-    return node.page_tokens * per_token(node.dims, DTYPE_BYTES[node.dtype]) // node.placement.tp_size
+    return node.block_tokens * per_token(node.dims, DTYPE_BYTES[node.dtype]) // node.placement.tp_size
 
 
 def _kv_pools(ir: IR, rank: int, free: int) -> None:
-    """Split `free` bytes so every KV node on `rank` holds the same number of pages."""
+    """Split `free` bytes so every KV node on `rank` holds the same number of blocks."""
     kv_nodes = [n for n in ir.nodes.values() if n.has_kv_cache and rank in all_ranks(n)]
     if not kv_nodes:
         return
-    page_bytes = {n.name: _page_bytes(ir, n) for n in kv_nodes}
-    pages = free // max(1, sum(page_bytes.values()))
-    if pages < 1:
+    block_bytes = {n.name: _block_bytes(ir, n) for n in kv_nodes}
+    blocks = free // max(1, sum(block_bytes.values()))
+    if blocks < 1:
         raise ir.doc.error(f"no memory left for KV cache on rank {rank}: {format_size(free)} free after weights",
                            _placement_path(ir), "pass a larger --device-memory or spread nodes over more ranks")
     for node in kv_nodes:
-        num = min(pages, node.max_pages) if node.max_pages else pages
-        node.kv_pools.append(plan.KVPool(rank, num, node.page_tokens, page_bytes[node.name]))
+        num = min(blocks, node.max_blocks) if node.max_blocks else blocks
+        node.kv_pools.append(plan.KVPool(rank, num, node.block_tokens, block_bytes[node.name]))
 
 
 def _rank(ir: IR, rank: int, weights: int) -> plan.Rank:
     nodes = [n for n in ir.nodes.values() if rank in all_ranks(n)]
-    kv = sum(p.num_pages * p.page_bytes for n in nodes for p in n.kv_pools if p.rank == rank)
+    kv = sum(p.num_blocks * p.block_bytes for n in nodes for p in n.kv_pools if p.rank == rank)
     return plan.Rank(rank, ir.device_memory, weights, kv, [n.name for n in nodes])

@@ -15,7 +15,7 @@ from mstar_compiler.passes.resolve_walks import param_ref
 from mstar_compiler.units import parse_size
 
 DEFAULT_DEVICE_MEMORY = 80 * 2**30
-DEFAULT_PAGE_TOKENS = 16
+DEFAULT_BLOCK_TOKENS = 16
 DEFAULT_MAX_BATCH = 64
 _PY_TYPES = {"integer": (int,), "number": (int, float), "boolean": (bool,), "string": (str,)}
 
@@ -150,7 +150,7 @@ def _root_node(ir: IR, name: str, raw: dict[str, Any], preset: dict[str, Any],
         dims[key] = value
     node = NodeIR(name=name, kind=kind, spec=spec, preset=preset_name, dims=dims, args={},
                   param_args={}, weight_key=name, dtype=raw.get("dtype", preset.get("dtype", "bf16")),
-                  has_kv_cache=False, page_tokens=DEFAULT_PAGE_TOKENS, max_pages=None,
+                  has_kv_cache=False, block_tokens=DEFAULT_BLOCK_TOKENS, max_blocks=None,
                   max_batch=1, path=path)
     _apply_node_options(ir, node, raw, dict(spec.args))
     return node
@@ -178,7 +178,7 @@ def _shared_node(ir: IR, name: str, raw: dict[str, Any], raw_nodes: dict[str, An
     root = ir.nodes[root_name]
     node = NodeIR(name=name, kind=root.kind, spec=root.spec, preset=root.preset, dims=dict(root.dims),
                   args={}, param_args={}, weight_key=root_name, dtype=root.dtype,
-                  has_kv_cache=False, page_tokens=root.page_tokens, max_pages=root.max_pages,
+                  has_kv_cache=False, block_tokens=root.block_tokens, max_blocks=root.max_blocks,
                   max_batch=1, path=path)
     defaults = {**root.spec.args, **root.args, **{k: f"${v}" for k, v in root.param_args.items()}}
     _apply_node_options(ir, node, {**raw_nodes[root_name], **raw}, defaults)
@@ -223,8 +223,8 @@ def _apply_node_options(ir: IR, node: NodeIR, raw: dict[str, Any], defaults: dic
                            "remove `kv_cache:`")
     node.has_kv_cache = kv != "none"
     if isinstance(kv, dict):
-        node.page_tokens = kv.get("page_tokens", DEFAULT_PAGE_TOKENS)
-        node.max_pages = kv.get("max_pages")
+        node.block_tokens = kv.get("page_tokens", DEFAULT_BLOCK_TOKENS)
+        node.max_blocks = kv.get("max_pages")
     node.max_batch = raw.get("batch", DEFAULT_MAX_BATCH if spec.can_batch else 1)
     node.executor = raw.get("executor", spec.default_executor)
     if node.max_batch > 1 and not spec.can_batch:

@@ -11,7 +11,7 @@ a `plan`, and be re-planned before each replay with batches of the same layout
 
 Tensors:
   q        (N, num_q_heads, head_dim)                          packed query rows
-  k_cache  (num_blocks, block_size, num_kv_heads, head_dim)    one layer's keys ("NHD" pages)
+  k_cache  (num_blocks, block_size, num_kv_heads, head_dim)    one layer's keys ("NHD" blocks)
   v_cache  same as k_cache
   returns  (N, num_q_heads, head_dim)
 Query row i of request b attends to that request's cached positions

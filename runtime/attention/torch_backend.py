@@ -1,7 +1,7 @@
 """Reference attention backend in plain torch (any device; the CPU path).
 
 Decode rows (query length 1) of all requests are attended in one batched call: their
-pages are gathered into a padded (B, L, kv_heads, D) tensor and masked beyond each
+blocks are gathered into a padded (B, L, kv_heads, D) tensor and masked beyond each
 request's length. Prefill chunks are attended one request at a time, which keeps large
 prompts free of padding, through torch's fused (flash) SDPA kernel for CPU: it needs 4-D
 tensors and no (heads x T x T) score matrix is ever built, so a prefill's memory grows
@@ -9,7 +9,7 @@ linearly with the prompt. A chunk with no context (a whole prompt) is plain top-
 causal; a chunk after context (chunked prefill) is attended QUERY_TILE rows at a time with
 an explicit (rows, keys) mask, built per tile so it too stays linear in the prompt.
 
-Everything that depends only on the batch layout (page lists, masks, row indices) is
+Everything that depends only on the batch layout (block lists, masks, row indices) is
 built once in `plan`, from the host copies of the metadata, not once per layer.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ QUERY_TILE = 512
 class _PrefillChunk:
     rows: slice                 # the chunk's query rows in the packed batch
     seq_len: int                # cached tokens of the request after this step
-    pages: torch.Tensor         # (num_blocks,) int64 cache blocks of the request
+    blocks: torch.Tensor        # (num_blocks,) int64 cache blocks of the request
 
     @property
     def context(self) -> int:
@@ -51,8 +51,8 @@ class TorchAttention(AttentionBackend):
         self._is_decode_only = len(decode) == batch.num_requests
         self._decode_rows = torch.tensor([starts[b] for b in decode], dtype=torch.long, device=device)
         width = max((len(batch.block_tables_cpu[b]) for b in decode), default=0)
-        pages = [p for b in decode for p in _padded(batch.block_tables_cpu[b], width)]
-        self._decode_pages = torch.tensor(pages, dtype=torch.long, device=device)      # (Bd * width,)
+        blocks = [p for b in decode for p in _padded(batch.block_tables_cpu[b], width)]
+        self._decode_blocks = torch.tensor(blocks, dtype=torch.long, device=device)     # (Bd * width,)
         keys = torch.arange(width * batch.block_size, device=device)
         lengths = torch.tensor([batch.seq_lens_cpu[b] for b in decode], device=device)
         valid = keys[None, :] < lengths[:, None]                                          # (Bd, L)
@@ -76,29 +76,29 @@ class TorchAttention(AttentionBackend):
                        scale: float) -> torch.Tensor:
         n, hq, d = q.shape
         hkv = k_cache.shape[2]
-        # index_select on the page axis is several times faster than advanced indexing on CPU
-        k = k_cache.index_select(0, self._decode_pages).view(n, -1, hkv, d).transpose(1, 2)  # (B, Hkv, L, D)
-        v = v_cache.index_select(0, self._decode_pages).view(n, -1, hkv, d).transpose(1, 2)
+        # index_select on the block axis is several times faster than advanced indexing on CPU
+        k = k_cache.index_select(0, self._decode_blocks).view(n, -1, hkv, d).transpose(1, 2)  # (B, Hkv, L, D)
+        v = v_cache.index_select(0, self._decode_blocks).view(n, -1, hkv, d).transpose(1, 2)
         q = q.view(n, hkv, hq // hkv, d)                                # (B, Hkv, group, D)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=self._decode_bias.to(q.dtype), scale=scale)
         return o.reshape(n, hq, d)
 
 
 def _padded(blocks: tuple[int, ...], width: int) -> tuple[int, ...]:
-    # block 0 stands in for missing pages: they lie beyond the request's length and are masked
+    # block 0 stands in for missing blocks: they lie beyond the request's length and are masked
     return blocks + (0,) * (width - len(blocks))
 
 
 def _prefill_chunk(batch: AttentionMetadata, b: int, start: int, device: torch.device) -> _PrefillChunk:
-    pages = torch.tensor(batch.block_tables_cpu[b], dtype=torch.long, device=device)
-    return _PrefillChunk(slice(start, start + batch.query_lens_cpu[b]), batch.seq_lens_cpu[b], pages)
+    blocks = torch.tensor(batch.block_tables_cpu[b], dtype=torch.long, device=device)
+    return _PrefillChunk(slice(start, start + batch.query_lens_cpu[b]), batch.seq_lens_cpu[b], blocks)
 
 
 def _attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     chunk: _PrefillChunk, scale: float) -> torch.Tensor:
     s, ctx = chunk.seq_len, chunk.context
-    k = k_cache.index_select(0, chunk.pages).flatten(0, 1)[:s].transpose(0, 1)[None]  # (1, Hkv, S, D)
-    v = v_cache.index_select(0, chunk.pages).flatten(0, 1)[:s].transpose(0, 1)[None]
+    k = k_cache.index_select(0, chunk.blocks).flatten(0, 1)[:s].transpose(0, 1)[None]  # (1, Hkv, S, D)
+    v = v_cache.index_select(0, chunk.blocks).flatten(0, 1)[:s].transpose(0, 1)[None]
     q = q.transpose(0, 1)[None]                                                         # (1, Hq, q_len, D)
     if ctx == 0:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)

@@ -1,6 +1,6 @@
 """Triton attention backend: the paged decode and prefill kernels of `triton_kernels`.
 
-Decode rows (query length 1) go to the decode kernel, which shares each page read across
+Decode rows (query length 1) go to the decode kernel, which shares each block read across
 a GQA group; prefill chunks go to the prefill kernel. Requests need not be ordered: the
 kernels take the list of requests they serve. Block size must be a power of two >= 16.
 

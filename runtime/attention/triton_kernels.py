@@ -1,14 +1,14 @@
 """Triton kernels for paged attention: a decode kernel and a prefill (chunked) kernel.
 
-Both walk a request's cache one page (block) at a time with an online softmax, so no
-key/value gather is materialised. Page layout "NHD": (num_blocks, block_size, kv_heads, D).
+Both walk a request's cache one block at a time with an online softmax, so no
+key/value gather is materialised. Block layout "NHD": (num_blocks, block_size, kv_heads, D).
 
 * `paged_decode`: one program per (decode request, kv head); the program handles every
-  query head of that kv head's group at once (GQA), reading each page once.
+  query head of that kv head's group at once (GQA), reading each block once.
 * `paged_prefill`: one program per (prefill request, query head, tile of BLOCK_M query
   rows); query row i of a request with context c sees positions <= c + i.
 
-Scores and the softmax run in fp32 whatever the storage dtype (pages are loaded and
+Scores and the softmax run in fp32 whatever the storage dtype (blocks are loaded and
 converted with `.to(tl.float32)`, which also keeps the CPU interpreter away from bf16
 arithmetic). On CPU the kernels run under TRITON_INTERPRET=1, set before this module is
 imported.
@@ -24,12 +24,12 @@ _MIN_DOT = 16
 
 
 @triton.jit
-def _attend_page(q, K, V, tables, req, s_bt, page, s, d, s_kb, s_ks, s_kh, kvh, seq_len, m, l, acc, visible,
+def _attend_block(q, K, V, tables, req, s_bt, blk, s, d, s_kb, s_ks, s_kh, kvh, seq_len, m, l, acc, visible,
                  BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
-    """Fold one cache page into an online softmax of q's rows, -> (m, l, acc). A row sees the
-    page's keys below seq_len where `visible` (broadcast to (rows, BLOCK_SIZE)) holds."""
-    block = tl.load(tables + req * s_bt + page).to(tl.int64)
-    pos = page * BLOCK_SIZE + s
+    """Fold one cache block into an online softmax of q's rows, -> (m, l, acc). A row sees the
+    block's keys below seq_len where `visible` (broadcast to (rows, BLOCK_SIZE)) holds."""
+    block = tl.load(tables + req * s_bt + blk).to(tl.int64)
+    pos = blk * BLOCK_SIZE + s
     kv_mask = (pos[:, None] < seq_len) & (d[None, :] < HEAD_DIM)
     offs = block * s_kb + s[:, None] * s_ks + kvh * s_kh + d[None, :]
     k = tl.load(K + offs, mask=kv_mask, other=0.0).to(tl.float32)      # (BLOCK_SIZE, BLOCK_D)
@@ -62,8 +62,8 @@ def _paged_decode_kernel(Q, K, V, O, tables, seq_lens, reqs, rows, scale,
     m = tl.full([BLOCK_G], -1.0e30, tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for page in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):     # a decode row sees every cached key
-        m, l, acc = _attend_page(q, K, V, tables, req, s_bt, page, s, d, s_kb, s_ks, s_kh, kvh, seq_len, m, l, acc,
+    for blk in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):     # a decode row sees every cached key
+        m, l, acc = _attend_block(q, K, V, tables, req, s_bt, blk, s, d, s_kb, s_ks, s_kh, kvh, seq_len, m, l, acc,
                                  g[:, None] >= 0, BLOCK_SIZE, HEAD_DIM, PRECISION)
     out = acc / l[:, None]
     tl.store(O + row * s_ot + (kvh * GROUP + g)[:, None] * s_oh + d[None, :],
@@ -93,9 +93,9 @@ def _paged_prefill_kernel(Q, K, V, O, tables, seq_lens, starts, reqs, scale,
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     end = tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_M)   # causal bound of this tile
-    for page in range(0, tl.cdiv(end, BLOCK_SIZE)):
-        causal = (page * BLOCK_SIZE + s)[None, :] <= q_pos[:, None]
-        m, l, acc = _attend_page(q, K, V, tables, req, s_bt, page, s, d, s_kb, s_ks, s_kh, kvh, seq_len, m, l, acc,
+    for blk in range(0, tl.cdiv(end, BLOCK_SIZE)):
+        causal = (blk * BLOCK_SIZE + s)[None, :] <= q_pos[:, None]
+        m, l, acc = _attend_block(q, K, V, tables, req, s_bt, blk, s, d, s_kb, s_ks, s_kh, kvh, seq_len, m, l, acc,
                                  causal, BLOCK_SIZE, HEAD_DIM, PRECISION)
     out = acc / l[:, None]
     tl.store(O + (start + i)[:, None] * s_ot + head * s_oh + d[None, :],

@@ -1,7 +1,7 @@
-"""The KV cache tensors of one model on one rank, in pages.
+"""The KV cache tensors of one model on one rank, in blocks.
 
 Per layer, keys and values are (num_blocks, block_size, num_kv_heads, head_dim) —
-FlashInfer's "NHD" page layout, also read by the torch and triton backends. Which
+FlashInfer's "NHD" layout of blocks, also read by the torch and triton backends. Which
 request owns which block is the business of `KVBlockManager`; this class only stores,
 writes and copies.
 
@@ -18,7 +18,7 @@ import torch
 
 
 class PagedKVCache:
-    """K and V pages for `num_layers` layers."""
+    """K and V blocks for `num_layers` layers."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
@@ -47,5 +47,5 @@ class PagedKVCache:
             return
         src = torch.tensor([s for s, _ in copies], device=self.k[0].device)
         dst = torch.tensor([d for _, d in copies], device=self.k[0].device)
-        for pages in (*self.k, *self.v):
-            pages[dst] = pages[src]
+        for blocks in (*self.k, *self.v):
+            blocks[dst] = blocks[src]

@@ -115,7 +115,7 @@ class MstarServer:
 
     def submit_chat(self, chat: ChatRequest) -> Request:
         pool = next((p for p in self.plan.node(self.chat_node).kv_pools), None)
-        limit = pool.num_pages * pool.page_tokens if pool else 1 << 30
+        limit = pool.num_blocks * pool.block_tokens if pool else 1 << 30
         if len(chat.prompt_ids) + int(chat.params["max_tokens"]) > limit:
             raise ApiError(400, f"prompt ({len(chat.prompt_ids)} tokens) + max_tokens exceeds the KV cache "
                            f"({limit} tokens)", "max_tokens", "context_length_exceeded")

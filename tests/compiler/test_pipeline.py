@@ -81,10 +81,10 @@ def test_memory_plan_counts_shared_weights_once_and_splits_tp():
     assert tp.ranks[1].weight_bytes == weights["lm"] // 2
     pool = single.node("lm").kv_pools[0]
     kv_per_token = 2 * 2 * 2 * 16 * 4                                        # layers*K,V*kv_heads*head_dim*fp32
-    assert pool.page_bytes == 16 * kv_per_token
+    assert pool.block_bytes == 16 * kv_per_token
     budget = 64 * 2**20
-    assert single.ranks[0].weight_bytes + pool.num_pages * pool.page_bytes <= budget * 0.9
-    assert pool.num_pages * pool.page_bytes > budget * 0.8 - single.ranks[0].weight_bytes
+    assert single.ranks[0].weight_bytes + pool.num_blocks * pool.block_bytes <= budget * 0.9
+    assert pool.num_blocks * pool.block_bytes > budget * 0.8 - single.ranks[0].weight_bytes
 
 
 def test_capture_regions_and_stream_buffers():

@@ -3,7 +3,7 @@
 The shared paged backends (`runtime.attention`) implement causal attention over keys
 already written to the cache. BAGEL also needs image blocks that attend bidirectionally
 inside the block, and generation steps whose keys never enter the cache. This module
-does both for any segment: the context's keys/values are gathered from the pages, the
+does both for any segment: the context's keys/values are gathered from the cache blocks, the
 segment's own keys/values are appended as computed, and the mask is causal (offset by
 the context) or absent. When every segment of a call is causal and writes its keys
 (text prefill, decode), the model uses the paged backend instead (`SegmentLayout.causal_metadata`).
@@ -16,15 +16,15 @@ import torch.nn.functional as F
 from runtime.models.bagel.segments import SegmentLayout
 
 
-def attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pages: torch.Tensor,
-                    v_pages: torch.Tensor, layout: SegmentLayout, scale: float) -> torch.Tensor:
+def attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, layout: SegmentLayout, scale: float) -> torch.Tensor:
     """q (N, Hq, D), k and v (N, Hkv, D) of the packed rows -> attention output (N, Hq, D).
 
-    k_pages, v_pages: one layer's cache (num_blocks, block_size, Hkv, D).
+    k_cache, v_cache: one layer's cache (num_blocks, block_size, Hkv, D).
     """
     out = torch.empty_like(q)
-    k_slots = k_pages.view(-1, *k_pages.shape[2:])  # (num_blocks * block_size, Hkv, D)
-    v_slots = v_pages.view(-1, *v_pages.shape[2:])
+    k_slots = k_cache.view(-1, *k_cache.shape[2:])  # (num_blocks * block_size, Hkv, D)
+    v_slots = v_cache.view(-1, *v_cache.shape[2:])
     for start, n, slots, mask in zip(layout.starts, layout.lengths, layout.context_slots, layout.masks):
         rows = slice(start, start + n)
         keys = torch.cat([k_slots[slots].to(k.dtype), k[rows]])      # (context + n, Hkv, D)

@@ -91,8 +91,8 @@ class BagelLMEngine:
     def __init__(self, plan: Plan, module: torch.nn.Module, rank: int, weight_key: str) -> None:
         pools = [p for n in plan.nodes if n.weight_key == weight_key for p in n.kv_pools if p.rank == rank]
         self.module = module
-        self.block_size = pools[0].page_tokens
-        self.num_blocks = sum(p.num_pages for p in pools)
+        self.block_size = pools[0].block_tokens
+        self.num_blocks = sum(p.num_blocks for p in pools)
         self.cache = module.make_kv_cache(self.num_blocks, self.block_size)
         self.blocks = KVBlockManager(self.num_blocks, self.block_size)
         self.seqs: dict[SeqId, SeqState] = {}
@@ -223,7 +223,7 @@ class BagelLMExecutor:
 
     def __init__(self, plan: Plan, node: Node, engine: BagelLMEngine, rank: int) -> None:
         pool = next(p for p in node.kv_pools if p.rank == rank)
-        self.kv_blocks, self.kv_block_size = pool.num_pages, pool.page_tokens
+        self.kv_blocks, self.kv_block_size = pool.num_blocks, pool.block_tokens
         self.engine = self.group = engine      # `group`: the worker runs queued batches of one group together
         self.dims = node.dims
         self.kinds = segment_kinds(plan, node.name)

@@ -61,16 +61,16 @@ class DecoderLMExecutor:
         pool = next(p for p in node.kv_pools if p.rank == rank)
         self.node = node
         self.model = model
-        self.kv_blocks, self.kv_block_size = pool.num_pages, pool.page_tokens
-        self.cache = model.make_kv_cache(pool.num_pages, pool.page_tokens)
+        self.kv_blocks, self.kv_block_size = pool.num_blocks, pool.block_tokens
+        self.cache = model.make_kv_cache(pool.num_blocks, pool.block_tokens)
         self.device = self.cache.k[0].device
         root = None
         if prefix_cache and plan is not None and not reads_states(plan, node) and not takes_embeds(plan, node):
             # the model's identity: equal keys must mean equal KV contents
             root = prefix_root(plan.model, plan.preset, node.name, node.kind, node.preset, node.weights,
-                               node.dtype, pool.page_tokens)
+                               node.dtype, pool.block_tokens)
         self.kv_prefix_key = root.hex() if root is not None else ""
-        self.blocks = KVBlockManager(pool.num_pages, pool.page_tokens, root)
+        self.blocks = KVBlockManager(pool.num_blocks, pool.block_tokens, root)
         self.sampler = Sampler()
         self._params: dict[int, SamplingParams] = {}
         self._states: dict[int, SamplingState] = {}
@@ -115,8 +115,8 @@ class DecoderLMExecutor:
             return None
         table = self.blocks.table(request_id)
         idx = torch.tensor(table.blocks, dtype=torch.long, device=self.device)
-        tensors = {"k": torch.stack([pages[idx] for pages in self.cache.k]).cpu(),   # (L, blocks, bs, kvh, hd)
-                   "v": torch.stack([pages[idx] for pages in self.cache.v]).cpu()}
+        tensors = {"k": torch.stack([blocks[idx] for blocks in self.cache.k]).cpu(),   # (L, blocks, bs, kvh, hd)
+                   "v": torch.stack([blocks[idx] for blocks in self.cache.v]).cpu()}
         msg = KVState(request_id=request_id, node=self.node.name, num_tokens=table.num_tokens)
         state = self._states.pop(request_id, None)
         if state is not None:

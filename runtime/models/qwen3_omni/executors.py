@@ -95,9 +95,9 @@ class TalkerExecutor:
     def __init__(self, node: Node, talker: nn.Module, rank: int) -> None:
         pool = next(p for p in node.kv_pools if p.rank == rank)
         self.talker = talker
-        self.kv_blocks, self.kv_block_size = pool.num_pages, pool.page_tokens
-        self.cache = talker.make_kv_cache(pool.num_pages, pool.page_tokens)
-        self.blocks = KVBlockManager(pool.num_pages, pool.page_tokens)
+        self.kv_blocks, self.kv_block_size = pool.num_blocks, pool.block_tokens
+        self.cache = talker.make_kv_cache(pool.num_blocks, pool.block_tokens)
+        self.blocks = KVBlockManager(pool.num_blocks, pool.block_tokens)
         self.device = self.cache.k[0].device
         self.eos = int(talker.dims["codec_eos_token_id"])
         self._texts: dict[int, TalkerText] = {}

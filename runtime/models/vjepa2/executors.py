@@ -45,7 +45,7 @@ class RolloutExecutor:
 
     def __init__(self, node: Node, predictor: nn.Module, rank: int) -> None:
         pool = next(p for p in node.kv_pools if p.rank == rank)
-        self.kv_blocks, self.kv_block_size = pool.num_pages, pool.page_tokens
+        self.kv_blocks, self.kv_block_size = pool.num_blocks, pool.block_tokens
         self.predictor = predictor
         self.default_horizon = 1
         self._horizons: dict[int, int] = {}
