@@ -29,7 +29,7 @@ from runtime.server.metrics import Metrics
 from runtime.server.page import install_page
 from runtime.server.state_feed import install_state_feed
 from runtime.server.prefix_metrics import PrefixCacheCollector
-from runtime.server.streaming import install_streaming
+from runtime.server.audio_routes import install_audio_routes
 from runtime.server.tasks import run_task
 from runtime.server.transcriptions import audio_transcriptions
 from runtime.text import load_text_tokenizer
@@ -179,7 +179,7 @@ class MstarServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_route)
         app.router.add_get("/v1/models", self.models)
-        install_streaming(self, app)    # /v1/chat/completions (text or audio), /v1/audio/speech
+        install_audio_routes(self, app)    # /v1/chat/completions (text or audio), /v1/audio/speech
         app.router.add_post("/v1/audio/transcriptions", audio_transcriptions)
         for family in families_of(self.plan):   # a family's own endpoints: BAGEL's images, V-JEPA's rollouts
             if family.install is not None:

@@ -20,7 +20,7 @@ from runtime.sampling import SamplingParams, SamplingParamsError
 from runtime.server.errors import ApiError, error_body
 from runtime.server.multimodal import IMAGE_TASK, image_chat_items
 from runtime.server.params import resolve_params
-from runtime.text import TextStream
+from runtime.text import TextOutput
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                  "repetition_penalty")
@@ -109,7 +109,7 @@ class ChatStream:
 
     def __init__(self, server: Any, req: Request, stop: tuple[str, ...], prompt_ids: list[int]) -> None:
         self.server, self.req = server, req
-        self.text = TextStream(server.tokenizer, SamplingParams(stop=stop), prompt_ids, stop_ids=req.stop_token_ids)
+        self.text = TextOutput(server.tokenizer, SamplingParams(stop=stop), prompt_ids, stop_ids=req.stop_token_ids)
         self.finish_reason: str | None = None
 
     async def next(self) -> tuple[str, bool]:

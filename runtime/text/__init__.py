@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from runtime.text.chat_template import ChatTemplate, ChatTemplateError
 from runtime.text.detokenizer import IncrementalDetokenizer
-from runtime.text.stream import TextDelta, TextStream
+from runtime.text.output import TextOutputDelta, TextOutput
 from runtime.text.tokenizer import ByteTokenizer, TextTokenizer, load_text_tokenizer, load_tokenizer
 
 __all__ = [
@@ -11,8 +11,8 @@ __all__ = [
     "ChatTemplate",
     "ChatTemplateError",
     "IncrementalDetokenizer",
-    "TextDelta",
-    "TextStream",
+    "TextOutputDelta",
+    "TextOutput",
     "TextTokenizer",
     "load_text_tokenizer",
     "load_tokenizer",

@@ -2,7 +2,7 @@
 
 The loop is what a worker and conductor do for plain text generation, in one process:
 prefill every prompt in one packed forward, then decode all unfinished requests together,
-sampling with per-request `SamplingState`s and streaming text through `TextStream`s.
+sampling with per-request `SamplingState`s and streaming text through `TextOutput`s.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from runtime.components import component_class
 from runtime.kv import KVBlockManager
 from runtime.layers import DecoderLM
 from runtime.sampling import Sampler, SamplingParams, SamplingState
-from runtime.text import TextStream, TextTokenizer
+from runtime.text import TextOutput, TextTokenizer
 from runtime.weights.gguf_loader import GGUFCheckpoint
 
 
@@ -41,7 +41,7 @@ def generate(model: DecoderLM, tokenizer: TextTokenizer, prompts: Sequence[list[
     num_blocks = len(prompts) * (-(-(max(map(len, prompts)) + max_new_tokens) // block_size))
     manager, cache = KVBlockManager(num_blocks, block_size), model.make_kv_cache(num_blocks, block_size)
     states = [SamplingState(p, prompt) for p, prompt in zip(params, prompts)]
-    streams = [TextStream(tokenizer, p, prompt) for p, prompt in zip(params, prompts)]
+    streams = [TextOutput(tokenizer, p, prompt) for p, prompt in zip(params, prompts)]
     results = [Generation() for _ in prompts]
     pending = {i: list(prompt) for i, prompt in enumerate(prompts)}    # request -> tokens to feed next
     sampler = Sampler()

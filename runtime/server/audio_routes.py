@@ -1,10 +1,10 @@
-"""Wires the streaming endpoints into a server: speech, audio chat, their metrics.
+"""The audio routes of a server: speech, audio chat (and the chat route that chooses), their metrics.
 
-`install_streaming(server, app)` is called once when the application is built:
+`install_audio_routes(server, app)` is called once when the application is built:
   POST /v1/audio/speech        runtime/server/speech.py (plans that speak)
   POST /v1/chat/completions    runtime/server/audio_chat.py routes `modalities: [..., "audio"]`
                                to the audio chat, the rest to the text chat
-and registers the audio metrics and the rank gauges (runtime/server/stream_metrics.py).
+and registers the audio metrics and the rank gauges (runtime/server/audio_metrics.py).
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from aiohttp import web
 from runtime.server.audio_chat import chat_or_audio
 from runtime.server.speech import audio_speech
 from runtime.server.speech_model import speech_model
-from runtime.server.stream_metrics import AudioMetrics, RuntimeCollector
+from runtime.server.audio_metrics import AudioMetrics, RuntimeCollector
 
 
-def install_streaming(server: Any, app: web.Application) -> None:
+def install_audio_routes(server: Any, app: web.Application) -> None:
     """Add the routes above to `app` and the metrics to the server's registry (once per server)."""
     if getattr(server, "audio_metrics", None) is None:
         server.speech_model = speech_model(server.plan)

@@ -1,13 +1,13 @@
-"""TextStream: streamed text with stop tokens and stop strings applied."""
+"""TextOutput: the text a client receives, with stop tokens and stop strings applied."""
 from __future__ import annotations
 
 from runtime.sampling import SamplingParams
-from runtime.text import TextStream, TextTokenizer
+from runtime.text import TextOutput, TextTokenizer
 
 
 def _run(tok: TextTokenizer, params: SamplingParams, text_ids: list[int]) -> tuple[str, object, int]:
     """Push ids until the stream finishes; returns (client text, stop reason, tokens consumed)."""
-    stream, out = TextStream(tok, params), []
+    stream, out = TextOutput(tok, params), []
     for n, token in enumerate(text_ids, start=1):
         delta = stream.push(token)
         out.append(delta.text)
@@ -42,7 +42,7 @@ def test_ignore_eos_and_extra_stop_token_ids(smollm2_tokenizer: TextTokenizer) -
 
 
 def test_finish_releases_partial_stop_string(smollm2_tokenizer: TextTokenizer) -> None:
-    stream = TextStream(smollm2_tokenizer, SamplingParams(stop=("ENDING",)))
+    stream = TextOutput(smollm2_tokenizer, SamplingParams(stop=("ENDING",)))
     pushed = "".join(stream.push(t).text for t in smollm2_tokenizer.encode("go END"))
     assert pushed == "go "
     assert stream.finish() == "END"

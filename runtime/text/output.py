@@ -1,4 +1,4 @@
-"""`TextStream`: one request's generated token ids -> the text its client receives.
+"""`TextOutput`: one request's generated token ids -> the text its client receives.
 
 Joins the incremental detokeniser with the request's stop rules. The conductor keeps one
 per streaming text request and feeds it every sampled token; it reports when the request
@@ -18,7 +18,7 @@ from runtime.text.tokenizer import TextTokenizer
 
 
 @dataclass(frozen=True)
-class TextDelta:
+class TextOutputDelta:
     """What one token changed for the client."""
 
     text: str                          # new text to send ("" while a character or stop string is pending)
@@ -26,7 +26,7 @@ class TextDelta:
     stop_reason: int | str | None = None   # the stop token id or the matched stop string
 
 
-class TextStream:
+class TextOutput:
     """Per-request text output with stop tokens and stop strings applied."""
 
     def __init__(self, tokenizer: TextTokenizer, params: SamplingParams, prompt_ids: Sequence[int] = (), *,
@@ -38,19 +38,19 @@ class TextStream:
         self._stop_ids = stop_token_ids(params, tokenizer.eos_token_ids) if stop_ids is None else stop_ids
         self.finished = False
 
-    def push(self, token_id: int) -> TextDelta:
+    def push(self, token_id: int) -> TextOutputDelta:
         """Feed one generated token (do not push after `finished`)."""
         if self.finished:
-            raise RuntimeError("TextStream.push after the request finished")
+            raise RuntimeError("TextOutput.push after the request finished")
         if token_id in self._stop_ids:
             self.finished = True
             text, matched = self._stops.push(self._detokenizer.flush())
             if matched:
-                return TextDelta(text, True, self._stops.matched)
-            return TextDelta(text + self._stops.flush(), True, int(token_id))
+                return TextOutputDelta(text, True, self._stops.matched)
+            return TextOutputDelta(text + self._stops.flush(), True, int(token_id))
         text, matched = self._stops.push(self._detokenizer.push(token_id))
         self.finished = matched
-        return TextDelta(text, matched, self._stops.matched if matched else None)
+        return TextOutputDelta(text, matched, self._stops.matched if matched else None)
 
     def finish(self) -> str:
         """The held-back text when the request ends for another reason (max tokens, abort)."""
