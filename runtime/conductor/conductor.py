@@ -22,6 +22,7 @@ from mstar_compiler.plan import Plan
 from runtime.conductor.kv_ledger import KvLedger
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.playback import PlaybackBook
+from runtime.conductor.replies import ReplyCheck, can_retry_alone, retry_alone
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
@@ -64,6 +65,7 @@ class Conductor:
         self.streams = StreamLedger(plan)
         self.playback = PlaybackBook(plan)
         self.worker_stats: dict[int, Heartbeat] = {}   # latest heartbeat numbers per rank
+        self.replies = ReplyCheck()                     # drops replies that answer nothing sent
         self.requests: dict[int, Request] = {}
         self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self.requests.__getitem__,
                                    self.streams)
@@ -98,7 +100,7 @@ class Conductor:
         """Abort what is left, shut the workers down, close sockets."""
         self._stopping = True
         for req in list(self.requests.values()):
-            self.abort(req, "abort")
+            self._fail(req, "the server shut down before the request finished", 503, "shutting_down")
         for rank in self.workers.ready_ranks():
             self._send(rank, Shutdown())
         await asyncio.to_thread(self.workers.stop)
@@ -183,7 +185,7 @@ class Conductor:
                     req.ranks_opened.add(rank)
             if e.kv_from is not None:
                 self._send(e.kv_from, MoveKv(request_id=req.request_id, node=batch.node, dst_rank=batch.rank))
-            self._note_kv(req, batch.node, e.item.tokens)
+            e.kv_added = self._note_kv(req, batch.node, e.item.tokens)
             tensors.update(e.tensors)
         self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group))
         items = [e.item for e in batch.entries]
@@ -191,14 +193,16 @@ class Conductor:
             self._send(rank, RunBatch(batch_id=batch_id, node=batch.node, items=items, follower=rank != batch.rank,
                                       alone=self.config.scheduler.batch_invariant), tensors)
 
-    def _note_kv(self, req: Request, node: str, tokens: list[int]) -> None:
+    def _note_kv(self, req: Request, node: str, tokens: list[int]) -> int:
+        """Count the Run's tokens into the request's KV history; how many were added."""
         if not self.index.nodes[node].has_kv_cache:
-            return
+            return 0
         history = req.kv_history.setdefault(node, [])
         if req.kv_fed.get(node, 0) == 0 and history:
             tokens = tokens[len(history):]     # a recompute re-sends the history first
         history.extend(tokens)
         req.kv_fed[node] = len(history)
+        return len(tokens)
 
     # ---- events --------------------------------------------------------------------
 
@@ -231,6 +235,8 @@ class Conductor:
             return
         status.last_seen = time.monotonic()
         msg = env.msg
+        if isinstance(msg, (BatchDone, BatchFailed)) and not self.replies.accept(rank, msg, self.in_flight):
+            return
         if isinstance(msg, BatchDone):
             self._batch_done(msg, env)
         elif isinstance(msg, BatchFailed):
@@ -276,6 +282,8 @@ class Conductor:
         del self.in_flight[msg.batch_id]
         msg, env = flight.lead
         batch = flight.batch
+        if len(batch.entries) == 1:
+            batch.entries[0].request.isolated = False   # it ran alone and passed: it may share batches again
         self.on_batch(batch.node, len(batch.entries), msg.run_ms)
         token_ports = self.index.token_outputs(batch.node)
         for entry, result in zip(batch.entries, msg.items):
@@ -314,11 +322,22 @@ class Conductor:
             req.emit_tensors(tensors)
 
     def _batch_failed(self, msg: BatchFailed) -> None:
+        """A batch raised. Alone, its request fails; shared, each request retries alone
+        (recomputing its KV context), so only the one whose params or inputs raise fails."""
         flight = self.in_flight.pop(msg.batch_id, None)
         if flight is None:
             return
-        for entry in flight.batch.entries:
-            self._fail(entry.request, f"{flight.batch.node} on rank {msg.rank} failed: {msg.message}")
+        why = f"{flight.batch.node} on rank {msg.rank} failed: {msg.message}"
+        entries = [e for e in flight.batch.entries if not e.request.state.is_final]
+        if len(flight.batch.entries) > 1 and all(can_retry_alone(e) for e in entries):
+            log.warning("a batch of %d on %s failed (%s): its requests retry one by one",
+                        len(entries), flight.batch.node, msg.message)
+            for entry in entries:
+                retry_alone(entry)
+                self._preempt(entry.request)
+            return
+        for entry in entries:
+            self._fail(entry.request, why)
 
     # ---- endings -------------------------------------------------------------------
 
@@ -327,10 +346,10 @@ class Conductor:
         req.finish("length" if reasons == {"max"} else "stop")
         self._release(req)
 
-    def _fail(self, req: Request, message: str) -> None:
+    def _fail(self, req: Request, message: str, status: int = 500, code: str = "worker_failed") -> None:
         if not req.state.is_final:
             log.warning("request %d failed: %s", req.request_id, message)
-            req.fail(message)
+            req.fail(message, status, code)
             self._release(req)
 
     def _release(self, req: Request) -> None:
@@ -346,7 +365,7 @@ class Conductor:
 
     def _preempt(self, req: Request) -> None:
         """Take the request's KV blocks back; it resumes later by recomputing its context."""
-        log.info("preempting request %d (KV cache full)", req.request_id)
+        log.info("preempting request %d (its KV context is recomputed when it resumes)", req.request_id)
         self.ledger.free_request(req.request_id)
         req.preempt()
         for rank in req.ranks_opened & self.workers.ready_ranks():
@@ -357,7 +376,7 @@ class Conductor:
         now = time.monotonic()
         for req in list(self.requests.values()):
             if req.deadline is not None and now > req.deadline:
-                self.abort(req, "timeout")
+                self._fail(req, f"it ran past the server's request timeout ({now - req.arrival:.0f} s)", 504, "timeout")
 
     # ---- workers -------------------------------------------------------------------
 
@@ -392,7 +411,7 @@ class Conductor:
     def stats(self) -> dict[str, float]:
         running = sum(1 for r in self.requests.values() if r.state == RequestState.RUNNING)
         return {"waiting": len(self.waiting), "running": running, "kv_usage": self.ledger.usage(),
-                **self.scheduler.stats()}
+                "dropped_replies": self.replies.dropped, **self.scheduler.stats()}
 
 
 def _scalars(params: dict[str, Any]) -> dict[str, Any]:

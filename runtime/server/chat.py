@@ -17,7 +17,7 @@ from aiohttp import web
 
 from runtime.conductor.request import OutputEvent, Request
 from runtime.sampling import SamplingParams, SamplingParamsError, StopStringMatcher
-from runtime.server.errors import ApiError, error_body
+from runtime.server.errors import ApiError, error_body, event_error
 from runtime.server.multimodal import IMAGE_TASK, image_chat_items
 from runtime.server.params import resolve_params
 from runtime.server.text import IncrementalDecoder
@@ -109,7 +109,7 @@ class ChatStream:
         """(text delta, whether this was the last event)."""
         event: OutputEvent = await self.req.events.get()
         if event.finish_reason == "error":
-            raise ApiError(500, f"request failed: {event.error}", code="worker_failed")
+            raise event_error(event)
         text = self.decoder.push([t for t in event.token_ids if t not in self.req.stop_token_ids])
         if event.finish_reason is not None:
             text += self.decoder.flush()

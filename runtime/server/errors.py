@@ -6,6 +6,7 @@ any bug) into that body, so a bad request never takes the server down.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from aiohttp import web
 
@@ -28,7 +29,14 @@ class ApiError(Exception):
             return "authentication_error"
         if self.status == 404:
             return "not_found_error"
+        if self.status == 429:
+            return "rate_limit_error"
         return "invalid_request_error" if self.status < 500 else "server_error"
+
+
+def event_error(event: Any, what: str = "request") -> ApiError:
+    """The ApiError of a request's error event (`OutputEvent` with finish_reason "error")."""
+    return ApiError(event.status, f"{what} failed: {event.error}", code=event.code)
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:

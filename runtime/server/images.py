@@ -26,7 +26,7 @@ from aiohttp import web
 from runtime.bagel.generation import check_image_size, max_image_side
 from runtime.bagel.image_io import png_bytes
 from runtime.conductor.request import Request
-from runtime.server.errors import ApiError
+from runtime.server.errors import ApiError, event_error
 from runtime.server.multimodal import bagel_lm_dims, data_url_bytes, image_item
 from runtime.server.params import resolve_params
 
@@ -129,7 +129,7 @@ async def _image_of(server: Any, req: Request) -> torch.Tensor:
         event = await req.events.get()
         image = next((t for t in event.tensors.values() if t.dim() == 3), image)
         if event.finish_reason == "error":
-            raise ApiError(500, f"request failed: {event.error}", code="worker_failed")
+            raise event_error(event)
         if event.finish_reason is not None:
             break
     server.observe_finished(req)

@@ -10,7 +10,7 @@ import base64
 
 from aiohttp import web
 
-from runtime.server.errors import ApiError
+from runtime.server.errors import ApiError, event_error
 from runtime.server.params import resolve_params
 
 
@@ -52,7 +52,7 @@ async def run_task(request: web.Request) -> web.Response:
                 tensors[key] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                                 "data": base64.b64encode(t.contiguous().numpy().tobytes()).decode()}
             if event.finish_reason == "error":
-                raise ApiError(500, f"request failed: {event.error}", code="worker_failed")
+                raise event_error(event)
             if event.finish_reason is not None:
                 break
     finally:
