@@ -7,7 +7,6 @@ new requests get 503, running ones finish (up to `drain_timeout_s`), workers shu
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import time
@@ -23,6 +22,7 @@ from runtime.conductor.scheduler import SchedulerConfig
 from runtime.server.chat import ChatRequest
 from runtime.server.errors import ApiError, error_middleware
 from runtime.server.images import images_edits, images_generations
+from runtime.server.limits import check_context, max_context, strict_json
 from runtime.server.metrics import Metrics
 from runtime.server.streaming import install_streaming
 from runtime.server.tasks import run_task
@@ -86,11 +86,7 @@ class MstarServer:
     async def read_json(self, request: web.Request) -> Any:
         if self.draining:
             raise ApiError(503, "the server is shutting down", code="shutting_down")
-        raw = await request.read()
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"the body is not valid JSON ({exc})") from None
+        return strict_json(await request.read())
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         if self.chat_node is None:
@@ -102,11 +98,7 @@ class MstarServer:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def submit_chat(self, chat: ChatRequest) -> Request:
-        pool = next((p for p in self.plan.node(self.chat_node).kv_pools), None)
-        limit = pool.num_pages * pool.page_tokens if pool else 1 << 30
-        if len(chat.prompt_ids) + int(chat.params["max_tokens"]) > limit:
-            raise ApiError(400, f"prompt ({len(chat.prompt_ids)} tokens) + max_tokens exceeds the KV cache "
-                           f"({limit} tokens)", "max_tokens", "context_length_exceeded")
+        check_context(len(chat.prompt_ids), int(chat.params["max_tokens"]), max_context(self.plan, self.chat_node))
         task = chat.task or ("chat" if any(t.name == "chat" for t in self.plan.tasks) else self.plan.default_task)
         stop_ids = frozenset() if chat.params.get("ignore_eos") else self.stop_token_ids()
         items = chat.input_items or [("text", chat.prompt_ids)]

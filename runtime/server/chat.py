@@ -18,6 +18,7 @@ from aiohttp import web
 from runtime.conductor.request import OutputEvent, Request
 from runtime.sampling import SamplingParams, SamplingParamsError, StopStringMatcher
 from runtime.server.errors import ApiError, error_body, event_error
+from runtime.server.limits import check_roles, check_top_k, vocab_size
 from runtime.server.multimodal import IMAGE_TASK, image_chat_items
 from runtime.server.params import resolve_params
 from runtime.server.text import IncrementalDecoder
@@ -50,6 +51,7 @@ def parse_chat(body: Any, server: Any) -> ChatRequest:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role' and 'content'", f"messages[{i}]")
+    check_roles(messages)
     image_items = image_chat_items(messages, server.plan, server.tokenizer)
     if image_items is None:
         messages = [{"role": m["role"], "content": _text_content(m["content"], i)} for i, m in enumerate(messages)]
@@ -59,6 +61,7 @@ def parse_chat(body: Any, server: Any) -> ChatRequest:
     given["max_tokens"] = body.get("max_completion_tokens", body.get("max_tokens"))
     params = resolve_params(server.plan, given)
     sampling = _sampling(body, params)
+    check_top_k(sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
     params.update({k: getattr(sampling, k) for k in SAMPLING_KEYS if getattr(sampling, k) is not None})
     params["ignore_eos"] = sampling.ignore_eos
     stream = body.get("stream", False)

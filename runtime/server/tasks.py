@@ -11,6 +11,7 @@ import base64
 from aiohttp import web
 
 from runtime.server.errors import ApiError, event_error
+from runtime.server.limits import check_context, check_token_ids, max_context, vocab_size
 from runtime.server.params import resolve_params
 
 
@@ -25,6 +26,7 @@ def _inputs(body: dict, server) -> list[tuple[str, list[int]]]:
             out.append(("text", server.tokenizer.encode(item["text"])))
         elif kind == "tokens" and isinstance(item.get("ids"), list) and all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item["ids"]):
+            check_token_ids(item["ids"], vocab_size(server.plan, server.chat_node), f"inputs[{i}].ids")
             out.append(("text", list(item["ids"])))
         else:
             raise ApiError(400, f"inputs[{i}] must be {{'type': 'text', 'text': str}} or "
@@ -42,7 +44,12 @@ async def run_task(request: web.Request) -> web.Response:
     if not isinstance(body, dict) or not isinstance(body.get("params", {}), dict):
         raise ApiError(400, "the body must be an object with an optional 'params' object")
     params = resolve_params(server.plan, body.get("params", {}))
-    req = server.conductor.submit(task, params, _inputs(body, server), frozenset(server.tokenizer.eos_token_ids),
+    inputs = _inputs(body, server)
+    if "max_tokens" in params:
+        num_prompt = sum(len(ids) for _, ids in inputs)
+        limit = max_context(server.plan, server.chat_node, kv_pool=False)
+        check_context(num_prompt, int(params["max_tokens"]), limit)
+    req = server.conductor.submit(task, params, inputs, frozenset(server.tokenizer.eos_token_ids),
                                   server.config.request_timeout_s)
     tensors: dict = {}
     try:
