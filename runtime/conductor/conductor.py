@@ -30,7 +30,7 @@ from runtime.conductor.workers import WorkerSet
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKv, OpenRequest, Peers, Ready, RunBatch, Shutdown,
 )
-from runtime.transport.queues import ConductorQueue, Envelope
+from runtime.transport.queues import ConductorQueue, Envelope, is_worth_logging
 
 log = logging.getLogger(__name__)
 TICK_S = 0.1
@@ -212,8 +212,10 @@ class Conductor:
                 rank, env = await self.queue.recv()
             except zmq.ZMQError:
                 return
-            except Exception:
-                log.exception("dropping a malformed message from a worker")
+            except Exception as exc:
+                self.replies.dropped += 1
+                if is_worth_logging(self.replies.dropped):
+                    log.warning("dropping a malformed message from a worker: %s", exc)
                 continue
             self._events.put_nowait((rank, env))
 
@@ -235,7 +237,7 @@ class Conductor:
             return
         status.last_seen = time.monotonic()
         msg = env.msg
-        if isinstance(msg, (BatchDone, BatchFailed)) and not self.replies.accept(rank, msg, self.in_flight):
+        if not self.replies.accept(rank, msg, self.in_flight):
             return
         if isinstance(msg, BatchDone):
             self._batch_done(msg, env)
@@ -410,8 +412,10 @@ class Conductor:
 
     def stats(self) -> dict[str, float]:
         running = sum(1 for r in self.requests.values() if r.state == RequestState.RUNNING)
+        dropped = {"conductor": self.replies.dropped,
+                   **{f"rank-{r}": beat.dropped_messages for r, beat in self.worker_stats.items()}}
         return {"waiting": len(self.waiting), "running": running, "kv_usage": self.ledger.usage(),
-                "dropped_replies": self.replies.dropped, **self.scheduler.stats()}
+                "dropped": dropped, **self.scheduler.stats()}
 
 
 def _scalars(params: dict[str, Any]) -> dict[str, Any]:

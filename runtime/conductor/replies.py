@@ -13,6 +13,7 @@ from typing import Any
 
 from runtime.conductor.scheduler import Entry
 from runtime.transport.messages import BatchDone, BatchFailed
+from runtime.transport.queues import is_worth_logging
 
 log = logging.getLogger(__name__)
 
@@ -23,19 +24,25 @@ class ReplyCheck:
     def __init__(self) -> None:
         self.dropped = 0    # replies that matched nothing sent (shown in /metrics)
 
-    def accept(self, sender: int, msg: BatchDone | BatchFailed, in_flight: dict[int, Any]) -> bool:
-        problem = self._problem(sender, msg, in_flight)
+    def accept(self, sender: int, msg: Any, in_flight: dict[int, Any]) -> bool:
+        """Whether `msg` from `sender` may be applied (a worker's message about its own rank)."""
+        if isinstance(msg, (BatchDone, BatchFailed)):
+            problem = self._problem(sender, msg, in_flight)
+        else:
+            problem = None if getattr(msg, "rank", sender) == sender else f"it names rank {msg.rank}"
         if problem is None:
             return True
         self.dropped += 1
-        log.warning("dropping %s %d from rank %d: %s", type(msg).__name__, msg.batch_id, sender, problem)
+        if is_worth_logging(self.dropped):
+                log.warning("dropping %s from rank %d: %s (%d dropped)", type(msg).__name__, sender, problem,
+                        self.dropped)
         return False
 
     @staticmethod
     def _problem(sender: int, msg: BatchDone | BatchFailed, in_flight: dict[int, Any]) -> str | None:
         flight = in_flight.get(msg.batch_id)
         if flight is None:
-            return "no such batch is running"
+            return f"batch {msg.batch_id} is not running"
         if msg.rank != sender:
             return f"it names rank {msg.rank}"
         if sender not in flight.batch.group:

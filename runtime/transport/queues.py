@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 import torch
 import zmq
 import zmq.asyncio
@@ -21,6 +22,7 @@ from runtime.transport.frames import frame_to_tensor, tensor_to_frame
 from runtime.transport.messages import Message, decode, encode
 
 Tensors = dict[str, torch.Tensor]
+MAX_MESSAGE_BYTES = 4 << 30    # ZMQ_MAXMSGSIZE of every receiving socket: no frame beyond this is buffered
 
 
 @dataclass
@@ -43,12 +45,25 @@ def _pack(msg: Message, tensors: Tensors | None) -> list:
     return [encode(msg), *frames]
 
 
+class MalformedMessage(ValueError):
+    """Frames that are not a message of the protocol; the receiver counts, logs and drops them."""
+
+
+def is_worth_logging(count: int) -> bool:
+    """Log the 1st..10th dropped message, then every 1000th: a flood must not flood the log too."""
+    return count <= 10 or count % 1000 == 0
+
+
 def _unpack(parts: list) -> Envelope:
-    msg = decode(parts[0].buffer if isinstance(parts[0], zmq.Frame) else parts[0])
-    metas = getattr(msg, "tensors", None) or []
-    if len(metas) != len(parts) - 1:
-        raise ValueError(f"{type(msg).__name__}: {len(metas)} tensor headers but {len(parts) - 1} frames")
-    tensors = {m.name: frame_to_tensor(m, p.buffer) for m, p in zip(metas, parts[1:])}
+    """The message in `parts`; MalformedMessage if it does not decode or its frames do not fit it."""
+    try:
+        msg = decode(parts[0].buffer if isinstance(parts[0], zmq.Frame) else parts[0])
+        metas = getattr(msg, "tensors", None) or []
+        if len(metas) != len(parts) - 1:
+            raise ValueError(f"{type(msg).__name__}: {len(metas)} tensor headers but {len(parts) - 1} frames")
+        tensors = {m.name: frame_to_tensor(m, p.buffer) for m, p in zip(metas, parts[1:])}
+    except (msgspec.DecodeError, ValueError, TypeError, OverflowError) as exc:
+        raise MalformedMessage(f"{exc}") from None
     return Envelope(msg, tensors)
 
 
@@ -57,11 +72,20 @@ def rank_identity(rank: int) -> bytes:
     return f"rank-{rank}".encode()
 
 
+def _rank_of(identity: bytes) -> int:
+    """The rank a DEALER identity names ("rank-3", or a heartbeat's "rank-3-hb")."""
+    try:
+        return int(identity.decode().split("-")[1])
+    except (UnicodeDecodeError, IndexError, ValueError):
+        raise MalformedMessage(f"a peer with identity {identity[:32]!r} is no rank") from None
+
+
 class ConductorQueue:
     """The conductor's end: one ROUTER socket that every worker connects to."""
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str) -> None:
         self._sock = ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)   # a restarted rank takes over its identity
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to an absent rank raises
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -81,7 +105,7 @@ class ConductorQueue:
     async def recv(self) -> tuple[int, Envelope]:
         """The next message from any worker, with the sender's rank."""
         parts = await self._sock.recv_multipart(copy=False)
-        rank = int(bytes(parts[0].buffer).decode().split("-")[1])
+        rank = _rank_of(bytes(parts[0].buffer))
         return rank, _unpack(parts[1:])
 
     def close(self) -> None:
@@ -93,6 +117,7 @@ class WorkerQueue:
 
     def __init__(self, ctx: zmq.Context, endpoint: str, rank: int) -> None:
         self._sock = ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._sock.setsockopt(zmq.IDENTITY, rank_identity(rank))
         self._sock.setsockopt(zmq.LINGER, 1000)
         self._sock.connect(endpoint)
@@ -113,6 +138,7 @@ class EdgeInbox:
 
     def __init__(self, ctx: zmq.Context, host: str) -> None:
         self._sock = ctx.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         port = self._sock.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
         self.socket = self._sock

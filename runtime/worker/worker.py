@@ -32,7 +32,7 @@ from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KvState, MoveKv, NodeInfo,
     OpenRequest, Peers, Ready, RunBatch, Shutdown, StreamItems, WorkItem, encode,
 )
-from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, WorkerQueue
+from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, WorkerQueue, is_worth_logging
 from runtime.worker.loader import load_rank, tensor_parallel_group
 from runtime.worker.streams import WorkerStreams
 
@@ -60,6 +60,7 @@ class Worker:
         self.values: dict[int, dict[str, torch.Tensor]] = {}
         self.kv_incoming: dict[tuple[int, str], Envelope] = {}   # (request, node) -> KvState from another rank
         self.streams = WorkerStreams(self.plan, rank)
+        self.dropped = 0      # malformed or misaddressed messages dropped (each logged)
         self.control.send(Ready(rank=rank, nodes=[
             NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
                      kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size,
@@ -85,7 +86,8 @@ class Worker:
         try:
             return Heartbeat(rank=self.rank, kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items()
                                                               if ex.kv_blocks},
-                             stream_buffers=streams.num_buffers if streams else 0)
+                             stream_buffers=streams.num_buffers if streams else 0,
+                             dropped_messages=getattr(self, "dropped", 0))
         except RuntimeError:   # a table changed size under us: this beat goes without numbers
             return Heartbeat(rank=self.rank)
 
@@ -98,16 +100,34 @@ class Worker:
         while True:
             ready = dict(poller.poll())
             if self.inbox.socket in ready:
-                self._store_edge(self.inbox.recv())
+                self._receive_edge()
             if self.control.socket in ready and not self._handle_queued(self._drain_control()):
                 return
 
+    def _drop(self, what: str) -> None:
+        """Count and log a message that cannot be served; the worker goes on."""
+        self.dropped += 1
+        if is_worth_logging(self.dropped):
+            log.warning("rank %d: dropped %s (%d dropped so far)", self.rank, what, self.dropped)
+
+    def _recv(self, queue: EdgeInbox | WorkerQueue) -> Envelope | None:
+        try:
+            return queue.recv()
+        except MalformedMessage as exc:
+            self._drop(f"a malformed message ({exc})")
+            return None
+
+    def _receive_edge(self) -> None:
+        env = self._recv(self.inbox)
+        if env is not None:
+            self._store_edge(env)
+
     def _drain_control(self) -> list[Envelope]:
-        """The next control message and every one already queued behind it."""
-        envs = [self.control.recv()]
+        """The next control message and every one already queued behind it (malformed ones dropped)."""
+        envs = [self._recv(self.control)]
         while self.control.socket.poll(0):
-            envs.append(self.control.recv())
-        return envs
+            envs.append(self._recv(self.control))
+        return [env for env in envs if env is not None]
 
     def _handle_queued(self, envs: list[Envelope]) -> bool:
         """Handle messages in order, except that consecutive RunBatches wait for each other so
@@ -115,7 +135,11 @@ class Worker:
         only sends a batch whose inputs are ready). An OpenRequest only registers params."""
         runs: list[Envelope] = []
         for env in envs:
-            if isinstance(env.msg, RunBatch):
+            if isinstance(env.msg, RunBatch) and env.msg.node not in self.executors:
+                self._drop(f"a RunBatch of node {env.msg.node!r}, which rank {self.rank} does not run")
+                self.control.send(BatchFailed(batch_id=env.msg.batch_id, rank=self.rank,
+                                              message=f"node {env.msg.node!r} is not on rank {self.rank}"))
+            elif isinstance(env.msg, RunBatch):
                 runs.append(env)
             elif isinstance(env.msg, OpenRequest):
                 self._handle(env)
@@ -149,6 +173,8 @@ class Worker:
             self._move_kv(msg)
         elif isinstance(msg, Shutdown):
             return False
+        else:
+            self._drop(f"a {type(msg).__name__} on the control channel")
         return True
 
     def _close(self, msg: CloseRequest) -> None:
@@ -163,6 +189,9 @@ class Worker:
 
     def _move_kv(self, msg: MoveKv) -> None:
         """Send the request's KV cache of the node to the rank that runs the node next."""
+        if msg.node not in self.executors:
+            self._drop(f"a MoveKv of node {msg.node!r}, which rank {self.rank} does not run")
+            return
         exported = self.executors[msg.node].export_kv(msg.request_id)
         if exported is None:
             log.warning("rank %d: no KV of request %d on %s to move", self.rank, msg.request_id, msg.node)
@@ -181,9 +210,13 @@ class Worker:
             self.executors[node].import_kv(env.msg, env.tensors)
 
     def _store_edge(self, env: Envelope) -> None:
-        """Keep a pushed value under its versioned key ("<node>.<port>#<n>"), dropping older versions."""
+        """Keep a pushed value under its versioned key ("<node>.<port>#<n>"), dropping older versions;
+        a push that names nothing this rank consumes is dropped."""
         msg = env.msg
-        if isinstance(msg, EdgeTensors):
+        problem = self._edge_problem(msg, env.tensors)
+        if problem:
+            self._drop(f"a {type(msg).__name__} from another rank: {problem}")
+        elif isinstance(msg, EdgeTensors):
             store = self.values.setdefault(msg.request_id, {})
             for key, tensor in env.tensors.items():
                 base = key.split("#", 1)[0] + "#"
@@ -194,6 +227,17 @@ class Worker:
             self.streams.receive(msg.request_id, msg.stream, msg.index, env.tensors)
         elif isinstance(msg, KvState):
             self.kv_incoming[(msg.request_id, msg.node)] = env
+
+    def _edge_problem(self, msg: object, tensors: dict[str, torch.Tensor]) -> str:
+        """Why a worker-to-worker message cannot be stored here ("" when it can)."""
+        if isinstance(msg, EdgeTensors):
+            bad = [k for k in tensors if "#" not in k or "." not in k.split("#", 1)[0]]
+            return f"value keys {bad} are not '<node>.<port>#<n>'" if bad else ""
+        if isinstance(msg, StreamItems):
+            return "" if msg.stream in self.streams.consumed else f"rank {self.rank} consumes no stream {msg.stream!r}"
+        if isinstance(msg, KvState):
+            return "" if msg.node in self.executors else f"rank {self.rank} does not run node {msg.node!r}"
+        return "it is no worker-to-worker message"
 
     # ---- batches -------------------------------------------------------------------
 
@@ -250,7 +294,7 @@ class Worker:
     def _pump(self) -> None:
         """Wait up to 100 ms for one message from another rank and store it."""
         if self.inbox.socket.poll(100):
-            self._store_edge(self.inbox.recv())
+            self._receive_edge()
 
     def _route_and_store(self, node: str, items: list[WorkItem], results: list[ExecResult],
                          follower: bool = False) -> dict[str, torch.Tensor]:

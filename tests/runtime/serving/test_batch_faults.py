@@ -124,6 +124,7 @@ def test_forged_and_stale_replies_are_dropped_and_counted() -> None:
             if req.state.is_final:
                 break
             workers.release()
+            conductor._wake()     # a step waits for one event: never for a batch still held
             loop.run_until_complete(conductor.step())
         assert req.state == RequestState.FINISHED and req.output_ids == [2, 3, 4]
     finally:
