@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -30,6 +31,7 @@ from runtime.conductor.workers import WorkerSet
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKv, OpenRequest, Peers, Ready, RunBatch, Shutdown,
 )
+from runtime.transport.keys import cluster_keys, start_guard
 from runtime.transport.queues import ConductorQueue, Envelope, is_worth_logging
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class ConductorConfig:
     plan_path: str
     endpoint: str = "tcp://127.0.0.1:0"       # where workers connect (port 0: pick a free one)
     remote_ranks: frozenset[int] = frozenset()  # ranks whose workers are started by hand elsewhere
+    keys_dir: str | None = None               # `mstar-run keygen` output (needed for remote ranks); None: per start
     weights_dir: str | None = None
     log_level: str = "info"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -83,9 +86,12 @@ class Conductor:
     async def start(self, ready_timeout: float = 300.0) -> None:
         """Bind the control socket, start local workers, wait until every rank is ready."""
         self.ctx = zmq.asyncio.Context()
-        self.queue = ConductorQueue(self.ctx, self.config.endpoint)
+        keys, key_files = cluster_keys(self.config.keys_dir, len(self.plan.ranks))
+        self.guard = start_guard(self.ctx, keys)
+        self.queue = ConductorQueue(self.ctx, self.config.endpoint, keys)
         self.workers = WorkerSet(self.config.plan_path, self.queue.endpoint, len(self.plan.ranks),
-                                 set(self.config.remote_ranks), self.config.weights_dir, self.config.log_level)
+                                 set(self.config.remote_ranks), self.config.weights_dir, self.config.log_level,
+                                 key_files)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]
         self.workers.start_local()
@@ -107,7 +113,12 @@ class Conductor:
         for task in self._tasks:
             task.cancel()
         self.queue.close()
+        self.guard.stop()
         self.ctx.term()
+        if self.config.keys_dir is None:     # this start's own keys go with it
+            for path in self.workers.key_files.values():
+                os.remove(path)
+            os.rmdir(os.path.dirname(next(iter(self.workers.key_files.values()))))
 
     @property
     def endpoint(self) -> str:

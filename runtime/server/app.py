@@ -44,6 +44,7 @@ class ServerConfig:
     log_level: str = "info"
     worker_endpoint: str = "tcp://127.0.0.1:0"   # where workers connect
     remote_ranks: frozenset[int] = frozenset()
+    keys_dir: str | None = None          # CURVE keys from `mstar-run keygen`; None: fresh ones per start
     request_timeout_s: float = 600.0
     batch_invariant: bool = False        # every forward holds one request's Run (see `mstar-run --help`)
     drain_timeout_s: float = 30.0
@@ -59,6 +60,7 @@ class MstarServer:
         self.metrics = Metrics()
         self.conductor = Conductor(self.plan, ConductorConfig(
             plan_path=config.plan_path, endpoint=config.worker_endpoint, remote_ranks=config.remote_ranks,
+            keys_dir=config.keys_dir,
             weights_dir=config.weights_dir, log_level=config.log_level,
             scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant)),
             on_batch=self.metrics.observe_batch)
@@ -141,7 +143,9 @@ class MstarServer:
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics_route(self, request: web.Request) -> web.Response:
-        stats = {**self.conductor.stats(), "restarts": sum(s.restarts for s in self.conductor.workers.ranks.values())}
+        stats = {**self.conductor.stats(), "restarts": sum(s.restarts for s in self.conductor.workers.ranks.values()),
+                 "refused_peers": self.conductor.guard.admission.refused
+                 + sum(b.refused_peers for b in self.conductor.worker_stats.values())}
         return web.Response(body=self.metrics.render(stats), content_type="text/plain")
 
     # ---- application -----------------------------------------------------------------

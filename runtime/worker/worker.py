@@ -32,6 +32,7 @@ from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KvState, MoveKv, NodeInfo,
     OpenRequest, Peers, Ready, RunBatch, Shutdown, StreamItems, WorkItem, encode,
 )
+from runtime.transport.keys import ClusterKeys, start_guard
 from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, WorkerQueue, is_worth_logging
 from runtime.worker.loader import load_rank, tensor_parallel_group
 from runtime.worker.streams import WorkerStreams
@@ -44,13 +45,16 @@ EDGE_WAIT_S = 30.0     # how long a batch waits for a cross-rank input before fa
 class Worker:
     """One rank: executors per node, per-request value store, sockets."""
 
-    def __init__(self, plan_path: str, rank: int, conductor: str, weights_dir: str | None, host: str) -> None:
+    def __init__(self, plan_path: str, rank: int, conductor: str, weights_dir: str | None, host: str,
+                 keys: ClusterKeys | None = None) -> None:
         self.plan = load_plan(plan_path)
         self.rank = rank
+        self.keys = keys
         self.ctx = zmq.Context()
-        self.control = WorkerQueue(self.ctx, conductor, rank)
-        self.inbox = EdgeInbox(self.ctx, host)
-        self.outbox = EdgeOutbox(self.ctx)
+        self.guard = start_guard(self.ctx, keys) if keys is not None else None   # ZAP for the inbox
+        self.control = WorkerQueue(self.ctx, conductor, rank, keys)
+        self.inbox = EdgeInbox(self.ctx, host, keys)
+        self.outbox = EdgeOutbox(self.ctx, keys)
         self.control.send(Hello(rank=rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint))
         self._start_heartbeat(conductor)
         tp = tensor_parallel_group(self.plan, rank, tp_init_method(conductor))
@@ -69,12 +73,10 @@ class Worker:
 
     def _start_heartbeat(self, conductor: str) -> None:
         def beat() -> None:
-            sock = self.ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.IDENTITY, f"rank-{self.rank}-hb".encode())
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(conductor)
+            queue = WorkerQueue(self.ctx, conductor, self.rank, self.keys, identity=f"rank-{self.rank}-hb".encode())
+            queue.socket.setsockopt(zmq.LINGER, 0)
             while True:
-                sock.send(encode(self._heartbeat()))
+                queue.socket.send(encode(self._heartbeat()))
                 time.sleep(HEARTBEAT_S)
 
         threading.Thread(target=beat, daemon=True, name="heartbeat").start()
@@ -87,7 +89,8 @@ class Worker:
             return Heartbeat(rank=self.rank, kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items()
                                                               if ex.kv_blocks},
                              stream_buffers=streams.num_buffers if streams else 0,
-                             dropped_messages=getattr(self, "dropped", 0))
+                             dropped_messages=getattr(self, "dropped", 0),
+                             refused_peers=self.guard.admission.refused if getattr(self, "guard", None) else 0)
         except RuntimeError:   # a table changed size under us: this beat goes without numbers
             return Heartbeat(rank=self.rank)
 
@@ -317,6 +320,8 @@ class Worker:
         self.control.close()
         self.inbox.close()
         self.outbox.close()
+        if self.guard is not None:
+            self.guard.stop()
 
 
 def tp_init_method(conductor: str) -> str:
@@ -328,9 +333,14 @@ def tp_init_method(conductor: str) -> str:
 
 
 def run_worker(plan_path: str, rank: int, conductor: str, weights_dir: str | None = None,
-               host: str = "127.0.0.1") -> None:
-    """Entry point of `mstar-run worker`: serve `rank` of the plan until told to shut down."""
-    worker = Worker(plan_path, rank, conductor, weights_dir, host)
+               host: str = "127.0.0.1", key_file: str | None = None) -> None:
+    """Entry point of `mstar-run worker`: serve `rank` of the plan until told to shut down.
+    `key_file` holds the rank's CURVE keys (`mstar-run keygen`); without it the worker speaks
+    plain ZeroMQ, which a server (always CURVE) refuses."""
+    keys = ClusterKeys.load(key_file) if key_file else None
+    if keys is not None:
+        keys.check_rank(rank)
+    worker = Worker(plan_path, rank, conductor, weights_dir, host, keys)
     log.info("rank %d ready (pid %d)", rank, os.getpid())
     try:
         worker.serve()

@@ -1,5 +1,7 @@
-"""Garbage into a live worker's inbox and the conductor's endpoint (real sockets, real server):
-everything is counted and dropped, the worker keeps serving, the next answer is the same."""
+"""Garbage into a live worker's inbox (real sockets, real server), sent by a peer that holds a
+rank's CURVE key (a buggy or compromised rank: a peer without a key does not get in at all,
+tests/runtime/serving/test_curve.py): everything is counted and dropped, the worker keeps
+serving, the next answer is the same."""
 from __future__ import annotations
 
 import random
@@ -11,7 +13,8 @@ import pytest
 import zmq
 
 from runtime.transport.frames import TensorMeta
-from runtime.transport.messages import BatchDone, EdgeTensors, ItemResult, KvState, RunBatch, StreamItems, encode
+from runtime.transport.keys import ClusterKeys, make_client, write_cluster_keys
+from runtime.transport.messages import EdgeTensors, KvState, StreamItems, encode
 from tests.runtime.serving.conftest import Server, compile_plan, http
 
 MODEL = "smollm2-135m-instruct"
@@ -19,8 +22,15 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max
 
 
 @pytest.fixture(scope="module")
-def server(plan_dir):
-    srv = Server(compile_plan(plan_dir, "smollm2", preset="tiny"), env={"OMP_NUM_THREADS": "1"})
+def keys_dir(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("keys") / "cluster"
+    write_cluster_keys(out, 1)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def server(plan_dir, keys_dir):
+    srv = Server(compile_plan(plan_dir, "smollm2", preset="tiny"), "--keys", keys_dir, env={"OMP_NUM_THREADS": "1"})
     try:
         srv.wait_ready(60)
         yield srv
@@ -48,13 +58,14 @@ def forged_frames(rng: random.Random) -> list[bytes]:
     return [msgspec.msgpack.encode({"type": "run", "batch_id": "x"}), rng.randbytes(8)]
 
 
-def test_ten_thousand_garbage_frames_leave_the_worker_serving(server) -> None:
+def test_ten_thousand_garbage_frames_leave_the_worker_serving(server, keys_dir) -> None:
     _, before = http("POST", f"{server.url}/v1/chat/completions", CHAT)
     pid = http("GET", f"{server.url}/health")[1]["worker_pids"]["0"]
     (inbox_port,) = listening_ports(pid)
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 5000)
+    make_client(push, ClusterKeys.load(f"{keys_dir}/rank-0.json"))
     push.connect(f"tcp://127.0.0.1:{inbox_port}")
     rng = random.Random(14)
     for _ in range(10_000):
