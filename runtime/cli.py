@@ -19,7 +19,10 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", help="plan.bin from `mstarc compile`")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
+    p.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` on /v1/* and /metrics; /health then shows worker "
+                        "pids and ranks only with the key")
+    p.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
     p.add_argument("--max-concurrency", type=int, default=256, help="requests admitted at once; more wait")
     p.add_argument("--weights", default=None, help="checkpoint dir: DIR/<node> per weight group, or DIR for one")
     p.add_argument("--worker-endpoint", default="tcp://127.0.0.1:0",
@@ -91,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                   "each remote host its rank-<k>.json", file=sys.stderr)
             return 2
         serve(ServerConfig(plan_path=args.plan, host=args.host, port=args.port, api_key=args.api_key,
+                           metrics_public=args.metrics_public,
                            max_concurrency=args.max_concurrency, weights_dir=args.weights,
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
                            remote_ranks=remote, request_timeout_s=args.request_timeout,

@@ -7,6 +7,7 @@ new requests get 503, running ones finish (up to `drain_timeout_s`), workers shu
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import signal
 import time
@@ -37,7 +38,8 @@ class ServerConfig:
     plan_path: str
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None
+    api_key: str | None = None           # guards /v1/* and /metrics; /health shows internals only with it
+    metrics_public: bool = False         # /metrics without the key (a scraper on a trusted network)
     max_concurrency: int = 256           # requests admitted at once; more wait in the queue
     max_body_bytes: int = 16 << 20
     weights_dir: str | None = None
@@ -124,12 +126,22 @@ class MstarServer:
     # ---- simple routes ---------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
+        """ok / degraded for anyone; ranks and worker pids only for a caller with the API key
+        (every caller when the server has none)."""
         ready = self.conductor.workers.ready_ranks()
         ok = len(ready) == len(self.plan.ranks) and not self.draining
-        pids = {str(r): s.pid for r, s in self.conductor.workers.ranks.items()}
-        return web.json_response({"status": "ok" if ok else "degraded", "ready_ranks": sorted(ready),
-                                  "worker_pids": pids},
-                                 status=200 if ok else 503)
+        body: dict[str, Any] = {"status": "ok" if ok else "degraded"}
+        if self.is_authorised(request):
+            body.update(ready_ranks=sorted(ready),
+                        worker_pids={str(r): s.pid for r, s in self.conductor.workers.ranks.items()})
+        return web.json_response(body, status=200 if ok else 503)
+
+    def is_authorised(self, request: web.Request) -> bool:
+        """The request carries the API key (constant-time comparison), or the server has none."""
+        if self.config.api_key is None:
+            return True
+        given = request.headers.get("Authorization", "").encode()
+        return hmac.compare_digest(given, f"Bearer {self.config.api_key}".encode())
 
     async def models(self, request: web.Request) -> web.Response:
         nodes = {n.name: describe_source(n, weight_source(self.plan, n, self.config.weights_dir))
@@ -165,7 +177,8 @@ class MstarServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler) -> web.StreamResponse:
-        if request.path.startswith("/v1/") and request.headers.get("Authorization") != f"Bearer {self.config.api_key}":
+        guarded = request.path.startswith("/v1/") or request.path == "/metrics" and not self.config.metrics_public
+        if guarded and not self.is_authorised(request):
             raise ApiError(401, "invalid or missing API key (Authorization: Bearer <key>)", code="invalid_api_key")
         return await handler(request)
 
