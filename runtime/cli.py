@@ -24,6 +24,8 @@ def _serve_parser() -> argparse.ArgumentParser:
                         "pids and ranks only with the key")
     p.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
     p.add_argument("--max-concurrency", type=int, default=256, help="requests admitted at once; more wait")
+    p.add_argument("--max-queue", type=int, default=1024,
+                   help="requests waiting for admission at once; more are answered 429 with Retry-After")
     p.add_argument("--weights", default=None, help="checkpoint dir: DIR/<node> per weight group, or DIR for one")
     p.add_argument("--worker-endpoint", default="tcp://127.0.0.1:0",
                    help="where workers connect (a fixed port lets `mstar-run worker` join from elsewhere)")
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                   "each remote host its rank-<k>.json", file=sys.stderr)
             return 2
         serve(ServerConfig(plan_path=args.plan, host=args.host, port=args.port, api_key=args.api_key,
-                           metrics_public=args.metrics_public,
+                           metrics_public=args.metrics_public, max_queue=args.max_queue,
                            max_concurrency=args.max_concurrency, weights_dir=args.weights,
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
                            remote_ranks=remote, request_timeout_s=args.request_timeout,

@@ -47,6 +47,11 @@ class ConductorConfig:
     weights_dir: str | None = None
     log_level: str = "info"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    max_queue: int = 1024                     # requests waiting for admission; more are refused (QueueFull)
+
+
+class QueueFull(RuntimeError):
+    """The admission queue is full: the server answers 429 with Retry-After."""
 
 
 @dataclass
@@ -129,7 +134,10 @@ class Conductor:
     def submit(self, task: str, params: dict[str, Any], input_items: list[tuple[str, Any]],
                stop_token_ids: frozenset[int] = frozenset(), timeout_s: float | None = None,
                port_inputs: dict[str, Any] | None = None) -> Request:
-        """Queue a request; its output arrives on `request.events`."""
+        """Queue a request; its output arrives on `request.events`. QueueFull when `max_queue`
+        requests already wait for admission (nothing of the request is kept then)."""
+        if len(self.waiting) >= self.config.max_queue:
+            raise QueueFull(f"{len(self.waiting)} requests are waiting for admission (--max-queue)")
         rid = next(self._ids)
         tracks = [self.streams.cursor(i, t, rid) for i, t in enumerate(self.plan.task(task).tracks)]
         req = Request(rid, task, params, input_items, tracks, stop_token_ids, port_inputs=port_inputs or {})

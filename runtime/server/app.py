@@ -41,6 +41,7 @@ class ServerConfig:
     api_key: str | None = None           # guards /v1/* and /metrics; /health shows internals only with it
     metrics_public: bool = False         # /metrics without the key (a scraper on a trusted network)
     max_concurrency: int = 256           # requests admitted at once; more wait in the queue
+    max_queue: int = 1024                # requests waiting at once; more get 429 with Retry-After
     max_body_bytes: int = 16 << 20
     weights_dir: str | None = None
     log_level: str = "info"
@@ -62,7 +63,7 @@ class MstarServer:
         self.metrics = Metrics()
         self.conductor = Conductor(self.plan, ConductorConfig(
             plan_path=config.plan_path, endpoint=config.worker_endpoint, remote_ranks=config.remote_ranks,
-            keys_dir=config.keys_dir,
+            keys_dir=config.keys_dir, max_queue=config.max_queue,
             weights_dir=config.weights_dir, log_level=config.log_level,
             scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant)),
             on_batch=self.metrics.observe_batch)
