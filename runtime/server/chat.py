@@ -7,6 +7,7 @@ its KV blocks at once.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -19,7 +20,7 @@ from runtime.conductor.request import OutputEvent, Request
 from runtime.sampling import SamplingParams, SamplingParamsError, StopStringMatcher
 from runtime.server.errors import ApiError, error_body, event_error
 from runtime.server.limits import check_roles, check_top_k, vocab_size
-from runtime.server.multimodal import IMAGE_TASK, image_chat_items
+from runtime.server.multimodal import IMAGE_TASK, has_image_parts, image_chat_items
 from runtime.server.params import resolve_params
 from runtime.server.text import IncrementalDecoder
 
@@ -130,7 +131,11 @@ class ChatStream:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     server = request.app["mstar"]
-    chat = parse_chat(await server.read_json(request), server)
+    body = await server.read_json(request)
+    if has_image_parts(body):     # decoding images is CPU work: off the loop that runs the conductor
+        chat = await asyncio.to_thread(parse_chat, body, server)
+    else:
+        chat = parse_chat(body, server)
     req = server.submit_chat(chat)
     stream = ChatStream(server, req, chat.stop)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

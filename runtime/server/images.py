@@ -191,5 +191,5 @@ async def images_edits(request: web.Request) -> web.Response:
         raise ApiError(400, "'image' is required: one or more image files", "image")
     if len(blobs) > MAX_IMAGES:
         raise ApiError(400, f"at most {MAX_IMAGES} images per edit", "image")
-    images = [image_item(server.plan, blob, "image") for blob in blobs]
+    images = await asyncio.to_thread(lambda: [image_item(server.plan, blob, "image") for blob in blobs])
     return await run_job(server, parse_job(server, fields, images, "i2i"))
