@@ -41,8 +41,11 @@ class Soak:
 
     def get(self, path: str) -> dict:
         req = urllib.request.Request(self.args.url + path, headers=self.headers)
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:     # /health is 503 while a rank restarts
+            return json.loads(err.read())
 
     def post(self, path: str, body: object, cut: bool) -> str:
         data = body if isinstance(body, bytes) else json.dumps(body, allow_nan=True).encode()

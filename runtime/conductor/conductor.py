@@ -180,16 +180,20 @@ class Conductor:
     async def step(self) -> None:
         """Schedule, dispatch, apply results (waits for at least one event)."""
         self._check_workers()
+        self._prune_waiting()      # a request aborted while it waited (its client left) is no candidate
         running = self.playback.order([r for r in self.requests.values() if r.state == RequestState.RUNNING])
         busy = {(b.batch.rank, b.batch.node) for b in self.in_flight.values()}
         for batch in self.scheduler.schedule(running, self.waiting, busy, self.workers.ready_ranks()):
             self._dispatch(batch)
         for req, message in self.scheduler.rejected:
             self._fail(req, message)
-        self.waiting = [r for r in self.waiting if r.state in (RequestState.WAITING, RequestState.PREEMPTED)]
+        self._prune_waiting()
         await self._apply(await self._events.get())
         while not self._events.empty():
             await self._apply(self._events.get_nowait())
+
+    def _prune_waiting(self) -> None:
+        self.waiting = [r for r in self.waiting if r.state in (RequestState.WAITING, RequestState.PREEMPTED)]
 
     def _dispatch(self, batch: PlannedBatch) -> None:
         """Send the batch to its rank (every rank of a TP group, the lead's results count);

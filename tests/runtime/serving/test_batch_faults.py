@@ -13,6 +13,7 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import RequestState
+from runtime.conductor.scheduler import SchedulerConfig
 from runtime.transport.messages import BatchDone, BatchFailed, CloseRequest, ItemResult, OpenRequest, RunBatch
 from runtime.transport.queues import Envelope
 from runtime.worker.null import NullWorkers
@@ -127,5 +128,27 @@ def test_forged_and_stale_replies_are_dropped_and_counted() -> None:
             conductor._wake()     # a step waits for one event: never for a batch still held
             loop.run_until_complete(conductor.step())
         assert req.state == RequestState.FINISHED and req.output_ids == [2, 3, 4]
+    finally:
+        loop.close()
+
+
+def test_a_request_aborted_while_it_waits_is_never_admitted() -> None:
+    """Its client left between two steps (found by tools/soak.py: every later step then raised
+    IllegalTransition ABORTED -> RUNNING and the whole server stalled)."""
+    plan = compile_file(str(ROOT / "graphs/smollm2.yaml"), Options(preset="tiny")).plan
+    loop = asyncio.new_event_loop()
+    try:
+        conductor = Conductor(plan, ConductorConfig(plan_path="null", scheduler=SchedulerConfig(max_running=1)))
+        workers = HeldWorkers(conductor)
+        first = conductor.submit("chat", {"max_tokens": 2}, [("text", [1, 2])])
+        loop.run_until_complete(conductor.step())          # `first` admitted, its prefill held
+        waiting = conductor.submit("chat", {"max_tokens": 2}, [("text", [3])])
+        conductor.abort(waiting)
+        for _ in range(10):
+            workers.release()
+            conductor._wake()
+            loop.run_until_complete(conductor.step())
+        assert first.state == RequestState.FINISHED and waiting.state == RequestState.ABORTED
+        assert not conductor.waiting and not conductor.requests
     finally:
         loop.close()
