@@ -3,7 +3,8 @@
     mstar-run plan.bin [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-concurrency N] [--prefill-chunk 256]
                        [--weights DIR] [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2]
                        [--batch-invariant] [--no-prefix-cache]
-    mstar-run worker --conductor tcp://HOST:PORT --rank R plan.bin [--weights DIR] [--host 127.0.0.1]
+    mstar-run worker --conductor tcp://HOST:PORT --rank R --key rank-R.json plan.bin [--weights DIR] [--host H]
+    mstar-run keygen --ranks N --out DIR      CURVE keys for a cluster with remote ranks (server `--keys DIR`)
 """
 from __future__ import annotations
 
@@ -19,12 +20,20 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", help="plan.bin from `mstarc compile`")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
+    p.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` on /v1/* and /metrics; /health then shows worker "
+                        "pids and ranks only with the key")
+    p.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
     p.add_argument("--max-concurrency", type=int, default=256, help="requests admitted at once; more wait")
+    p.add_argument("--max-queue", type=int, default=1024,
+                   help="requests waiting for admission at once; more are answered 429 with Retry-After")
     p.add_argument("--weights", default=None, help="checkpoint dir: DIR/<node> per weight group, or DIR for one")
     p.add_argument("--worker-endpoint", default="tcp://127.0.0.1:0",
                    help="where workers connect (a fixed port lets `mstar-run worker` join from elsewhere)")
     p.add_argument("--remote-ranks", default="", help="comma-separated ranks started by hand with `mstar-run worker`")
+    p.add_argument("--keys", default=None,
+                   help="directory from `mstar-run keygen` (required with --remote-ranks); default: fresh CURVE "
+                        "keys for this start, handed to local workers in 0600 files")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request is aborted")
     p.add_argument("--batch-invariant", action="store_true",
                    help="run every node for one request at a time and never merge batches: no output then "
@@ -46,6 +55,7 @@ def _worker_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", help="the same plan.bin the server serves")
     p.add_argument("--conductor", required=True, help="the server's worker endpoint, tcp://HOST:PORT")
     p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--key", default=None, help="this rank's key file (rank-R.json from `mstar-run keygen`)")
     p.add_argument("--weights", default=None)
     p.add_argument("--host", default="127.0.0.1", help="address other ranks reach this worker at")
     p.add_argument("--threads", type=int, default=None,
@@ -55,6 +65,17 @@ def _worker_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _keygen(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mstar-run keygen", description="Write CURVE keys for a serving cluster.")
+    p.add_argument("--ranks", type=int, required=True, help="number of ranks of the plan")
+    p.add_argument("--out", required=True, help="directory to write server.json and rank-<k>.json into (0700)")
+    args = p.parse_args(argv)
+    from runtime.transport.keys import write_cluster_keys
+    for path in write_cluster_keys(args.out, args.ranks):
+        print(path)
+    return 0
+
+
 def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -62,6 +83,8 @@ def _logging(level: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv and argv[0] == "keygen":
+            return _keygen(argv[1:])
         if argv and argv[0] == "worker":
             args = _worker_parser().parse_args(argv[1:])
             _logging(args.log_level)
@@ -69,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.threads:
                 import torch
                 torch.set_num_threads(args.threads)
-            run_worker(args.plan, args.rank, args.conductor, args.weights, args.host)
+            run_worker(args.plan, args.rank, args.conductor, args.weights, args.host, args.key)
             return 0
         parser = _serve_parser()
         args = parser.parse_args(argv)
@@ -79,12 +102,17 @@ def main(argv: list[str] | None = None) -> int:
         _logging(args.log_level)
         from runtime.server.app import ServerConfig, serve
         remote = frozenset(int(r) for r in args.remote_ranks.split(",") if r.strip())
+        if remote and not args.keys:
+            print("mstar-run: --remote-ranks needs --keys DIR: run `mstar-run keygen --ranks N --out DIR` and hand "
+                  "each remote host its rank-<k>.json", file=sys.stderr)
+            return 2
         serve(ServerConfig(plan_path=args.plan, host=args.host, port=args.port, api_key=args.api_key,
+                           metrics_public=args.metrics_public, max_queue=args.max_queue,
                            max_concurrency=args.max_concurrency, weights_dir=args.weights,
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
                            remote_ranks=remote, request_timeout_s=args.request_timeout,
                            batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
-                           prefill_chunk_tokens=args.prefill_chunk))
+                           prefill_chunk_tokens=args.prefill_chunk, keys_dir=args.keys))
         return 0
     except PlanFormatError as exc:
         print(f"mstar-run: {exc}", file=sys.stderr)

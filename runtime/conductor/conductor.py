@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -24,6 +25,7 @@ from runtime.conductor.kv_ledger import KVLedger
 from runtime.conductor.live_state import LiveState
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.playback import PlaybackBook
+from runtime.conductor.replies import ReplyCheck, can_retry_alone, retry_alone
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.running import RunningSet
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
@@ -32,7 +34,8 @@ from runtime.conductor.workers import WorkerSet
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKV, OpenRequest, Peers, Ready, RunBatch, Shutdown,
 )
-from runtime.transport.queues import ConductorQueue, Envelope
+from runtime.transport.keys import cluster_keys, start_guard
+from runtime.transport.queues import ConductorQueue, Envelope, is_worth_logging
 
 log = logging.getLogger(__name__)
 TICK_S = 0.1
@@ -43,10 +46,16 @@ class ConductorConfig:
     plan_path: str
     endpoint: str = "tcp://127.0.0.1:0"       # where workers connect (port 0: pick a free one)
     remote_ranks: frozenset[int] = frozenset()  # ranks whose workers are started by hand elsewhere
+    keys_dir: str | None = None               # `mstar-run keygen` output (needed for remote ranks); None: per start
     weights_dir: str | None = None
     log_level: str = "info"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prefix_cache: bool = True                 # reuse cached KV blocks of equal prompt prefixes across requests
+    max_queue: int = 1024                     # requests waiting for admission; more are refused (QueueFull)
+
+
+class QueueFull(RuntimeError):
+    """The admission queue is full: the server answers 429 with Retry-After."""
 
 
 @dataclass
@@ -69,6 +78,7 @@ class Conductor:
         self.playback = PlaybackBook(plan)
         self.live = LiveState()                        # batch counters for /v1/state
         self.worker_stats: dict[int, Heartbeat] = {}   # latest heartbeat numbers per rank
+        self.replies = ReplyCheck()                     # drops replies that answer nothing sent
         self.requests: dict[int, Request] = {}
         self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self.requests.__getitem__,
                                    self.streams)
@@ -87,9 +97,12 @@ class Conductor:
     async def start(self, ready_timeout: float = 300.0) -> None:
         """Bind the control socket, start local workers, wait until every rank is ready."""
         self.ctx = zmq.asyncio.Context()
-        self.queue = ConductorQueue(self.ctx, self.config.endpoint)
+        keys, key_files = cluster_keys(self.config.keys_dir, len(self.plan.ranks))
+        self.guard = start_guard(self.ctx, keys)
+        self.queue = ConductorQueue(self.ctx, self.config.endpoint, keys)
         self.workers = WorkerSet(self.config.plan_path, self.queue.endpoint, len(self.plan.ranks),
-                                 set(self.config.remote_ranks), self.config.weights_dir, self.config.log_level)
+                                 set(self.config.remote_ranks), self.config.weights_dir, self.config.log_level,
+                                 key_files)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]
         self.workers.start_local()
@@ -104,14 +117,19 @@ class Conductor:
         """Abort what is left, shut the workers down, close sockets."""
         self._stopping = True
         for req in list(self.requests.values()):
-            self.abort(req, "abort")
+            self._fail(req, "the server shut down before the request finished", 503, "shutting_down")
         for rank in self.workers.ready_ranks():
             self._send(rank, Shutdown())
         await asyncio.to_thread(self.workers.stop)
         for task in self._tasks:
             task.cancel()
         self.queue.close()
+        self.guard.stop()
         self.ctx.term()
+        if self.config.keys_dir is None:     # this start's own keys go with it
+            for path in self.workers.key_files.values():
+                os.remove(path)
+            os.rmdir(os.path.dirname(next(iter(self.workers.key_files.values()))))
 
     @property
     def endpoint(self) -> str:
@@ -122,7 +140,10 @@ class Conductor:
     def submit(self, task: str, params: dict[str, Any], input_items: list[tuple[str, Any]],
                stop_token_ids: frozenset[int] = frozenset(), timeout_s: float | None = None,
                port_inputs: dict[str, Any] | None = None) -> Request:
-        """Queue a request; its output arrives on `request.events`."""
+        """Queue a request; its output arrives on `request.events`. QueueFull when `max_queue`
+        requests already wait for admission (nothing of the request is kept then)."""
+        if len(self.waiting) >= self.config.max_queue:
+            raise QueueFull(f"{len(self.waiting)} requests are waiting for admission (--max-queue)")
         rid = next(self._ids)
         tracks = [self.streams.cursor(i, t, rid) for i, t in enumerate(self.plan.task(task).tracks)]
         req = Request(rid, task, params, input_items, tracks, stop_token_ids, port_inputs=port_inputs or {})
@@ -165,6 +186,7 @@ class Conductor:
     async def step(self) -> None:
         """Schedule, dispatch, apply results (waits for at least one event)."""
         self._check_workers()
+        self._prune_waiting()      # a request aborted while it waited (its client left) is no candidate
         running = self.playback.order(self.running.requests())
         busy = {(b.batch.rank, b.batch.node) for b in self.in_flight.values()}
         for batch in self.scheduler.schedule(running, self.waiting, busy, self.workers.ready_ranks()):
@@ -175,6 +197,9 @@ class Conductor:
         await self._apply(await self._events.get())
         while not self._events.empty():
             await self._apply(self._events.get_nowait())
+
+    def _prune_waiting(self) -> None:
+        self.waiting = [r for r in self.waiting if r.state in (RequestState.WAITING, RequestState.PREEMPTED)]
 
     def _dispatch(self, batch: PlannedBatch) -> None:
         """Send the batch to its rank (every rank of a TP group, the lead's results count);
@@ -189,7 +214,7 @@ class Conductor:
                     req.ranks_opened.add(rank)
             if e.kv_from is not None:
                 self._send(e.kv_from, MoveKV(request_id=req.request_id, node=batch.node, dst_rank=batch.rank))
-            self._note_kv(req, batch.node, e.item.tokens)
+            e.kv_added = self._note_kv(req, batch.node, e.item.tokens)
             tensors.update(e.tensors)
         self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group))
         items = [e.item for e in batch.entries]
@@ -197,14 +222,16 @@ class Conductor:
             self._send(rank, RunBatch(batch_id=batch_id, node=batch.node, items=items, follower=rank != batch.rank,
                                       alone=self.config.scheduler.batch_invariant), tensors)
 
-    def _note_kv(self, req: Request, node: str, tokens: list[int]) -> None:
+    def _note_kv(self, req: Request, node: str, tokens: list[int]) -> int:
+        """Count the Run's tokens into the request's KV history; how many were added."""
         if not self.index.nodes[node].has_kv_cache:
-            return
+            return 0
         history = req.kv_history.setdefault(node, [])
         if req.kv_fed.get(node, 0) == 0 and history:
             tokens = tokens[len(history):]     # a recompute re-sends the history first
         history.extend(tokens)
         req.kv_fed[node] = len(history)
+        return len(tokens)
 
     # ---- events --------------------------------------------------------------------
 
@@ -214,8 +241,10 @@ class Conductor:
                 rank, env = await self.queue.recv()
             except zmq.ZMQError:
                 return
-            except Exception:
-                log.exception("dropping a malformed message from a worker")
+            except Exception as exc:
+                self.replies.dropped += 1
+                if is_worth_logging(self.replies.dropped):
+                    log.warning("dropping a malformed message from a worker: %s", exc)
                 continue
             self._events.put_nowait((rank, env))
 
@@ -237,6 +266,8 @@ class Conductor:
             return
         status.last_seen = time.monotonic()
         msg = env.msg
+        if not self.replies.accept(rank, msg, self.in_flight):
+            return
         if isinstance(msg, BatchDone):
             self._batch_done(msg, env)
         elif isinstance(msg, BatchFailed):
@@ -292,6 +323,8 @@ class Conductor:
         del self.in_flight[msg.batch_id]
         msg, env = flight.lead
         batch = flight.batch
+        if len(batch.entries) == 1:
+            batch.entries[0].request.isolated = False   # it ran alone and passed: it may share batches again
         self.on_batch(batch.node, len(batch.entries), msg.run_ms)
         self.live.observe_batch(batch.group, batch.node, len(batch.entries), msg.run_ms)
         token_ports = self.index.token_outputs(batch.node)
@@ -336,14 +369,25 @@ class Conductor:
             req.emit_tensors(tensors)
 
     def _batch_failed(self, msg: BatchFailed) -> None:
+        """A batch raised. Alone, its request fails; shared, each request retries alone
+        (recomputing its KV context), so only the one whose params or inputs raise fails."""
         flight = self.in_flight.pop(msg.batch_id, None)
         if flight is None:
             return
         pool = self.ledger.pool(flight.batch.rank, flight.batch.node)
-        if pool is not None:
+        if pool is not None:      # what this batch would have cached is not there
             pool.forget([e.request.request_id for e in flight.batch.entries])
-        for entry in flight.batch.entries:
-            self._fail(entry.request, f"{flight.batch.node} on rank {msg.rank} failed: {msg.message}")
+        why = f"{flight.batch.node} on rank {msg.rank} failed: {msg.message}"
+        entries = [e for e in flight.batch.entries if not e.request.state.is_final]
+        if len(flight.batch.entries) > 1 and all(can_retry_alone(e) for e in entries):
+            log.warning("a batch of %d on %s failed (%s): its requests retry one by one",
+                        len(entries), flight.batch.node, msg.message)
+            for entry in entries:
+                retry_alone(entry)
+                self._preempt(entry.request)
+            return
+        for entry in entries:
+            self._fail(entry.request, why)
 
     # ---- endings -------------------------------------------------------------------
 
@@ -352,10 +396,10 @@ class Conductor:
         req.finish("length" if reasons == {"max"} else "stop")
         self._release(req)
 
-    def _fail(self, req: Request, message: str) -> None:
+    def _fail(self, req: Request, message: str, status: int = 500, code: str = "worker_failed") -> None:
         if not req.state.is_final:
             log.warning("request %d failed: %s", req.request_id, message)
-            req.fail(message)
+            req.fail(message, status, code)
             self._release(req)
 
     def _release(self, req: Request) -> None:
@@ -372,7 +416,7 @@ class Conductor:
 
     def _preempt(self, req: Request) -> None:
         """Take the request's KV blocks back; it resumes later by recomputing its context."""
-        log.info("preempting request %d (KV cache full)", req.request_id)
+        log.info("preempting request %d (its KV context is recomputed when it resumes)", req.request_id)
         self.ledger.free_request(req.request_id)
         self.running.discard(req)
         req.preempt()
@@ -384,7 +428,7 @@ class Conductor:
         now = time.monotonic()
         for req in list(self.requests.values()):
             if req.deadline is not None and now > req.deadline:
-                self.abort(req, "timeout")
+                self._fail(req, f"it ran past the server's request timeout ({now - req.arrival:.0f} s)", 504, "timeout")
 
     # ---- workers -------------------------------------------------------------------
 
@@ -417,8 +461,10 @@ class Conductor:
     # ---- numbers for /metrics ----------------------------------------------------------
 
     def stats(self) -> dict[str, float]:
+        dropped = {"conductor": self.replies.dropped,
+                   **{f"rank-{r}": beat.dropped_messages for r, beat in self.worker_stats.items()}}
         return {"waiting": len(self.waiting), "running": len(self.running), "kv_usage": self.ledger.usage(),
-                **self.scheduler.stats()}
+                "dropped": dropped, **self.scheduler.stats()}
 
 
 def _scalars(params: dict[str, Any]) -> dict[str, Any]:

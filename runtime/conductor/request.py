@@ -21,7 +21,7 @@ class RequestState(enum.IntEnum):
     PREEMPTED = 2   # its KV blocks were taken back under memory pressure; resumes by recomputing
     FINISHED = 3    # every track is done; output complete
     ABORTED = 4     # the client went away or the request timed out
-    FAILED = 5      # a worker failed or died while running it
+    FAILED = 5      # a worker failed or died while running it, it timed out, or the server shut down
 
     @property
     def is_final(self) -> bool:
@@ -64,6 +64,8 @@ class OutputEvent:
     tensors: dict[str, Any] = field(default_factory=dict)  # "<node>.<port>" -> torch.Tensor (final values)
     finish_reason: str | None = None                     # set on the last event: stop|length|abort|error
     error: str | None = None                             # message when finish_reason == "error"
+    status: int = 500                                    # HTTP status of the error (504 timeout, 503 shutdown)
+    code: str = "worker_failed"                          # OpenAI-style error code of the error
 
 
 @dataclass
@@ -91,6 +93,7 @@ class Request:
     readers: dict[int, tuple[int, int]] = field(default_factory=dict)  # input item -> (track, state) that read it
     produced: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (rank, runs dispatched so far)
     replicas: dict[str, int] = field(default_factory=dict)       # data-parallel node -> the replica it is bound to
+    isolated: bool = False                 # a batch it shared failed: it runs alone until a Run of it passes
     output_ids: list[int] = field(default_factory=list)
     events: asyncio.Queue[OutputEvent] = field(default_factory=asyncio.Queue)
     arrival: float = field(default_factory=time.monotonic)
@@ -128,9 +131,10 @@ class Request:
         self._move(RequestState.ABORTED)
         self._end(OutputEvent(finish_reason=reason))
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, status: int = 500, code: str = "worker_failed") -> None:
+        """Ends with an error the client sees as HTTP `status` (a timeout is 504, a shutdown 503)."""
         self._move(RequestState.FAILED)
-        self._end(OutputEvent(finish_reason="error", error=message))
+        self._end(OutputEvent(finish_reason="error", error=message, status=status, code=code))
 
     def _end(self, event: OutputEvent) -> None:
         self.finish_reason = event.finish_reason

@@ -43,6 +43,7 @@ class Entry:
     read: list[int] = field(default_factory=list)                    # request input items this Run reads
     version: int = 0                                                 # this Run's count of its node's runs
     kv_from: int | None = None                                       # rank whose KV cache of the node moves here
+    kv_added: int = 0                                                # tokens this Run added to the KV history
 
 
 @dataclass
@@ -100,15 +101,20 @@ class Scheduler:
         # replica load counts every request; a plan without replicas skips that scan
         self._load = self._replica_load([*running, *waiting]) if self.index.replicated else {}
         self._open = set(self.index.batch_keys - busy)   # keys that can still take a Run this step
-        for req in running:
+        for req in waiting:      # suspects of a failed batch first: alone, they must not wait behind batches
+            if req.isolated and self._open:
+                self._place(req, batches, busy, ready_ranks, placed, admitting=True)
+        for req in sorted(running, key=lambda r: not r.isolated):   # stable: suspects first, else in order
             if not self._open:                        # every batch is full or in flight: the rest wait
                 break
             if req.state == RequestState.RUNNING:     # not one preempted earlier in this loop
                 self._place(req, batches, busy, ready_ranks, placed, admitting=False)
-        num_admitted = len(running)
+        num_admitted = len(running) + sum(1 for r in waiting if r.request_id in placed)
         for req in waiting:
             if num_admitted >= self.config.max_running or not self._open:
                 break
+            if req.request_id in placed or req.isolated:
+                continue
             if not self._place(req, batches, busy, ready_ranks, placed, admitting=True):
                 if any(r is req for r, _ in self.rejected):
                     continue
@@ -131,6 +137,8 @@ class Scheduler:
             batch = batches.get(key) or batches.setdefault(key, PlannedBatch(rank, pending.run.node, group=group))
             if len(batch.entries) >= self._max_batch(pending.run.node):
                 continue
+            if batch.entries and (req.isolated or batch.entries[0].request.isolated):
+                continue    # a suspect of a failed batch runs alone (Conductor._batch_failed)
             entry = self._entry(req, pending, rank)
             entry.kv_from = self._kv_holder(req, pending.run.node, rank)
             self._chunk(req, entry, rank)

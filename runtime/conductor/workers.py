@@ -39,8 +39,9 @@ class WorkerSet:
     """Every rank of the plan; starts the local ones as `mstar-run worker` subprocesses."""
 
     def __init__(self, plan_path: str, endpoint: str, num_ranks: int, remote: set[int],
-                 weights_dir: str | None, log_level: str) -> None:
+                 weights_dir: str | None, log_level: str, key_files: dict[int, str] | None = None) -> None:
         self.plan_path = plan_path
+        self.key_files = key_files or {}   # rank -> its 0600 key file (the path travels in argv, not the key)
         self.endpoint = endpoint
         self.weights_dir = weights_dir
         self.log_level = log_level
@@ -57,6 +58,8 @@ class WorkerSet:
                "--rank", str(status.rank), "--log-level", self.log_level, self.plan_path]
         if self.weights_dir:
             cmd += ["--weights", self.weights_dir]
+        if status.rank in self.key_files:
+            cmd += ["--key", self.key_files[status.rank]]
         cmd += ["--threads", str(self.threads_per_worker())]
         status.process = subprocess.Popen(cmd, env={**os.environ, "MSTAR_TP_INIT": self.tp_init})
         status.is_ready = False

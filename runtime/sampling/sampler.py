@@ -87,7 +87,7 @@ def _keep_sorted(sorted_probs: torch.Tensor, params: Sequence) -> torch.Tensor:
     vocab = sorted_probs.shape[-1]
     device = sorted_probs.device
     rank = torch.arange(vocab, device=device).unsqueeze(0)                    # (1, V)
-    top_k = torch.tensor([p.effective_top_k or vocab for p in params], device=device)
+    top_k = torch.tensor([min(p.effective_top_k or vocab, vocab) for p in params], device=device)  # never past int64
     keep = rank < top_k.unsqueeze(1)
     # top-p on the distribution renormalised after top-k; a token stays while the mass before it < top_p
     after_k = sorted_probs * keep

@@ -7,7 +7,7 @@ new requests get 503, running ones finish (up to `drain_timeout_s`), workers shu
 from __future__ import annotations
 
 import asyncio
-import json
+import hmac
 import logging
 import signal
 import time
@@ -25,6 +25,7 @@ from runtime.server.chat import ChatRequest
 from runtime.server.chat_inputs import chat_inputs_for
 from runtime.server.errors import ApiError, error_middleware
 from runtime.server.families import families_of
+from runtime.server.limits import check_context, max_context, strict_json
 from runtime.server.metrics import Metrics
 from runtime.server.page import install_page
 from runtime.server.state_feed import install_state_feed
@@ -43,13 +44,16 @@ class ServerConfig:
     plan_path: str
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None
+    api_key: str | None = None           # guards /v1/* and /metrics; /health shows internals only with it
+    metrics_public: bool = False         # /metrics without the key (a scraper on a trusted network)
     max_concurrency: int = 256           # requests admitted at once; more wait in the queue
+    max_queue: int = 1024                # requests waiting at once; more get 429 with Retry-After
     max_body_bytes: int = 16 << 20
     weights_dir: str | None = None
     log_level: str = "info"
     worker_endpoint: str = "tcp://127.0.0.1:0"   # where workers connect
     remote_ranks: frozenset[int] = frozenset()
+    keys_dir: str | None = None          # CURVE keys from `mstar-run keygen`; None: fresh ones per start
     request_timeout_s: float = 600.0
     batch_invariant: bool = False        # every forward holds one request's Run (see `mstar-run --help`)
     prefix_cache: bool = True            # reuse the KV blocks of equal prompt prefixes across requests
@@ -67,6 +71,7 @@ class MstarServer:
         self.metrics = Metrics()
         self.conductor = Conductor(self.plan, ConductorConfig(
             plan_path=config.plan_path, endpoint=config.worker_endpoint, remote_ranks=config.remote_ranks,
+            keys_dir=config.keys_dir, max_queue=config.max_queue,
             weights_dir=config.weights_dir, log_level=config.log_level,
             scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant,
                                       prefill_chunk_tokens=config.prefill_chunk_tokens),
@@ -98,11 +103,7 @@ class MstarServer:
     async def read_json(self, request: web.Request) -> Any:
         if self.draining:
             raise ApiError(503, "the server is shutting down", code="shutting_down")
-        raw = await request.read()
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"the body is not valid JSON ({exc})") from None
+        return strict_json(await request.read())
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         if self.chat_node is None:
@@ -114,11 +115,7 @@ class MstarServer:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def submit_chat(self, chat: ChatRequest) -> Request:
-        pool = next((p for p in self.plan.node(self.chat_node).kv_pools), None)
-        limit = pool.num_blocks * pool.block_tokens if pool else 1 << 30
-        if len(chat.prompt_ids) + int(chat.params["max_tokens"]) > limit:
-            raise ApiError(400, f"prompt ({len(chat.prompt_ids)} tokens) + max_tokens exceeds the KV cache "
-                           f"({limit} tokens)", "max_tokens", "context_length_exceeded")
+        check_context(len(chat.prompt_ids), int(chat.params["max_tokens"]), max_context(self.plan, self.chat_node))
         task = chat.task or ("chat" if any(t.name == "chat" for t in self.plan.tasks) else self.plan.default_task)
         stop_ids = self.stop_token_ids(chat.params.get("stop_token_ids") or (), bool(chat.params.get("ignore_eos")))
         items = chat.input_items or [("text", chat.prompt_ids)]
@@ -147,12 +144,24 @@ class MstarServer:
     # ---- simple routes ---------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
+        """ok / degraded for anyone; ranks and worker pids only for a caller with the API key
+        (every caller when the server has none)."""
         ready = self.conductor.workers.ready_ranks()
         ok = len(ready) == len(self.plan.ranks) and not self.draining
-        pids = {str(r): s.pid for r, s in self.conductor.workers.ranks.items()}
-        return web.json_response({"status": "ok" if ok else "degraded", "ready_ranks": sorted(ready),
-                                  "worker_pids": pids},
-                                 status=200 if ok else 503)
+        body: dict[str, Any] = {"status": "ok" if ok else "degraded"}
+        if self.is_authorised(request):
+            body.update(ready_ranks=sorted(ready),
+                        worker_pids={str(r): s.pid for r, s in self.conductor.workers.ranks.items()})
+        return web.json_response(body, status=200 if ok else 503)
+
+    def is_authorised(self, request: web.Request) -> bool:
+        """The request carries the API key (constant-time comparison), or the server has none."""
+        if self.config.api_key is None:
+            return True
+        given = request.headers.get("Authorization", "")
+        if not given and request.path == "/v1/state/stream":    # EventSource cannot send headers: the page's
+            given = f"Bearer {request.query.get('api_key', '')}"  # live feed may carry the key as ?api_key=
+        return hmac.compare_digest(given.encode(), f"Bearer {self.config.api_key}".encode())
 
     async def models(self, request: web.Request) -> web.Response:
         nodes = {n.name: describe_source(n, weight_source(self.plan, n, self.config.weights_dir))
@@ -167,7 +176,9 @@ class MstarServer:
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics_route(self, request: web.Request) -> web.Response:
-        stats = {**self.conductor.stats(), "restarts": sum(s.restarts for s in self.conductor.workers.ranks.values())}
+        stats = {**self.conductor.stats(), "restarts": sum(s.restarts for s in self.conductor.workers.ranks.values()),
+                 "refused_peers": self.conductor.guard.admission.refused
+                 + sum(b.refused_peers for b in self.conductor.worker_stats.values())}
         return web.Response(body=self.metrics.render(stats), content_type="text/plain")
 
     # ---- application -----------------------------------------------------------------
@@ -191,10 +202,8 @@ class MstarServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler) -> web.StreamResponse:
-        # EventSource cannot send headers: the page's live feed may carry the key as ?api_key=
-        given = request.headers.get("Authorization") or (
-            f"Bearer {request.query.get('api_key')}" if request.path == "/v1/state/stream" else None)
-        if request.path.startswith("/v1/") and given != f"Bearer {self.config.api_key}":
+        guarded = request.path.startswith("/v1/") or request.path == "/metrics" and not self.config.metrics_public
+        if guarded and not self.is_authorised(request):
             how = " or ?api_key=<key>" if request.path == "/v1/state/stream" else ""
             raise ApiError(401, f"invalid or missing API key (Authorization: Bearer <key>{how})", code="invalid_api_key")
         return await handler(request)

@@ -7,6 +7,7 @@ its KV blocks at once.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -17,8 +18,9 @@ from aiohttp import web
 
 from runtime.conductor.request import OutputEvent, Request
 from runtime.sampling import SamplingParams, SamplingParamsError
-from runtime.server.errors import ApiError, error_body
-from runtime.server.multimodal import IMAGE_TASK, image_chat_items
+from runtime.server.errors import ApiError, error_body, event_error
+from runtime.server.limits import check_roles, check_top_k, vocab_size
+from runtime.server.multimodal import IMAGE_TASK, has_image_parts, image_chat_items
 from runtime.server.params import resolve_params
 from runtime.text import TextOutput
 
@@ -50,6 +52,7 @@ def parse_chat(body: Any, server: Any) -> ChatRequest:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role' and 'content'", f"messages[{i}]")
+    check_roles(messages)
     media_items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
     image_items = None if media_items else image_chat_items(messages, server.plan, server.tokenizer)
     if image_items is None and media_items is None:
@@ -60,6 +63,7 @@ def parse_chat(body: Any, server: Any) -> ChatRequest:
     given["max_tokens"] = body.get("max_completion_tokens", body.get("max_tokens"))
     params = resolve_params(server.plan, given)
     sampling = _sampling(body, params)
+    check_top_k(sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
     params.update({k: getattr(sampling, k) for k in SAMPLING_KEYS if getattr(sampling, k) is not None})
     params["ignore_eos"] = sampling.ignore_eos
     stream = body.get("stream", False)
@@ -116,7 +120,7 @@ class ChatStream:
         """(text delta, whether this was the last event)."""
         event: OutputEvent = await self.req.events.get()
         if event.finish_reason == "error":
-            raise ApiError(500, f"request failed: {event.error}", code="worker_failed")
+            raise event_error(event)
         text = ""
         for token in event.token_ids:
             if self.text.finished:      # tokens of a step already in flight when a stop string matched
@@ -138,7 +142,11 @@ class ChatStream:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     server = request.app["mstar"]
-    chat = parse_chat(await server.read_json(request), server)
+    body = await server.read_json(request)
+    if has_image_parts(body):     # decoding images is CPU work: off the loop that runs the conductor
+        chat = await asyncio.to_thread(parse_chat, body, server)
+    else:
+        chat = parse_chat(body, server)
     req = server.submit_chat(chat)
     stream = ChatStream(server, req, chat.stop, chat.prompt_ids)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

@@ -6,17 +6,23 @@ any bug) into that body, so a bad request never takes the server down.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from aiohttp import web
 
+from runtime.conductor.conductor import QueueFull
+
 log = logging.getLogger(__name__)
+RETRY_AFTER_S = 1      # what a 429 tells the client to wait
 
 
 class ApiError(Exception):
     """An error answer: HTTP status, message for people, the offending field."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.headers = headers or {}
         self.status = status
         self.message = message
         self.param = param
@@ -28,7 +34,14 @@ class ApiError(Exception):
             return "authentication_error"
         if self.status == 404:
             return "not_found_error"
+        if self.status == 429:
+            return "rate_limit_error"
         return "invalid_request_error" if self.status < 500 else "server_error"
+
+
+def event_error(event: Any, what: str = "request") -> ApiError:
+    """The ApiError of a request's error event (`OutputEvent` with finish_reason "error")."""
+    return ApiError(event.status, f"{what} failed: {event.error}", code=event.code)
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -36,7 +49,8 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 def error_response(err: ApiError) -> web.Response:
-    return web.json_response(error_body(err.status, err.message, err.param, err.code), status=err.status)
+    return web.json_response(error_body(err.status, err.message, err.param, err.code), status=err.status,
+                             headers=err.headers)
 
 
 @web.middleware
@@ -45,6 +59,9 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
     except ApiError as err:
         return error_response(err)
+    except QueueFull as exc:
+        return error_response(ApiError(429, f"the server is at capacity: {exc}; retry later", code="queue_full",
+                                       headers={"Retry-After": str(RETRY_AFTER_S)}))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -33,6 +33,10 @@ class Metrics:
         self.kv_holds = Gauge("mstar_kv_admission_holds", "admissions held back until KV blocks were free",
                               registry=r)
         self.worker_restarts = Gauge("mstar_worker_restarts", "restarts of local worker processes", registry=r)
+        self.dropped = Gauge("mstar_dropped_messages", "control/data-plane messages dropped as malformed or forged",
+                             ["receiver"], registry=r)
+        self.refused = Gauge("mstar_refused_peers", "ZeroMQ handshakes refused (no or unknown CURVE key)",
+                             registry=r)
 
     def observe_batch(self, node: str, size: int, run_ms: float) -> None:
         self.batch_size.labels(node).observe(size)
@@ -46,4 +50,7 @@ class Metrics:
         self.kv_preemptions.set(stats.get("kv_preemptions", 0))
         self.kv_holds.set(stats.get("kv_holds", 0))
         self.worker_restarts.set(stats.get("restarts", 0))
+        self.refused.set(stats.get("refused_peers", 0))
+        for receiver, count in stats.get("dropped", {}).items():
+            self.dropped.labels(receiver).set(count)
         return generate_latest(self.registry)

@@ -10,27 +10,45 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from mstar_compiler.plan import Plan
 from runtime.server.errors import ApiError
 from runtime.server.families import families_of
-from runtime.server.image_io import image_from_bytes
 
 IMAGE_TASK = "i2t"
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")   # what PIL may open; nothing that runs a helper program
+MAX_IMAGE_PIXELS = 1 << 27                # ~134 MP per image, checked before decoding
+MAX_IMAGES_PER_REQUEST = 16
+
+
+def decode_image(data: bytes, field: str) -> Image.Image:
+    """PNG, JPEG or WebP bytes -> RGB image; 400 for any other format (PIL would open EPS through
+    Ghostscript), for more than MAX_IMAGE_PIXELS (read from the header, before decoding: a
+    decompression bomb never allocates) and for anything that does not decode."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+            if image.width * image.height > MAX_IMAGE_PIXELS:
+                raise ApiError(400, f"{field}: {image.width}x{image.height} is more than {MAX_IMAGE_PIXELS} pixels",
+                               field, "image_too_large")
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError,
+            Image.DecompressionBombWarning) as exc:
+        raise ApiError(400, f"{field}: not a decodable {'/'.join(IMAGE_FORMATS)} image ({exc})", field) from None
 
 
 def image_item(plan: Plan, data: bytes, field: str) -> torch.Tensor:
     """Encoded image bytes -> (H, W, 3) uint8 tensor, prepared as the plan's family takes images; 400 if
-    not an image."""
-    try:
-        image = image_from_bytes(data)
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise ApiError(400, f"{field}: not a decodable image ({exc})", field) from None
+    not an image. Decoding is CPU work: handlers call this off the event loop (asyncio.to_thread)."""
+    image = decode_image(data, field)
     for family in families_of(plan):
         if family.prepare_image is not None:
             image = family.prepare_image(plan, image)
@@ -45,6 +63,12 @@ def data_url_bytes(url: Any, field: str) -> bytes:
         return base64.b64decode(url.split(";base64,", 1)[1], validate=True)
     except (binascii.Error, ValueError):
         raise ApiError(400, f"{field}: the data URL is not valid base64", field) from None
+
+
+def has_image_parts(body: Any) -> bool:
+    """Whether a chat body carries image parts (before it is checked)."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    return isinstance(messages, list) and _has_image([m for m in messages if isinstance(m, dict)])
 
 
 def _has_image(messages: list[dict]) -> bool:
@@ -68,6 +92,10 @@ def image_chat_items(messages: list[dict], plan: Plan, tokenizer: Any) -> list[t
         return None
     if IMAGE_TASK not in {t.name for t in plan.tasks}:
         raise ApiError(400, f"the model '{plan.model}' does not take image inputs", "messages")
+    num_images = sum(1 for m in messages if isinstance(m["content"], list)
+                     for p in m["content"] if isinstance(p, dict) and p.get("type") == "image_url")
+    if num_images > MAX_IMAGES_PER_REQUEST:
+        raise ApiError(400, f"at most {MAX_IMAGES_PER_REQUEST} images per request, got {num_images}", "messages")
     items: list[tuple[str, Any]] = []
     for i, message in enumerate(messages):
         content = message["content"]

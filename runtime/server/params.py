@@ -1,6 +1,7 @@
 """Request params checked against the plan's declarations (type, bounds, choices) -> HTTP 400."""
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from mstar_compiler.plan import Param, Plan
@@ -14,6 +15,8 @@ def check_param(spec: Param, value: Any) -> Any:
     ok_types = _TYPES.get(spec.type, (object,))
     if isinstance(value, bool) and spec.type != "boolean" or not isinstance(value, ok_types):
         raise ApiError(400, f"'{spec.name}' must be of type {spec.type}, got {type(value).__name__}", spec.name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ApiError(400, f"'{spec.name}' must be a finite number, got {value}", spec.name)
     if spec.minimum is not None and value < spec.minimum:
         raise ApiError(400, f"'{spec.name}' must be >= {spec.minimum}, got {value}", spec.name)
     if spec.maximum is not None and value > spec.maximum:

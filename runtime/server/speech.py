@@ -125,8 +125,13 @@ async def _stream_bytes(request: web.Request, events: AudioEvents, fmt: str) -> 
                 await resp.write(pcm16(piece))
                 events.sent(piece)
         events.observe()
-    except ApiError as err:   # the status line is gone: cut the stream short, say why in the log
-        log.warning("speech stream of request %d ended early: %s", events.req.request_id, err.message)
+    except ApiError as err:
+        # the status line is gone: abort the connection with no terminating chunk, so every HTTP
+        # client raises instead of taking the cut audio for a whole answer
+        log.warning("speech stream of request %d failed, connection aborted: %s", events.req.request_id, err.message)
+        if request.transport is not None:
+            request.transport.abort()
+        return resp
     await resp.write_eof()
     return resp
 

@@ -16,7 +16,7 @@ import torch
 from mstar_compiler.plan import Plan
 from runtime.conductor.request import Request
 from runtime.conductor.streams import track_nodes
-from runtime.server.errors import ApiError
+from runtime.server.errors import ApiError, event_error
 from runtime.server.families import Speaker, families_of
 from runtime.streams.deadline import PlaybackClock
 
@@ -62,7 +62,7 @@ class AudioEvents:
     async def next(self) -> tuple[list[int], list[torch.Tensor], bool]:
         event = await self.req.events.get()
         if event.finish_reason == "error":
-            raise ApiError(500, f"request failed: {event.error}", code="worker_failed")
+            raise event_error(event)
         audio = [t for key, t in event.tensors.items() if key == self.model.audio_key and t.numel()]
         return event.token_ids, audio, event.finish_reason is not None
 

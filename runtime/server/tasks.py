@@ -12,7 +12,8 @@ import base64
 import torch
 from aiohttp import web
 
-from runtime.server.errors import ApiError
+from runtime.server.errors import ApiError, event_error
+from runtime.server.limits import check_context, check_token_ids, max_context, vocab_size
 from runtime.server.params import resolve_params
 
 
@@ -27,6 +28,7 @@ def _inputs(body: dict, server) -> list[tuple[str, list[int]]]:
             out.append(("text", server.tokenizer.encode(item["text"])))
         elif kind == "tokens" and isinstance(item.get("ids"), list) and all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item["ids"]):
+            check_token_ids(item["ids"], vocab_size(server.plan, server.chat_node), f"inputs[{i}].ids")
             out.append(("text", list(item["ids"])))
         else:
             raise ApiError(400, f"inputs[{i}] must be {{'type': 'text', 'text': str}} or "
@@ -49,7 +51,12 @@ async def run_task(request: web.Request) -> web.Response:
     if not isinstance(body, dict) or not isinstance(body.get("params", {}), dict):
         raise ApiError(400, "the body must be an object with an optional 'params' object")
     params = resolve_params(server.plan, body.get("params", {}))
-    req = server.conductor.submit(task, params, _inputs(body, server), server.stop_token_ids(),
+    inputs = _inputs(body, server)
+    if "max_tokens" in params:
+        num_prompt = sum(len(ids) for _, ids in inputs)
+        limit = max_context(server.plan, server.chat_node, kv_pool=False)
+        check_context(num_prompt, int(params["max_tokens"]), limit)
+    req = server.conductor.submit(task, params, inputs, server.stop_token_ids(),
                                   server.config.request_timeout_s)
     chunks: dict[str, list[torch.Tensor]] = {}
     try:
@@ -58,7 +65,7 @@ async def run_task(request: web.Request) -> web.Response:
             for key, t in event.tensors.items():
                 chunks.setdefault(key, []).append(t)
             if event.finish_reason == "error":
-                raise ApiError(500, f"request failed: {event.error}", code="worker_failed")
+                raise event_error(event)
             if event.finish_reason is not None:
                 break
     finally:

@@ -47,9 +47,25 @@ def tensor_to_frame(name: str, tensor: torch.Tensor) -> tuple[TensorMeta, memory
     return meta, memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
+class BadFrame(ValueError):
+    """A frame does not hold what its header says (a peer's bug or a forged message)."""
+
+
 def frame_to_tensor(meta: TensorMeta, buffer: memoryview | bytes) -> torch.Tensor:
-    """The tensor a frame holds; shares the frame's memory (read-only buffers are copied once)."""
-    dtype = _DTYPES[meta.dtype]
+    """The tensor a frame holds; shares the frame's memory (read-only buffers are copied once).
+    The header must name a known dtype and a shape whose bytes are exactly the frame's, so a
+    header can never make the receiver allocate more than the sender sent."""
+    dtype = _DTYPES.get(meta.dtype)
+    if dtype is None:
+        raise BadFrame(f"tensor {meta.name!r}: unknown dtype {meta.dtype!r}")
+    if any(d < 0 for d in meta.shape):
+        raise BadFrame(f"tensor {meta.name!r}: negative dimension in {meta.shape}")
+    numel = 1
+    for d in meta.shape:
+        numel *= d
+    if numel * dtype.itemsize != len(buffer):
+        raise BadFrame(f"tensor {meta.name!r}: {meta.dtype}{list(meta.shape)} needs {numel * dtype.itemsize} "
+                       f"bytes, the frame has {len(buffer)}")
     if len(buffer) == 0:
         return torch.empty(meta.shape, dtype=dtype)
     view = memoryview(buffer)

@@ -6,6 +6,10 @@
   EdgeInbox       a worker's PULL socket where other ranks push EdgeTensors.
   EdgeOutbox      PUSH sockets to other ranks' inboxes, connected lazily.
 
+With `keys` (runtime/transport/keys.py) every socket speaks CURVE: the ROUTER and the
+inboxes are servers, ranks are clients with their own key; the conductor drops a message
+whose socket identity names another rank than the key its sender authenticated with.
+
 A multipart ZeroMQ message is [msgpack envelope, tensor frames...]; `tensors` passed to a
 send are attached as frames and their headers written into the message's `tensors` field.
 """
@@ -13,14 +17,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 import torch
 import zmq
 import zmq.asyncio
 
 from runtime.transport.frames import frame_to_tensor, tensor_to_frame
+from runtime.transport.keys import ClusterKeys, make_client, make_server
 from runtime.transport.messages import Message, decode, encode
 
 Tensors = dict[str, torch.Tensor]
+MAX_MESSAGE_BYTES = 4 << 30    # ZMQ_MAXMSGSIZE of every receiving socket: no frame beyond this is buffered
 
 
 @dataclass
@@ -43,12 +50,25 @@ def _pack(msg: Message, tensors: Tensors | None) -> list:
     return [encode(msg), *frames]
 
 
+class MalformedMessage(ValueError):
+    """Frames that are not a message of the protocol; the receiver counts, logs and drops them."""
+
+
+def is_worth_logging(count: int) -> bool:
+    """Log the 1st..10th dropped message, then every 1000th: a flood must not flood the log too."""
+    return count <= 10 or count % 1000 == 0
+
+
 def _unpack(parts: list) -> Envelope:
-    msg = decode(parts[0].buffer if isinstance(parts[0], zmq.Frame) else parts[0])
-    metas = getattr(msg, "tensors", None) or []
-    if len(metas) != len(parts) - 1:
-        raise ValueError(f"{type(msg).__name__}: {len(metas)} tensor headers but {len(parts) - 1} frames")
-    tensors = {m.name: frame_to_tensor(m, p.buffer) for m, p in zip(metas, parts[1:])}
+    """The message in `parts`; MalformedMessage if it does not decode or its frames do not fit it."""
+    try:
+        msg = decode(parts[0].buffer if isinstance(parts[0], zmq.Frame) else parts[0])
+        metas = getattr(msg, "tensors", None) or []
+        if len(metas) != len(parts) - 1:
+            raise ValueError(f"{type(msg).__name__}: {len(metas)} tensor headers but {len(parts) - 1} frames")
+        tensors = {m.name: frame_to_tensor(m, p.buffer) for m, p in zip(metas, parts[1:])}
+    except (msgspec.DecodeError, ValueError, TypeError, OverflowError) as exc:
+        raise MalformedMessage(f"{exc}") from None
     return Envelope(msg, tensors)
 
 
@@ -57,12 +77,25 @@ def rank_identity(rank: int) -> bytes:
     return f"rank-{rank}".encode()
 
 
+def _rank_of(identity: bytes) -> int:
+    """The rank a DEALER identity names ("rank-3", or a heartbeat's "rank-3-hb")."""
+    try:
+        return int(identity.decode().split("-")[1])
+    except (UnicodeDecodeError, IndexError, ValueError):
+        raise MalformedMessage(f"a peer with identity {identity[:32]!r} is no rank") from None
+
+
 class ConductorQueue:
     """The conductor's end: one ROUTER socket that every worker connects to."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, keys: ClusterKeys | None = None) -> None:
         self._sock = ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)   # a restarted rank takes over its identity
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self.keys = keys
+        if keys is not None:
+            make_server(self._sock, keys)   # no handover: a connected rank's identity cannot be taken over
+        else:
+            self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)   # a restarted rank takes over its identity
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to an absent rank raises
         self._sock.setsockopt(zmq.LINGER, 0)
         if endpoint.endswith(":0"):
@@ -81,7 +114,9 @@ class ConductorQueue:
     async def recv(self) -> tuple[int, Envelope]:
         """The next message from any worker, with the sender's rank."""
         parts = await self._sock.recv_multipart(copy=False)
-        rank = int(bytes(parts[0].buffer).decode().split("-")[1])
+        rank = _rank_of(bytes(parts[0].buffer))
+        if self.keys is not None and parts[-1].get("User-Id") != f"rank-{rank}":
+            raise MalformedMessage(f"a peer calling itself rank {rank} holds the key of {parts[-1].get('User-Id')}")
         return rank, _unpack(parts[1:])
 
     def close(self) -> None:
@@ -91,9 +126,13 @@ class ConductorQueue:
 class WorkerQueue:
     """A worker's end of the control channel."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, rank: int) -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str, rank: int, keys: ClusterKeys | None = None,
+                 identity: bytes | None = None) -> None:
         self._sock = ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.IDENTITY, rank_identity(rank))
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._sock.setsockopt(zmq.IDENTITY, identity or rank_identity(rank))
+        if keys is not None:
+            make_client(self._sock, keys)
         self._sock.setsockopt(zmq.LINGER, 1000)
         self._sock.connect(endpoint)
         self.socket = self._sock   # exposed for zmq.Poller
@@ -111,8 +150,11 @@ class WorkerQueue:
 class EdgeInbox:
     """Where other ranks push a worker's cross-rank inputs."""
 
-    def __init__(self, ctx: zmq.Context, host: str) -> None:
+    def __init__(self, ctx: zmq.Context, host: str, keys: ClusterKeys | None = None) -> None:
         self._sock = ctx.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        if keys is not None:
+            make_server(self._sock, keys)
         port = self._sock.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
         self.socket = self._sock
@@ -127,8 +169,9 @@ class EdgeInbox:
 class EdgeOutbox:
     """PUSH sockets to other ranks' inboxes, one per rank, connected on first use."""
 
-    def __init__(self, ctx: zmq.Context) -> None:
+    def __init__(self, ctx: zmq.Context, keys: ClusterKeys | None = None) -> None:
         self._ctx = ctx
+        self._keys = keys
         self._endpoints: dict[int, str] = {}
         self._socks: dict[int, zmq.Socket] = {}
 
@@ -142,6 +185,8 @@ class EdgeOutbox:
         if rank not in self._socks:
             sock = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 1000)
+            if self._keys is not None:
+                make_client(sock, self._keys)
             sock.connect(self._endpoints[rank])
             self._socks[rank] = sock
         self._socks[rank].send_multipart(_pack(msg, tensors), copy=False)

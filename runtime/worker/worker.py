@@ -32,7 +32,8 @@ from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KVState, MoveKV, NodeInfo,
     OpenRequest, Peers, Ready, RunBatch, Shutdown, StreamItems, WorkItem, encode,
 )
-from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, WorkerQueue
+from runtime.transport.keys import ClusterKeys, start_guard
+from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, WorkerQueue, is_worth_logging
 from runtime.worker.loader import load_rank, tensor_parallel_group
 from runtime.worker.streams import WorkerStreams
 
@@ -44,13 +45,16 @@ EDGE_WAIT_S = 30.0     # how long a batch waits for a cross-rank input before fa
 class Worker:
     """One rank: executors per node, per-request value store, sockets."""
 
-    def __init__(self, plan_path: str, rank: int, conductor: str, weights_dir: str | None, host: str) -> None:
+    def __init__(self, plan_path: str, rank: int, conductor: str, weights_dir: str | None, host: str,
+                 keys: ClusterKeys | None = None) -> None:
         self.plan = load_plan(plan_path)
         self.rank = rank
+        self.keys = keys
         self.ctx = zmq.Context()
-        self.control = WorkerQueue(self.ctx, conductor, rank)
-        self.inbox = EdgeInbox(self.ctx, host)
-        self.outbox = EdgeOutbox(self.ctx)
+        self.guard = start_guard(self.ctx, keys) if keys is not None else None   # ZAP for the inbox
+        self.control = WorkerQueue(self.ctx, conductor, rank, keys)
+        self.inbox = EdgeInbox(self.ctx, host, keys)
+        self.outbox = EdgeOutbox(self.ctx, keys)
         self.control.send(Hello(rank=rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint))
         self._start_heartbeat(conductor)
         tp = tensor_parallel_group(self.plan, rank, tp_init_method(conductor))
@@ -60,6 +64,7 @@ class Worker:
         self.values: dict[int, dict[str, torch.Tensor]] = {}
         self.kv_incoming: dict[tuple[int, str], Envelope] = {}   # (request, node) -> KVState from another rank
         self.streams = WorkerStreams(self.plan, rank)
+        self.dropped = 0      # malformed or misaddressed messages dropped (each logged)
         self.control.send(Ready(rank=rank, nodes=[
             NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
                      kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size,
@@ -70,12 +75,10 @@ class Worker:
 
     def _start_heartbeat(self, conductor: str) -> None:
         def beat() -> None:
-            sock = self.ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.IDENTITY, f"rank-{self.rank}-hb".encode())
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(conductor)
+            queue = WorkerQueue(self.ctx, conductor, self.rank, self.keys, identity=f"rank-{self.rank}-hb".encode())
+            queue.socket.setsockopt(zmq.LINGER, 0)
             while True:
-                sock.send(encode(self._heartbeat()))
+                queue.socket.send(encode(self._heartbeat()))
                 time.sleep(HEARTBEAT_S)
 
         threading.Thread(target=beat, daemon=True, name="heartbeat").start()
@@ -87,7 +90,9 @@ class Worker:
         try:
             return Heartbeat(rank=self.rank, kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items()
                                                               if ex.kv_blocks},
-                             stream_buffers=streams.num_buffers if streams else 0)
+                             stream_buffers=streams.num_buffers if streams else 0,
+                             dropped_messages=getattr(self, "dropped", 0),
+                             refused_peers=self.guard.admission.refused if getattr(self, "guard", None) else 0)
         except RuntimeError:   # a table changed size under us: this beat goes without numbers
             return Heartbeat(rank=self.rank)
 
@@ -100,16 +105,34 @@ class Worker:
         while True:
             ready = dict(poller.poll())
             if self.inbox.socket in ready:
-                self._store_edge(self.inbox.recv())
+                self._receive_edge()
             if self.control.socket in ready and not self._handle_queued(self._drain_control()):
                 return
 
+    def _drop(self, what: str) -> None:
+        """Count and log a message that cannot be served; the worker goes on."""
+        self.dropped += 1
+        if is_worth_logging(self.dropped):
+            log.warning("rank %d: dropped %s (%d dropped so far)", self.rank, what, self.dropped)
+
+    def _recv(self, queue: EdgeInbox | WorkerQueue) -> Envelope | None:
+        try:
+            return queue.recv()
+        except MalformedMessage as exc:
+            self._drop(f"a malformed message ({exc})")
+            return None
+
+    def _receive_edge(self) -> None:
+        env = self._recv(self.inbox)
+        if env is not None:
+            self._store_edge(env)
+
     def _drain_control(self) -> list[Envelope]:
-        """The next control message and every one already queued behind it."""
-        envs = [self.control.recv()]
+        """The next control message and every one already queued behind it (malformed ones dropped)."""
+        envs = [self._recv(self.control)]
         while self.control.socket.poll(0):
-            envs.append(self.control.recv())
-        return envs
+            envs.append(self._recv(self.control))
+        return [env for env in envs if env is not None]
 
     def _handle_queued(self, envs: list[Envelope]) -> bool:
         """Handle messages in order, except that consecutive RunBatches wait for each other so
@@ -117,7 +140,11 @@ class Worker:
         only sends a batch whose inputs are ready). An OpenRequest only registers params."""
         runs: list[Envelope] = []
         for env in envs:
-            if isinstance(env.msg, RunBatch):
+            if isinstance(env.msg, RunBatch) and env.msg.node not in self.executors:
+                self._drop(f"a RunBatch of node {env.msg.node!r}, which rank {self.rank} does not run")
+                self.control.send(BatchFailed(batch_id=env.msg.batch_id, rank=self.rank,
+                                              message=f"node {env.msg.node!r} is not on rank {self.rank}"))
+            elif isinstance(env.msg, RunBatch):
                 runs.append(env)
             elif isinstance(env.msg, OpenRequest):
                 self._handle(env)
@@ -151,6 +178,8 @@ class Worker:
             self._move_kv(msg)
         elif isinstance(msg, Shutdown):
             return False
+        else:
+            self._drop(f"a {type(msg).__name__} on the control channel")
         return True
 
     def _close(self, msg: CloseRequest) -> None:
@@ -165,6 +194,9 @@ class Worker:
 
     def _move_kv(self, msg: MoveKV) -> None:
         """Send the request's KV cache of the node to the rank that runs the node next."""
+        if msg.node not in self.executors:
+            self._drop(f"a MoveKV of node {msg.node!r}, which rank {self.rank} does not run")
+            return
         exported = self.executors[msg.node].export_kv(msg.request_id)
         if exported is None:
             log.warning("rank %d: no KV of request %d on %s to move", self.rank, msg.request_id, msg.node)
@@ -183,9 +215,13 @@ class Worker:
             self.executors[node].import_kv(env.msg, env.tensors)
 
     def _store_edge(self, env: Envelope) -> None:
-        """Keep a pushed value under its versioned key ("<node>.<port>#<n>"), dropping older versions."""
+        """Keep a pushed value under its versioned key ("<node>.<port>#<n>"), dropping older versions;
+        a push that names nothing this rank consumes is dropped."""
         msg = env.msg
-        if isinstance(msg, EdgeTensors):
+        problem = self._edge_problem(msg, env.tensors)
+        if problem:
+            self._drop(f"a {type(msg).__name__} from another rank: {problem}")
+        elif isinstance(msg, EdgeTensors):
             store = self.values.setdefault(msg.request_id, {})
             for key, tensor in env.tensors.items():
                 base = key.split("#", 1)[0] + "#"
@@ -196,6 +232,17 @@ class Worker:
             self.streams.receive(msg.request_id, msg.stream, msg.index, env.tensors)
         elif isinstance(msg, KVState):
             self.kv_incoming[(msg.request_id, msg.node)] = env
+
+    def _edge_problem(self, msg: object, tensors: dict[str, torch.Tensor]) -> str:
+        """Why a worker-to-worker message cannot be stored here ("" when it can)."""
+        if isinstance(msg, EdgeTensors):
+            bad = [k for k in tensors if "#" not in k or "." not in k.split("#", 1)[0]]
+            return f"value keys {bad} are not '<node>.<port>#<n>'" if bad else ""
+        if isinstance(msg, StreamItems):
+            return "" if msg.stream in self.streams.consumed else f"rank {self.rank} consumes no stream {msg.stream!r}"
+        if isinstance(msg, KVState):
+            return "" if msg.node in self.executors else f"rank {self.rank} does not run node {msg.node!r}"
+        return "it is no worker-to-worker message"
 
     # ---- batches -------------------------------------------------------------------
 
@@ -252,7 +299,7 @@ class Worker:
     def _pump(self) -> None:
         """Wait up to 100 ms for one message from another rank and store it."""
         if self.inbox.socket.poll(100):
-            self._store_edge(self.inbox.recv())
+            self._receive_edge()
 
     def _route_and_store(self, node: str, items: list[WorkItem], results: list[ExecResult],
                          follower: bool = False) -> dict[str, torch.Tensor]:
@@ -275,6 +322,8 @@ class Worker:
         self.control.close()
         self.inbox.close()
         self.outbox.close()
+        if self.guard is not None:
+            self.guard.stop()
 
 
 def tp_init_method(conductor: str) -> str:
@@ -286,9 +335,14 @@ def tp_init_method(conductor: str) -> str:
 
 
 def run_worker(plan_path: str, rank: int, conductor: str, weights_dir: str | None = None,
-               host: str = "127.0.0.1") -> None:
-    """Entry point of `mstar-run worker`: serve `rank` of the plan until told to shut down."""
-    worker = Worker(plan_path, rank, conductor, weights_dir, host)
+               host: str = "127.0.0.1", key_file: str | None = None) -> None:
+    """Entry point of `mstar-run worker`: serve `rank` of the plan until told to shut down.
+    `key_file` holds the rank's CURVE keys (`mstar-run keygen`); without it the worker speaks
+    plain ZeroMQ, which a server (always CURVE) refuses."""
+    keys = ClusterKeys.load(key_file) if key_file else None
+    if keys is not None:
+        keys.check_rank(rank)
+    worker = Worker(plan_path, rank, conductor, weights_dir, host, keys)
     log.info("rank %d ready (pid %d)", rank, os.getpid())
     try:
         worker.serve()

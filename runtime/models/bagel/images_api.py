@@ -27,7 +27,7 @@ from runtime.models.bagel.generation import check_image_size, max_image_side
 from runtime.models.bagel.image_io import png_bytes
 from mstar_compiler.plan import Plan
 from runtime.conductor.request import Request
-from runtime.server.errors import ApiError
+from runtime.server.errors import ApiError, event_error
 from runtime.server.multimodal import data_url_bytes, image_item
 from runtime.server.params import resolve_params
 
@@ -135,7 +135,7 @@ async def _image_of(server: Any, req: Request) -> torch.Tensor:
         event = await req.events.get()
         image = next((t for t in event.tensors.values() if t.dim() == 3), image)
         if event.finish_reason == "error":
-            raise ApiError(500, f"request failed: {event.error}", code="worker_failed")
+            raise event_error(event)
         if event.finish_reason is not None:
             break
     server.observe_finished(req)
@@ -197,5 +197,5 @@ async def images_edits(request: web.Request) -> web.Response:
         raise ApiError(400, "'image' is required: one or more image files", "image")
     if len(blobs) > MAX_IMAGES:
         raise ApiError(400, f"at most {MAX_IMAGES} images per edit", "image")
-    images = [image_item(server.plan, blob, "image") for blob in blobs]
+    images = await asyncio.to_thread(lambda: [image_item(server.plan, blob, "image") for blob in blobs])
     return await run_job(server, parse_job(server, fields, images, "i2i"))

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from runtime.server.errors import ApiError, error_body
+from runtime.server.errors import ApiError, error_body, event_error
 from runtime.server.params import resolve_params
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -120,7 +120,7 @@ async def _frames(req: Any, key: str):
     while True:
         event = await req.events.get()
         if event.finish_reason == "error":
-            raise ApiError(500, f"rollout failed: {event.error}", code="worker_failed")
+            raise event_error(event, "rollout")
         if key in event.tensors:
             yield event.tensors[key]
         if event.finish_reason is not None:

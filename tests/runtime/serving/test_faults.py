@@ -96,9 +96,13 @@ def test_killed_worker_fails_its_requests_fast_and_is_restarted(server) -> None:
 def test_remote_worker_joins_over_tcp_and_sigterm_drains(plan_dir) -> None:
     plan = compile_plan(plan_dir, "smollm2", preset="tiny")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    srv = Server(plan, "--worker-endpoint", endpoint, "--remote-ranks", "0")
+    keys = plan_dir / "remote-keys"
+    subprocess.run([sys.executable, "-m", "runtime.cli", "keygen", "--ranks", "1", "--out", str(keys)], cwd=REPO,
+                   check=True, capture_output=True)
+    srv = Server(plan, "--worker-endpoint", endpoint, "--remote-ranks", "0", "--keys", str(keys))
     worker = subprocess.Popen([sys.executable, "-m", "runtime.cli", "worker", "--conductor", endpoint,
-                               "--rank", "0", "--log-level", "warning", plan], cwd=REPO)
+                               "--rank", "0", "--key", str(keys / "rank-0.json"), "--log-level", "warning", plan],
+                              cwd=REPO)
     try:
         srv.wait_ready(60)
         assert http("GET", f"{srv.url}/health")[1]["worker_pids"]["0"] == worker.pid

@@ -10,7 +10,7 @@ from PIL import Image
 from tests.runtime.models.bagel.bagel_reference import bagel_sincos_table
 from runtime.models.bagel.embeddings import TimestepEmbedder, sincos_2d_table, timestep_frequencies
 from runtime.models.bagel.flow import flow_step_times, flow_timesteps
-from runtime.server.image_io import image_from_bytes
+from runtime.server.multimodal import decode_image
 from runtime.models.bagel.image_io import (VAE_RESIZE, VIT_RESIZE, pil_to_tensor, png_bytes,
                                     resize_for, target_size)
 from runtime.models.bagel.patchify import grid_position_ids, patchify, unpatchify
@@ -70,6 +70,6 @@ def test_image_round_trip():
     x = pil_to_tensor(image)
     assert x.shape == (3, 24, 40)
     torch.testing.assert_close(x[:, 0, 0], torch.tensor([1.0, -1.0, 128 / 255 * 2 - 1]))
-    back = image_from_bytes(png_bytes(x))
+    back = decode_image(png_bytes(x), "image")
     assert back.size == (40, 24) and back.getpixel((3, 3)) == (255, 0, 128)
     assert resize_for(image, VAE_RESIZE).size == target_size(40, 24, VAE_RESIZE)
