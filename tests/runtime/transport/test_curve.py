@@ -15,7 +15,7 @@ import zmq
 
 from runtime.transport.keys import ClusterKeys
 from runtime.transport.messages import BatchDone, Hello, ItemResult, encode
-from tests.runtime.serving.conftest import REPO, Server, compile_plan, free_port, http
+from tests.runtime.serving.conftest import REPO, Server, compile_plan, free_port, http, plan_dir  # noqa: F401  (plan_dir: the session fixture)
 
 MODEL = "smollm2-135m-instruct"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}

@@ -15,7 +15,7 @@ import zmq
 from runtime.transport.frames import TensorMeta
 from runtime.transport.keys import ClusterKeys, make_client, write_cluster_keys
 from runtime.transport.messages import EdgeTensors, KVState, StreamItems, encode
-from tests.runtime.serving.conftest import Server, compile_plan, http
+from tests.runtime.serving.conftest import Server, compile_plan, http, plan_dir  # noqa: F401  (plan_dir: the session fixture)
 
 MODEL = "smollm2-135m-instruct"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}
