@@ -1,16 +1,23 @@
 """`mstar-run`: serve a compiled plan, or run one worker rank that joins a running server.
 
     mstar-run plan.bin [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-concurrency N]
-                       [--weights DIR] [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2]
-    mstar-run worker --conductor tcp://HOST:PORT --rank R plan.bin [--weights DIR] [--host 127.0.0.1]
+                       [--weights ROOT] [--weights REPO=DIR] [--random-weights]
+                       [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2]
+    mstar-run worker --conductor tcp://HOST:PORT --rank R plan.bin [--weights ROOT ...] [--host 127.0.0.1]
+    mstar-run check-weights plan.bin --weights ROOT [--weights REPO=DIR]   # headers only; exit 1 on mismatch
+    mstar-run convert-weights DIR        # .bin/.pt -> .safetensors beside them, once, offline
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from mstar_compiler.plan import PlanFormatError
+
+if TYPE_CHECKING:
+    from runtime.weights.sources import WeightOptions
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -20,7 +27,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/*")
     p.add_argument("--max-concurrency", type=int, default=256, help="requests admitted at once; more wait")
-    p.add_argument("--weights", default=None, help="checkpoint dir: DIR/<node> per weight group, or DIR for one")
+    _weights_args(p)
     p.add_argument("--worker-endpoint", default="tcp://127.0.0.1:0",
                    help="where workers connect (a fixed port lets `mstar-run worker` join from elsewhere)")
     p.add_argument("--remote-ranks", default="", help="comma-separated ranks started by hand with `mstar-run worker`")
@@ -39,13 +46,27 @@ def _worker_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", help="the same plan.bin the server serves")
     p.add_argument("--conductor", required=True, help="the server's worker endpoint, tcp://HOST:PORT")
     p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--weights", default=None)
+    _weights_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address other ranks reach this worker at")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's; the server gives its local workers "
                         "an equal share of the CPU cores)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
+
+
+def _weights_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights", action="append", default=[], metavar="ROOT|REPO=DIR",
+                   help="ROOT: one directory per published repository, named after it (ROOT/orpheus-3b-0.1-ft/, "
+                        "as `huggingface-cli download REPO --local-dir ROOT/NAME` leaves it); REPO=DIR: that "
+                        "repository from DIR; repeatable")
+    p.add_argument("--random-weights", action="store_true",
+                   help="seeded random weights for nodes given none (reported in the log, /v1/models, /health)")
+
+
+def _weight_options(args: argparse.Namespace) -> WeightOptions:
+    from runtime.weights.sources import WeightOptions
+    return WeightOptions(tuple(args.weights), args.random_weights)
 
 
 def _logging(level: str) -> None:
@@ -62,19 +83,28 @@ def main(argv: list[str] | None = None) -> int:
             if args.threads:
                 import torch
                 torch.set_num_threads(args.threads)
-            run_worker(args.plan, args.rank, args.conductor, args.weights, args.host)
+            run_worker(args.plan, args.rank, args.conductor, _weight_options(args), args.host)
             return 0
+        if argv and argv[0] in ("check-weights", "convert-weights"):
+            from runtime.weights.commands import main as weights_main
+            return weights_main(argv)
         args = _serve_parser().parse_args(argv)
         _logging(args.log_level)
         from runtime.server.app import ServerConfig, serve
         remote = frozenset(int(r) for r in args.remote_ranks.split(",") if r.strip())
         serve(ServerConfig(plan_path=args.plan, host=args.host, port=args.port, api_key=args.api_key,
-                           max_concurrency=args.max_concurrency, weights_dir=args.weights,
+                           max_concurrency=args.max_concurrency, weights=_weight_options(args),
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
                            remote_ranks=remote, request_timeout_s=args.request_timeout,
                            batch_invariant=args.batch_invariant))
         return 0
     except PlanFormatError as exc:
+        print(f"mstar-run: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as exc:
+        from runtime.weights import WEIGHT_ERRORS
+        if not isinstance(exc, WEIGHT_ERRORS):
+            raise
         print(f"mstar-run: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -27,6 +27,7 @@ from runtime.conductor.request import Request, RequestState
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import WorkerSet
+from runtime.weights.sources import WeightOptions
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKv, OpenRequest, Peers, Ready, RunBatch, Shutdown,
 )
@@ -41,7 +42,7 @@ class ConductorConfig:
     plan_path: str
     endpoint: str = "tcp://127.0.0.1:0"       # where workers connect (port 0: pick a free one)
     remote_ranks: frozenset[int] = frozenset()  # ranks whose workers are started by hand elsewhere
-    weights_dir: str | None = None
+    weights: WeightOptions = WeightOptions()   # passed on to the local workers
     log_level: str = "info"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -84,7 +85,7 @@ class Conductor:
         self.ctx = zmq.asyncio.Context()
         self.queue = ConductorQueue(self.ctx, self.config.endpoint)
         self.workers = WorkerSet(self.config.plan_path, self.queue.endpoint, len(self.plan.ranks),
-                                 set(self.config.remote_ranks), self.config.weights_dir, self.config.log_level)
+                                 set(self.config.remote_ranks), self.config.weights, self.config.log_level)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]
         self.workers.start_local()

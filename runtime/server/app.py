@@ -27,7 +27,7 @@ from runtime.server.metrics import Metrics
 from runtime.server.streaming import install_streaming
 from runtime.server.tasks import run_task
 from runtime.server.text import load_text_tokenizer
-from runtime.worker.loader import describe_source, weight_source
+from runtime.weights.sources import WeightOptions, resolve
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class ServerConfig:
     api_key: str | None = None
     max_concurrency: int = 256           # requests admitted at once; more wait in the queue
     max_body_bytes: int = 16 << 20
-    weights_dir: str | None = None
+    weights: WeightOptions = WeightOptions()   # --weights values and --random-weights
     log_level: str = "info"
     worker_endpoint: str = "tcp://127.0.0.1:0"   # where workers connect
     remote_ranks: frozenset[int] = frozenset()
@@ -57,14 +57,18 @@ class MstarServer:
         self.plan: Plan = load_plan(config.plan_path)
         self.model_id = self.plan.model
         self.metrics = Metrics()
+        # resolved before any worker starts: a node without weights fails here, in seconds
+        self.weights = {n.name: resolve(self.plan, n, config.weights) for n in self.plan.nodes}
+        self.random_nodes = sorted(name for name, w in self.weights.items() if w.kind == "random")
+        if self.random_nodes:
+            log.warning("RANDOM WEIGHTS (seeded, not a checkpoint) for nodes: %s", ", ".join(self.random_nodes))
         self.conductor = Conductor(self.plan, ConductorConfig(
             plan_path=config.plan_path, endpoint=config.worker_endpoint, remote_ranks=config.remote_ranks,
-            weights_dir=config.weights_dir, log_level=config.log_level,
+            weights=config.weights, log_level=config.log_level,
             scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant)),
             on_batch=self.metrics.observe_batch)
         self.chat_node = self._chat_node()
-        self.tokenizer = load_text_tokenizer(
-            weight_source(self.plan, self.plan.node(self.chat_node), config.weights_dir) if self.chat_node else None)
+        self.tokenizer = load_text_tokenizer(self.weights[self.chat_node].path if self.chat_node else None)
         self.draining = False
 
     def _chat_node(self) -> str | None:
@@ -134,15 +138,14 @@ class MstarServer:
         ok = len(ready) == len(self.plan.ranks) and not self.draining
         pids = {str(r): s.pid for r, s in self.conductor.workers.ranks.items()}
         return web.json_response({"status": "ok" if ok else "degraded", "ready_ranks": sorted(ready),
-                                  "worker_pids": pids},
+                                  "worker_pids": pids, "random_weights": self.random_nodes},
                                  status=200 if ok else 503)
 
     async def models(self, request: web.Request) -> web.Response:
-        nodes = {n.name: describe_source(n, weight_source(self.plan, n, self.config.weights_dir))
-                 for n in self.plan.nodes}
+        nodes = {name: source.describe() for name, source in self.weights.items()}
         card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "mstar",
                 "tasks": [t.name for t in self.plan.tasks], "preset": self.plan.preset,
-                "placement": self.plan.placement, "weights": nodes, "batch_invariant": self.config.batch_invariant,
+                "placement": self.plan.placement, "weights": nodes, "random_weights": self.random_nodes, "batch_invariant": self.config.batch_invariant,
                 "dtype": {n.name: n.dtype for n in self.plan.nodes},
                 "ranks": {str(r): {n.name: {"params": n.num_params} for n in s.nodes}
                           for r, s in sorted(self.conductor.workers.ranks.items())}}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 import torch
+from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -82,3 +83,24 @@ def random_tensors(slots: Mapping[str, Slot], seed: int, std: float = 0.02) -> I
             continue
         gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
         yield name, torch.randn(slot.shape, generator=gen) * std
+
+
+def parameter_slots(module: nn.Module) -> dict[str, Slot]:
+    """One slot per parameter, named and shaped as the parameter (norm weights marked)."""
+    # by class name (torch's or mstar's RMSNorm; importing runtime.layers here would be circular)
+    norm_weights = {f"{name}.weight" if name else "weight"
+                    for name, m in module.named_modules() if type(m).__name__ in ("LayerNorm", "RMSNorm")}
+    return {name: Slot(tuple(param.shape), lambda t, p=param: _copy(p, t), is_norm=name in norm_weights)
+            for name, param in module.named_parameters()}
+
+
+def module_slots(module: nn.Module) -> dict[str, Slot]:
+    """What a module reads from a checkpoint: its own `hf_slots()` (fused or sharded parameters),
+    else one slot per parameter under the parameter's name."""
+    hf_slots = getattr(module, "hf_slots", None)
+    return hf_slots() if callable(hf_slots) else parameter_slots(module)
+
+
+@torch.no_grad()
+def _copy(param: torch.Tensor, tensor: torch.Tensor) -> None:
+    param.copy_(tensor)
