@@ -63,7 +63,7 @@ def check_plan(plan: Plan, options: WeightOptions, out=sys.stdout) -> bool:
             print(f"  ERROR {exc}", file=out)
             ok = False
             continue
-        read[source.path].update(report.read)
+        read[source.path].update(report.read | report.excluded)
         published[source.path].update(report.published)
         print(f"  matched {report.matched}, missing {len(report.missing)}, unexpected {len(report.unexpected)}, "
               f"wrong shape {len(report.misshaped)}; {report.nbytes / GIB:.2f} GiB", file=out)

@@ -58,6 +58,12 @@ class CompiledMap:
                 return [Target(match.expand(part), i, len(into), dim) for i, part in enumerate(into)]
         return [Target(name)]
 
+    def is_excluded(self, name: str) -> bool:
+        """Whether the mapping deliberately leaves a published tensor unread (its `exclude:`)."""
+        if not name.startswith(self.spec.prefix):
+            return False
+        return any(p.search(name[len(self.spec.prefix):]) for p in self.exclude)
+
     def is_optional(self, name: str) -> bool:
         return any(p.fullmatch(name) for p in self.optional)
 

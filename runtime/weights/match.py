@@ -36,6 +36,7 @@ class MatchReport:
     loads: list[tuple[str, TensorInfo, list[Target]]] = field(default_factory=list)
     read: set[str] = field(default_factory=set)           # published names this node consumes (or skips as optional)
     published: set[str] = field(default_factory=set)      # every tensor name of the files the node's mapping reads
+    excluded: set[str] = field(default_factory=set)       # published names the mapping leaves out on purpose
 
     @property
     def is_ok(self) -> bool:
@@ -77,6 +78,7 @@ def match_node(node: str, cmap: CompiledMap, infos: Mapping[str, TensorInfo],
             report.loads.append((name, info, kept))
             report.nbytes += info.nbytes
     report.missing = sorted(set(slots) - filled)
+    report.excluded = {name for name in infos if cmap.is_excluded(name)}
     return report
 
 
