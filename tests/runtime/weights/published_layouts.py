@@ -18,7 +18,7 @@ from mstar_compiler.plan import Node
 from runtime.weights.headers import TensorInfo
 from runtime.weights.mapping import CompiledMap
 from runtime.weights.match import MatchReport, match_node
-from runtime.weights.slots import module_slots
+from runtime.weights.slots import Slot, module_slots
 
 HERE = Path(__file__).parent / "published"
 _DTYPE_BYTES = {"BF16": 2, "F32": 4}
@@ -35,13 +35,20 @@ def infos(tensors: dict[str, list[int]], file: str = "model.safetensors", dtype:
     return {n: TensorInfo(Path(file), dtype, tuple(s), size * _numel(s)) for n, s in tensors.items()}
 
 
-def meta_report(node: Node, published: dict[str, TensorInfo]) -> MatchReport:
-    """The node built on the meta device, its slots matched through its plan mapping."""
+def meta_slots(node: Node) -> dict[str, Slot]:
+    """The slots of the node's module built on the meta device (no memory, no data)."""
     from runtime.worker.loader import build_module
-    assert node.weight_map is not None, f"node {node.name} has no weight mapping"
     with torch.device("meta"):
-        slots = module_slots(build_module(node, None))
-    return match_node(node.name, CompiledMap(node.weight_map), published, slots)
+        return module_slots(build_module(node, None))
+
+
+def meta_report(node: Node, published: dict[str, TensorInfo], slots: dict[str, Slot] | None = None) -> MatchReport:
+    """The node's slots (built on the meta device unless given) matched through its plan mapping
+    against the published tensors of the files the mapping reads."""
+    assert node.weight_map is not None, f"node {node.name} has no weight mapping"
+    files = {name for f in node.weight_map.files for name in (f, str(Path(f).with_suffix(".safetensors")))}
+    mine = {k: v for k, v in published.items() if not files or v.file.name in files}
+    return match_node(node.name, CompiledMap(node.weight_map), mine, meta_slots(node) if slots is None else slots)
 
 
 def write_header_only(path: Path, tensors: dict[str, list[int]], dtype: str = "BF16") -> None:
