@@ -76,7 +76,7 @@ def random_tensors(slots: Mapping[str, Slot], seed: int, std: float = 0.02) -> I
     Each tensor draws from its own generator seeded by (seed, slot order), so every
     tensor-parallel rank produces the same full tensors and keeps its own shard.
     """
-    log.warning("no weights given: using random weights (seed=%d)", seed)
+    log.debug("random weights (seed=%d); the loader reports which nodes keep them", seed)
     for i, (name, slot) in enumerate(sorted(slots.items())):
         if slot.is_norm:
             yield name, torch.ones(slot.shape)
