@@ -21,10 +21,10 @@ PRESET = "tiny-published"
 
 
 def published_preset(tmp: Path, graph: str, full: str, tiny: str = "tiny",
-                     node_dims: dict[str, dict[str, Any]] | None = None) -> Path:
+                     node_dims: dict[str, dict[str, Any]] | None = None, random_weights: bool = False) -> Path:
     """graphs/<graph>.yaml with preset `tiny-published` (tiny dims, `full`'s weight mappings)."""
     data = yaml.safe_load((REPO / "graphs" / f"{graph}.yaml").read_text())
-    preset = {k: v for k, v in data["presets"][tiny].items() if k != "random_weights"}
+    preset = {**data["presets"][tiny], "random_weights": random_weights}
     data["presets"][PRESET] = {**preset, "weights": data["presets"][full]["weights"]}
     for node, dims in (node_dims or {}).items():
         data["nodes"][node]["dims"] = dims
