@@ -105,7 +105,9 @@ def convert_dir(root: Path, out=sys.stdout) -> bool:
             continue
         tensors, skipped = flatten_tensors(torch.load(path, map_location="cpu", weights_only=True))
         tmp = target.with_suffix(".safetensors.tmp")
-        save_file({k: v.contiguous().clone() for k, v in tensors.items()}, str(tmp), metadata={"converted_from": path.name})
+        # clone: safetensors refuses tensors that share storage, as pickled state dicts may
+        save_file({k: v.contiguous().clone() for k, v in tensors.items()}, str(tmp),
+                  metadata={"converted_from": path.name})
         tmp.rename(target)
         note = f" (skipped {len(skipped)} non-tensor entries: {', '.join(skipped[:5])})" if skipped else ""
         print(f"{path} -> {target}: {len(tensors)} tensors{note}", file=out)

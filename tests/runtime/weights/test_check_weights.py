@@ -76,8 +76,9 @@ def test_check_weights_fails_on_a_config_that_disagrees(orpheus_plan: str, tmp_p
     root = write_orpheus_root(tmp_path, config={**ORPHEUS_CONFIG, "vocab_size": 128256, "tie_word_embeddings": False})
     out = mstar_run("check-weights", orpheus_plan, "--weights", str(root))
     assert out.returncode == 1
-    assert "config.json `vocab_size` = 128256 but preset 'orpheus-3b' of node 'lm' has vocab_size = 156940" in out.stdout
-    assert "`tie_word_embeddings` = False but preset 'orpheus-3b' of node 'lm' has tie_word_embeddings = True" in out.stdout
+    node = "preset 'orpheus-3b' of node 'lm'"
+    assert f"config.json `vocab_size` = 128256 but {node} has vocab_size = 156940" in out.stdout
+    assert f"`tie_word_embeddings` = False but {node} has tie_word_embeddings = True" in out.stdout
 
 
 def test_a_pickle_without_its_conversion_names_convert_weights(orpheus_plan: str, tmp_path: Path) -> None:

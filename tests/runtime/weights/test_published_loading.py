@@ -109,7 +109,8 @@ def upstream_encoder(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
             continue
         name = re.sub(r"^encoder\.layer\.(\d+)\.attention\.", r"blocks.\1.attn.", name)
         name = re.sub(r"^encoder\.layer\.(\d+)\.", r"blocks.\1.", name)
-        name = name.replace("encoder.layernorm.", "norm.").replace("encoder.embeddings.patch_embeddings.", "patch_embed.")
+        name = name.replace("encoder.layernorm.", "norm.")
+        name = name.replace("encoder.embeddings.patch_embeddings.", "patch_embed.")
         out[name] = t
     return out
 
