@@ -8,14 +8,18 @@ the published checkpoint whatever the module stores.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
 
 log = logging.getLogger(__name__)
 
+# set while a module is built only to be filled from a checkpoint (see `checkpoint_follows`)
+_CHECKPOINT_FOLLOWS: ContextVar[bool] = ContextVar("checkpoint_follows", default=False)
 # checkpoint entries that are derived buffers, not weights
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -77,6 +81,10 @@ def random_tensors(slots: Mapping[str, Slot], seed: int, std: float = 0.02) -> I
     tensor-parallel rank produces the same full tensors and keeps its own shard.
     """
     log.debug("random weights (seed=%d); the loader reports which nodes keep them", seed)
+    if _CHECKPOINT_FOLLOWS.get():
+        # every slot is overwritten next (the match is checked before any copy): skip the RNG
+        yield from ((name, torch.empty(slot.shape)) for name, slot in sorted(slots.items()))
+        return
     for i, (name, slot) in enumerate(sorted(slots.items())):
         if slot.is_norm:
             yield name, torch.ones(slot.shape)
@@ -104,3 +112,14 @@ def module_slots(module: nn.Module) -> dict[str, Slot]:
 @torch.no_grad()
 def _copy(param: torch.Tensor, tensor: torch.Tensor) -> None:
     param.copy_(tensor)
+
+
+@contextmanager
+def checkpoint_follows() -> Iterator[None]:
+    """Inside, `random_tensors` gives uninitialised tensors: the module being built is filled from a
+    checkpoint right after (drawing 35B random numbers first costs minutes on a full-size model)."""
+    token = _CHECKPOINT_FOLLOWS.set(True)
+    try:
+        yield
+    finally:
+        _CHECKPOINT_FOLLOWS.reset(token)

@@ -24,6 +24,7 @@ from mstar_compiler.plan import Node, Plan
 from runtime.components import component_class
 from runtime.parallel import SINGLE, TensorParallelGroup, init_tensor_parallel, pack_linears
 from runtime.weights.published import load_published
+from runtime.weights.slots import checkpoint_follows
 from runtime.weights.sources import NodeWeights, WeightOptions, resolve
 
 log = logging.getLogger(__name__)
@@ -134,8 +135,10 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
 
 def load_node(node: Node, source: NodeWeights, tp: TensorParallelGroup = SINGLE) -> torch.nn.Module:
     """The node's module with its weights from `source` (a published repository through the plan's mapping)."""
-    module = build_module(node, source.path if source.kind == "path" else None, tp)
-    if source.kind == "mapped":
-        assert source.path is not None
-        load_published(module, node, Path(source.path))
+    if source.kind != "mapped":
+        return build_module(node, source.path if source.kind == "path" else None, tp)
+    assert source.path is not None
+    with checkpoint_follows():
+        module = build_module(node, None, tp)
+    load_published(module, node, Path(source.path))
     return module
