@@ -27,7 +27,7 @@ from runtime.server.metrics import Metrics
 from runtime.server.streaming import install_streaming
 from runtime.server.tasks import run_task
 from runtime.server.text import load_text_tokenizer
-from runtime.weights.sources import WeightOptions, resolve
+from runtime.weights.sources import WeightOptions, resolve_all
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class MstarServer:
         self.model_id = self.plan.model
         self.metrics = Metrics()
         # resolved before any worker starts: a node without weights fails here, in seconds
-        self.weights = {n.name: resolve(self.plan, n, config.weights) for n in self.plan.nodes}
+        self.weights = resolve_all(self.plan, config.weights)
         self.random_nodes = sorted(name for name, w in self.weights.items() if w.kind == "random")
         if self.random_nodes:
             log.warning("RANDOM WEIGHTS (seeded, not a checkpoint) for nodes: %s", ", ".join(self.random_nodes))

@@ -88,6 +88,21 @@ def resolve(plan: Plan, node: Node, options: WeightOptions) -> NodeWeights:
                          f"pass --weights DIR with DIR/{owner.name}, or ask for random weights (--random-weights)")
 
 
+def resolve_all(plan: Plan, options: WeightOptions) -> dict[str, NodeWeights]:
+    """node name -> its weights for every node; one MissingWeights naming every node without any."""
+    out: dict[str, NodeWeights] = {}
+    problems: dict[str, str] = {}
+    for node in plan.nodes:
+        try:
+            out[node.name] = resolve(plan, node, options)
+        except MissingWeights as exc:
+            problems.setdefault(node.weight_key, str(exc))
+    if problems:
+        raise MissingWeights(f"{len(problems)} node(s) have no weights: {', '.join(problems)}\n"
+                             + "\n".join(problems.values()))
+    return out
+
+
 def _repository(source: str, options: WeightOptions) -> tuple[Path | None, list[Path]]:
     """The directory of repository `source`, and every path tried."""
     name = repo_dir_name(source)

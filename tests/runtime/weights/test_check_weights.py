@@ -94,7 +94,8 @@ def test_serving_a_full_size_plan_without_weights_fails_at_start(orpheus_plan: s
     args = ["--weights", str(tmp_path)] if with_empty_dir else []
     out = mstar_run(orpheus_plan, "--port", "0", *args, timeout=60)   # the bound: it must not start serving
     assert out.returncode == 2
-    assert "node 'lm' (llama_lm, orpheus.yaml:" in out.stderr
+    assert "2 node(s) have no weights: lm, snac" in out.stderr
+    assert "node 'lm' (llama_lm, orpheus.yaml:" in out.stderr and "node 'snac' (snac_decoder, orpheus.yaml:" in out.stderr
     assert "reads its weights from canopylabs/orpheus-3b-0.1-ft, which was not found" in out.stderr
     tried = f"{tmp_path / 'orpheus-3b-0.1-ft'} (no such directory)" if with_empty_dir else "nothing: no --weights given"
     assert tried in out.stderr
