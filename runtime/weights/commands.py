@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -93,17 +94,28 @@ def _report_unread(published: dict[str, set[str]], read: dict[str, set[str]], ou
 
 
 def convert_dir(root: Path, out=sys.stdout) -> bool:
-    """Convert every pickle under `root` to safetensors beside it; True when all converted."""
+    """Convert every pickle under `root` to safetensors beside it; True when every one was (or already is)."""
     from safetensors.torch import save_file
     pickles = sorted(p for p in root.rglob("*") if p.suffix in PICKLE_SUFFIXES and p.is_file())
     if not pickles:
         print(f"{root}: no .bin / .pt / .pth files", file=out)
+    ok = True
     for path in pickles:
         target = path.with_suffix(".safetensors")
         if target.exists():
             print(f"{target}: exists, left as is", file=out)
             continue
-        tensors, skipped = flatten_tensors(torch.load(path, map_location="cpu", weights_only=True))
+        try:
+            tensors, skipped = flatten_tensors(torch.load(path, map_location="cpu", weights_only=True))
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+            first = str(exc).strip().splitlines()[0]
+            print(f"{path}: not converted, torch.load(weights_only=True) refuses it: {first}", file=out)
+            ok = False
+            continue
+        if not tensors:
+            print(f"{path}: not converted, it holds no tensors", file=out)
+            ok = False
+            continue
         tmp = target.with_suffix(".safetensors.tmp")
         # clone: safetensors refuses tensors that share storage, as pickled state dicts may
         save_file({k: v.contiguous().clone() for k, v in tensors.items()}, str(tmp),
@@ -111,7 +123,7 @@ def convert_dir(root: Path, out=sys.stdout) -> bool:
         tmp.rename(target)
         note = f" (skipped {len(skipped)} non-tensor entries: {', '.join(skipped[:5])})" if skipped else ""
         print(f"{path} -> {target}: {len(tensors)} tensors{note}", file=out)
-    return True
+    return ok
 
 
 def flatten_tensors(obj: object, prefix: str = "") -> tuple[dict[str, torch.Tensor], list[str]]:
