@@ -5,6 +5,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 GRAPH   ?= smollm2
 PRESET  ?=
+WEIGHTS ?=
 PORT    ?= 8000
 
 .PHONY: venv venv-test serve test lint bench clean
@@ -31,7 +32,7 @@ venv-test: $(VENV)/.installed-test
 
 serve: venv
 	$(BIN)/mstarc compile graphs/$(GRAPH).yaml -o $(GRAPH).plan.bin $(if $(PRESET),--preset $(PRESET))
-	$(BIN)/mstar-run $(GRAPH).plan.bin --port $(PORT)
+	$(BIN)/mstar-run $(GRAPH).plan.bin --port $(PORT) $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 test: venv-test
 	$(BIN)/python -m pytest -q tests

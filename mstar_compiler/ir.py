@@ -48,6 +48,8 @@ class NodeIR:
     max_batch: int
     path: Path
     weights: str | None = None                                 # resolve: preset `weights:` source
+    weight_map: plan.WeightMap | None = None                   # resolve: preset `weights:` mapping
+    random_weights: bool = False                               # resolve: preset `random_weights:`
     executor: str = ""                                         # resolve: the runtime executor's registry name
     inputs: list[plan.Port] = field(default_factory=list)     # typecheck
     outputs: list[plan.Port] = field(default_factory=list)    # typecheck

@@ -129,6 +129,41 @@ class Placement(Base):
     walk_ranks: dict[str, list[int]] = {}  # walk name -> ranks for that walk (same tp_size)
 
 
+class Rename(Base):
+    match: str                          # regex searched in a tensor name (re.sub)
+    to: str                             # replacement (\1 for groups)
+
+
+class IndexRemap(Base):
+    match: str                          # regex whose first group is an integer index in the name
+    count: int                          # indices 0..count-1 map to count-1-i (FLUX counts up-blocks from the bottom)
+
+
+class Split(Base):
+    match: str                          # regex (full match) of a fused tensor's name after `rename`
+    into: list[str]                     # one replacement name per equal chunk along `dim` (e.g. q, k, v)
+    dim: int = 0
+
+
+class WeightMap(Base):
+    """Where one node's weights come from in a published checkpoint, and how names and shapes map.
+
+    Applied per tensor in this order: `prefix` (tensors without it belong to other nodes), `exclude`,
+    `index_remap`, `rename`, `split`; then `reshape` when loading (the module's shape, same element
+    count). The result must name exactly the module's slots (runtime.weights.slots)."""
+
+    source: str                         # published repository "owner/name": read from --weights ROOT/<name>
+    files: list[str] = []               # file names in the repository ([]: the index's shards or every .safetensors)
+    prefix: str = ""                    # only tensors starting with it, the prefix stripped
+    exclude: list[str] = []             # regexes (after the prefix strip) of tensors this node does not read
+    optional: list[str] = []            # regexes (mapped names) that may be absent or present and are then skipped
+    index_remap: list[IndexRemap] = []
+    rename: list[Rename] = []
+    split: list[Split] = []
+    reshape: list[str] = []             # regexes (mapped names): view as the module's shape (1x1 conv -> linear)
+    config: dict[str, str] = {}         # dotted key in the repository's config.json -> node dim it must equal
+
+
 class Node(Base):
     name: str                           # node name in the graph
     kind: str                           # catalogue kind = runtime registry key
@@ -153,6 +188,10 @@ class Node(Base):
     # a safetensors file or directory, a .gguf file, or "gguf:<package>[/<file>]", a GGUF file inside an installed
     # Python package (resolved by the runtime, never downloaded)
     weights: str | None = None
+    # the graph's declared mapping from a published repository (preset `weights:` given as a mapping)
+    weight_map: WeightMap | None = None
+    # seeded random weights are allowed when no weights are given (the preset says `random_weights: true`)
+    random_weights: bool = False
     # the runtime executor that runs the node: a registry name (runtime/executors/__init__.py),
     # the kind's default from the catalogue unless the graph's `executor:` names another
     executor: str = ""

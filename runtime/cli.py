@@ -1,18 +1,25 @@
 """`mstar-run`: serve a compiled plan, or run one worker rank that joins a running server.
 
     mstar-run plan.bin [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-concurrency N] [--prefill-chunk 256]
-                       [--weights DIR] [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2]
+                       [--weights ROOT] [--weights REPO=DIR] [--random-weights]
+                       [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2 --keys DIR]
                        [--batch-invariant] [--no-prefix-cache]
-    mstar-run worker --conductor tcp://HOST:PORT --rank R --key rank-R.json plan.bin [--weights DIR] [--host H]
+    mstar-run worker --conductor tcp://HOST:PORT --rank R --key rank-R.json plan.bin [--weights ROOT ...] [--host H]
     mstar-run keygen --ranks N --out DIR      CURVE keys for a cluster with remote ranks (server `--keys DIR`)
+    mstar-run check-weights plan.bin --weights ROOT [--weights REPO=DIR]   # headers only; exit 1 on mismatch
+    mstar-run convert-weights DIR        # .bin/.pt -> .safetensors beside them, once, offline
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from mstar_compiler.plan import PlanFormatError
+
+if TYPE_CHECKING:
+    from runtime.weights.sources import WeightOptions
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -27,7 +34,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=256, help="requests admitted at once; more wait")
     p.add_argument("--max-queue", type=int, default=1024,
                    help="requests waiting for admission at once; more are answered 429 with Retry-After")
-    p.add_argument("--weights", default=None, help="checkpoint dir: DIR/<node> per weight group, or DIR for one")
+    _weights_args(p)
     p.add_argument("--worker-endpoint", default="tcp://127.0.0.1:0",
                    help="where workers connect (a fixed port lets `mstar-run worker` join from elsewhere)")
     p.add_argument("--remote-ranks", default="", help="comma-separated ranks started by hand with `mstar-run worker`")
@@ -56,7 +63,7 @@ def _worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--conductor", required=True, help="the server's worker endpoint, tcp://HOST:PORT")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--key", default=None, help="this rank's key file (rank-R.json from `mstar-run keygen`)")
-    p.add_argument("--weights", default=None)
+    _weights_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address other ranks reach this worker at")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's; the server gives its local workers "
@@ -76,6 +83,20 @@ def _keygen(argv: list[str]) -> int:
     return 0
 
 
+def _weights_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights", action="append", default=[], metavar="ROOT|REPO=DIR",
+                   help="ROOT: one directory per published repository, named after it (ROOT/orpheus-3b-0.1-ft/, "
+                        "as `huggingface-cli download REPO --local-dir ROOT/NAME` leaves it); REPO=DIR: that "
+                        "repository from DIR; repeatable")
+    p.add_argument("--random-weights", action="store_true",
+                   help="seeded random weights for nodes given none (reported in the log, /v1/models, /health)")
+
+
+def _weight_options(args: argparse.Namespace) -> WeightOptions:
+    from runtime.weights.sources import WeightOptions
+    return WeightOptions(tuple(args.weights), args.random_weights)
+
+
 def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -92,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.threads:
                 import torch
                 torch.set_num_threads(args.threads)
-            run_worker(args.plan, args.rank, args.conductor, args.weights, args.host, args.key)
+            run_worker(args.plan, args.rank, args.conductor, _weight_options(args), args.host, args.key)
             return 0
+        if argv and argv[0] in ("check-weights", "convert-weights"):
+            from runtime.weights.commands import main as weights_main
+            return weights_main(argv)
         parser = _serve_parser()
         args = parser.parse_args(argv)
         if args.prefill_chunk < 0:
@@ -108,13 +132,19 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         serve(ServerConfig(plan_path=args.plan, host=args.host, port=args.port, api_key=args.api_key,
                            metrics_public=args.metrics_public, max_queue=args.max_queue,
-                           max_concurrency=args.max_concurrency, weights_dir=args.weights,
+                           max_concurrency=args.max_concurrency, weights=_weight_options(args),
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
                            remote_ranks=remote, request_timeout_s=args.request_timeout,
                            batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
                            prefill_chunk_tokens=args.prefill_chunk, keys_dir=args.keys))
         return 0
     except PlanFormatError as exc:
+        print(f"mstar-run: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as exc:
+        from runtime.weights import WEIGHT_ERRORS
+        if not isinstance(exc, WEIGHT_ERRORS):
+            raise
         print(f"mstar-run: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -159,6 +159,9 @@ QWEN3_MOE_PRESETS: dict[str, Dims] = {
         "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
     },
 }
+# Qwen3-Omni-30B-A3B's thinker: the text model above with the Omni vocabulary (its published
+# thinker.model.embed_tokens / thinker.lm_head are 152,064 rows, not Qwen3-30B-A3B's 151,936)
+QWEN3_MOE_PRESETS["qwen3-omni-30b-a3b"] = {**QWEN3_MOE_PRESETS["qwen3-30b-a3b"], "vocab_size": 152064}
 
 _DOCS = {
     "llama_lm": "Llama decoder LM (GQA, RoPE with llama3 scaling, SwiGLU); SmolLM2, Orpheus",

@@ -55,6 +55,7 @@ def _node(ir: IR, n: NodeIR) -> plan.Node:
         has_kv_cache=n.has_kv_cache, kv_pools=n.kv_pools, can_batch=n.spec.can_batch,
         max_batch=n.max_batch, is_capture_safe=n.spec.is_capture_safe,
         source=f"{os.path.basename(pos.file)}:{pos.line}:{pos.column}", weights=n.weights,
+        weight_map=n.weight_map, random_weights=n.random_weights,
         executor=n.executor, first_run_chunks=n.spec.first_run_chunks,
     )
 

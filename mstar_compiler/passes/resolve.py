@@ -10,7 +10,7 @@ from typing import Any
 from mstar_compiler import plan
 from mstar_compiler.errors import Path, did_you_mean
 from mstar_compiler.ir import IR, NodeIR, ParamIR
-from mstar_compiler.passes import resolve_walks
+from mstar_compiler.passes import resolve_walks, weight_map
 from mstar_compiler.passes.resolve_walks import param_ref
 from mstar_compiler.units import parse_size
 
@@ -111,11 +111,14 @@ def _nodes(ir: IR, preset: dict[str, Any]) -> None:
         if "same_as" in raw:
             ir.nodes[name] = _shared_node(ir, name, raw, raw_nodes, preset_map)
     ir.nodes = {name: ir.nodes[name] for name in raw_nodes}
-    _weights(ir, preset.get("weights", {}))
+    _weights(ir, preset)
 
 
-def _weights(ir: IR, sources: dict[str, str]) -> None:
-    """Attach the preset's weight sources; `same_as` nodes read their root's weights."""
+def _weights(ir: IR, preset: dict[str, Any]) -> None:
+    """Attach the preset's weight sources (a path or a checked `weight_map`); `same_as` nodes read
+    their root's. A graph without presets declares no weights, so its nodes are random by declaration."""
+    sources: dict[str, Any] = preset.get("weights", {})
+    maps: dict[str, plan.WeightMap] = {}
     for name, source in sources.items():
         path: Path = ("presets", ir.preset, "weights", name)
         if name not in ir.nodes:
@@ -124,8 +127,14 @@ def _weights(ir: IR, sources: dict[str, str]) -> None:
         if ir.nodes[name].weight_key != name:
             raise ir.doc.error(f"node '{name}' shares weights (same_as) and cannot name its own", path,
                                f"give the weights to '{ir.nodes[name].weight_key}'", key=True)
+        if isinstance(source, dict):
+            maps[name] = weight_map.resolve(ir, ir.nodes[name], source, path)
+    is_random = bool(preset.get("random_weights", not ir.preset))
     for node in ir.nodes.values():
-        node.weights = sources.get(node.weight_key)
+        source = sources.get(node.weight_key)
+        node.weights = source if isinstance(source, str) else None
+        node.weight_map = maps.get(node.weight_key)
+        node.random_weights = is_random
 
 
 def _root_node(ir: IR, name: str, raw: dict[str, Any], preset: dict[str, Any],

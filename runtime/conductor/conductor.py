@@ -31,6 +31,7 @@ from runtime.conductor.running import RunningSet
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import WorkerSet
+from runtime.weights.sources import WeightOptions
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKV, OpenRequest, Peers, Ready, RunBatch, Shutdown,
 )
@@ -47,7 +48,7 @@ class ConductorConfig:
     endpoint: str = "tcp://127.0.0.1:0"       # where workers connect (port 0: pick a free one)
     remote_ranks: frozenset[int] = frozenset()  # ranks whose workers are started by hand elsewhere
     keys_dir: str | None = None               # `mstar-run keygen` output (needed for remote ranks); None: per start
-    weights_dir: str | None = None
+    weights: WeightOptions = WeightOptions()   # passed on to the local workers
     log_level: str = "info"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prefix_cache: bool = True                 # reuse cached KV blocks of equal prompt prefixes across requests
@@ -101,7 +102,7 @@ class Conductor:
         self.guard = start_guard(self.ctx, keys)
         self.queue = ConductorQueue(self.ctx, self.config.endpoint, keys)
         self.workers = WorkerSet(self.config.plan_path, self.queue.endpoint, len(self.plan.ranks),
-                                 set(self.config.remote_ranks), self.config.weights_dir, self.config.log_level,
+                                 set(self.config.remote_ranks), self.config.weights, self.config.log_level,
                                  key_files)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]

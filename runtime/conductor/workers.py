@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from runtime.transport.messages import NodeInfo
+from runtime.weights.sources import WeightOptions
 
 log = logging.getLogger(__name__)
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -39,11 +40,11 @@ class WorkerSet:
     """Every rank of the plan; starts the local ones as `mstar-run worker` subprocesses."""
 
     def __init__(self, plan_path: str, endpoint: str, num_ranks: int, remote: set[int],
-                 weights_dir: str | None, log_level: str, key_files: dict[int, str] | None = None) -> None:
+                 weights: WeightOptions, log_level: str, key_files: dict[int, str] | None = None) -> None:
         self.plan_path = plan_path
         self.key_files = key_files or {}   # rank -> its 0600 key file (the path travels in argv, not the key)
         self.endpoint = endpoint
-        self.weights_dir = weights_dir
+        self.weights = weights
         self.log_level = log_level
         self.ranks = {r: RankStatus(r, is_local=r not in remote) for r in range(num_ranks)}
         self.tp_init = os.environ.get("MSTAR_TP_INIT") or f"tcp://127.0.0.1:{_free_port()}"  # TP rendezvous
@@ -56,8 +57,7 @@ class WorkerSet:
     def _spawn(self, status: RankStatus) -> None:
         cmd = [sys.executable, "-m", "runtime.cli", "worker", "--conductor", self.endpoint,
                "--rank", str(status.rank), "--log-level", self.log_level, self.plan_path]
-        if self.weights_dir:
-            cmd += ["--weights", self.weights_dir]
+        cmd += self.weights.cli_args()
         if status.rank in self.key_files:
             cmd += ["--key", self.key_files[status.rank]]
         cmd += ["--threads", str(self.threads_per_worker())]

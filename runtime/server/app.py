@@ -34,7 +34,7 @@ from runtime.server.audio_routes import install_audio_routes
 from runtime.server.tasks import run_task
 from runtime.server.transcriptions import audio_transcriptions
 from runtime.text import load_text_tokenizer
-from runtime.worker.loader import describe_source, weight_source
+from runtime.weights.sources import WeightOptions, resolve_all
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class ServerConfig:
     max_concurrency: int = 256           # requests admitted at once; more wait in the queue
     max_queue: int = 1024                # requests waiting at once; more get 429 with Retry-After
     max_body_bytes: int = 16 << 20
-    weights_dir: str | None = None
+    weights: WeightOptions = WeightOptions()   # --weights values and --random-weights
     log_level: str = "info"
     worker_endpoint: str = "tcp://127.0.0.1:0"   # where workers connect
     remote_ranks: frozenset[int] = frozenset()
@@ -69,18 +69,22 @@ class MstarServer:
         self.plan: Plan = load_plan(config.plan_path)
         self.model_id = self.plan.model
         self.metrics = Metrics()
+        # resolved before any worker starts: a node without weights fails here, in seconds
+        self.weights = resolve_all(self.plan, config.weights)
+        self.random_nodes = sorted(name for name, w in self.weights.items() if w.kind == "random")
+        if self.random_nodes:
+            log.warning("RANDOM WEIGHTS (seeded, not a checkpoint) for nodes: %s", ", ".join(self.random_nodes))
         self.conductor = Conductor(self.plan, ConductorConfig(
             plan_path=config.plan_path, endpoint=config.worker_endpoint, remote_ranks=config.remote_ranks,
             keys_dir=config.keys_dir, max_queue=config.max_queue,
-            weights_dir=config.weights_dir, log_level=config.log_level,
+            weights=config.weights, log_level=config.log_level,
             scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant,
                                       prefill_chunk_tokens=config.prefill_chunk_tokens),
             prefix_cache=config.prefix_cache),
             on_batch=self.metrics.observe_batch)
         self.metrics.registry.register(PrefixCacheCollector(self.conductor.ledger))
         self.chat_node = self._chat_node()
-        self.tokenizer = load_text_tokenizer(
-            weight_source(self.plan, self.plan.node(self.chat_node), config.weights_dir) if self.chat_node else None)
+        self.tokenizer = load_text_tokenizer(self.weights[self.chat_node].path if self.chat_node else None)
         self.chat_inputs = chat_inputs_for(self.plan)   # the family's reader of audio/image parts, if any
         self.draining = False
 
@@ -148,7 +152,7 @@ class MstarServer:
         (every caller when the server has none)."""
         ready = self.conductor.workers.ready_ranks()
         ok = len(ready) == len(self.plan.ranks) and not self.draining
-        body: dict[str, Any] = {"status": "ok" if ok else "degraded"}
+        body: dict[str, Any] = {"status": "ok" if ok else "degraded", "random_weights": self.random_nodes}
         if self.is_authorised(request):
             body.update(ready_ranks=sorted(ready),
                         worker_pids={str(r): s.pid for r, s in self.conductor.workers.ranks.items()})
@@ -164,12 +168,11 @@ class MstarServer:
         return hmac.compare_digest(given.encode(), f"Bearer {self.config.api_key}".encode())
 
     async def models(self, request: web.Request) -> web.Response:
-        nodes = {n.name: describe_source(n, weight_source(self.plan, n, self.config.weights_dir))
-                 for n in self.plan.nodes}
+        nodes = {name: source.describe() for name, source in self.weights.items()}
         card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "mstar",
                 "tasks": [t.name for t in self.plan.tasks], "preset": self.plan.preset,
-                "placement": self.plan.placement, "weights": nodes, "batch_invariant": self.config.batch_invariant,
-                "prefix_cache": self.config.prefix_cache,
+                "placement": self.plan.placement, "weights": nodes, "random_weights": self.random_nodes,
+                "batch_invariant": self.config.batch_invariant, "prefix_cache": self.config.prefix_cache,
                 "dtype": {n.name: n.dtype for n in self.plan.nodes},
                 "ranks": {str(r): {n.name: {"params": n.num_params} for n in s.nodes}
                           for r, s in sorted(self.conductor.workers.ranks.items())}}

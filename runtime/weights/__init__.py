@@ -1,7 +1,15 @@
-"""Weights: HF-named tensor slots with a checked loader, seeded random weights, safetensors reading."""
+"""Weights: HF-named tensor slots with a checked loader, seeded random weights, safetensors reading,
+published repositories read through the graph's mapping (sources, repository, mapping, match, published)."""
 from __future__ import annotations
 
+from runtime.weights.published import ConfigMismatch, WeightMismatch
+from runtime.weights.repository import RepositoryError
 from runtime.weights.safetensors_loader import iter_safetensors, load_safetensors
 from runtime.weights.slots import Slot, WeightLoadError, load_into, random_tensors
+from runtime.weights.sources import MissingWeights
 
-__all__ = ["Slot", "WeightLoadError", "iter_safetensors", "load_into", "load_safetensors", "random_tensors"]
+# what a start-up with the wrong weights raises: printed for people, exit status 2
+WEIGHT_ERRORS = (MissingWeights, ConfigMismatch, WeightMismatch, RepositoryError, WeightLoadError)
+
+__all__ = ["WEIGHT_ERRORS", "ConfigMismatch", "MissingWeights", "RepositoryError", "Slot", "WeightLoadError",
+           "WeightMismatch", "iter_safetensors", "load_into", "load_safetensors", "random_tensors"]

@@ -8,13 +8,18 @@ the published checkpoint whatever the module stores.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
+from torch import nn
 
 log = logging.getLogger(__name__)
 
+# set while a module is built only to be filled from a checkpoint (see `checkpoint_follows`)
+_CHECKPOINT_FOLLOWS: ContextVar[bool] = ContextVar("checkpoint_follows", default=False)
 # checkpoint entries that are derived buffers, not weights
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -75,10 +80,46 @@ def random_tensors(slots: Mapping[str, Slot], seed: int, std: float = 0.02) -> I
     Each tensor draws from its own generator seeded by (seed, slot order), so every
     tensor-parallel rank produces the same full tensors and keeps its own shard.
     """
-    log.warning("no weights given: using random weights (seed=%d)", seed)
+    log.debug("random weights (seed=%d); the loader reports which nodes keep them", seed)
+    if _CHECKPOINT_FOLLOWS.get():
+        # every slot is overwritten next (the match is checked before any copy): skip the RNG
+        yield from ((name, torch.empty(slot.shape)) for name, slot in sorted(slots.items()))
+        return
     for i, (name, slot) in enumerate(sorted(slots.items())):
         if slot.is_norm:
             yield name, torch.ones(slot.shape)
             continue
         gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
         yield name, torch.randn(slot.shape, generator=gen) * std
+
+
+def parameter_slots(module: nn.Module) -> dict[str, Slot]:
+    """One slot per parameter, named and shaped as the parameter (norm weights marked)."""
+    # by class name (torch's or mstar's RMSNorm; importing runtime.layers here would be circular)
+    norm_weights = {f"{name}.weight" if name else "weight"
+                    for name, m in module.named_modules() if type(m).__name__ in ("LayerNorm", "RMSNorm")}
+    return {name: Slot(tuple(param.shape), lambda t, p=param: _copy(p, t), is_norm=name in norm_weights)
+            for name, param in module.named_parameters()}
+
+
+def module_slots(module: nn.Module) -> dict[str, Slot]:
+    """What a module reads from a checkpoint: its own `hf_slots()` (fused or sharded parameters),
+    else one slot per parameter under the parameter's name."""
+    hf_slots = getattr(module, "hf_slots", None)
+    return hf_slots() if callable(hf_slots) else parameter_slots(module)
+
+
+@torch.no_grad()
+def _copy(param: torch.Tensor, tensor: torch.Tensor) -> None:
+    param.copy_(tensor)
+
+
+@contextmanager
+def checkpoint_follows() -> Iterator[None]:
+    """Inside, `random_tensors` gives uninitialised tensors: the module being built is filled from a
+    checkpoint right after (drawing 35B random numbers first costs minutes on a full-size model)."""
+    token = _CHECKPOINT_FOLLOWS.set(True)
+    try:
+        yield
+    finally:
+        _CHECKPOINT_FOLLOWS.reset(token)

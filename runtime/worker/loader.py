@@ -1,10 +1,10 @@
 """Builds the modules of one rank's nodes, once per weight group.
 
 Nodes with the same `weight_key` (`same_as` in YAML) on one rank share one module; each
-still gets its own executor, hence its own KV cache. Weights come from, in order: the
-`--weights DIR` override (DIR/<weight_key>, or DIR itself when the plan has one weight
-group), the graph preset's `weights:` source (plan `Node.weights`), or a seeded random init (`seed` arg) — reported back as
-the node's weight source.
+still gets its own executor, hence its own KV cache. Where a node's weights come from is
+`runtime.weights.sources.resolve`: a published repository through the graph's mapping
+(`--weights ROOT`, ROOT/<repository name>), a path, or seeded random weights when the preset
+or `--random-weights` asks for them — never silently; the source is reported back per node.
 
 Tensor parallelism: the nodes of a rank with `placement.tp_size > 1` are built with
 `tp=group`, the `TensorParallelGroup` this rank forms with the other ranks of the node's
@@ -23,25 +23,21 @@ import torch
 from mstar_compiler.plan import Node, Plan
 from runtime.components import component_class
 from runtime.parallel import SINGLE, TensorParallelGroup, init_tensor_parallel, pack_linears
+from runtime.weights.published import load_published
+from runtime.weights.slots import checkpoint_follows
+from runtime.weights.sources import NodeWeights, WeightOptions, resolve
 
 log = logging.getLogger(__name__)
 
-def weight_source(plan: Plan, node: Node, weights_dir: str | None) -> str | None:
-    """Checkpoint reference for `node` (path or gguf:<package>), None for seeded random weights."""
-    if weights_dir:
-        groups = {n.weight_key for n in plan.nodes}
-        candidate = Path(weights_dir) / node.weight_key
-        if candidate.exists():
-            return str(candidate)
-        if len(groups) == 1:
-            return weights_dir
-    ref = node.weights or node.args.get("weights")
-    return str(ref) if ref else None
+def weight_source(plan: Plan, node: Node, options: WeightOptions | None = None) -> str | None:
+    """Checkpoint directory or reference for `node` (a repository dir, path or gguf:<package>), None
+    for random weights or none; raises MissingWeights when a node that needs weights has none."""
+    return resolve(plan, node, options or WeightOptions()).path
 
 
-def describe_source(node: Node, ref: str | None) -> str:
+def describe_source(plan: Plan, node: Node, options: WeightOptions | None = None) -> str:
     """What `/v1/models` says about a node's weights."""
-    return ref if ref else f"seed:{int(node.args.get('seed', 0))}"
+    return resolve(plan, node, options or WeightOptions()).describe()
 
 
 def _is_gguf(ref: str) -> bool:
@@ -115,21 +111,34 @@ def rank_device(rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def load_rank(plan: Plan, rank: int, weights_dir: str | None,
+def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
               tp: TensorParallelGroup = SINGLE) -> dict[str, tuple[torch.nn.Module, str]]:
     """node name -> (module, weight source) for every node of `rank`, on the rank's device
     (`tp`: the rank's tensor-parallel group, used by its nodes with tp_size > 1)."""
     torch.manual_seed(0)
+    options = options or WeightOptions()
     device = rank_device(rank)
     by_key: dict[str, torch.nn.Module] = {}
     out: dict[str, tuple[torch.nn.Module, str]] = {}
     for name in plan.ranks[rank].nodes:
         node = plan.node(name)
-        ref = weight_source(plan, node, weights_dir)
+        source = resolve(plan, node, options)
         if node.weight_key not in by_key:
-            log.info("rank %d: loading %s (%s) from %s", rank, name, node.kind, describe_source(node, ref))
+            log.log(logging.WARNING if source.kind == "random" else logging.INFO,
+                    "rank %d: loading %s (%s) from %s", rank, name, node.kind, source.describe())
             group = tp if node.placement.tp_size > 1 else SINGLE
-            module = by_key[node.weight_key] = build_module(node, ref, group).to(device)
+            module = by_key[node.weight_key] = load_node(plan.node(node.weight_key), source, group).to(device)
             log.debug("rank %d: %s: %d linear weights packed for oneDNN", rank, name, pack_linears(module))
-        out[name] = (by_key[node.weight_key], describe_source(node, ref))
+        out[name] = (by_key[node.weight_key], source.describe())
     return out
+
+
+def load_node(node: Node, source: NodeWeights, tp: TensorParallelGroup = SINGLE) -> torch.nn.Module:
+    """The node's module with its weights from `source` (a published repository through the plan's mapping)."""
+    if source.kind != "mapped":
+        return build_module(node, source.path if source.kind == "path" else None, tp)
+    assert source.path is not None
+    with checkpoint_follows():
+        module = build_module(node, None, tp)
+    load_published(module, node, Path(source.path))
+    return module

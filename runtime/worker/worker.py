@@ -34,6 +34,7 @@ from runtime.transport.messages import (
 )
 from runtime.transport.keys import ClusterKeys, start_guard
 from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, WorkerQueue, is_worth_logging
+from runtime.weights.sources import WeightOptions
 from runtime.worker.loader import load_rank, tensor_parallel_group
 from runtime.worker.streams import WorkerStreams
 
@@ -45,7 +46,7 @@ EDGE_WAIT_S = 30.0     # how long a batch waits for a cross-rank input before fa
 class Worker:
     """One rank: executors per node, per-request value store, sockets."""
 
-    def __init__(self, plan_path: str, rank: int, conductor: str, weights_dir: str | None, host: str,
+    def __init__(self, plan_path: str, rank: int, conductor: str, weights: WeightOptions, host: str,
                  keys: ClusterKeys | None = None) -> None:
         self.plan = load_plan(plan_path)
         self.rank = rank
@@ -58,7 +59,7 @@ class Worker:
         self.control.send(Hello(rank=rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint))
         self._start_heartbeat(conductor)
         tp = tensor_parallel_group(self.plan, rank, tp_init_method(conductor))
-        modules = load_rank(self.plan, rank, weights_dir, tp)
+        modules = load_rank(self.plan, rank, weights, tp)
         self.executors: dict[str, Executor] = {
             name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
         self.values: dict[int, dict[str, torch.Tensor]] = {}
@@ -334,7 +335,7 @@ def tp_init_method(conductor: str) -> str:
     return f"tcp://{host}:{int(port) + 1}"
 
 
-def run_worker(plan_path: str, rank: int, conductor: str, weights_dir: str | None = None,
+def run_worker(plan_path: str, rank: int, conductor: str, weights: WeightOptions | None = None,
                host: str = "127.0.0.1", key_file: str | None = None) -> None:
     """Entry point of `mstar-run worker`: serve `rank` of the plan until told to shut down.
     `key_file` holds the rank's CURVE keys (`mstar-run keygen`); without it the worker speaks
@@ -342,7 +343,7 @@ def run_worker(plan_path: str, rank: int, conductor: str, weights_dir: str | Non
     keys = ClusterKeys.load(key_file) if key_file else None
     if keys is not None:
         keys.check_rank(rank)
-    worker = Worker(plan_path, rank, conductor, weights_dir, host, keys)
+    worker = Worker(plan_path, rank, conductor, weights or WeightOptions(), host, keys)
     log.info("rank %d ready (pid %d)", rank, os.getpid())
     try:
         worker.serve()

@@ -53,4 +53,4 @@ def init_weights(module: nn.Module, args: Mapping, fixed: tuple[str, ...] = ()) 
     if args.get("weights"):
         load_matching(module, args["weights"], fixed)
     else:
-        log.warning("%s: no weights given, random weights (seed=%d)", type(module).__name__, args.get("seed", 0))
+        log.debug("%s: initialised with seed %d (the loader reports whether weights replace it)", type(module).__name__, args.get("seed", 0))

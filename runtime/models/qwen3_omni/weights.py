@@ -20,12 +20,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from runtime.layers.norm import RMSNorm
 from runtime.weights import Slot, load_into, random_tensors
+from runtime.weights.slots import parameter_slots
 from runtime.weights.safetensors_loader import checkpoint_files
-
-_NORMS = (nn.LayerNorm, nn.RMSNorm, RMSNorm)
-
 
 def iter_prefixed(path: str | Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
     """(name without `prefix`, tensor) for every checkpoint tensor under `prefix`, read lazily."""
@@ -36,27 +33,12 @@ def iter_prefixed(path: str | Path, prefix: str) -> Iterator[tuple[str, torch.Te
                     yield name[len(prefix):], reader.get_tensor(name)
 
 
-def parameter_slots(module: nn.Module) -> dict[str, Slot]:
-    """One slot per parameter, named and shaped as the parameter (norm weights marked)."""
-    norm_weights = {f"{name}.weight" if name else "weight"
-                    for name, m in module.named_modules() if isinstance(m, _NORMS)}
-    slots = {}
-    for name, param in module.named_parameters():
-        slots[name] = Slot(tuple(param.shape), lambda t, p=param: _copy(p, t), is_norm=name in norm_weights)
-    return slots
-
-
 def decoder_slots(layers: nn.ModuleList, config: Any, plain: Mapping[str, nn.Module]) -> dict[str, Slot]:
     """Slots of `model.layers.*` (shared DecoderLayer weights) plus plain modules by HF prefix."""
     slots = {f"model.layers.{i}.{k}": v for i, layer in enumerate(layers) for k, v in layer.slots("", config).items()}
     for prefix, module in plain.items():
         slots.update({f"{prefix}.{k}": v for k, v in parameter_slots(module).items()})
     return slots
-
-
-@torch.no_grad()
-def _copy(param: torch.Tensor, tensor: torch.Tensor) -> None:
-    param.copy_(tensor)
 
 
 def initialise(slots: Mapping[str, Slot], args: Mapping[str, Any], prefix: str) -> None:

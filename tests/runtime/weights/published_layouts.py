@@ -1,0 +1,73 @@
+"""The published checkpoints' tensor names and shapes (copied from ../shared/checkpoints, see
+published/README.md), and helpers that run the real mapping against them on the meta device.
+
+`repository(name)` gives {file: {tensor: shape}}; `write_repository` lays one out on disk with
+real safetensors headers and no data (sparse files), so `check-weights` reads it as it would
+the download.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+from pathlib import Path
+
+import torch
+
+from mstar_compiler.plan import Node
+from runtime.weights.headers import TensorInfo
+from runtime.weights.mapping import CompiledMap
+from runtime.weights.match import MatchReport, match_node
+from runtime.weights.slots import Slot, module_slots
+
+HERE = Path(__file__).parent / "published"
+_DTYPE_BYTES = {"BF16": 2, "F32": 4}
+
+
+def repository(name: str) -> dict[str, dict[str, list[int]]]:
+    """{file: {tensor: shape}} of a published repository list (e.g. "orpheus-3b-0.1-ft")."""
+    return json.loads(gzip.open(HERE / f"{name}.json.gz").read())["files"]
+
+
+def infos(tensors: dict[str, list[int]], file: str = "model.safetensors", dtype: str = "BF16") -> dict[str, TensorInfo]:
+    """TensorInfos as a header would give them."""
+    size = _DTYPE_BYTES[dtype]
+    return {n: TensorInfo(Path(file), dtype, tuple(s), size * _numel(s)) for n, s in tensors.items()}
+
+
+def meta_slots(node: Node) -> dict[str, Slot]:
+    """The slots of the node's module built on the meta device (no memory, no data)."""
+    from runtime.worker.loader import build_module
+    with torch.device("meta"):
+        return module_slots(build_module(node, None))
+
+
+def meta_report(node: Node, published: dict[str, TensorInfo], slots: dict[str, Slot] | None = None) -> MatchReport:
+    """The node's slots (built on the meta device unless given) matched through its plan mapping
+    against the published tensors of the files the mapping reads."""
+    assert node.weight_map is not None, f"node {node.name} has no weight mapping"
+    files = {name for f in node.weight_map.files for name in (f, str(Path(f).with_suffix(".safetensors")))}
+    mine = {k: v for k, v in published.items() if not files or v.file.name in files}
+    return match_node(node.name, CompiledMap(node.weight_map), mine, meta_slots(node) if slots is None else slots)
+
+
+def write_header_only(path: Path, tensors: dict[str, list[int]], dtype: str = "BF16") -> None:
+    """A safetensors file with a real header and zero-filled (sparse) data."""
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        nbytes = _DTYPE_BYTES[dtype] * _numel(shape)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

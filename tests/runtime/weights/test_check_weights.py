@@ -1,0 +1,125 @@
+"""`mstar-run check-weights` on published-layout directories (real safetensors headers, sparse
+data) and `mstar-run` start-up without weights, through the real CLI in subprocesses."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.serving.conftest import REPO, compile_plan
+from tests.runtime.weights.published_layouts import repository, write_header_only
+
+ORPHEUS_CONFIG = {"architectures": ["LlamaForCausalLM"], "vocab_size": 156940, "num_hidden_layers": 28,
+                  "hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 8,
+                  "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+
+
+def write_orpheus_root(root: Path, config: dict = ORPHEUS_CONFIG, rename: tuple[str, str] | None = None,
+                       convert_snac: bool = True) -> Path:
+    """ROOT/orpheus-3b-0.1-ft (two shards + index + config.json) and ROOT/snac_24khz (the .bin and,
+    unless `convert_snac` is False, its converted .safetensors), laid out as published."""
+    lm = root / "orpheus-3b-0.1-ft"
+    tensors = dict(next(iter(repository("orpheus-3b-0.1-ft").values())))
+    if rename:
+        tensors[rename[1]] = tensors.pop(rename[0])
+    names = list(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[:120], "model-00002-of-00002.safetensors": names[120:]}
+    for file, part in shards.items():
+        write_header_only(lm / file, {n: tensors[n] for n in part})
+    index = {"metadata": {}, "weight_map": {n: f for f, part in shards.items() for n in part}}
+    (lm / "model.safetensors.index.json").write_text(json.dumps(index))
+    (lm / "config.json").write_text(json.dumps(config))
+    snac = root / "snac_24khz"
+    snac.mkdir(parents=True)
+    (snac / "pytorch_model.bin").write_bytes(b"not read: serving never unpickles")
+    (snac / "config.json").write_text(json.dumps({"sampling_rate": 24000}))
+    if convert_snac:
+        write_header_only(snac / "pytorch_model.safetensors", repository("snac_24khz")["pytorch_model.bin"], "F32")
+    return root
+
+
+@pytest.fixture(scope="module")
+def orpheus_plan(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return compile_plan(tmp_path_factory.mktemp("orpheus"), "orpheus", preset="orpheus-3b")
+
+
+def mstar_run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_check_weights_reports_all_matched(orpheus_plan: str, tmp_path: Path) -> None:
+    root = write_orpheus_root(tmp_path)
+    out = mstar_run("check-weights", orpheus_plan, "--weights", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "node lm (llama_lm) <- canopylabs/orpheus-3b-0.1-ft" in out.stdout
+    assert "matched 254, missing 0, unexpected 0, wrong shape 0; 6.15 GiB" in out.stdout
+    assert "node snac (snac_decoder) <- hubertsiuzdak/snac_24khz" in out.stdout
+    assert "rank 0:" in out.stdout and "all weights match" in out.stdout
+
+
+def test_check_weights_names_a_renamed_key_and_the_fix(orpheus_plan: str, tmp_path: Path) -> None:
+    root = write_orpheus_root(tmp_path, rename=("model.layers.7.self_attn.o_proj.weight",
+                                                "model.layers.7.self_attn.out_proj.weight"))
+    out = mstar_run("check-weights", orpheus_plan, "--weights", str(root))
+    assert out.returncode == 1
+    assert "unexpected (1): model.layers.7.self_attn.out_proj.weight" in out.stdout
+    assert "missing (1): model.layers.7.self_attn.o_proj.weight" in out.stdout
+    assert "fix: another repository or revision? else add an `exclude:` or `rename:` rule" in out.stdout
+    assert "MISMATCH" in out.stdout
+
+
+def test_check_weights_fails_on_a_config_that_disagrees(orpheus_plan: str, tmp_path: Path) -> None:
+    root = write_orpheus_root(tmp_path, config={**ORPHEUS_CONFIG, "vocab_size": 128256, "tie_word_embeddings": False})
+    out = mstar_run("check-weights", orpheus_plan, "--weights", str(root))
+    assert out.returncode == 1
+    node = "preset 'orpheus-3b' of node 'lm'"
+    assert f"config.json `vocab_size` = 128256 but {node} has vocab_size = 156940" in out.stdout
+    assert f"`tie_word_embeddings` = False but {node} has tie_word_embeddings = True" in out.stdout
+
+
+def test_a_pickle_without_its_conversion_names_convert_weights(orpheus_plan: str, tmp_path: Path) -> None:
+    root = write_orpheus_root(tmp_path, convert_snac=False)
+    out = mstar_run("check-weights", orpheus_plan, "--weights", str(root))
+    assert out.returncode == 1
+    assert f"mstar-run convert-weights {root / 'snac_24khz'}" in out.stdout
+
+
+@pytest.mark.parametrize("with_empty_dir", [True, False])
+def test_serving_a_full_size_plan_without_weights_fails_at_start(orpheus_plan: str, tmp_path: Path,
+                                                                  with_empty_dir: bool) -> None:
+    args = ["--weights", str(tmp_path)] if with_empty_dir else []
+    out = mstar_run(orpheus_plan, "--port", "0", *args, timeout=60)   # the bound: it must not start serving
+    assert out.returncode == 2
+    assert "2 node(s) have no weights: lm, snac" in out.stderr
+    assert "node 'lm' (llama_lm, orpheus.yaml:" in out.stderr and "node 'snac' (snac_decoder, orpheus.yaml:" in out.stderr
+    assert "reads its weights from canopylabs/orpheus-3b-0.1-ft, which was not found" in out.stderr
+    tried = f"{tmp_path / 'orpheus-3b-0.1-ft'} (no such directory)" if with_empty_dir else "nothing: no --weights given"
+    assert tried in out.stderr
+    assert "huggingface-cli download canopylabs/orpheus-3b-0.1-ft --local-dir ROOT/orpheus-3b-0.1-ft" in out.stderr
+
+
+def write_full_root(root: Path, graph: str) -> None:
+    """The published directories of `graph`'s full-size preset: real headers, sparse data."""
+    if graph == "bagel":
+        for file, tensors in repository("bagel-7b-mot").items():
+            write_header_only(root / "BAGEL-7B-MoT" / file, tensors)
+    else:
+        lists = repository("vjepa2-vitg")
+        tensors = {f"{part}.module.backbone.{k}": v for part in ("encoder", "predictor")
+                   for k, v in lists[f"vjepa2-ac-vitg.pt: {part}"].items()}
+        write_header_only(root / "vjepa2" / "vjepa2-ac-vitg.safetensors", tensors, "F32")
+        (root / "vjepa2" / "vjepa2-ac-vitg.pt").write_bytes(b"not read")
+
+
+# Qwen3-Omni's 15 shards: the meta-device mapping test and test_published_omni's real files cover them
+@pytest.mark.parametrize("graph,preset", [("bagel", "bagel-7b"), ("vjepa2_ac", "vitg")])
+def test_check_weights_on_full_size_presets(tmp_path: Path, graph: str, preset: str) -> None:
+    plan = compile_plan(tmp_path, graph, preset=preset)
+    write_full_root(tmp_path / "root", graph)
+    out = mstar_run("check-weights", plan, "--weights", str(tmp_path / "root"), timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all weights match" in out.stdout and "missing 0, unexpected 0, wrong shape 0" in out.stdout

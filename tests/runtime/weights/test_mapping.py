@@ -1,0 +1,82 @@
+"""The mapping rules one by one (`runtime.weights.mapping`), and the compiler's checks of them."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mstar_compiler.errors import CompileError
+from mstar_compiler.ir import Options
+from mstar_compiler.pipeline import compile_text
+from mstar_compiler.plan import IndexRemap, Rename, Split, WeightMap
+from runtime.weights.mapping import CompiledMap, Target
+
+FLUX = WeightMap(source="o/ae", prefix="", exclude=["^encoder\\."],
+                 index_remap=[IndexRemap("^decoder\\.up\\.(\\d+)\\.", 4)],
+                 rename=[Rename("\\.up\\.(\\d+)\\.block\\.(\\d+)\\.", ".up_blocks.\\1.resnets.\\2.")],
+                 reshape=[".*\\.to_q\\.weight"])
+
+
+def test_prefix_exclude_index_remap_rename() -> None:
+    cmap = CompiledMap(FLUX)
+    assert cmap.targets("encoder.conv_in.weight") is None
+    assert cmap.is_excluded("encoder.conv_in.weight")
+    assert cmap.targets("decoder.up.0.block.2.conv1.weight") == [Target("decoder.up_blocks.3.resnets.2.conv1.weight")]
+    assert cmap.targets("decoder.up.3.block.0.conv1.weight") == [Target("decoder.up_blocks.0.resnets.0.conv1.weight")]
+    scoped = CompiledMap(WeightMap(source="o/r", prefix="talker.", exclude=["^code_predictor\\."]))
+    assert scoped.targets("talker.model.norm.weight") == [Target("model.norm.weight")]
+    assert scoped.targets("talker.code_predictor.model.norm.weight") is None
+    assert scoped.targets("thinker.model.norm.weight") is None and not scoped.is_excluded("thinker.x")
+
+
+def test_reshape_only_where_declared_and_with_equal_element_count() -> None:
+    cmap = CompiledMap(FLUX)
+    assert cmap.fits("a.to_q.weight", (8, 8, 1, 1), (8, 8))
+    assert not cmap.fits("a.to_k.weight", (8, 8, 1, 1), (8, 8))
+    assert not cmap.fits("a.to_q.weight", (8, 4, 1, 1), (8, 8))
+    tensor = torch.arange(64.0).reshape(8, 8, 1, 1)
+    assert torch.equal(cmap.tensor(Target("a.to_q.weight"), tensor, (8, 8)), tensor[:, :, 0, 0])
+
+
+def test_split_of_a_fused_tensor() -> None:
+    cmap = CompiledMap(WeightMap(source="o/r", split=[Split("(.*)\\.qkv\\.(weight|bias)",
+                                                           ["\\1.query.\\2", "\\1.key.\\2", "\\1.value.\\2"])]))
+    targets = cmap.targets("layer.3.qkv.weight")
+    assert [t.name for t in targets] == ["layer.3.query.weight", "layer.3.key.weight", "layer.3.value.weight"]
+    fused = torch.arange(24.0).reshape(6, 4)
+    assert cmap.target_shape(targets[1], (6, 4)) == (2, 4)
+    assert torch.equal(cmap.tensor(targets[1], fused, (2, 4)), fused[2:4])
+
+
+GRAPH = """
+mstar: 1
+model: m
+presets:
+  p:
+    weights:
+      lm: {source: o/r, %s}
+nodes:
+  lm: {kind: llama_lm}
+walks:
+  w: [lm]
+tasks:
+  t: [w]
+"""
+
+
+@pytest.mark.parametrize("rule,message", [
+    ("rename: [{match: '(', to: x}]", "bad regular expression '\\('"),
+    ("index_remap: [{match: 'up\\.\\d+', count: 4}]", "index_remap needs a group"),
+    ("config: {vocab_size: vocab}", "unknown dim 'vocab' of node 'lm'"),
+    ("split: [{match: 'a', into: [x, x]}]", "split names repeat"),
+    ("renames: []", "renames"),
+])
+def test_the_compiler_checks_every_rule(rule: str, message: str) -> None:
+    with pytest.raises(CompileError, match=message):
+        compile_text(GRAPH % rule, "g.yaml", Options(preset="p"))
+
+
+def test_the_plan_carries_the_mapping() -> None:
+    plan = compile_text(GRAPH % "prefix: 'm.', exclude: ['^x']", "g.yaml", Options(preset="p")).plan
+    node = plan.node("lm")
+    assert node.weight_map == WeightMap(source="o/r", prefix="m.", exclude=["^x"])
+    assert not node.random_weights and node.weights is None

@@ -1,0 +1,118 @@
+"""Every full-size preset against its published checkpoint, key by key, on the meta device.
+
+Each node is built on the meta device and its graph mapping is run against the published tensor
+names and shapes (tests/runtime/weights/published): every published tensor is consumed by one
+node or excluded on purpose, every slot is filled, every shape equal. A renamed or dropped key
+fails with the node and the key named.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from mstar_compiler.ir import Options
+from mstar_compiler.pipeline import compile_file
+from mstar_compiler.plan import Plan
+from runtime.weights.headers import TensorInfo
+from runtime.weights.match import MatchReport
+from runtime.weights.slots import Slot
+from tests.runtime.weights.published_layouts import infos, meta_report, meta_slots, repository
+
+GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
+QWEN_SHARDS = "model-000NN-of-00015.safetensors (see model.safetensors.index.json)"
+
+
+@functools.lru_cache(maxsize=None)
+def full_plan(graph: str, preset: str) -> Plan:
+    return compile_file(str(GRAPHS / f"{graph}.yaml"), Options(preset=preset)).plan
+
+
+@functools.lru_cache(maxsize=None)
+def node_slots(graph: str, preset: str, node: str) -> dict[str, Slot]:
+    return meta_slots(full_plan(graph, preset).node(node))
+
+
+def report(graph: str, preset: str, node: str, tensors: dict[str, TensorInfo]) -> MatchReport:
+    return meta_report(full_plan(graph, preset).node(node), tensors, node_slots(graph, preset, node))
+
+
+def vjepa_pt() -> dict[str, TensorInfo]:
+    """The V-JEPA 2-AC .pt as `convert-weights` flattens it: {encoder, predictor} dicts of module.backbone.* keys."""
+    lists = repository("vjepa2-vitg")
+    tensors = {f"{part}.module.backbone.{k}": v for part in ("encoder", "predictor")
+               for k, v in lists[f"vjepa2-ac-vitg.pt: {part}"].items()}
+    return infos(tensors, "vjepa2-ac-vitg.safetensors")
+
+
+def published(name: str) -> dict[str, TensorInfo]:
+    if name == "vjepa2-ac":
+        return vjepa_pt()
+    return {k: v for file, tensors in repository(name).items() for k, v in infos(tensors, file).items()}
+
+
+# (graph, preset, published list, nodes reading it)
+CASES = [
+    ("orpheus", "orpheus-3b", "orpheus-3b-0.1-ft", ["lm"]),
+    ("orpheus", "orpheus-3b", "snac_24khz", ["snac"]),
+    ("bagel", "bagel-7b", "bagel-7b-mot", ["vit", "llm", "vae_enc", "vae_dec"]),
+    ("qwen3_omni", "qwen3-omni-30b-a3b", "qwen3-omni-30b-a3b-instruct",
+     ["audio_enc", "vision_enc", "thinker", "talker", "code_predictor", "code2wav"]),
+    ("vjepa2_ac", "vitg", "vjepa2-ac", ["encoder", "predictor"]),
+]
+
+
+@pytest.mark.parametrize("graph,preset,repo,nodes", CASES, ids=[c[2] for c in CASES])
+def test_every_published_tensor_fills_one_slot(graph: str, preset: str, repo: str, nodes: list[str]) -> None:
+    tensors = published(repo)
+    consumed: dict[str, str] = {}
+    excluded: set[str] = set()
+    for name in nodes:
+        result = report(graph, preset, name, tensors)
+        assert result.is_ok, f"node {name}:\n{result.problems()}"
+        assert result.matched > 0
+        for key in result.read:
+            assert key not in consumed, f"{key} is read by both {consumed[key]} and {name}"
+            consumed[key] = name
+        excluded |= result.excluded
+    unread = set(tensors) - set(consumed) - excluded
+    assert not unread, f"{len(unread)} published tensors read by no node, e.g. {sorted(unread)[:5]}"
+
+
+def test_qwen3_omni_thinker_has_the_omni_vocabulary() -> None:
+    thinker = full_plan("qwen3_omni", "qwen3-omni-30b-a3b").node("thinker")
+    assert thinker.dims["vocab_size"] == repository("qwen3-omni-30b-a3b-instruct")[QWEN_SHARDS][
+        "thinker.model.embed_tokens.weight"][0] == 152064
+
+
+def test_talker_and_code_predictor_split_the_talker_scope() -> None:
+    tensors = published("qwen3-omni-30b-a3b-instruct")
+    talker = report("qwen3_omni", "qwen3-omni-30b-a3b", "talker", tensors)
+    predictor = report("qwen3_omni", "qwen3-omni-30b-a3b", "code_predictor", tensors)
+    scope = {k for k in tensors if k.startswith("talker.code_predictor.")}
+    assert len(scope) == 86 and predictor.read == scope and not talker.read & scope
+
+
+def test_a_renamed_key_fails_naming_node_and_key() -> None:
+    tensors = published("orpheus-3b-0.1-ft")
+    tensors["model.layers.3.mlp.gate.weight"] = tensors.pop("model.layers.3.mlp.gate_proj.weight")
+    result = report("orpheus", "orpheus-3b", "lm", tensors)
+    assert result.node == "lm"
+    assert result.unexpected == ["model.layers.3.mlp.gate.weight"]
+    assert result.missing == ["model.layers.3.mlp.gate_proj.weight"]
+
+
+def test_a_dropped_key_fails_naming_it() -> None:
+    tensors = published("bagel-7b-mot")
+    del tensors["decoder.up.0.block.1.conv2.weight"]            # FLUX's highest-resolution up-block
+    result = report("bagel", "bagel-7b", "vae_dec", tensors)
+    assert result.missing == ["decoder.up_blocks.3.resnets.1.conv2.weight"] and not result.unexpected
+
+
+def test_a_wrong_shape_fails_naming_it() -> None:
+    tensors = published("qwen3-omni-30b-a3b-instruct")
+    info = tensors["thinker.lm_head.weight"]
+    tensors["thinker.lm_head.weight"] = TensorInfo(info.file, info.dtype, (151936, 2048), info.nbytes)
+    result = report("qwen3_omni", "qwen3-omni-30b-a3b", "thinker", tensors)
+    assert result.misshaped == ["thinker.lm_head.weight (151936, 2048) != expected (152064, 2048) for lm_head.weight"]

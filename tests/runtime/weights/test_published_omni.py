@@ -1,0 +1,77 @@
+"""A tiny Qwen3-Omni in the published layout (one repository: `thinker.`, `talker.` with
+`talker.code_predictor.` inside, `code2wav.`; sharded safetensors + model.safetensors.index.json +
+config.json) read by `check-weights` and the worker's loader through the seed graph's mappings;
+the thinker's logits equal transformers' Qwen3-Omni thinker fed the same files."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mstar_compiler.ir import Options
+from mstar_compiler.pipeline import compile_file
+from runtime.kv import KVBlockManager
+from runtime.weights.commands import check_plan
+from runtime.weights.sources import WeightOptions
+from runtime.worker.loader import load_rank
+from tests.runtime.models.qwen3_omni.omni_reference import hf_model, omni_config, preset, randomize
+from tests.runtime.serving.published_layouts import PRESET, published_preset
+
+def write_repository(directory: Path, model: torch.nn.Module) -> None:
+    """transformers' own `save_pretrained`: the published layout (tensor-per-expert shards, index, config.json)."""
+    model.save_pretrained(directory, max_shard_size="1MB")
+    assert len(list(directory.glob("model-*-of-*.safetensors"))) > 1
+
+
+@pytest.fixture(scope="module")
+def omni(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("omni-published")
+    plan = compile_file(str(published_preset(tmp, "qwen3_omni", "qwen3-omni-30b-a3b")), Options(preset=PRESET)).plan
+    torch.manual_seed(0)
+    reference = hf_model.Qwen3OmniMoeForConditionalGeneration(omni_config(preset("qwen3_moe_lm"))).eval()
+    randomize(reference, seed=11)
+    root = tmp / "weights"
+    write_repository(root / "Qwen3-Omni-30B-A3B-Instruct", reference)
+    return plan, reference, root
+
+
+def test_check_weights_reads_every_tensor_of_the_repository(omni) -> None:
+    plan, _, root = omni
+    out = io.StringIO()
+    assert check_plan(plan, WeightOptions((str(root),)), out), out.getvalue()
+    report = out.getvalue()
+    for node in ("audio_enc", "vision_enc", "thinker", "talker", "code_predictor", "code2wav"):
+        assert f"node {node} (" in report
+    assert "missing 0, unexpected 0, wrong shape 0" in report and "read by no node" not in report
+
+
+def test_a_config_with_another_vocabulary_fails_before_loading(omni, tmp_path: Path) -> None:
+    plan, reference, _ = omni
+    repo = tmp_path / "Qwen3-Omni-30B-A3B-Instruct"
+    write_repository(repo, reference)
+    config = json.loads((repo / "config.json").read_text())
+    config["thinker_config"]["text_config"]["vocab_size"] = 151936
+    (repo / "config.json").write_text(json.dumps(config))
+    out = io.StringIO()
+    assert not check_plan(plan, WeightOptions((str(tmp_path),)), out)
+    assert ("config.json `thinker_config.text_config.vocab_size` = 151936 but preset 'tiny' of node 'thinker' "
+            "has vocab_size = 512") in out.getvalue()
+
+
+def test_thinker_logits_equal_transformers(omni) -> None:
+    plan, reference, root = omni
+    modules = load_rank(plan, 0, WeightOptions((str(root),)))
+    assert {name: source for name, (_, source) in modules.items()} == {
+        name: str(root / "Qwen3-Omni-30B-A3B-Instruct") for name in modules}
+    thinker = modules["thinker"][0]
+    ids = torch.tensor([5, 17, 200, 3, 99, 42, 7])
+    manager, cache = KVBlockManager(8, 8), thinker.make_kv_cache(8, 8)
+    manager.allocate(0, len(ids))
+    with torch.no_grad():
+        got = thinker.compute_logits(thinker(ids, torch.arange(len(ids)), manager.metadata([(0, len(ids))]), cache))
+        want = reference.thinker(input_ids=ids[None]).logits[0]
+    # fp32; the experts and attention sum in other orders: relative to the largest logit
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
