@@ -16,16 +16,20 @@ import base64
 import json
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from runtime.server.audio_io import pcm16, wav
 from runtime.server.chat import chat_completions, item_tokens
 from runtime.server.errors import ApiError, error_body
+from runtime.server.params import openai_field
 from runtime.server.speech import speech_params
 from runtime.server.speech_model import AudioEvents
 from runtime.text import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    from runtime.server.app import MstarServer
 
 AUDIO_FORMATS = ("wav", "pcm16")
 EXPIRES_S = 3600
@@ -40,7 +44,7 @@ async def chat_or_audio(request: web.Request) -> web.StreamResponse:
     return await chat_completions(request)
 
 
-def _input_items(server: Any, body: dict, voice: str) -> tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]]:
+def _input_items(server: MstarServer, body: dict, voice: str) -> tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]]:
     """(the prompt's input items, extra params, stop ids): the family's reader for audio/image parts,
     else its speaker's chat prompt."""
     messages = body.get("messages")
@@ -74,7 +78,7 @@ def _messages(messages: list) -> list[dict[str, str]]:
     return out
 
 
-def _parse(server: Any, body: dict) -> tuple[tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]], str, bool]:
+def _parse(server: MstarServer, body: dict) -> tuple[tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]], str, bool]:
     server.check_model(body.get("model"))
     model = server.speech_model
     if model is None or not model.speaker.can_chat:
@@ -98,7 +102,7 @@ async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
     server = request.app["mstar"]
     (items, extra, stops), fmt, stream = _parse(server, body)
     model = server.speech_model
-    body = {**body, "max_tokens": body.get("max_completion_tokens", body.get("max_tokens"))}
+    body = {**body, "max_tokens": openai_field(body, "max_tokens")}
     req = server.conductor.submit(model.task, speech_params(server, body, extra), items, stops,
                                   server.config.request_timeout_s)
     events = AudioEvents(server, req, model)
@@ -115,7 +119,7 @@ async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
 class _Reply:
     """One audio chat answer: text decoded incrementally, audio as it comes."""
 
-    def __init__(self, server: Any, events: AudioEvents, num_prompt: int) -> None:
+    def __init__(self, server: MstarServer, events: AudioEvents, num_prompt: int) -> None:
         self.server, self.events, self.num_prompt = server, events, num_prompt
         self.decoder = IncrementalDetokenizer(server.tokenizer)
         self.cid, self.aid, self.created = f"chatcmpl-{uuid.uuid4().hex}", f"audio_{uuid.uuid4().hex}", int(time.time())

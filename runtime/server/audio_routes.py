@@ -8,7 +8,7 @@ and registers the audio metrics and the rank gauges (runtime/server/audio_metric
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -17,8 +17,11 @@ from runtime.server.speech import audio_speech
 from runtime.server.speech_model import speech_model
 from runtime.server.audio_metrics import AudioMetrics, RuntimeCollector
 
+if TYPE_CHECKING:
+    from runtime.server.app import MstarServer
 
-def install_audio_routes(server: Any, app: web.Application) -> None:
+
+def install_audio_routes(server: MstarServer, app: web.Application) -> None:
     """Add the routes above to `app` and the metrics to the server's registry (once per server)."""
     if getattr(server, "audio_metrics", None) is None:
         server.speech_model = speech_model(server.plan)

@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -21,8 +21,11 @@ from runtime.sampling import SamplingParams, SamplingParamsError
 from runtime.server.errors import ApiError, error_body, event_error
 from runtime.server.limits import check_roles, check_top_k, vocab_size
 from runtime.server.multimodal import IMAGE_TASK, has_image_parts, image_chat_items
-from runtime.server.params import resolve_params
+from runtime.server.params import openai_field, resolve_params
 from runtime.text import TextOutput
+
+if TYPE_CHECKING:
+    from runtime.server.app import MstarServer
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                  "repetition_penalty")
@@ -41,7 +44,7 @@ class ChatRequest:
     input_items: list[tuple[str, Any]] | None = None  # interleaved text/media items (a chat with images, audio)
 
 
-def parse_chat(body: Any, server: Any) -> ChatRequest:
+def parse_chat(body: Any, server: MstarServer) -> ChatRequest:
     """Check the body against OpenAI's schema and the plan's params; ApiError(4xx) if wrong."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -60,7 +63,7 @@ def parse_chat(body: Any, server: Any) -> ChatRequest:
     if body.get("n", 1) != 1:
         raise ApiError(400, "only n = 1 is supported", "n")
     given = {k: body.get(k) for k in ("temperature", "top_p")}
-    given["max_tokens"] = body.get("max_completion_tokens", body.get("max_tokens"))
+    given["max_tokens"] = openai_field(body, "max_tokens")
     params = resolve_params(server.plan, given)
     sampling = _sampling(body, params)
     check_top_k(sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
@@ -111,7 +114,7 @@ def _sampling(body: dict, params: dict) -> SamplingParams:
 class ChatStream:
     """Turns a request's events into text deltas, watching stop strings."""
 
-    def __init__(self, server: Any, req: Request, stop: tuple[str, ...], prompt_ids: list[int]) -> None:
+    def __init__(self, server: MstarServer, req: Request, stop: tuple[str, ...], prompt_ids: list[int]) -> None:
         self.server, self.req = server, req
         self.text = TextOutput(server.tokenizer, SamplingParams(stop=stop), prompt_ids, stop_ids=req.stop_token_ids)
         self.finish_reason: str | None = None
@@ -167,7 +170,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         server.conductor.abort(req)   # no-op when finished; frees everything on disconnect
 
 
-async def _stream(request: web.Request, server: Any, chat: ChatRequest, stream: ChatStream,
+async def _stream(request: web.Request, server: MstarServer, chat: ChatRequest, stream: ChatStream,
                   cid: str, created: int) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)

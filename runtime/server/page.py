@@ -8,18 +8,21 @@ go through `/v1/`, so with `--api-key` the page shows nothing until the key is e
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from mstar_compiler.graph_layout import layout
 from runtime.server.families import families_of
 
+if TYPE_CHECKING:
+    from runtime.server.app import MstarServer
+
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
 
 
-def playground(server: Any) -> dict[str, Any]:
+def playground(server: MstarServer) -> dict[str, Any]:
     """Which playground panels the plan can serve, with what the page needs to fill them in."""
     tasks = {t.name for t in server.plan.tasks}
     speech = getattr(server, "speech_model", None)

@@ -37,3 +37,13 @@ def resolve_params(plan: Plan, given: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[spec.name] = spec.default
     return out
+
+
+# OpenAI's newer spelling of a field -> the plan param it sets (read here, once, for every handler)
+OPENAI_ALIASES = {"max_tokens": "max_completion_tokens"}
+
+
+def openai_field(body: Mapping[str, Any], name: str) -> Any:
+    """The body's value for `name`, taking OpenAI's newer alias when the client sent that one."""
+    alias = OPENAI_ALIASES.get(name)
+    return body[alias] if alias is not None and body.get(alias) is not None else body.get(name)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -28,6 +28,9 @@ from runtime.server.audio_io import FORMATS, content_type, pcm16, wav, wav_heade
 from runtime.server.errors import ApiError, error_body
 from runtime.server.params import resolve_params
 from runtime.server.speech_model import AudioEvents, SpeechModel
+
+if TYPE_CHECKING:
+    from runtime.server.app import MstarServer
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ def _field(body: dict, name: str, kind: type, default: Any = None) -> Any:
     return value
 
 
-def speech_params(server: Any, body: dict, extra: dict[str, Any]) -> dict[str, Any]:
+def speech_params(server: MstarServer, body: dict, extra: dict[str, Any]) -> dict[str, Any]:
     """Plan params + sampling fields of a speaking request, checked (ApiError 400)."""
     given = {k: body.get(k) for k in ("max_tokens", "max_audio_frames", "temperature", "top_p")}
     params = resolve_params(server.plan, given)
@@ -53,14 +56,14 @@ def speech_params(server: Any, body: dict, extra: dict[str, Any]) -> dict[str, A
     return {**params, **sampling, **extra}
 
 
-def submit_speech(server: Any, model: SpeechModel, text: str, voice: str, body: dict) -> Request:
+def submit_speech(server: MstarServer, model: SpeechModel, text: str, voice: str, body: dict) -> Request:
     """Queue `text` spoken in `voice` (the model's voice name)."""
     ids, extra, stops = model.speaker.prompt(server, voice, text)
     return server.conductor.submit(model.task, speech_params(server, body, extra), [("text", ids)], stops,
                                    server.config.request_timeout_s)
 
 
-def _parse(server: Any, body: Any) -> tuple[SpeechModel, str, str, str, str | None]:
+def _parse(server: MstarServer, body: Any) -> tuple[SpeechModel, str, str, str, str | None]:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     server.check_model(body.get("model"))

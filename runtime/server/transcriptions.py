@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from runtime.server.chat import ChatRequest, ChatStream, item_tokens
 from runtime.server.errors import ApiError
 from runtime.server.params import resolve_params
+
+if TYPE_CHECKING:
+    from runtime.server.app import MstarServer
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json")
 FIELDS = ("model", "language", "prompt", "response_format", "temperature", "stream")
@@ -38,7 +41,7 @@ async def _form(request: web.Request) -> tuple[bytes, str, dict[str, str]]:
     return data, name, fields
 
 
-def _chat(server: Any, data: bytes, name: str, fields: dict[str, str]) -> tuple[ChatRequest, str]:
+def _chat(server: MstarServer, data: bytes, name: str, fields: dict[str, str]) -> tuple[ChatRequest, str]:
     server.check_model(fields.get("model"))
     fmt = fields.get("response_format", "json")
     if fmt not in RESPONSE_FORMATS:

@@ -18,7 +18,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from aiohttp import web
@@ -30,6 +30,9 @@ from runtime.conductor.request import Request
 from runtime.server.errors import ApiError, event_error
 from runtime.server.multimodal import data_url_bytes, image_item
 from runtime.server.params import resolve_params
+
+if TYPE_CHECKING:
+    from runtime.server.app import MstarServer
 
 ALIASES = {"guidance_scale": "cfg_text_scale", "guidance": "cfg_text_scale", "image_guidance_scale": "cfg_img_scale"}
 MAX_IMAGES = 10
@@ -66,7 +69,7 @@ def _coerced(value: Any, kind: str) -> Any:
         return value    # resolve_params names the field and the type it wants
 
 
-def _plan_params(server: Any, fields: dict[str, Any], task: str) -> dict[str, Any]:
+def _plan_params(server: MstarServer, fields: dict[str, Any], task: str) -> dict[str, Any]:
     specs = {p.name: p for p in server.plan.params}
     given = {}
     for name, value in fields.items():
@@ -108,7 +111,7 @@ def bagel_lm_dims(plan: Plan) -> Mapping[str, Any] | None:
     return next((n.dims for n in plan.nodes if n.kind == "bagel_mot_lm"), None)
 
 
-def parse_job(server: Any, fields: dict[str, Any], images: list[torch.Tensor], task: str) -> ImageJob:
+def parse_job(server: MstarServer, fields: dict[str, Any], images: list[torch.Tensor], task: str) -> ImageJob:
     """Check an image request's fields against OpenAI's shape and the plan; ApiError(4xx) if wrong."""
     dims = bagel_lm_dims(server.plan)
     if dims is None or task not in {t.name for t in server.plan.tasks}:
@@ -129,7 +132,7 @@ def parse_job(server: Any, fields: dict[str, Any], images: list[torch.Tensor], t
     return ImageJob(task, [*(("image", im) for im in images), ("text", prompt_ids)], params, n, seed, size)
 
 
-async def _image_of(server: Any, req: Request) -> torch.Tensor:
+async def _image_of(server: MstarServer, req: Request) -> torch.Tensor:
     image = None
     while True:
         event = await req.events.get()
@@ -144,7 +147,7 @@ async def _image_of(server: Any, req: Request) -> torch.Tensor:
     return image
 
 
-async def run_job(server: Any, job: ImageJob) -> web.Response:
+async def run_job(server: MstarServer, job: ImageJob) -> web.Response:
     """Submit the job's n requests, wait for all, answer with their PNGs."""
     reqs = [server.conductor.submit(job.task, {**job.params, "seed": job.seed + i}, job.items, frozenset(),
                                     server.config.request_timeout_s) for i in range(job.n)]
@@ -167,7 +170,7 @@ async def images_generations(request: web.Request) -> web.Response:
     return await run_job(server, parse_job(server, body, [], "t2i"))
 
 
-async def _edit_fields(request: web.Request, server: Any) -> tuple[dict[str, Any], list[bytes]]:
+async def _edit_fields(request: web.Request, server: MstarServer) -> tuple[dict[str, Any], list[bytes]]:
     """Fields and image bytes of an edit: multipart/form-data, or JSON with data URLs."""
     if request.content_type != "multipart/form-data":
         body = await server.read_json(request)

@@ -24,13 +24,16 @@ from __future__ import annotations
 import base64
 import io
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from aiohttp import web
 
 from runtime.server.errors import ApiError, error_body, event_error
 from runtime.server.params import resolve_params
+
+if TYPE_CHECKING:
+    from runtime.server.app import MstarServer
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -68,7 +71,7 @@ def _video(frames: Any, size: int) -> torch.Tensor:
     return torch.stack(out)                                                     # (F, 3, H, W)
 
 
-def parse_rollout(server: Any, body: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor], bool, str]:
+def parse_rollout(server: MstarServer, body: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor], bool, str]:
     """(params, port inputs, stream, encoding) of a rollout request; ApiError(400) if wrong."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -127,7 +130,7 @@ async def _frames(req: Any, key: str):
             return
 
 
-async def _stream(request: web.Request, server: Any, req: Any, key: str, encoding: str) -> web.StreamResponse:
+async def _stream(request: web.Request, server: MstarServer, req: Any, key: str, encoding: str) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     index = 0
