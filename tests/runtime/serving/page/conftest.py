@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.runtime.serving.conftest import Server, plan_dir  # noqa: F401  (the session fixture)
+from tests.runtime.serving.conftest import Server, plan_dir, serve  # noqa: F401  (plan_dir: the session fixture)
 from mstar_compiler.plan import load_plan
 
 CHROMIUM = "/usr/bin/chromium"
@@ -100,13 +100,3 @@ def screenshot(page: Any, tmp_path: Path, name: str) -> Path:
     page.screenshot(path=str(out), full_page=True)
     assert out.stat().st_size > 10_000
     return out
-
-
-def serve(plan_path: str, *extra: str, timeout: float = 180) -> Iterator[Server]:
-    """A real `mstar-run` of `plan_path`, torch on one thread (a second one spin-waits on 2 cores)."""
-    srv = Server(plan_path, *extra, env={"OMP_NUM_THREADS": "1"})
-    try:
-        srv.wait_ready(timeout)
-        yield srv
-    finally:
-        assert srv.stop() == 0
