@@ -7,9 +7,11 @@ through exactly the mappings that serve the published ones.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
@@ -40,3 +42,54 @@ def write_word_tokenizer(directory: Path, words: list[str], eos: str = "<|end|>"
     tok.pre_tokenizer = Whitespace()
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos}))
+
+
+def flux_layout(diffusers_state: dict[str, torch.Tensor], levels: int) -> dict[str, torch.Tensor]:
+    """diffusers AutoencoderKL names -> the original FLUX / LDM names BAGEL publishes in ae.safetensors."""
+    out = {}
+    for name, t in diffusers_state.items():
+        up = re.match(r"decoder\.up_blocks\.(\d+)\.", name)
+        if up:
+            name = f"decoder.up.{levels - 1 - int(up.group(1))}.{name[up.end():]}"
+        name = re.sub(r"(down|up)_blocks\.(\d+)\.resnets\.", r"\1.\2.block.", name)
+        name = re.sub(r"^(decoder\.up\.\d+\.)resnets\.", r"\1block.", name)
+        name = re.sub(r"down_blocks\.(\d+)\.downsamplers\.0\.", r"down.\1.downsample.", name)
+        name = re.sub(r"^(decoder\.up\.\d+\.)upsamplers\.0\.", r"\1upsample.", name)
+        name = name.replace("conv_shortcut", "nin_shortcut").replace("conv_norm_out", "norm_out")
+        name = re.sub(r"mid_block\.resnets\.(\d)\.", lambda m: f"mid.block_{int(m.group(1)) + 1}.", name)
+        name = name.replace("mid_block.attentions.0.group_norm", "mid.attn_1.norm")
+        name = re.sub(r"mid_block\.attentions\.0\.to_(q|k|v)\.", r"mid.attn_1.\1.", name)
+        name = name.replace("mid_block.attentions.0.to_out.0", "mid.attn_1.proj_out")
+        if re.search(r"attn_1\.(q|k|v|proj_out)\.weight$", name):
+            t = t[:, :, None, None]                                   # (C, C) linear as a 1x1 convolution
+        out[name] = t.contiguous()
+    return out
+
+
+def upstream_encoder(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers VJEPA2Model encoder tensors -> upstream vision_transformer.py names, q/k/v fused."""
+    out = {}
+    for name, t in hf_state.items():
+        if not name.startswith("encoder.") or re.search(r"attention\.(key|value)\.", name):
+            continue
+        q = re.match(r"encoder\.layer\.(\d+)\.attention\.query\.(weight|bias)", name)
+        if q:
+            i, kind = q.groups()
+            parts = [hf_state[f"encoder.layer.{i}.attention.{p}.{kind}"] for p in ("query", "key", "value")]
+            out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat(parts)
+            continue
+        name = re.sub(r"^encoder\.layer\.(\d+)\.attention\.", r"blocks.\1.attn.", name)
+        name = re.sub(r"^encoder\.layer\.(\d+)\.", r"blocks.\1.", name)
+        name = name.replace("encoder.layernorm.", "norm.")
+        name = name.replace("encoder.embeddings.patch_embeddings.", "patch_embed.")
+        out[name] = t
+    return out
+
+
+def write_vjepa2_ac_pickle(directory: Path, encoder: dict[str, torch.Tensor], predictor: dict[str, torch.Tensor]) -> None:
+    """directory/vjepa2-ac-vitg.pt as facebookresearch/vjepa2 saves it: a torch pickle of
+    {"encoder", "predictor", ...}, each a DistributedDataParallel state dict (`module.backbone.` names)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save({"encoder": {f"module.backbone.{k}": v for k, v in encoder.items()},
+                "predictor": {f"module.backbone.{k}": v for k, v in predictor.items()},
+                "epoch": 315}, directory / "vjepa2-ac-vitg.pt")
