@@ -66,6 +66,19 @@ def flux_layout(diffusers_state: dict[str, torch.Tensor], levels: int) -> dict[s
     return out
 
 
+def diffusers_vae(dims: dict[str, Any], args: dict[str, Any]) -> Any:
+    """diffusers' AutoencoderKL with a `vae_decoder` node's dims (FLUX: no quant convs), seeded."""
+    from diffusers import AutoencoderKL
+    levels = len(dims["block_out_channels"])
+    torch.manual_seed(0)
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * levels,
+        up_block_types=["UpDecoderBlock2D"] * levels, block_out_channels=list(dims["block_out_channels"]),
+        layers_per_block=dims["layers_per_block"], latent_channels=dims["latent_channels"],
+        norm_num_groups=dims["norm_num_groups"], use_quant_conv=False, use_post_quant_conv=False,
+        scaling_factor=args["scaling_factor"], shift_factor=args["shift_factor"]).eval()
+
+
 def upstream_encoder(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers VJEPA2Model encoder tensors -> upstream vision_transformer.py names, q/k/v fused."""
     out = {}

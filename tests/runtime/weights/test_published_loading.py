@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import AutoencoderKL
 from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
 from safetensors.torch import save_file
 
@@ -19,7 +18,7 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.weights.sources import NodeWeights
 from runtime.worker.loader import load_node
-from tests.runtime.serving.published_layouts import PRESET, flux_layout, published_preset
+from tests.runtime.serving.published_layouts import PRESET, diffusers_vae, flux_layout, published_preset
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +27,7 @@ def bagel(tmp_path_factory: pytest.TempPathFactory):
     plan = compile_file(str(published_preset(tmp, "bagel", "bagel-7b")), Options(preset=PRESET)).plan
     dims, args = plan.node("vae_dec").dims, plan.node("vae_dec").args
     levels = len(dims["block_out_channels"])
-    torch.manual_seed(0)
-    hf = AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * levels,
-        up_block_types=["UpDecoderBlock2D"] * levels, block_out_channels=list(dims["block_out_channels"]),
-        layers_per_block=dims["layers_per_block"], latent_channels=dims["latent_channels"],
-        norm_num_groups=dims["norm_num_groups"], use_quant_conv=False, use_post_quant_conv=False,
-        scaling_factor=args["scaling_factor"], shift_factor=args["shift_factor"]).eval()
+    hf = diffusers_vae(dims, args)
     repo = tmp / "weights" / "BAGEL-7B-MoT"
     repo.mkdir(parents=True)
     flux = flux_layout(hf.state_dict(), levels)
