@@ -106,3 +106,11 @@ def write_vjepa2_ac_pickle(directory: Path, encoder: dict[str, torch.Tensor], pr
     torch.save({"encoder": {f"module.backbone.{k}": v for k, v in encoder.items()},
                 "predictor": {f"module.backbone.{k}": v for k, v in predictor.items()},
                 "epoch": 315}, directory / "vjepa2-ac-vitg.pt")
+
+
+def write_omni_repository(directory: Path, model: torch.nn.Module) -> None:
+    """Qwen3-Omni as published: transformers' own `save_pretrained` (tensor-per-expert shards,
+    model.safetensors.index.json, the nested config.json) and the repository's tokenizer."""
+    model.save_pretrained(directory, max_shard_size="1MB")
+    assert len(list(directory.glob("model-*-of-*.safetensors"))) > 1
+    write_word_tokenizer(directory, ["hello", "there", "."])

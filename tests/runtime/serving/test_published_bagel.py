@@ -21,6 +21,7 @@ from tests.runtime.serving.conftest import http, serve
 from tests.runtime.serving.published_layouts import PRESET, diffusers_vae, flux_layout, published_preset, write_word_tokenizer
 
 PROMPT, MAX_TOKENS = [7, 40, 41, 300], 6
+TOKENIZER_EOS = 1     # the repository tokenizer's `<|end|>` (write_word_tokenizer): the server stops there too
 
 
 def vit_tensors(dims: dict, args: dict) -> dict[str, torch.Tensor]:
@@ -53,14 +54,14 @@ def bagel(tmp_path_factory: pytest.TempPathFactory):
 
 
 def greedy(lm: dict[str, torch.Tensor], dims: dict, prompt: list[int], count: int) -> list[int]:
-    """BAGEL's dense LM: the prompt as one text block, then argmax decoding from <|im_start|> to EOS."""
+    """BAGEL's dense LM: the prompt as one text block, then argmax decoding from <|im_start|> to an end token."""
     seq, token, out = RefSequence(DenseBagel(lm, dims)), dims["bos_token_id"], []
     seq.text(prompt)
     with torch.no_grad():
         for _ in range(count):
             token = int(seq.decode(token).argmax())
             out.append(token)
-            if token == dims["eos_token_id"]:
+            if token in (dims["eos_token_id"], TOKENIZER_EOS):
                 break
     return out
 

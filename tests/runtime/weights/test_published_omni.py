@@ -18,13 +18,7 @@ from runtime.weights.commands import check_plan
 from runtime.weights.sources import WeightOptions
 from runtime.worker.loader import load_rank
 from tests.runtime.models.qwen3_omni.omni_reference import hf_model, omni_config, preset, randomize
-from tests.runtime.serving.published_layouts import PRESET, published_preset
-
-def write_repository(directory: Path, model: torch.nn.Module) -> None:
-    """transformers' own `save_pretrained`: the published layout (tensor-per-expert shards, index, config.json)."""
-    model.save_pretrained(directory, max_shard_size="1MB")
-    assert len(list(directory.glob("model-*-of-*.safetensors"))) > 1
-
+from tests.runtime.serving.published_layouts import PRESET, published_preset, write_omni_repository
 
 @pytest.fixture(scope="module")
 def omni(tmp_path_factory: pytest.TempPathFactory):
@@ -34,7 +28,7 @@ def omni(tmp_path_factory: pytest.TempPathFactory):
     reference = hf_model.Qwen3OmniMoeForConditionalGeneration(omni_config(preset("qwen3_moe_lm"))).eval()
     randomize(reference, seed=11)
     root = tmp / "weights"
-    write_repository(root / "Qwen3-Omni-30B-A3B-Instruct", reference)
+    write_omni_repository(root / "Qwen3-Omni-30B-A3B-Instruct", reference)
     return plan, reference, root
 
 
@@ -51,7 +45,7 @@ def test_check_weights_reads_every_tensor_of_the_repository(omni) -> None:
 def test_a_config_with_another_vocabulary_fails_before_loading(omni, tmp_path: Path) -> None:
     plan, reference, _ = omni
     repo = tmp_path / "Qwen3-Omni-30B-A3B-Instruct"
-    write_repository(repo, reference)
+    write_omni_repository(repo, reference)
     config = json.loads((repo / "config.json").read_text())
     config["thinker_config"]["text_config"]["vocab_size"] = 151936
     (repo / "config.json").write_text(json.dumps(config))
