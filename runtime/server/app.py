@@ -34,6 +34,7 @@ from runtime.server.audio_routes import install_audio_routes
 from runtime.server.tasks import run_task
 from runtime.server.transcriptions import audio_transcriptions
 from runtime.text import load_text_tokenizer
+from runtime.weights.published import check_plan_sources
 from runtime.weights.sources import WeightOptions, resolve_all
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class MstarServer:
         self.metrics = Metrics()
         # resolved before any worker starts: a node without weights fails here, in seconds
         self.weights = resolve_all(self.plan, config.weights)
+        check_plan_sources(self.plan, self.weights)   # and one that would not load (headers only)
         self.random_nodes = sorted(name for name, w in self.weights.items() if w.kind == "random")
         if self.random_nodes:
             log.warning("RANDOM WEIGHTS (seeded, not a checkpoint) for nodes: %s", ", ".join(self.random_nodes))

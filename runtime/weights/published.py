@@ -2,8 +2,9 @@
 
     report = check_published(node, root, slots)   # headers + config.json only: no tensor data
     load_published(module, node, root)            # the same check, then the copy
+    check_plan_sources(plan, sources)             # every mapped node, before any worker starts
 
-Both raise for people: a config.json that disagrees with the preset names both values
+All raise for people: a config.json that disagrees with the preset names both values
 (ConfigMismatch), a mapping that does not cover the module names the first offending keys
 and the fix (WeightMismatch).
 """
@@ -12,13 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
+import torch
 from torch import nn
 
-from mstar_compiler.plan import Node
+from mstar_compiler.plan import Node, Plan
 from runtime.weights.mapping import CompiledMap, config_mismatches
 from runtime.weights.match import MatchReport, load_matched, match_node
 from runtime.weights.repository import read_config, repository_files, tensor_infos
 from runtime.weights.slots import Slot, module_slots
+from runtime.weights.sources import NodeWeights
 
 
 class ConfigMismatch(ValueError):
@@ -77,3 +80,18 @@ def load_published(module: nn.Module, node: Node, root: Path) -> MatchReport:
         raise WeightMismatch(node, root, report)
     load_matched(report, CompiledMap(node.weight_map), slots, str(root))
     return report
+
+
+def check_plan_sources(plan: Plan, sources: Mapping[str, NodeWeights]) -> None:
+    """Raise for the first mapped weight group whose repository does not match (headers only, the
+    modules built on the meta device): a worker that cannot load would otherwise die and be restarted."""
+    from runtime.worker.loader import build_module   # the worker's own constructor (imports the components)
+    for node in plan.nodes:
+        source = sources[node.name]
+        if node.weight_key != node.name or source.kind != "mapped" or source.path is None:
+            continue
+        with torch.device("meta"):
+            slots = module_slots(build_module(node, None))
+        report = check_published(node, Path(source.path), slots)
+        if not report.is_ok:
+            raise WeightMismatch(node, Path(source.path), report)

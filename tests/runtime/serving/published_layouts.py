@@ -99,13 +99,22 @@ def upstream_encoder(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return out
 
 
-def write_vjepa2_ac_pickle(directory: Path, encoder: dict[str, torch.Tensor], predictor: dict[str, torch.Tensor]) -> None:
-    """directory/vjepa2-ac-vitg.pt as facebookresearch/vjepa2 saves it: a torch pickle of
-    {"encoder", "predictor", ...}, each a DistributedDataParallel state dict (`module.backbone.` names)."""
+def write_vjepa2_ac_pickle(directory: Path, encoder: dict[str, torch.Tensor],
+                           predictor: dict[str, torch.Tensor]) -> None:
+    """directory/vjepa2-ac-vitg.pt as facebookresearch/vjepa2's app/vjepa_droid/train.py saves it: a torch
+    pickle of DistributedDataParallel state dicts (`module.` names) with the training state beside them."""
     directory.mkdir(parents=True, exist_ok=True)
-    torch.save({"encoder": {f"module.backbone.{k}": v for k, v in encoder.items()},
-                "predictor": {f"module.backbone.{k}": v for k, v in predictor.items()},
-                "epoch": 315}, directory / "vjepa2-ac-vitg.pt")
+    first = next(iter(predictor.values()))
+    torch.save({"encoder": _ddp(encoder), "predictor": _ddp(predictor), "target_encoder": _ddp(encoder),
+                "opt": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros_like(first)}},
+                        "param_groups": [{"lr": 1e-4, "params": [0]}]},
+                "scaler": None, "epoch": 315, "loss": 0.25, "batch_size": 8, "world_size": 1, "lr": 1e-4},
+               directory / "vjepa2-ac-vitg.pt")
+
+
+def _ddp(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict as DistributedDataParallel names it."""
+    return {f"module.{k}": v for k, v in state.items()}
 
 
 def write_omni_repository(directory: Path, model: torch.nn.Module) -> None:

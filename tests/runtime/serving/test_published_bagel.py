@@ -18,7 +18,8 @@ from runtime.components import component_class
 from tests.runtime.models.bagel.bagel_lm_helpers import RefSequence, bagel_weights
 from tests.runtime.models.bagel.bagel_reference import DenseBagel
 from tests.runtime.serving.conftest import http, serve
-from tests.runtime.serving.published_layouts import PRESET, diffusers_vae, flux_layout, published_preset, write_word_tokenizer
+from tests.runtime.serving.published_layouts import (PRESET, diffusers_vae, flux_layout, published_preset,
+                                                     write_word_tokenizer)
 
 PROMPT, MAX_TOKENS = [7, 40, 41, 300], 6
 TOKENIZER_EOS = 1     # the repository tokenizer's `<|end|>` (write_word_tokenizer): the server stops there too

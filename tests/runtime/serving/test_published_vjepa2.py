@@ -1,28 +1,49 @@
 """V-JEPA 2-AC served from its published pickle through `mstar-run --weights ROOT`.
 
-ROOT/vjepa2/vjepa2-ac-vitg.pt is a torch pickle as facebookresearch/vjepa2 saves it
-({"encoder", "predictor"} under `module.backbone.`, the encoder's q/k/v fused), converted once by
-`mstar-run convert-weights`; the graph's mapping strips the prefixes, renames the upstream encoder
-to transformers' names and splits q/k/v. The served rollout equals V-JEPA 2-AC's native rollout run
-on transformers' VJEPA2Model encoder and the predictor the file was written from.
+ROOT/vjepa2/vjepa2-ac-vitg.pt is a torch pickle as facebookresearch/vjepa2's training script saves
+it ({"encoder", "predictor"} under DistributedDataParallel's `module.`, the encoder's q/k/v fused,
+target_encoder and optimizer state beside them), converted once by `mstar-run convert-weights`; the
+graph's mapping strips the prefixes, renames the upstream encoder to transformers' names, splits
+q/k/v and excludes the training state (`check-weights` finds every tensor accounted for). The served
+rollout equals V-JEPA 2-AC's native rollout run on transformers' VJEPA2Model encoder and the predictor
+the file was written from; a renamed key stops start-up.
 """
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
+from mstar_compiler.plan import Plan
 from runtime.models.vjepa2 import native_rollout
+from runtime.weights.commands import check_plan
+from runtime.weights.sources import WeightOptions
 from tests.runtime.models.vjepa2.vjepa2_reference import hf_encoder, make, randomize
-from tests.runtime.serving.conftest import REPO, http, serve
+from tests.runtime.serving.conftest import REPO, Server, http, serve
 from tests.runtime.serving.published_layouts import PRESET, published_preset, upstream_encoder, write_vjepa2_ac_pickle
 from tests.runtime.serving.speech.test_rollouts import body, clip, rollout
 
 HORIZON = 2
+
+
+@dataclass
+class Served:
+    """The server, what it was started from, and the modules the checkpoint was written from."""
+
+    server: Server
+    root: Path                  # --weights ROOT
+    plan_path: Path
+    plan: Plan
+    encoder: torch.nn.Module    # transformers' VJEPA2Model
+    predictor: torch.nn.Module
 
 
 @pytest.fixture(scope="module")
@@ -41,24 +62,45 @@ def vjepa2(tmp_path_factory: pytest.TempPathFactory):
     plan_path = tmp / "plan.bin"
     plan_path.write_bytes(compiled.data)
     for srv in serve(str(plan_path), "--weights", str(root)):
-        yield srv, root, encoder, predictor
+        yield Served(srv, root, plan_path, compiled.plan, encoder, predictor)
 
 
-def test_models_name_the_converted_checkpoint(vjepa2) -> None:
-    srv, root, *_ = vjepa2
-    card = http("GET", f"{srv.url}/v1/models")[1]["data"][0]
-    assert card["weights"] == {"encoder": str(root / "vjepa2"), "predictor": str(root / "vjepa2")}
+def test_check_weights_accounts_for_every_tensor_of_the_pickle(vjepa2: Served) -> None:
+    out = io.StringIO()
+    assert check_plan(vjepa2.plan, WeightOptions((str(vjepa2.root),)), out), out.getvalue()
+    assert "read by no node" not in out.getvalue()
+
+
+def test_models_name_the_converted_checkpoint(vjepa2: Served) -> None:
+    card = http("GET", f"{vjepa2.server.url}/v1/models")[1]["data"][0]
+    repo = str(vjepa2.root / "vjepa2")
+    assert card["weights"] == {"encoder": repo, "predictor": repo}
     assert card["random_weights"] == []
 
 
 @torch.inference_mode()
-def test_served_rollout_equals_transformers_encoder_and_native_rollout(vjepa2) -> None:
-    srv, _, encoder, predictor = vjepa2
+def test_served_rollout_equals_transformers_encoder_and_native_rollout(vjepa2: Served) -> None:
     video, actions, states = clip(3, horizon=HORIZON)
-    got = rollout(srv, body(video, actions, states))
-    features = encoder.get_vision_features(video[None])                        # (1, C*P, E)
+    got = rollout(vjepa2.server, body(video, actions, states))
+    features = vjepa2.encoder.get_vision_features(video[None])                        # (1, C*P, E)
     frames = torch.nn.functional.layer_norm(features, features.shape[-1:])     # the graph's normalize_reps
-    want = native_rollout(predictor, frames, states[None], actions[None], horizon=HORIZON)[0]
+    want = native_rollout(vjepa2.predictor, frames, states[None], actions[None], horizon=HORIZON)[0]
     assert got.shape == want.shape == (HORIZON, *want.shape[1:])
     # fp32 both sides; transformers' attention and the cached rollout sum in other orders
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_renamed_key_stops_start_up_naming_node_and_key(vjepa2: Served, tmp_path: Path) -> None:
+    """The server checks every mapped node's headers before a worker starts (a worker that cannot
+    load would die and be restarted): exit status 2 and the first offending key, in seconds."""
+    tensors = load_file(str(vjepa2.root / "vjepa2" / "vjepa2-ac-vitg.safetensors"))
+    tensors["predictor.module.action_encoder.kernel"] = tensors.pop("predictor.module.action_encoder.weight")
+    broken = tmp_path / "vjepa2"
+    broken.mkdir()
+    save_file(tensors, str(broken / "vjepa2-ac-vitg.safetensors"))
+    run = subprocess.run([sys.executable, "-m", "runtime.cli", str(vjepa2.plan_path), "--port", "0",
+                          "--weights", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "node 'predictor' (vjepa2_ac_predictor)" in run.stderr
+    assert "predictor.module.action_encoder.kernel (mapped to action_encoder.kernel)" in run.stderr
+    assert "missing (1): action_encoder.weight" in run.stderr
