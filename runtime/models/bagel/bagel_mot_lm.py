@@ -142,10 +142,10 @@ class BagelMoTLM(nn.Module):
         load_into(self.hf_slots(), tensors, optional=FIXED_TENSORS)
 
     def load_weights(self, path: str) -> None:
-        """Load this component's tensors from a BAGEL safetensors checkpoint (file or directory)."""
+        """Load this component's tensors (BAGEL names) from safetensors holding exactly them (file or
+        directory); which of BAGEL's combined `ema.safetensors` are this node's is the graph's mapping."""
         log.info("loading bagel_mot_lm weights from %s", path)
-        mine = ("language_model.", "time_embedder.", "vae2llm.", "llm2vae.", "latent_pos_embed.")
-        self.load_hf_state_dict((k, t) for k, t in iter_safetensors(path) if k.startswith(mine))
+        self.load_hf_state_dict(iter_safetensors(path))
 
     def make_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None,
                       device: torch.device | str | None = None) -> PagedKVCache:

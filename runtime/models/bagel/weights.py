@@ -2,9 +2,11 @@
 
 Their parameters carry checkpoint names as they are (`vit_model.vision_model...`,
 `encoder.down_blocks...`), so loading is a name-for-name copy: `load_matching` reads a
-safetensors file or directory, takes the tensors this module owns, skips the rest (a
-combined BAGEL checkpoint also holds the LM) and reports every missing or mis-shaped
-one. Without weights a component draws its initial parameters under `seeded(seed)`.
+safetensors file or directory of exactly this module's tensors and reports every missing,
+unexpected or mis-shaped one. Which tensors of BAGEL's combined `ema.safetensors` are whose,
+and how `ae.safetensors`' FLUX names become these, is the graph's `weights:` mapping
+(`runtime.weights`), not this module's. Without weights a component draws its initial
+parameters under `seeded(seed)`.
 """
 from __future__ import annotations
 
@@ -29,13 +31,14 @@ def seeded(seed: int) -> Iterator[None]:
 
 
 def load_matching(module: nn.Module, path: str, fixed: tuple[str, ...] = ()) -> None:
-    """Copy every checkpoint tensor named like one of `module`'s; `fixed` names may be absent."""
+    """Copy every checkpoint tensor into `module`'s of that name; `fixed` names may be absent."""
     own: Mapping[str, torch.Tensor] = module.state_dict()
-    seen, misshaped = set(), []
+    seen, unexpected, misshaped = set(), [], []
     with torch.no_grad():
         for name, tensor in iter_safetensors(path):
             target = own.get(name)
             if target is None:
+                unexpected.append(name)
                 continue
             if tuple(tensor.shape) != tuple(target.shape):
                 misshaped.append(f"{name} {tuple(tensor.shape)} != expected {tuple(target.shape)}")
@@ -43,8 +46,8 @@ def load_matching(module: nn.Module, path: str, fixed: tuple[str, ...] = ()) -> 
             target.copy_(tensor)
             seen.add(name)
     missing = sorted(set(own) - seen - set(fixed) - {m.split(" ")[0] for m in misshaped})
-    if missing or misshaped:
-        raise WeightLoadError(missing, [], misshaped)
+    if missing or unexpected or misshaped:
+        raise WeightLoadError(missing, sorted(unexpected), misshaped)
     log.info("loaded %d tensors of %s from %s", len(seen), type(module).__name__, path)
 
 

@@ -4,7 +4,8 @@ Modules: `talker_prompt` (the talker's prefill rows and per-step text rows), `sp
 (one batched talker step with its code predictor loop; a reference driver), `talker_layers`
 (M-RoPE, shared-expert MoE, talker decoder layer), `codec_layers` (code2wav's causal convs),
 `mel` (log-mel front end), `vision_grid` (patches and their positions), `rope`, `weights`
-(checkpoint prefixes, initialisation). The thinker is the shared `qwen3_moe_lm`.
+(slots, initialisation; which checkpoint tensors are whose is the graph's mapping). The thinker
+is the shared `qwen3_moe_lm`.
 
 How the runtime drives speech for a batch (three tracks per request, joined by streams)
 -------------------------------------------------------------------------------------

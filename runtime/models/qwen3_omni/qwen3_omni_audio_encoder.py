@@ -7,7 +7,7 @@
   -> transformer encoder layers whose attention stays inside windows of
      13 · (n_window_infer / 100) tokens of one audio (8 s with the published preset)
   -> ln_post, proj1, GELU, proj2 -> (T, output_dim).
-Weight names are the checkpoint's `thinker.audio_tower.*` (prefix stripped).
+Weight names are the checkpoint's `thinker.audio_tower.*` less the prefix (the graph's mapping strips it).
 
 Batching: `forward` takes any number of mel spectrograms and returns one tensor per
 audio. Every chunk is zero-padded to the full 100 frames, whatever else is in the batch,
@@ -76,8 +76,6 @@ class _EncoderLayer(nn.Module):
 
 @register("qwen3_omni_audio_encoder")
 class Qwen3OmniAudioEncoder(CheckpointWeights, nn.Module):
-    hf_prefix = "thinker.audio_tower."
-
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         e, c = dims["d_model"], dims["downsample_hidden_size"]
@@ -95,7 +93,7 @@ class Qwen3OmniAudioEncoder(CheckpointWeights, nn.Module):
         self.conv_out = nn.Linear(c * cnn_tokens(self.num_mel_bins), e, bias=False)
         self.proj1 = nn.Linear(e, e)
         self.proj2 = nn.Linear(e, dims["output_dim"])
-        initialise(self.hf_slots(), args or {}, self.hf_prefix)
+        initialise(self.hf_slots(), args or {})
 
     def num_tokens(self, frames: int) -> int:
         """Output tokens of an audio of `frames` mel frames."""

@@ -1,6 +1,6 @@
 """qwen3_omni_code2wav: Qwen3-Omni's causal codec decoder, frames of codes -> 24 kHz audio.
 
-Pipeline (weight names as the checkpoint's `code2wav.*`, prefix stripped):
+Pipeline (weight names as the checkpoint's `code2wav.*` with the prefix the graph's mapping strips):
   codes (B, Q, F) -> mean of Q codebook embeddings -> sliding-window causal transformer
   -> 2 x (causal transposed conv + ConvNeXt) upsampling -> causal conv -> 4 decoder blocks
   (snake + transposed conv by 8, 5, 4, 3 + residual units) -> snake -> conv -> clamp.
@@ -113,8 +113,6 @@ class _PreTransformer(nn.Module):
 class Qwen3OmniCode2Wav(CheckpointWeights, nn.Module):
     """Codec frames (B, Q, F) -> waveform (B, num_samples(F)) at 24 kHz."""
 
-    hf_prefix = "code2wav."
-
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         h, q = dims["hidden_size"], dims["num_quantizers"]
@@ -130,7 +128,7 @@ class Qwen3OmniCode2Wav(CheckpointWeights, nn.Module):
         blocks += [DecoderBlock(c >> i, c >> (i + 1), r) for i, r in enumerate(self.rates)]
         c_last = c >> len(self.rates)
         self.decoder = nn.ModuleList([*blocks, SnakeBeta(c_last), CausalConv(c_last, 1, 7)])
-        initialise(self.hf_slots(), args or {}, self.hf_prefix)
+        initialise(self.hf_slots(), args or {})
 
     def num_samples(self, num_frames: int) -> int:
         """Samples that `num_frames` frames decode to (0 for 0 frames)."""

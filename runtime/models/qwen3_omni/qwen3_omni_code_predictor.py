@@ -41,8 +41,6 @@ from runtime.weights import Slot
 
 @register("qwen3_omni_code_predictor")
 class Qwen3OmniCodePredictor(CheckpointWeights, nn.Module):
-    hf_prefix = "talker.code_predictor."
-
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None, *,
                  tp: TensorParallelGroup = SINGLE) -> None:
         super().__init__()
@@ -58,7 +56,7 @@ class Qwen3OmniCodePredictor(CheckpointWeights, nn.Module):
         self.lm_head = nn.ModuleList(nn.Linear(h, v, bias=False) for _ in range(residual))
         self.backend_name: str = args.get("attention_backend", "auto")
         self._backend: AttentionBackend | None = None
-        initialise(self.hf_slots(), args, self.hf_prefix)
+        initialise(self.hf_slots(), args)
 
     def hf_slots(self) -> dict[str, Slot]:
         plain = {"model.norm": self.model.norm, "model.codec_embedding": self.model.codec_embedding,

@@ -43,8 +43,6 @@ from runtime.weights import Slot
 class Qwen3OmniTalker(CheckpointWeights, nn.Module):
     """Talker LM over inputs_embeds; `compute_logits` gives codebook-0 logits."""
 
-    hf_prefix = "talker."
-
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None, *,
                  tp: TensorParallelGroup = SINGLE) -> None:
         super().__init__()
@@ -65,7 +63,7 @@ class Qwen3OmniTalker(CheckpointWeights, nn.Module):
         self.codec_head = nn.Linear(h, config.vocab_size, bias=False)
         self.backend_name: str = args.get("attention_backend", "auto")
         self._backend: AttentionBackend | None = None
-        initialise(self.hf_slots(), args, self.hf_prefix)
+        initialise(self.hf_slots(), args)
 
     def hf_slots(self) -> dict[str, Slot]:
         plain = {"model.codec_embedding": self.model.codec_embedding, "model.norm": self.model.norm,

@@ -6,7 +6,7 @@
   attention inside each image -> `merger` folds every m x m block into one thinker-width
   token; after the blocks listed in `deepstack_visual_indexes` a `merger_list` entry does
   the same to that block's output (DeepStack: the thinker adds those to its first layers).
-Weight names are the checkpoint's `thinker.visual.*` (prefix stripped).
+Weight names are the checkpoint's `thinker.visual.*` less the prefix (the graph's mapping strips it).
 
     hidden, deepstack = encoder.encode_patches(patches, grids)   # packed, as transformers
     outputs = encoder(images)                                    # [(hidden (T, out), deepstack (D, T, out))]
@@ -94,8 +94,6 @@ class _PatchEmbed(nn.Module):
 
 @register("qwen3_omni_vision_encoder")
 class Qwen3OmniVisionEncoder(CheckpointWeights, nn.Module):
-    hf_prefix = "thinker.visual."
-
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         h, m, out = dims["hidden_size"], dims["spatial_merge_size"], dims["out_hidden_size"]
@@ -109,7 +107,7 @@ class Qwen3OmniVisionEncoder(CheckpointWeights, nn.Module):
         self.blocks = nn.ModuleList(_Block(h, dims["num_heads"], dims["intermediate_size"])
                                     for _ in range(dims["depth"]))
         self.merger = _Merger(h, m, out, False)
-        initialise(self.hf_slots(), args or {}, self.hf_prefix)
+        initialise(self.hf_slots(), args or {})
 
     def forward(self, images: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Images (3, H_i, W_i) in [-1, 1] -> per image (hidden (T_i, out), deepstack (D, T_i, out))."""

@@ -1,10 +1,9 @@
-"""Weights of Qwen3-Omni's components: checkpoint prefixes, plain-module slots, initialisation.
+"""Weights of Qwen3-Omni's components: plain-module slots, shared decoder slots, initialisation.
 
-The published checkpoint is one safetensors set for the whole model; each component reads
-the tensors under its own prefix (`code2wav.`, `talker.`, `talker.code_predictor.`,
-`thinker.audio_tower.`, `thinker.visual.`) with the prefix stripped, so a component's slot
-names are the checkpoint names relative to it. `iter_prefixed` opens only those tensors,
-never the rest of the 35B-parameter checkpoint.
+The published checkpoint is one safetensors set for the whole model; which of its tensors each
+component reads (`code2wav.`, `talker.` without `talker.code_predictor.`, `thinker.audio_tower.`,
+`thinker.visual.`) and with which prefix stripped is the graph's `weights:` mapping, applied by
+`runtime.weights`. A component's slot names are the checkpoint names relative to it.
 
 Components whose parameters *are* the checkpoint tensors (code2wav, the encoders) get
 their slots from `parameter_slots`; the talker and code predictor, which fuse q/k/v and
@@ -13,24 +12,13 @@ gate/up through the shared decoder layers, describe theirs by hand. Either way
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
-from runtime.weights import Slot, load_into, random_tensors
+from runtime.weights import Slot, iter_safetensors, load_into, random_tensors
 from runtime.weights.slots import parameter_slots
-from runtime.weights.safetensors_loader import checkpoint_files
-
-def iter_prefixed(path: str | Path, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name without `prefix`, tensor) for every checkpoint tensor under `prefix`, read lazily."""
-    for file in checkpoint_files(path):
-        with safe_open(str(file), framework="pt", device="cpu") as reader:
-            for name in reader.keys():
-                if name.startswith(prefix):
-                    yield name[len(prefix):], reader.get_tensor(name)
 
 
 def decoder_slots(layers: nn.ModuleList, config: Any, plain: Mapping[str, nn.Module]) -> dict[str, Slot]:
@@ -41,11 +29,11 @@ def decoder_slots(layers: nn.ModuleList, config: Any, plain: Mapping[str, nn.Mod
     return slots
 
 
-def initialise(slots: Mapping[str, Slot], args: Mapping[str, Any], prefix: str) -> None:
-    """Load `args["weights"]` (the whole model's checkpoint; tensors under `prefix`) or
-    seeded random weights (`args["seed"]`, default 0)."""
+def initialise(slots: Mapping[str, Slot], args: Mapping[str, Any]) -> None:
+    """Load `args["weights"]` (safetensors holding exactly this component's tensors, named as its
+    slots) or seeded random weights (`args["seed"]`, default 0)."""
     if args.get("weights"):
-        load_into(slots, iter_prefixed(args["weights"], prefix))
+        load_into(slots, iter_safetensors(args["weights"]))
     else:
         load_into(slots, random_tensors(slots, int(args.get("seed", 0))))
 
@@ -53,13 +41,11 @@ def initialise(slots: Mapping[str, Slot], args: Mapping[str, Any], prefix: str) 
 class CheckpointWeights:
     """Mixin of the Qwen3-Omni components: HF-named slots and the checked loader over them."""
 
-    hf_prefix: str = ""  # where the published checkpoint keeps this component's tensors
-
     def hf_slots(self) -> dict[str, Slot]:
-        """Checkpoint name (prefix stripped) -> slot, for every tensor this component reads."""
+        """Checkpoint name (relative to the component) -> slot, for every tensor this component reads."""
         assert isinstance(self, nn.Module)
         return parameter_slots(self)
 
     def load_hf_state_dict(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Load checkpoint-named tensors (prefix stripped); raises WeightLoadError on any mismatch."""
+        """Load checkpoint-named tensors (relative names); raises WeightLoadError on any mismatch."""
         load_into(self.hf_slots(), tensors)

@@ -11,6 +11,7 @@ from tests.runtime.models.bagel.bagel_lm_helpers import DIMS, RefSequence, Runne
 from tests.runtime.models.bagel.bagel_reference import DenseBagel
 from runtime.models.bagel.segments import SegmentKind as K
 from runtime.components import component_class
+from runtime.weights import WeightLoadError
 
 IDS = [7, 42, 99, 3, 250]
 
@@ -86,9 +87,13 @@ def test_batch_equals_members(weights):
 
 
 def test_weights_load_from_a_bagel_checkpoint(weights, tmp_path):
-    """A combined BAGEL file: this component's tensors load, the ViT's are skipped."""
+    """This component's tensors by their BAGEL names load; another component's are refused (which
+    of the combined ema.safetensors are whose is the graph's mapping, not the component's)."""
     path = tmp_path / "ema.safetensors"
     save_file({**weights, "vit_model.vision_model.post_layernorm.weight": torch.ones(4)}, str(path))
+    with pytest.raises(WeightLoadError, match=r"unexpected \(1\): vit_model\.vision_model\.post_layernorm"):
+        component_class("bagel_mot_lm")(DIMS, {"weights": str(path)})
+    save_file(weights, str(path))
     model = component_class("bagel_mot_lm")(DIMS, {"weights": str(path)})
     gen_q = weights["language_model.model.layers.1.self_attn.q_proj_moe_gen.weight"]
     fused = model.language_model.model.layers[1].self_attn_moe_gen.qkv_proj.weight

@@ -81,6 +81,9 @@ def test_weights_load_by_bagel_names(tmp_path):
     state = {k: v for k, v in source.state_dict().items() if k != "vit_pos_embed.pos_embed"}
     path = tmp_path / "ema.safetensors"
     save_file({**state, "language_model.model.norm.weight": torch.ones(64)}, str(path))
+    with pytest.raises(WeightLoadError, match=r"unexpected \(1\): language_model\.model\.norm\.weight"):
+        _build(weights=str(path))             # the LM's tensor: the graph's mapping keeps it from this node
+    save_file(state, str(path))
     loaded = _build(seed=7, weights=str(path))
     image = torch.rand(3, 28, 28) * 2 - 1
     torch.testing.assert_close(loaded([image])[0], source([image])[0], rtol=0, atol=0)

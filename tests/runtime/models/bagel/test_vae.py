@@ -26,11 +26,14 @@ def models(tmp_path_factory):
         layers_per_block=DIMS["layers_per_block"], latent_channels=DIMS["latent_channels"],
         norm_num_groups=DIMS["norm_num_groups"], use_quant_conv=False, use_post_quant_conv=False,
         scaling_factor=SCALE, shift_factor=SHIFT).eval()
-    # one diffusers-named file holds both halves; each component takes its own
-    path = tmp_path_factory.mktemp("vae") / "diffusion_pytorch_model.safetensors"
-    save_file(hf.state_dict(), str(path))
-    enc = component_class("vae_encoder")(DIMS, {**ARGS, "weights": str(path)}).eval()
-    dec = component_class("vae_decoder")(DIMS, {**ARGS, "weights": str(path)}).eval()
+    # each component reads a file of its own diffusers-named half (splitting one file between them is
+    # the graph's mapping: tests/runtime/weights/test_published_loading.py)
+    tmp = tmp_path_factory.mktemp("vae")
+    for half in ("encoder", "decoder"):
+        own = {k: v for k, v in hf.state_dict().items() if k.startswith(f"{half}.")}
+        save_file(own, str(tmp / f"{half}.safetensors"))
+    enc = component_class("vae_encoder")(DIMS, {**ARGS, "weights": str(tmp / "encoder.safetensors")}).eval()
+    dec = component_class("vae_decoder")(DIMS, {**ARGS, "weights": str(tmp / "decoder.safetensors")}).eval()
     return hf, enc, dec
 
 

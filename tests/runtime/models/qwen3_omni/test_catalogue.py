@@ -64,17 +64,21 @@ def test_presets_connect(name):
     assert all(talker["codebook_size"] <= i < talker["vocab_size"] for i in specials)
 
 
-def test_loads_its_prefix_from_a_whole_model_checkpoint(tmp_path):
+def test_loads_its_own_tensors_and_refuses_another_components(tmp_path):
+    """A component reads names relative to itself; which of a whole-model checkpoint's tensors are
+    its own is the graph's mapping (tests/runtime/weights/test_published_omni.py), never the component."""
     dims = preset("qwen3_omni_code_predictor")
     reference = hf_model.Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration(predictor_config(dims))
-    tensors = {f"talker.code_predictor.{k}": v.contiguous() for k, v in checkpoint_tensors(reference).items()}
-    tensors["thinker.model.norm.weight"] = torch.ones(3)  # another component's tensor: skipped
+    tensors = {k: v.contiguous() for k, v in checkpoint_tensors(reference).items()}
     save_file(tensors, str(tmp_path / "model.safetensors"))
     ours = component_class("qwen3_omni_code_predictor")(dims, {"weights": str(tmp_path)})
     assert torch.equal(ours.lm_head[1].weight, reference.lm_head[1].weight)
     assert torch.equal(ours.model.codec_embedding[0].weight, reference.model.codec_embedding[0].weight)
 
-    del tensors["talker.code_predictor.lm_head.2.weight"]
+    save_file({**tensors, "thinker.model.norm.weight": torch.ones(3)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(WeightLoadError, match=r"unexpected \(1\): thinker\.model\.norm\.weight"):
+        component_class("qwen3_omni_code_predictor")(dims, {"weights": str(tmp_path)})
+    del tensors["lm_head.2.weight"]
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(WeightLoadError, match="lm_head.2.weight"):
         component_class("qwen3_omni_code_predictor")(dims, {"weights": str(tmp_path)})
