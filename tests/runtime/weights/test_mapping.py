@@ -6,9 +6,10 @@ import torch
 
 from mstar_compiler.errors import CompileError
 from mstar_compiler.ir import Options
-from mstar_compiler.pipeline import compile_text
+from mstar_compiler.pipeline import compile_file, compile_text
 from mstar_compiler.plan import IndexRemap, Rename, Split, WeightMap
 from runtime.weights.mapping import CompiledMap, Target
+from tests.runtime.serving.conftest import REPO
 
 FLUX = WeightMap(source="o/ae", prefix="", exclude=["^encoder\\."],
                  index_remap=[IndexRemap("^decoder\\.up\\.(\\d+)\\.", 4)],
@@ -80,3 +81,17 @@ def test_the_plan_carries_the_mapping() -> None:
     node = plan.node("lm")
     assert node.weight_map == WeightMap(source="o/r", prefix="m.", exclude=["^x"])
     assert not node.random_weights and node.weights is None
+
+
+@pytest.mark.parametrize("wrapper", ["module.backbone.", "module.", "backbone.", ""])
+def test_vjepa2_ac_names_with_or_without_the_training_wrappers(wrapper: str) -> None:
+    """The .pt's state dicts may carry DistributedDataParallel's `module.` and the multi-sequence
+    wrapper's `backbone.`; upstream's hub loader strips either, and so does the graph's mapping."""
+    plan = compile_file(str(REPO / "graphs" / "vjepa2_ac.yaml"), Options(preset="vitg")).plan
+    encoder, predictor = (CompiledMap(plan.node(n).weight_map) for n in ("encoder", "predictor"))
+    assert encoder.targets(f"encoder.{wrapper}blocks.3.mlp.fc1.weight") == [Target("encoder.layer.3.mlp.fc1.weight")]
+    assert predictor.targets(f"predictor.{wrapper}predictor_blocks.0.attn.qkv.bias") == [
+        Target("predictor_blocks.0.attn.qkv.bias")]
+    assert predictor.targets(f"encoder.{wrapper}norm.weight") is None
+    for training_state in (f"target_encoder.{wrapper}norm.weight", "opt.state.0.exp_avg"):
+        assert encoder.targets(training_state) is None and predictor.is_excluded(training_state)
