@@ -24,14 +24,14 @@ from runtime.worker.loader import build_module
 from tests.runtime.models.qwen3_omni.omni_reference import preset, thinker_reference
 from tests.runtime.models.qwen3_omni.test_audio_chat_parity import audio_part, reference_ids, wav_bytes
 from tests.runtime.serving.conftest import http as request_json
-from tests.runtime.serving.speech.conftest import OMNI, serve
+from tests.runtime.serving.speech.conftest import OMNI
 
 MAX_TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    yield from serve(tmp_path_factory, "qwen3_omni", "single")
+@pytest.fixture
+def single(omni_single):
+    return omni_single
 
 
 def client_of(server) -> openai.OpenAI:
