@@ -24,7 +24,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from mstar_compiler.pipeline import Options, compile_file
 from runtime.conductor.request import MediaInput
 from runtime.executors import executor_for
-from runtime.models.qwen3_omni.vision_grid import patchify
+from runtime.models.qwen3_omni.vision_grid import patchify, patchify_frames
 from runtime.server.chat_inputs import chat_inputs_for
 from runtime.text import ByteTokenizer
 from runtime.worker.loader import build_module
@@ -84,6 +84,8 @@ def check_against_reference(reference, executors, items, params, ids, **hf_input
         torch.testing.assert_close(got[0], out.logits[0, -1], atol=ATOL, rtol=0, msg=f"step {step}")
         sequence = torch.cat([sequence, out.logits[:, -1:].argmax(-1)], dim=1)
     expected, _ = reference.get_rope_index(sequence, image_grid_thw=hf_inputs.get("image_grid_thw"),
+                                           video_grid_thw=hf_inputs.get("video_grid_thw"),
+                                           second_per_grids=hf_inputs.get("video_second_per_grid"),
                                            attention_mask=torch.ones_like(sequence),
                                            audio_seqlens=hf_inputs["feature_attention_mask"].sum(-1)
                                            if "feature_attention_mask" in hf_inputs else None)
@@ -155,3 +157,30 @@ def test_interleaved_audio_and_images_keep_their_order(served):
                             pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
                             input_features=features["input_features"],
                             feature_attention_mask=features["attention_mask"])
+
+
+@torch.no_grad()
+def test_text_and_video_logits_match_transformers_thinker(served):
+    """Three frames at 1 fps: padded to two temporal patches, 26 positions apart (2 s x 13 per second).
+
+    transformers' video processor needs torchvision (not installed), so its input is our frames'
+    pixels (each frame processed as the image test checks) in its video patch layout, which
+    `patchify_frames` writes (Qwen2VLVideoProcessor.patchify: pad by repeating the last frame,
+    (t, h/m, w/m, m, m, C, temporal, p, p))."""
+    plan, reference, executors = served
+    frames = [picture(32, 48, seed=10 + k) for k in range(3)]
+    part = {"type": "video", "fps": 1, "video": [image_part(f)["image_url"]["url"] for f in frames]}
+    processor = chat_inputs_for(plan)
+    items = processor.chat_items([{"role": "user", "content": [part, {"type": "text", "text": "?"}]}],
+                                 ByteTokenizer())
+    assert [dtype for dtype, _ in items] == ["text", "image", "text"]
+    video = items[1][1]
+    assert video.value.shape[0] == 4 and torch.equal(video.value[3], video.value[2])   # padded with the last
+    patches, grid = patchify_frames(video.value, VISION["patch_size"], VISION["spatial_merge_size"],
+                                    VISION["temporal_patch_size"])
+    d = TALKER
+    pads = [d["vision_start_token_id"], *[d["video_token_id"]] * len(video.tokens), d["vision_end_token_id"]]
+    ids = chat_ids(pads, list(b"?"))
+    check_against_reference(reference, executors, items, processor.request_params(items), ids,
+                            pixel_values_videos=patches, video_grid_thw=torch.tensor([grid]),
+                            video_second_per_grid=torch.tensor([2.0]))
