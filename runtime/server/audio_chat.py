@@ -55,10 +55,9 @@ def _input_items(server: MstarServer, body: dict, voice: str) -> tuple[list[tupl
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role' and 'content'", f"messages[{i}]")
     items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
     if items:
-        # the talker's first Run takes the thinker's prompt as one stream item; a prompt read in
-        # pieces (text, audio, text) would hand it only the first piece
-        raise ApiError(400, "voice chat (modalities with 'audio') takes text prompts only for now; send audio "
-                            "or image parts to the text chat (modalities ['text'])", "messages", "unsupported_input")
+        # the items are the prompt; the speaker's prompt gives only its params (the voice) and stops
+        _, extra, stops = server.speech_model.speaker.prompt(server, voice, "")
+        return items, {**extra, **server.chat_inputs.request_params(items)}, stops
     ids, extra, stops = server.speech_model.speaker.chat_prompt(server, voice, _messages(messages))
     return [("text", ids)], extra, stops
 

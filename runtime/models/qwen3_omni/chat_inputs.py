@@ -88,9 +88,10 @@ class OmniChatInputs:
         return self._items(ids, media)
 
     def request_params(self, items: list[tuple[str, Any]]) -> dict[str, Any]:
-        """Params the thinker reads about these items: the pictures' M-RoPE grids."""
+        """Params the thinker reads about these items: how many Runs its prompt takes (it streams the
+        prompt to the talker as one item) and the pictures' M-RoPE grids."""
         grids = grids_param(items)
-        return {"mrope_grids": grids} if grids else {}
+        return {"num_prompt_items": len(items), **({"mrope_grids": grids} if grids else {})}
 
     def transcription_messages(self, audio_part: dict, language: str | None, prompt: str | None) -> list[dict]:
         ask = ASR_PROMPT_LANGUAGE.format(language=LANGUAGES.get(language, language)) if language else ASR_PROMPT

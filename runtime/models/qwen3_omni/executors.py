@@ -9,8 +9,9 @@ How the plan's tracks map onto these executors (graphs/qwen3_omni.yaml, task voi
                   decoder returns only its final-normed states, so the embeddings come from
                   the thinker's own table (`DecoderLM.embed`). Audio and image prompt rows
                   reach the thinker as its `embeds` at their placeholder ids (audio, image,
-                  video pads), with 3-D M-RoPE positions and DeepStack for pictures; the talker's multimodal rows (layer-`accept_hidden_layer`
-                  states) are not streamed yet, so the talker sees the pads' embeddings there.
+                  video pads), with 3-D M-RoPE positions and DeepStack for pictures. The prompt's
+                  item also carries the layer-`accept_hidden_layer` states at those pads
+                  (`hidden:mm`), which the talker's prompt takes there.
   audio_enc       `AudioEncoderExecutor`: 16 kHz waveforms -> (T_i, thinker hidden), batched
                   (the encoder pads every chunk alone, so a batch equals its members alone).
   vision_enc      `VisionEncoderExecutor`: processed pixels (vision_inputs.py) -> hidden (T_i, thinker
@@ -108,7 +109,7 @@ class TalkerExecutor:
         if rid not in self._texts:
             head, rest = news[:2], news[2:]
             embeds = torch.cat([it["value"] for it in head])                     # (T+1, Dt)
-            rows = talker_prompt(self.talker, head[0]["ids"], embeds, None, head[0]["tts"],
+            rows = talker_prompt(self.talker, head[0]["ids"], embeds, head[0].get("mm"), head[0]["tts"],
                                  self._speakers.get(rid, DEFAULT_SPEAKER))
             self._texts[rid] = TalkerText(self.talker, head[0]["tts"])
         else:
@@ -207,7 +208,8 @@ def thinker_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> Th
     talker = _talker(plan, node).dims
     pads = tuple(int(talker[k]) for k in ("audio_token_id", "image_token_id", "video_token_id"))
     vision = next((n.dims for n in plan.nodes if n.kind == "qwen3_omni_vision_encoder"), None)
-    return ThinkerExecutor(node, module, rank, tts_token_ids(talker), pads, plan, vision, pads[1:])
+    return ThinkerExecutor(node, module, rank, tts_token_ids(talker), pads, plan, vision, pads[1:],
+                           int(talker["accept_hidden_layer"]))
 
 
 @register_executor("qwen3_omni_vision_encoder")

@@ -27,6 +27,7 @@ from runtime.executors import executor_for
 from runtime.models.qwen3_omni.vision_grid import patchify, patchify_frames
 from runtime.server.chat_inputs import chat_inputs_for
 from runtime.text import ByteTokenizer
+from runtime.transport.messages import WorkItem
 from runtime.worker.loader import build_module
 from tests.runtime.models.qwen3_omni.omni_reference import preset, randomized_thinker
 from tests.runtime.models.qwen3_omni.test_audio_chat_parity import audio_part, run_items, wav_bytes
@@ -184,3 +185,38 @@ def test_text_and_video_logits_match_transformers_thinker(served):
     check_against_reference(reference, executors, items, processor.request_params(items), ids,
                             pixel_values_videos=patches, video_grid_thw=torch.tensor([grid]),
                             video_second_per_grid=torch.tensor([2.0]))
+
+
+@torch.no_grad()
+def test_the_prompt_streams_to_the_talker_as_one_item_with_layer_states_at_pictures(served):
+    """Voice chat: the prompt's pieces (text, image, text) reach the talker as one `hidden` item whose
+    `mm` rows are transformers' `hidden_states[accept_hidden_layer]` at the image's placeholders."""
+    plan, reference, executors = served
+    image = picture(40, 56, seed=3)
+    processor = chat_inputs_for(plan)
+    items = processor.chat_items([{"role": "user", "content": [image_part(image), {"type": "text", "text": "?"}]}],
+                                 ByteTokenizer())
+    thinker, vision = executors["thinker"], executors["vision_enc"]
+    thinker.open(1, {"temperature": 0.0, **processor.request_params(items)})
+    outputs = []
+    try:
+        for dtype, value in items:
+            ins = {}
+            if dtype == "image":
+                (enc,) = vision.run([WorkItem(request_id=1, step=0, walk="read_image")], [{"image": value.value}])
+                ins = {"embeds": enc.outputs["hidden"], "deepstack": enc.outputs["deepstack"]}
+            tokens = value.tokens if isinstance(value, MediaInput) else value
+            (result,) = thinker.run([WorkItem(request_id=1, step=0, walk=f"read_{dtype}", tokens=tokens)], [ins])
+            outputs.append(result.outputs)
+    finally:
+        thinker.close(1, kv_only=False)
+    assert ["hidden" in o for o in outputs] == [False, False, True]
+    ids = torch.tensor([t for _, v in items for t in (v.tokens if isinstance(v, MediaInput) else v)])
+    prompt = outputs[-1]
+    assert torch.equal(prompt["hidden:ids"], ids) and prompt["hidden"].shape[0] == len(ids)
+    pixels = hf_image_processor()(image, return_tensors="pt")
+    states = reference(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]), output_hidden_states=True,
+                       **pixels).hidden_states[TALKER["accept_hidden_layer"]][0]
+    is_pad = ids == TALKER["image_token_id"]
+    torch.testing.assert_close(prompt["hidden:mm"][is_pad], states[is_pad], atol=ATOL, rtol=0)
+    assert not prompt["hidden:mm"][~is_pad].any()
