@@ -6,7 +6,9 @@
     ids, the merged tokens in row-major order per temporal patch): t = start + k·time_step
     for temporal patch k, h = start + row, w = start + column, where `start` is the position
     the next text row would have had;
-  * the row after a picture continues at one past the largest of its positions.
+  * the row after a picture continues at one past the largest of its positions;
+  * a pad id after the prompt's last picture (a generated token) is text, as transformers'
+    decode steps count on from the prompt.
 
 The grids (t, h, w, time_step) come with the request (param `mrope_grids`, written by the
 chat processor, runtime/models/qwen3_omni/vision_inputs.py) in prompt order; a Run that
@@ -53,7 +55,8 @@ class MropePositions:
         pieces, i = [], 0
         while i < len(tokens):
             j = i + 1
-            is_pad = tokens[i] in self.pad_ids
+            # once every picture of the prompt has its grid, a pad id is a generated token: text
+            is_pad = tokens[i] in self.pad_ids and track.next_grid < len(track.grids)
             while j < len(tokens) and (tokens[j] == tokens[i] if is_pad else tokens[j] not in self.pad_ids):
                 j += 1
             pieces.append(self._picture(request_id, track, j - i) if is_pad else self._text(track, j - i))
@@ -67,9 +70,6 @@ class MropePositions:
         return rows
 
     def _picture(self, request_id: int, track: _Track, n: int) -> torch.Tensor:
-        if track.next_grid >= len(track.grids):
-            raise ValueError(f"request {request_id}: {track.next_grid + 1} pictures in the prompt but "
-                             f"{len(track.grids)} grids in its param mrope_grids")
         g = track.grids[track.next_grid]
         h, w = g.h // self.merge, g.w // self.merge
         if g.t * h * w != n:
