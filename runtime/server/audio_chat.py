@@ -12,6 +12,7 @@ decodes. As OpenAI's audio chat does:
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -99,7 +100,8 @@ def _parse(server: MstarServer, body: dict) -> tuple[tuple[list[tuple[str, Any]]
 
 async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
     server = request.app["mstar"]
-    (items, extra, stops), fmt, stream = _parse(server, body)
+    # decoding audio and images is CPU work: off the loop that runs the conductor
+    (items, extra, stops), fmt, stream = await asyncio.to_thread(_parse, server, body)
     model = server.speech_model
     body = {**body, "max_tokens": openai_field(body, "max_tokens")}
     req = server.conductor.submit(model.task, speech_params(server, body, extra), items, stops,

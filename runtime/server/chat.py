@@ -147,7 +147,8 @@ class ChatStream:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     server = request.app["mstar"]
     body = await server.read_json(request)
-    if has_image_parts(body):     # decoding images is CPU work: off the loop that runs the conductor
+    # decoding images and audio is CPU work: off the loop that runs the conductor
+    if has_image_parts(body) or server.chat_inputs is not None:
         chat = await asyncio.to_thread(parse_chat, body, server)
     else:
         chat = parse_chat(body, server)

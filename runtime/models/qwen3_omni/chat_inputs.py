@@ -61,7 +61,8 @@ class OmniChatInputs:
         missing = [k for k in LIMIT_PARAMS if k not in params]
         if missing:
             raise ValueError(f"graph '{plan.source}' serves Qwen3-Omni chat inputs but declares no param(s) "
-                             f"{missing}: add them under params: (the limits of audio, video frames and parts per request)")
+                             f"{missing}: add them under params: (the limits of audio, video frames and parts "
+                             f"per request)")
         self.max_audio_seconds = float(params["max_audio_seconds"])
         self.max_parts = int(params["max_parts_per_message"])
         self.max_frames = int(params["max_video_frames"])

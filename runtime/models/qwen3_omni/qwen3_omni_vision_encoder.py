@@ -124,7 +124,8 @@ class Qwen3OmniVisionEncoder(CheckpointWeights, nn.Module):
 
     def encode_pixels(self, pixels: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Processed pixels (runtime/models/qwen3_omni/vision_inputs.py): per item a still image (3, H, W)
-        or video frames (F, 3, H, W), sides multiples of patch·merge -> (hidden (T_i, out), deepstack (D, T_i, out))."""
+        or video frames (F, 3, H, W), sides multiples of patch·merge
+        -> (hidden (T_i, out), deepstack (D, T_i, out))."""
         pieces = [patchify_frames(p if p.dim() == 4 else p[None].expand(self.temporal, *p.shape),
                                   self.patch, self.merge, self.temporal) for p in pixels]
         grids = torch.tensor([grid for _, grid in pieces])

@@ -75,7 +75,8 @@ class ThinkerExecutor(DecoderLMExecutor):
         self.tts_ids = torch.tensor(tts_ids, dtype=torch.long, device=self.device)
         self._num_fed: dict[int, int] = {}              # request -> rows whose embeddings were taken
         self._num_prompt_items: dict[int, int] = {}     # request -> thinker Runs its prompt takes
-        self._pending: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}   # request -> (ids, mm rows) not streamed yet
+        # request -> (ids, mm rows) of prompt pieces not streamed yet
+        self._pending: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._streamed: set[int] = set()                # requests whose prompt item went
         self.num_deepstack = len(vision["deepstack_visual_indexes"]) if vision else 0
         self.mrope = None
