@@ -75,8 +75,8 @@ class ThinkerExecutor(DecoderLMExecutor):
         self.tts_ids = torch.tensor(tts_ids, dtype=torch.long, device=self.device)
         self._num_fed: dict[int, int] = {}              # request -> rows whose embeddings were taken
         self._num_prompt_items: dict[int, int] = {}     # request -> thinker Runs its prompt takes
-        # request -> (ids, mm rows) of prompt pieces not streamed yet
-        self._pending: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        # request -> (ids, mm rows; None once the prompt went) of rows not streamed yet
+        self._pending: dict[int, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
         self._streamed: set[int] = set()                # requests whose prompt item went
         self.num_deepstack = len(vision["deepstack_visual_indexes"]) if vision else 0
         self.mrope = None
@@ -127,7 +127,7 @@ class ThinkerExecutor(DecoderLMExecutor):
                            device=self.device)                           # a recompute re-feeds history
         self._num_fed[rid] = done + len(ids)
         pending = self._pending.setdefault(rid, [])
-        pending.append((ids, self._mm_rows(ids, tapped, end)))
+        pending.append((ids, None if rid in self._streamed else self._mm_rows(ids, tapped, end)))
         if rid not in self._streamed and len(pending) < self._num_prompt_items.get(rid, 1):
             result.outputs.pop("hidden", None)          # more prompt pieces follow: no stream item yet
             return
