@@ -33,6 +33,9 @@ INPUTS = (
     # multimodal prompts: encoder outputs that replace token embeddings at some positions
     Port("embeds", "hidden", ("T", "hidden_size"), optional=True),
 )
+# the Qwen3-Omni thinker also takes DeepStack features: per early layer, rows added to the
+# hidden states at the `embeds` rows after that layer (runtime/models/qwen3_omni/thinker.py)
+MOE_INPUTS = (*INPUTS, Port("deepstack", "hidden", ("D", "T", "hidden_size"), optional=True))
 OUTPUTS = (
     Port("token", "tokens", ("T",), stream=True),                  # sampled tokens, one per decode step
     Port("hidden", "hidden", ("T", "hidden_size"), stream=True),   # last-layer hidden states
@@ -159,6 +162,9 @@ QWEN3_MOE_PRESETS: dict[str, Dims] = {
         "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
     },
 }
+# the tiny Qwen3-Omni thinker: interleaved M-RoPE (t, h, w lanes 4 + 2 + 2 of head_dim 16) for image rows
+QWEN3_MOE_PRESETS["qwen3-omni-tiny"] = {**QWEN3_MOE_PRESETS["tiny"], "rope_scaling": {
+    "rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True}}
 # Qwen3-Omni-30B-A3B's thinker: the text model above with the Omni vocabulary (its published
 # thinker.model.embed_tokens / thinker.lm_head are 152,064 rows, not Qwen3-30B-A3B's 151,936)
 QWEN3_MOE_PRESETS["qwen3-omni-30b-a3b"] = {**QWEN3_MOE_PRESETS["qwen3-30b-a3b"], "vocab_size": 152064}
@@ -182,7 +188,7 @@ def _spec(kind: str) -> KindSpec:
     return KindSpec(
         kind=kind,
         doc=_DOCS[kind],
-        inputs=INPUTS,
+        inputs=MOE_INPUTS if kind == "qwen3_moe_lm" else INPUTS,
         outputs=OUTPUTS,
         presets=_PRESETS[kind],
         num_params=_num_params(kind),

@@ -12,6 +12,7 @@ decodes. As OpenAI's audio chat does:
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -55,10 +56,9 @@ def _input_items(server: MstarServer, body: dict, voice: str) -> tuple[list[tupl
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role' and 'content'", f"messages[{i}]")
     items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
     if items:
-        # the talker's first Run takes the thinker's prompt as one stream item; a prompt read in
-        # pieces (text, audio, text) would hand it only the first piece
-        raise ApiError(400, "voice chat (modalities with 'audio') takes text prompts only for now; send audio "
-                            "or image parts to the text chat (modalities ['text'])", "messages", "unsupported_input")
+        # the items are the prompt; the speaker's prompt gives only its params (the voice) and stops
+        _, extra, stops = server.speech_model.speaker.prompt(server, voice, "")
+        return items, {**extra, **server.chat_inputs.request_params(items)}, stops
     ids, extra, stops = server.speech_model.speaker.chat_prompt(server, voice, _messages(messages))
     return [("text", ids)], extra, stops
 
@@ -100,7 +100,8 @@ def _parse(server: MstarServer, body: dict) -> tuple[tuple[list[tuple[str, Any]]
 
 async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
     server = request.app["mstar"]
-    (items, extra, stops), fmt, stream = _parse(server, body)
+    # decoding audio and images is CPU work: off the loop that runs the conductor
+    (items, extra, stops), fmt, stream = await asyncio.to_thread(_parse, server, body)
     model = server.speech_model
     body = {**body, "max_tokens": openai_field(body, "max_tokens")}
     req = server.conductor.submit(model.task, speech_params(server, body, extra), items, stops,

@@ -75,6 +75,7 @@ def parse_chat(body: Any, server: MstarServer) -> ChatRequest:
     options = body.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     if media_items is not None:
+        params.update(server.chat_inputs.request_params(media_items))
         return ChatRequest(item_tokens(media_items), params, sampling.stop, stream, include_usage, None, media_items)
     if image_items is not None:
         prompt_ids = [t for dtype, ids in image_items if dtype == "text" for t in ids]
@@ -146,7 +147,8 @@ class ChatStream:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     server = request.app["mstar"]
     body = await server.read_json(request)
-    if has_image_parts(body):     # decoding images is CPU work: off the loop that runs the conductor
+    # decoding images and audio is CPU work: off the loop that runs the conductor
+    if has_image_parts(body) or server.chat_inputs is not None:
         chat = await asyncio.to_thread(parse_chat, body, server)
     else:
         chat = parse_chat(body, server)

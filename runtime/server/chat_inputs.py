@@ -22,6 +22,10 @@ class ChatInputs(Protocol):
         """The prompt's input items in message order (text ids and media items), None when every
         part is text (the handler's text path applies); raises ApiError (4xx) for a bad part."""
 
+    def request_params(self, items: list[tuple[str, Any]]) -> dict[str, Any]:
+        """Scalar request params the model's executors read about these items (e.g. the grids of
+        pictures' positions); {} when none."""
+
     def transcription_messages(self, audio_part: dict, language: str | None, prompt: str | None) -> list[dict]:
         """The chat messages that ask the model to transcribe `audio_part` (an `input_audio` part)."""
 

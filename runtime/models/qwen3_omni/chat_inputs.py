@@ -9,33 +9,45 @@ the checkpoint's own; with seeded random weights (byte tokenizer, no template) t
 specials are the ids the talker preset names, as `runtime.models.qwen3_omni.serving.omni_prompt`
 writes them for text.
 
-The prompt becomes interleaved input items for the graph's `for_each` state: text runs of
-ids (`read_text`), and per audio part a `MediaInput` (`read_audio`): the 16 kHz waveform for
-the audio encoder, the pads for the thinker, which puts the encoder's rows there. Audio
-positions are sequential (transformers' `get_rope_index` gives audio t = h = w = the
-running index), so the thinker's 1-D positions are its M-RoPE positions for text + audio.
+An `image_url` part (a data URL, decoded by `runtime.server.multimodal.decode_image` with its
+format and pixel limits) is `<|vision_start|><|image_pad|><|vision_end|>`, a `video` part (a list
+of frame data URLs, runtime/models/qwen3_omni/vision_inputs.py) the same with `<|video_pad|>`;
+the processor repeats the pad once per merged vision token.
+
+The prompt becomes interleaved input items for the graph's `for_each` state, in the order of
+the parts: text runs of ids (`read_text`), per audio part a `MediaInput` (`read_audio`): the
+16 kHz waveform for the audio encoder, the pads for the thinker, which puts the encoder's
+rows there; per image or video a `VisualInput` (`read_image`): processed pixels and the grid
+of their 3-D M-RoPE positions, which reach the thinker as the request param `mrope_grids`
+(`request_params`). Audio positions are sequential (transformers' `get_rope_index` gives audio
+t = h = w = the running index), as text's.
 
 Limits come from the graph's params: `max_audio_seconds` (checked from the file header,
-before decoding) and `max_parts_per_message`.
+before decoding), `max_video_frames` and `max_parts_per_message`; image pixels are capped by
+`decode_image` (read from the header, before decoding). Audio inside a video is refused.
 """
 from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Any
 
 from mstar_compiler.plan import Plan
 from runtime.conductor.request import MediaInput
 from runtime.models.qwen3_omni.mel import HOP_LENGTH
 from runtime.models.qwen3_omni.qwen3_omni_audio_encoder import cnn_tokens
+from runtime.models.qwen3_omni.vision_inputs import VisionProcessor, VisualInput, grids_param
 from runtime.server.audio_decode import decode_audio
 from runtime.server.errors import ApiError
+from runtime.server.multimodal import data_url_bytes, decode_image
 from runtime.text import ByteTokenizer
 
 AUDIO_FORMATS = ("wav", "mp3")
 ASR_PROMPT = "Transcribe the audio into text."
 ASR_PROMPT_LANGUAGE = "Transcribe the {language} audio into text."
-LIMIT_PARAMS = ("max_audio_seconds", "max_parts_per_message")
+LIMIT_PARAMS = ("max_audio_seconds", "max_parts_per_message", "max_video_frames")
+DEFAULT_FPS = 2.0      # the rate the published video processor samples frames at
 LANGUAGES = {"en": "English", "zh": "Chinese", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian",
              "ja": "Japanese", "ko": "Korean", "pt": "Portuguese", "ru": "Russian"}
 
@@ -43,15 +55,23 @@ LANGUAGES = {"en": "English", "zh": "Chinese", "de": "German", "fr": "French", "
 class OmniChatInputs:
     """The processor of one Qwen3-Omni plan (module docstring)."""
 
-    def __init__(self, plan: Plan, talker: dict[str, Any], audio: dict[str, Any]) -> None:
+    def __init__(self, plan: Plan, talker: dict[str, Any], audio: dict[str, Any],
+                 vision: dict[str, Any] | None = None) -> None:
         params = {p.name: p.default for p in plan.params}
         missing = [k for k in LIMIT_PARAMS if k not in params]
         if missing:
             raise ValueError(f"graph '{plan.source}' serves Qwen3-Omni chat inputs but declares no param(s) "
-                             f"{missing}: add them under params: (the limits of audio and parts per request)")
+                             f"{missing}: add them under params: (the limits of audio, video frames and parts "
+                             f"per request)")
         self.max_audio_seconds = float(params["max_audio_seconds"])
         self.max_parts = int(params["max_parts_per_message"])
+        self.max_frames = int(params["max_video_frames"])
+        self.model = plan.model
         self.ids = talker
+        self.vision = None if vision is None else VisionProcessor(
+            vision, (talker["image_token_id"], talker["video_token_id"]))
+        self.markers = {AUDIO_MARKER: talker["audio_token_id"], IMAGE_MARKER: talker["image_token_id"],
+                        VIDEO_MARKER: talker["video_token_id"]}
         self.sample_rate = int(audio["sampling_rate"])
         self.chunk = 2 * int(audio["n_window"])
 
@@ -67,6 +87,12 @@ class OmniChatInputs:
         media: list[Any] = []
         ids = self._prompt_ids(messages, tokenizer, media)
         return self._items(ids, media)
+
+    def request_params(self, items: list[tuple[str, Any]]) -> dict[str, Any]:
+        """Params the thinker reads about these items: how many Runs its prompt takes (it streams the
+        prompt to the talker as one item) and the pictures' M-RoPE grids."""
+        grids = grids_param(items)
+        return {"num_prompt_items": len(items), **({"mrope_grids": grids} if grids else {})}
 
     def transcription_messages(self, audio_part: dict, language: str | None, prompt: str | None) -> list[dict]:
         ask = ASR_PROMPT_LANGUAGE.format(language=LANGUAGES.get(language, language)) if language else ASR_PROMPT
@@ -108,7 +134,33 @@ class OmniChatInputs:
         if kind == "input_audio":
             media.append(self._audio(part.get("input_audio"), f"{field}.input_audio"))
             return AUDIO_MARKER
-        raise ApiError(400, f"{field}: a content part must be {{'type': 'text'}} or {{'type': 'input_audio'}}", field)
+        if kind in ("image_url", "video") and self.vision is None:
+            raise ApiError(400, f"{field}: the model '{self.model}' has no vision encoder", field, "unsupported_input")
+        if kind == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            media.append(self.vision.image(decode_image(data_url_bytes(url, f"{field}.image_url"), field)))
+            return IMAGE_MARKER
+        if kind == "video":
+            media.append(self._video(part, field))
+            return VIDEO_MARKER
+        raise ApiError(400, f"{field}: a content part must be of type text, input_audio, image_url or video", field)
+
+    def _video(self, part: dict, field: str) -> VisualInput:
+        frames, fps = part.get("video"), part.get("fps", DEFAULT_FPS)
+        if "audio" in part or part.get("use_audio_in_video"):
+            raise ApiError(400, f"{field}: audio inside a video is not supported; send the sound as its own "
+                                f"input_audio part", field, "unsupported_input")
+        if not isinstance(frames, list) or not frames or not all(isinstance(f, str) for f in frames):
+            raise ApiError(400, f"{field}.video must be a non-empty list of frame data URLs", f"{field}.video")
+        if len(frames) > self.max_frames:
+            raise ApiError(413, f"{field}.video has {len(frames)} frames, more than this model's limit of "
+                                f"{self.max_frames} (param max_video_frames)", f"{field}.video", "video_too_long")
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 60:
+            raise ApiError(400, f"{field}.fps must be a number in (0, 60]", f"{field}.fps")
+        pictures = [decode_image(data_url_bytes(f, f"{field}.video[{k}]"), f"{field}.video[{k}]")
+                    for k, f in enumerate(frames)]
+        return self.vision.video(pictures, float(fps), field)
 
     def _audio(self, spec: Any, field: str) -> Any:
         if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):
@@ -122,31 +174,39 @@ class OmniChatInputs:
         return decode_audio(data, f"{field}.data", self.sample_rate, self.max_audio_seconds)
 
     def _byte_content(self, content: str, tokenizer: Any) -> list[int]:
-        """Byte ids of template text whose audio markers become the special ids."""
+        """Byte ids of template text whose media markers become the special ids."""
         d, ids = self.ids, []
-        for k, text in enumerate(content.split(AUDIO_MARKER)):
-            if k:
+        for k, text in enumerate(_MARKERS.split(content)):
+            if k % 2 == 0:
+                ids += tokenizer.encode(text, add_special_tokens=False)
+            elif text == AUDIO_MARKER:
                 ids += [d["audio_start_token_id"], d["audio_token_id"], d["audio_end_token_id"]]
-            ids += tokenizer.encode(text, add_special_tokens=False)
+            else:
+                ids += [d["vision_start_token_id"], self.markers[text], d["vision_end_token_id"]]
         return ids
 
     def _items(self, ids: list[int], media: list[Any]) -> list[tuple[str, Any]]:
-        """Text runs between the pads, and one `MediaInput` per pad with its expanded placeholders."""
-        pad = self.ids["audio_token_id"]
-        if ids.count(pad) != len(media):
-            raise ApiError(400, f"the prompt holds {ids.count(pad)} audio placeholders for {len(media)} audio "
-                                f"parts: a text part must not contain the audio pad token", "messages")
+        """Text runs between the pads, and one media item per pad with its expanded placeholders."""
+        pads = set(self.markers.values())
+        kinds = [m.tokens[0] if isinstance(m, VisualInput) else self.ids["audio_token_id"] for m in media]
+        if [t for t in ids if t in pads] != kinds:
+            raise ApiError(400, f"the prompt's media placeholders do not match its {len(media)} media parts: a "
+                                f"text part must not contain an audio, image or video pad token", "messages")
         items: list[tuple[str, Any]] = []
         run: list[int] = []
-        waves = iter(media)
+        parts = iter(media)
         for token in ids:
-            if token != pad:
+            if token not in pads:
                 run.append(token)
                 continue
             if run:
                 items.append(("text", run))
                 run = []
-            wave = next(waves)
+            part = next(parts)
+            if isinstance(part, VisualInput):
+                items.append(("image", part))
+                continue
+            wave, pad = part, token
             rows = self.num_audio_tokens(wave.shape[0])
             if rows == 0:
                 raise ApiError(400, f"an audio part is {wave.shape[0]} samples long, too short for one encoder "
@@ -157,6 +217,9 @@ class OmniChatInputs:
 
 
 AUDIO_MARKER = "<|audio_start|><|audio_pad|><|audio_end|>"
+IMAGE_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO_MARKER = "<|vision_start|><|video_pad|><|vision_end|>"
+_MARKERS = re.compile("(" + "|".join(re.escape(m) for m in (AUDIO_MARKER, IMAGE_MARKER, VIDEO_MARKER)) + ")")
 
 
 def _kind(part: Any) -> str | None:
@@ -173,4 +236,5 @@ def omni_chat_inputs(plan: Plan) -> OmniChatInputs | None:
     talker, audio = by_kind.get("qwen3_omni_talker"), by_kind.get("qwen3_omni_audio_encoder")
     if talker is None or audio is None:
         return None
-    return OmniChatInputs(plan, dict(talker.dims), dict(audio.dims))
+    vision = by_kind.get("qwen3_omni_vision_encoder")
+    return OmniChatInputs(plan, dict(talker.dims), dict(audio.dims), None if vision is None else dict(vision.dims))

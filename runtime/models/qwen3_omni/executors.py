@@ -2,17 +2,20 @@
 
 How the plan's tracks map onto these executors (graphs/qwen3_omni.yaml, task voice_chat):
 
-  thinker track   `ThinkerExecutor`: a decoder LM whose `hidden` output is the stream item
+  thinker track   `ThinkerExecutor` (thinker.py): a decoder LM whose `hidden` output is the stream item
                   the talker reads — the *input embeddings* of the tokens it fed this step
                   (`hidden`), their ids (`hidden:ids`) and, on the first item, the embeddings
                   of tts_bos / tts_eos / tts_pad (`hidden:tts`). The shared `qwen3_moe_lm`
                   decoder returns only its final-normed states, so the embeddings come from
                   the thinker's own table (`DecoderLM.embed`). Audio and image prompt rows
                   reach the thinker as its `embeds` at their placeholder ids (audio, image,
-                  video pads); the talker's multimodal rows (layer-`accept_hidden_layer`
-                  states) are not streamed yet, so the talker sees the pads' embeddings there.
+                  video pads), with 3-D M-RoPE positions and DeepStack for pictures. The prompt's
+                  item also carries the layer-`accept_hidden_layer` states at those pads
+                  (`hidden:mm`), which the talker's prompt takes there.
   audio_enc       `AudioEncoderExecutor`: 16 kHz waveforms -> (T_i, thinker hidden), batched
                   (the encoder pads every chunk alone, so a batch equals its members alone).
+  vision_enc      `VisionEncoderExecutor`: processed pixels (vision_inputs.py) -> hidden (T_i, thinker
+                  hidden) and deepstack (D, T_i, thinker hidden), batched (attention stays per frame).
   talker track    `TalkerExecutor` (one talker step per Run: its first Run takes the
                   prompt item and the first generated token's item and prefills the talker
                   prompt; later Runs add one thinker row, or tts_eos / tts_pad once the
@@ -32,44 +35,13 @@ from torch import nn
 
 from mstar_compiler.plan import Node, Plan
 from runtime.executors import CachelessExecutor, ExecResult, register_executor
-from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.kv import KVBlockManager
+from runtime.models.qwen3_omni.thinker import ThinkerExecutor
 from runtime.models.qwen3_omni.talker_prompt import TalkerText, talker_prompt
 from runtime.streams.chunk_policy import Chunk
 from runtime.transport.messages import WorkItem
 
 DEFAULT_SPEAKER = "ethan"
-
-
-class ThinkerExecutor(DecoderLMExecutor):
-    """A `qwen3_moe_lm` thinker whose `hidden` stream feeds a talker (module docstring)."""
-
-    def __init__(self, node: Node, model: nn.Module, rank: int, tts_ids: tuple[int, int, int],
-                 placeholder_ids: tuple[int, ...] = (), plan: Plan | None = None) -> None:
-        super().__init__(node, model, rank, plan)
-        self.placeholder_ids = frozenset(placeholder_ids)
-        self.tts_ids = torch.tensor(tts_ids, dtype=torch.long, device=self.device)
-        self._num_fed: dict[int, int] = {}
-
-    def close(self, request_id: int, kv_only: bool) -> None:
-        super().close(request_id, kv_only)
-        if not kv_only:
-            self._num_fed.pop(request_id, None)
-
-    @torch.inference_mode()
-    def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
-        starts = [self.blocks.num_tokens(i.request_id) if i.request_id in self.blocks else 0 for i in items]
-        results = super().run(items, inputs)
-        for item, start, result in zip(items, starts, results):
-            done = self._num_fed.get(item.request_id, 0)
-            ids = torch.tensor(item.tokens[max(0, done - start):], dtype=torch.long,
-                               device=self.device)                       # a recompute re-feeds history
-            result.outputs["hidden"] = self.model.embed(ids)                       # (n, hidden)
-            result.outputs["hidden:ids"] = ids
-            if done == 0:
-                result.outputs["hidden:tts"] = self.model.embed(self.tts_ids)      # (3, hidden)
-            self._num_fed[item.request_id] = done + len(ids)
-        return results
 
 
 class AudioEncoderExecutor(CachelessExecutor):
@@ -83,6 +55,20 @@ class AudioEncoderExecutor(CachelessExecutor):
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
         hidden = self.encoder.encode([ins["audio"].to(self.device, torch.float32) for ins in inputs])
         return [ExecResult(outputs={"hidden": h}) for h in hidden]
+
+
+class VisionEncoderExecutor(CachelessExecutor):
+    """The `qwen3_omni_vision_encoder` node: each request's pixels (3, H, W) or frames (F, 3, H, W)."""
+
+    def __init__(self, node: Node, encoder: nn.Module) -> None:
+        self.encoder = encoder
+        self.device = next(encoder.parameters()).device
+
+    @torch.inference_mode()
+    def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
+        dtype = next(self.encoder.parameters()).dtype
+        out = self.encoder.encode_pixels([ins["image"].to(self.device, dtype) for ins in inputs])
+        return [ExecResult(outputs={"hidden": h, "deepstack": d}) for h, d in out]
 
 
 def _items(chunks: list[Chunk]) -> list[dict[str, torch.Tensor]]:
@@ -123,7 +109,7 @@ class TalkerExecutor:
         if rid not in self._texts:
             head, rest = news[:2], news[2:]
             embeds = torch.cat([it["value"] for it in head])                     # (T+1, Dt)
-            rows = talker_prompt(self.talker, head[0]["ids"], embeds, None, head[0]["tts"],
+            rows = talker_prompt(self.talker, head[0]["ids"], embeds, head[0].get("mm"), head[0]["tts"],
                                  self._speakers.get(rid, DEFAULT_SPEAKER))
             self._texts[rid] = TalkerText(self.talker, head[0]["tts"])
         else:
@@ -221,7 +207,14 @@ def _talker(plan: Plan, node: Node) -> Node:
 def thinker_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> ThinkerExecutor:
     talker = _talker(plan, node).dims
     pads = tuple(int(talker[k]) for k in ("audio_token_id", "image_token_id", "video_token_id"))
-    return ThinkerExecutor(node, module, rank, tts_token_ids(talker), pads, plan)
+    vision = next((n.dims for n in plan.nodes if n.kind == "qwen3_omni_vision_encoder"), None)
+    return ThinkerExecutor(node, module, rank, tts_token_ids(talker), pads, plan, vision, pads[1:],
+                           int(talker["accept_hidden_layer"]))
+
+
+@register_executor("qwen3_omni_vision_encoder")
+def vision_encoder_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> VisionEncoderExecutor:
+    return VisionEncoderExecutor(node, module)
 
 
 @register_executor("qwen3_omni_audio_encoder")

@@ -10,6 +10,7 @@ Weight names are the checkpoint's `thinker.visual.*` less the prefix (the graph'
 
     hidden, deepstack = encoder.encode_patches(patches, grids)   # packed, as transformers
     outputs = encoder(images)                                    # [(hidden (T, out), deepstack (D, T, out))]
+    outputs = encoder.encode_pixels(pixels)                      # processed (3, H, W) or (F, 3, H, W) frames
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from torch.nn import functional as F
 
 from runtime.components import register
 from runtime.models.qwen3_omni.rope import apply_rope
-from runtime.models.qwen3_omni.vision_grid import block_order_rows_cols, patchify, position_taps, resize_to_grid
+from runtime.models.qwen3_omni.vision_grid import (block_order_rows_cols, patchify, patchify_frames, position_taps,
+                                                    resize_to_grid)
 from runtime.models.qwen3_omni.weights import CheckpointWeights, initialise
 
 
@@ -113,6 +115,17 @@ class Qwen3OmniVisionEncoder(CheckpointWeights, nn.Module):
         """Images (3, H_i, W_i) in [-1, 1] -> per image (hidden (T_i, out), deepstack (D, T_i, out))."""
         pieces = [patchify(resize_to_grid(im, self.patch * self.merge), self.patch, self.merge, self.temporal)
                   for im in images]
+        grids = torch.tensor([grid for _, grid in pieces])
+        hidden, deepstack = self.encode_patches(torch.cat([p for p, _ in pieces]), grids)
+        sizes = [int(t * hh * ww) // self.merge ** 2 for t, hh, ww in grids.tolist()]
+        return list(zip(hidden.split(sizes), deepstack.split(sizes, dim=1)))
+
+    def encode_pixels(self, pixels: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Processed pixels (runtime/models/qwen3_omni/vision_inputs.py): per item a still image (3, H, W)
+        or video frames (F, 3, H, W), sides multiples of patch·merge
+        -> (hidden (T_i, out), deepstack (D, T_i, out))."""
+        pieces = [patchify_frames(p if p.dim() == 4 else p[None].expand(self.temporal, *p.shape),
+                                  self.patch, self.merge, self.temporal) for p in pixels]
         grids = torch.tensor([grid for _, grid in pieces])
         hidden, deepstack = self.encode_patches(torch.cat([p for p, _ in pieces]), grids)
         sizes = [int(t * hh * ww) // self.merge ** 2 for t, hh, ww in grids.tolist()]

@@ -31,6 +31,17 @@ def patchify(image: torch.Tensor, patch: int, merge: int, temporal: int) -> tupl
     return x.reshape(h * w, c * temporal * patch * patch), (1, h, w)
 
 
+def patchify_frames(frames: torch.Tensor, patch: int, merge: int, temporal: int
+                    ) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """(F, 3, H, W) video frames, F a multiple of `temporal` -> patches (t·h·w, 3·temporal·patch·patch) in
+    merge-block order per temporal patch, grid (t, h, w) (the layout of Qwen2-VL's video processor)."""
+    f, c, height, width = frames.shape
+    t, h, w = f // temporal, height // patch, width // patch
+    x = frames.reshape(t, temporal, c, h // merge, merge, patch, w // merge, merge, patch)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # (t, h/m, w/m, m, m, C, temporal, patch, patch)
+    return x.reshape(t * h * w, c * temporal * patch * patch), (t, h, w)
+
+
 def block_order_rows_cols(t: int, h: int, w: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(t·h·w,) row and column of each patch, in merge-block order, frames one after another."""
     rows = torch.arange(h).reshape(h // merge, merge, 1, 1).expand(h // merge, merge, w // merge, merge)

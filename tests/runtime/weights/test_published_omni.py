@@ -51,7 +51,7 @@ def test_a_config_with_another_vocabulary_fails_before_loading(omni, tmp_path: P
     (repo / "config.json").write_text(json.dumps(config))
     out = io.StringIO()
     assert not check_plan(plan, WeightOptions((str(tmp_path),)), out)
-    assert ("config.json `thinker_config.text_config.vocab_size` = 151936 but preset 'tiny' of node 'thinker' "
+    assert ("config.json `thinker_config.text_config.vocab_size` = 151936 but preset 'qwen3-omni-tiny' of node 'thinker' "
             "has vocab_size = 512") in out.getvalue()
 
 

@@ -39,5 +39,7 @@ def test_published_sizes_and_kv_bytes() -> None:
     for spec in KINDS:
         assert spec.has_kv_cache and spec.can_batch
         assert spec.is_capture_safe == (spec.kind != "qwen3_moe_lm")   # MoE routing reads counts to the host
-        assert [p.name for p in spec.inputs] == ["tokens", "embeds"] and spec.inputs[1].optional
+        # the Qwen3-Omni thinker's kind also takes DeepStack rows (optional, like embeds)
+        extra = ["deepstack"] if spec.kind == "qwen3_moe_lm" else []
+        assert [p.name for p in spec.inputs] == ["tokens", "embeds", *extra] and all(p.optional for p in spec.inputs[1:])
         assert [p.name for p in spec.outputs] == ["token", "hidden"] and all(p.stream for p in spec.outputs)

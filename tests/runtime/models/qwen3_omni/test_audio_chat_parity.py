@@ -64,22 +64,25 @@ def reference_ids(num_pads: int, question: bytes) -> list[int]:
             d["im_start_token_id"], d["assistant_token_id"], 10]
 
 
-def run_items(executors, items) -> tuple[list[torch.Tensor], list[int]]:
+def run_items(executors, items, params: dict | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Our thinker's last-row logits after the whole prompt and after each greedy decode step; the
-    positions of every row it fed."""
+    (3, N) M-RoPE positions of every row it fed."""
     thinker = executors["thinker"]
     logits, positions = [], []
     spy_logits, spy_positions = thinker.model.compute_logits, thinker.positions
     thinker.model.compute_logits = lambda h: logits.append(spy_logits(h)) or logits[-1]
     thinker.positions = lambda item, start: positions.append(spy_positions(item, start)) or positions[-1]
-    thinker.open(1, {"temperature": 0.0})
+    thinker.open(1, {"temperature": 0.0, **(params or {})})
     try:
         for dtype, value in items:
             if isinstance(value, MediaInput):
-                (enc,) = executors["audio_enc"].run([WorkItem(request_id=1, step=0, walk="read_audio")],
-                                                    [{"audio": value.value}])
-                result = thinker.run([WorkItem(request_id=1, step=1, walk="read_audio", tokens=value.tokens)],
-                                     [{"embeds": enc.outputs["hidden"]}])
+                encoder, port, walk = (("vision_enc", "image", "read_image") if dtype == "image"
+                                       else ("audio_enc", "audio", "read_audio"))
+                (enc,) = executors[encoder].run([WorkItem(request_id=1, step=0, walk=walk)], [{port: value.value}])
+                embeds = {"embeds": enc.outputs["hidden"]}
+                if "deepstack" in enc.outputs:
+                    embeds["deepstack"] = enc.outputs["deepstack"]
+                result = thinker.run([WorkItem(request_id=1, step=1, walk=walk, tokens=value.tokens)], [embeds])
             else:
                 result = thinker.run([WorkItem(request_id=1, step=0, walk="read_text", tokens=value)], [{}])
         for _ in range(DECODE_STEPS):
@@ -87,7 +90,7 @@ def run_items(executors, items) -> tuple[list[torch.Tensor], list[int]]:
     finally:
         thinker.close(1, kv_only=False)
         thinker.model.compute_logits, thinker.positions = spy_logits, spy_positions
-    return logits[len(items) - 1:], torch.cat(positions).tolist()    # from the prompt's last row on
+    return logits[len(items) - 1:], torch.cat(positions, dim=-1)    # from the prompt's last row on
 
 
 @pytest.mark.parametrize("rate,fmt", [(16000, "wav"), (22050, "wav"), (24000, "mp3")])
@@ -122,8 +125,8 @@ def test_text_and_audio_logits_match_transformers_thinker(served, rate, fmt):
     expected_positions, _ = reference.get_rope_index(sequence, attention_mask=torch.ones_like(sequence),
                                                      audio_seqlens=features["attention_mask"].sum(-1))
     fed = sequence.shape[1] - 1                  # the last argmax is never fed
-    assert len(positions) == fed
-    assert torch.equal(expected_positions[:, 0, :fed].long(), torch.tensor(positions).expand(3, -1))
+    assert positions.shape == (3, fed)
+    assert torch.equal(expected_positions[:, 0, :fed].long(), positions)
 
 
 def test_audio_rows_differ_from_pads(served):

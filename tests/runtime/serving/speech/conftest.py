@@ -17,3 +17,10 @@ ORPHEUS, OMNI, VJEPA = "orpheus-3b", "qwen3-omni-30b-a3b", "vjepa2-ac-vitg"
 
 def serve(tmp_path_factory: pytest.TempPathFactory, graph: str, placement: str = "single") -> Iterator[Server]:
     yield from serve_tiny(tmp_path_factory, graph, placement)
+
+
+@pytest.fixture(scope="package")
+def omni_single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One Qwen3-Omni tiny server for the input tests (audio, images): neither reads counters, so
+    sharing it saves a server start (~20 s on 2 cores)."""
+    yield from serve(tmp_path_factory, "qwen3_omni", "single")

@@ -2,7 +2,7 @@
 
 Chat with an `input_audio` part answers what transformers' thinker (holding the same seeded
 weights) answers greedily for the same waveform and the published template's prompt;
-voice chat with an audio part is refused with a 400 (not built yet); `audio.transcriptions.create` takes
+voice chat with audio and image parts speaks the text chat's answer; `audio.transcriptions.create` takes
 a WAV and an MP3; oversized, undecodable and over-long inputs get a 4xx and the server goes
 on serving.
 """
@@ -23,15 +23,16 @@ from runtime.text import ByteTokenizer
 from runtime.worker.loader import build_module
 from tests.runtime.models.qwen3_omni.omni_reference import preset, thinker_reference
 from tests.runtime.models.qwen3_omni.test_audio_chat_parity import audio_part, reference_ids, wav_bytes
+from tests.runtime.models.qwen3_omni.test_image_chat_parity import image_part, picture
 from tests.runtime.serving.conftest import http as request_json
-from tests.runtime.serving.speech.conftest import OMNI, serve
+from tests.runtime.serving.speech.conftest import OMNI
 
 MAX_TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    yield from serve(tmp_path_factory, "qwen3_omni", "single")
+@pytest.fixture
+def single(omni_single):
+    return omni_single
 
 
 def client_of(server) -> openai.OpenAI:
@@ -68,13 +69,22 @@ def test_chat_with_input_audio_answers_as_transformers_thinker(single) -> None:
     assert reply.choices[0].message.content == ByteTokenizer().decode(answer)
 
 
-def test_voice_chat_with_audio_parts_is_refused_clearly(single) -> None:
-    """Not built yet: the talker would get only the first prompt piece; a 400 says so."""
-    got, body = request_json("POST", f"{single.url}/v1/chat/completions", {
-        "model": OMNI, "modalities": ["text", "audio"], "audio": {"voice": "chelsie", "format": "wav"},
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "Listen: "},
-                                                  audio_part(wav_bytes(1.0, 16000))]}]})
-    assert got == 400 and body["error"]["code"] == "unsupported_input"
+def test_voice_chat_with_audio_and_image_parts_speaks_the_text_chat_answer(single) -> None:
+    """Voice chat reads the same items as the text chat (the thinker's answer is the same, greedy) and
+    the talker gets the whole prompt (one stream item however many pieces it is read in) and speaks."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Listen: "}, audio_part(wav_bytes(1.0, 16000)),
+                                             image_part(picture(32, 48, 7)), {"type": "text", "text": "Say it."}]}]
+    client = client_of(single)
+    text = client.chat.completions.create(model=OMNI, messages=messages, max_tokens=MAX_TOKENS, temperature=0.0)
+    transcript, pcm = "", b""
+    for chunk in client.chat.completions.create(
+            model=OMNI, messages=messages, max_tokens=MAX_TOKENS, temperature=0.0, modalities=["text", "audio"],
+            audio={"voice": "chelsie", "format": "pcm16"}, stream=True):
+        audio = chunk.choices[0].delta.audio if chunk.choices else None
+        transcript += (getattr(audio, "transcript", None) or "") if audio is not None else ""
+        pcm += base64.b64decode(getattr(audio, "data", None) or "") if audio is not None else b""
+    assert transcript == text.choices[0].message.content
+    assert len(pcm) > 0 and len(pcm) % 2 == 0          # pcm16 samples
 
 
 @pytest.mark.parametrize("fmt", ["wav", "mp3"])

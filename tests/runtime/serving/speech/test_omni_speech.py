@@ -14,6 +14,7 @@ import wave
 import openai
 import pytest
 
+from tests.runtime.models.qwen3_omni.test_image_chat_parity import image_part, picture
 from tests.runtime.serving.conftest import http as request_json
 from tests.runtime.serving.speech.conftest import OMNI, serve
 from tests.runtime.serving.speech.playback import sse_events, stream_many
@@ -89,6 +90,18 @@ def test_speech_streams_code2wav_chunks_while_the_talker_speaks(single) -> None:
 def test_colocated_and_split_placements_speak_identically(single, split) -> None:
     assert speech_pcm(single) == speech_pcm(split)
     assert audio_chat_stream(single) == audio_chat_stream(split)
+
+
+def test_voice_chat_with_an_image_speaks_identically_colocated_and_split(single, split) -> None:
+    """The picture's rows, DeepStack and the talker's multimodal states cross ranks unchanged."""
+    messages = [{"role": "user", "content": [image_part(picture(32, 48, 9)), {"type": "text", "text": "Describe."}]}]
+    spoken = []
+    for server in (single, split):
+        reply = client_of(server).chat.completions.create(
+            model=OMNI, messages=messages, modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"},
+            max_tokens=6, temperature=0.0)
+        spoken.append((reply.choices[0].message.audio.transcript, reply.choices[0].message.audio.data))
+    assert spoken[0] == spoken[1] and spoken[0][0] and spoken[0][1]
 
 
 def test_32_concurrent_streams_all_complete_with_batched_talker_steps(single) -> None:

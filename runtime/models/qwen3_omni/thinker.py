@@ -1,0 +1,161 @@
+"""The Qwen3-Omni thinker on the worker: a `qwen3_moe_lm` with the published model's multimodal prompt.
+
+Beyond the decoder-LM executor (runtime/models/decoder_lm/executors.py) it
+  * streams its fed tokens' input embeddings to the talker (`hidden`, see executors.py): the
+    prompt as one item, however many items (text, audio, image) it is read in;
+  * gives every row its 3-D M-RoPE position (runtime/models/qwen3_omni/mrope.py) when the
+    plan has a vision encoder: image and video placeholders sit on (t, h, w) grids;
+  * streams, with the prompt, the states of decoder layer `accept_hidden_layer` at its audio,
+    image and video placeholders (`hidden:mm`): the talker's prompt reads those there;
+  * adds DeepStack features: the vision encoder's `deepstack` (D, T, hidden) rows are
+    added to the hidden states at the picture's placeholder rows after each of the first
+    D decoder layers, as transformers' `Qwen3OmniMoeThinkerTextModel._deepstack_process`.
+    The executor keeps them with the request's `embeds` as extra columns, (T, (1 + D)·hidden),
+    zeros for audio rows (adding zero changes nothing), so a recompute after preemption
+    finds them where it finds the embeds.
+"""
+from __future__ import annotations
+
+from itertools import accumulate
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from mstar_compiler.plan import Node, Plan
+from runtime.executors import ExecResult
+from runtime.layers.attention import BatchContext
+from runtime.models.decoder_lm.executors import DecoderLMExecutor
+from runtime.models.qwen3_omni.mrope import MropePositions
+from runtime.transport.messages import WorkItem
+
+
+class DeepStackLM:
+    """A decoder LM whose `embeds` carry DeepStack columns (module docstring); otherwise the LM itself.
+
+    A forward with `embeds` keeps the output of decoder layer `tap_layer - 1` (before its DeepStack
+    add; transformers' `hidden_states[tap_layer]`) as `tapped` (N, hidden): the talker reads it at
+    the multimodal rows. Without embeds `tapped` is None."""
+
+    def __init__(self, lm: nn.Module, num_layers: int, tap_layer: int) -> None:
+        self.lm, self.num_layers, self.tap_layer = lm, num_layers, tap_layer
+        self.embed, self.compute_logits = lm.embed, lm.compute_logits
+        self.tapped: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any, cache: Any,
+                 embeds: torch.Tensor | None = None, embeds_rows: torch.Tensor | None = None) -> torch.Tensor:
+        lm = self.lm
+        self.tapped = None
+        if embeds is None:
+            return lm(input_ids, positions, batch, cache)
+        size = lm.config.hidden_size
+        deep = embeds[:, size:].reshape(embeds.shape[0], self.num_layers, size)   # (M, D, hidden)
+        backend = lm.attention_backend(input_ids.device)
+        backend.plan(batch, lm.attention_shape(cache.dtype))
+        hidden = lm.embed(input_ids, embeds[:, :size], embeds_rows)
+        ctx = BatchContext(positions, batch, cache, backend, lm.rotary_emb.cos_sin(positions, hidden.dtype))
+        for i, layer in enumerate(lm.model.layers):
+            hidden = layer(hidden, ctx)
+            if i == self.tap_layer - 1:
+                self.tapped = hidden
+            if i < self.num_layers:
+                hidden = hidden.index_add(0, embeds_rows, deep[:, i].to(hidden.dtype))
+        return lm.model.norm(hidden)
+
+
+class ThinkerExecutor(DecoderLMExecutor):
+    """A `qwen3_moe_lm` thinker whose `hidden` stream feeds a talker (module docstring)."""
+
+    def __init__(self, node: Node, model: nn.Module, rank: int, tts_ids: tuple[int, int, int],
+                 placeholder_ids: tuple[int, ...] = (), plan: Plan | None = None,
+                 vision: Mapping[str, Any] | None = None, picture_pads: tuple[int, int] = (-1, -1),
+                 tap_layer: int = 0) -> None:
+        super().__init__(node, model, rank, plan)
+        self.placeholder_ids = frozenset(placeholder_ids)
+        self.tts_ids = torch.tensor(tts_ids, dtype=torch.long, device=self.device)
+        self._num_fed: dict[int, int] = {}              # request -> rows whose embeddings were taken
+        self._num_prompt_items: dict[int, int] = {}     # request -> thinker Runs its prompt takes
+        # request -> (ids, mm rows; None once the prompt went) of rows not streamed yet
+        self._pending: dict[int, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
+        self._streamed: set[int] = set()                # requests whose prompt item went
+        self.num_deepstack = len(vision["deepstack_visual_indexes"]) if vision else 0
+        self.mrope = None
+        if vision is not None:
+            if model.rotary_emb.mrope_section is None:
+                raise ValueError(f"node '{node.name}' ({node.source}): the plan reads images, but the thinker preset "
+                                 f"'{node.preset}' has no rope_scaling.mrope_section for their 3-D positions")
+            self.mrope = MropePositions(picture_pads, int(vision["spatial_merge_size"]))
+        self.model = DeepStackLM(model, self.num_deepstack, tap_layer)
+
+    def open(self, request_id: int, params: dict[str, Any]) -> None:
+        super().open(request_id, params)
+        self._num_prompt_items[request_id] = int(params.get("num_prompt_items", 1))
+        if self.mrope is not None:
+            self.mrope.open(request_id, str(params.get("mrope_grids", "")))
+
+    def close(self, request_id: int, kv_only: bool) -> None:
+        super().close(request_id, kv_only)
+        if not kv_only:
+            for held in (self._num_fed, self._num_prompt_items, self._pending):
+                held.pop(request_id, None)
+            self._streamed.discard(request_id)
+            if self.mrope is not None:
+                self.mrope.close(request_id)
+
+    def positions(self, item: WorkItem, start: int) -> torch.Tensor:
+        if self.mrope is None:
+            return super().positions(item, start)
+        return self.mrope.positions(item.request_id, item.tokens[item.cached:], start).to(self.device)
+
+    @torch.inference_mode()
+    def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
+        starts = [self.blocks.num_tokens(i.request_id) if i.request_id in self.blocks else 0 for i in items]
+        results = super().run(items, [self._with_deepstack(ins) for ins in inputs])
+        ends = list(accumulate(len(item.tokens) - item.cached for item in items))
+        for item, start, end, result in zip(items, starts, ends, results):
+            self._stream_rows(item, start, result, self.model.tapped, end)
+        return results
+
+    def _stream_rows(self, item: WorkItem, start: int, result: ExecResult, tapped: torch.Tensor | None,
+                     end: int) -> None:
+        """Put the embeddings of the tokens this Run fed on the `hidden` stream (module docstring): a
+        prompt read in pieces (text, audio, image items, one Run each) goes as one item once its last
+        piece has run (param `num_prompt_items`), as the talker's first Run takes the whole prompt."""
+        rid = item.request_id
+        done = self._num_fed.get(rid, 0)
+        ids = torch.tensor(item.tokens[max(0, done - start):], dtype=torch.long,
+                           device=self.device)                           # a recompute re-feeds history
+        self._num_fed[rid] = done + len(ids)
+        pending = self._pending.setdefault(rid, [])
+        pending.append((ids, None if rid in self._streamed else self._mm_rows(ids, tapped, end)))
+        if rid not in self._streamed and len(pending) < self._num_prompt_items.get(rid, 1):
+            result.outputs.pop("hidden", None)          # more prompt pieces follow: no stream item yet
+            return
+        pieces = self._pending.pop(rid)
+        ids = torch.cat([i for i, _ in pieces])
+        result.outputs["hidden"] = self.model.embed(ids)                       # (n, hidden)
+        result.outputs["hidden:ids"] = ids
+        if rid not in self._streamed:
+            result.outputs["hidden:tts"] = self.model.embed(self.tts_ids)      # (3, hidden)
+            result.outputs["hidden:mm"] = torch.cat([m for _, m in pieces])    # (n, hidden)
+            self._streamed.add(rid)
+
+    def _mm_rows(self, ids: torch.Tensor, tapped: torch.Tensor | None, end: int) -> torch.Tensor:
+        """(n, hidden) tapped states of these ids at multimodal placeholders (rows ending at batch row
+        `end`), zeros elsewhere."""
+        rows = torch.zeros(len(ids), self.node.dims["hidden_size"], device=self.device)
+        if tapped is not None and len(ids):
+            is_mm = torch.isin(ids, torch.tensor(sorted(self.placeholder_ids), device=self.device))
+            rows[is_mm] = tapped[end - len(ids):end][is_mm].to(rows.dtype)
+        return rows
+
+    def _with_deepstack(self, ins: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`embeds` (T, hidden) widened to (T, (1 + D)·hidden) by the Run's DeepStack rows (zeros for audio)."""
+        if not self.num_deepstack or "embeds" not in ins:
+            return ins
+        embeds = ins["embeds"].to(self.device)
+        deep = ins.get("deepstack")
+        if deep is None:
+            deep = embeds.new_zeros(self.num_deepstack, *embeds.shape)
+        deep = deep.to(self.device, embeds.dtype).transpose(0, 1).reshape(embeds.shape[0], -1)     # (T, D·hidden)
+        return {**ins, "embeds": torch.cat((embeds, deep), dim=1)}

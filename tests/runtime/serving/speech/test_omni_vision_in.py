@@ -1,0 +1,91 @@
+"""Qwen3-Omni tiny sees, through a real `mstar-run` and the real `openai` client.
+
+A chat with an `image_url` part answers what transformers' thinker (holding the server's seeded
+weights) answers greedily for the same picture through the published image processor; another
+picture gets another answer, so an ignored image fails. Video frames, undecodable and oversized
+pictures, and audio inside a video get a 4xx and the server goes on serving.
+"""
+from __future__ import annotations
+
+import base64
+
+import openai
+import pytest
+import torch
+
+from mstar_compiler.pipeline import Options, compile_file
+from runtime.text import ByteTokenizer
+from runtime.worker.loader import build_module
+from tests.runtime.models.qwen3_omni.omni_reference import thinker_reference
+from tests.runtime.models.qwen3_omni.test_image_chat_parity import (VISION, chat_ids, hf_image_processor, image_ids,
+                                                                      image_part, picture)
+from tests.runtime.serving.conftest import http as request_json
+from tests.runtime.serving.speech.conftest import OMNI
+
+MAX_TOKENS = 8
+QUESTION = b"What is it?"
+
+
+@pytest.fixture
+def single(omni_single):
+    return omni_single
+
+
+@pytest.fixture(scope="module")
+def reference():
+    plan = compile_file("graphs/qwen3_omni.yaml", Options(preset="tiny", placement="single")).plan
+    return thinker_reference(*(build_module(plan.node(n), None) for n in ("thinker", "audio_enc")),
+                             vision=build_module(plan.node("vision_enc"), None))
+
+
+@torch.no_grad()
+def greedy(reference, image) -> tuple[list[int], list[int]]:
+    """(prompt ids, greedy answer ids) of transformers' thinker for [image, QUESTION]."""
+    pixels = hf_image_processor()(image, return_tensors="pt")
+    ids = chat_ids(image_ids(int(pixels["image_grid_thw"].prod()) // VISION["spatial_merge_size"] ** 2),
+                   list(QUESTION))
+    sequence = torch.tensor([ids])
+    for _ in range(MAX_TOKENS):
+        logits = reference(input_ids=sequence, attention_mask=torch.ones_like(sequence), **pixels).logits
+        sequence = torch.cat([sequence, logits[:, -1:].argmax(-1)], dim=1)
+    return ids, sequence[0, len(ids):].tolist()
+
+
+def ask(server, image) -> openai.types.chat.ChatCompletion:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return client.chat.completions.create(
+        model=OMNI, max_tokens=MAX_TOKENS, temperature=0.0,
+        messages=[{"role": "user", "content": [image_part(image), {"type": "text", "text": QUESTION.decode()}]}])
+
+
+def test_chat_with_an_image_answers_as_transformers_thinker(single, reference) -> None:
+    answers = []
+    for seed in (1, 2):
+        image = picture(40, 56, seed)
+        ids, expected = greedy(reference, image)
+        reply = ask(single, image)
+        assert reply.usage.prompt_tokens == len(ids)
+        assert reply.usage.completion_tokens == MAX_TOKENS
+        assert reply.choices[0].message.content == ByteTokenizer().decode(expected)
+        answers.append(expected)
+    assert answers[0] != answers[1]         # the picture is read: another one, another answer
+
+
+def _frames(n: int) -> list[str]:
+    return [image_part(picture(32, 32, k))["image_url"]["url"] for k in range(n)]
+
+
+@pytest.mark.parametrize("part,status,code", [
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"nope").decode()}},
+     400, None),
+    ({"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}, 400, None),
+    ({"type": "video", "video": _frames(9)}, 413, "video_too_long"),                  # tiny: max_video_frames 8
+    ({"type": "video", "video": _frames(2), "audio": "in"}, 400, "unsupported_input"),
+    ({"type": "video", "video": _frames(2), "fps": 3}, 400, None),                    # 2/3 s per patch x 13
+])
+def test_bad_pictures_get_a_4xx_and_the_server_goes_on(single, part, status, code) -> None:
+    got, body = request_json("POST", f"{single.url}/v1/chat/completions",
+                             {"model": OMNI, "messages": [{"role": "user", "content": [part]}]})
+    assert got == status and body["error"]["message"]
+    assert code is None or body["error"]["code"] == code
+    assert request_json("GET", f"{single.url}/health")[0] == 200
