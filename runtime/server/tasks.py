@@ -52,10 +52,10 @@ async def run_task(request: web.Request) -> web.Response:
         raise ApiError(400, "the body must be an object with an optional 'params' object")
     params = resolve_params(server.plan, body.get("params", {}))
     inputs = _inputs(body, server)
-    if "max_tokens" in params:
+    if params.max_tokens is not None:
         num_prompt = sum(len(ids) for _, ids in inputs)
         limit = max_context(server.plan, server.chat_node, kv_pool=False)
-        check_context(num_prompt, int(params["max_tokens"]), limit)
+        check_context(num_prompt, params.max_tokens, limit)
     req = server.conductor.submit(task, params, inputs, server.stop_token_ids(),
                                   server.config.request_timeout_s)
     chunks: dict[str, list[torch.Tensor]] = {}

@@ -25,7 +25,7 @@ def test_max_completion_tokens_is_openais_name_for_max_tokens() -> None:
 def test_defaults_come_from_the_graph_and_bounds_are_checked(plan) -> None:
     declared = {p.name: p for p in plan.params}
     params = resolve_params(plan, {})
-    assert params == {name: p.default for name, p in declared.items()}
+    assert params.declared == {name: p.default for name, p in declared.items()}
     spec = declared["max_tokens"]
     with pytest.raises(ApiError, match="max_tokens"):
         resolve_params(plan, {"max_tokens": spec.maximum + 1})
