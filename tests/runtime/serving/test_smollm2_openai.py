@@ -109,3 +109,21 @@ def test_client_disconnect_frees_kv(server) -> None:
         time.sleep(0.1)
     assert server.metric("mstar_kv_cache_usage") == 0
     assert server.metric("mstar_running_requests") == 0
+
+
+def test_task_params_reach_the_worker_typed(server) -> None:
+    """/v1/tasks/chat's params, resolved once, steer the worker's sampler: the same seed at
+    temperature 1 gives the same tokens, another seed others; without a temperature the graph's
+    default (0: greedy) holds whatever the seed. An undeclared name is a 400 naming it."""
+    def tokens(**params) -> list[int]:
+        body = {"params": {"max_tokens": 12, **params}, "inputs": [{"type": "text", "text": "Once upon a time"}]}
+        status, out = http("POST", f"{server.url}/v1/tasks/chat", body)
+        assert status == 200, out
+        return out["token_ids"]
+
+    seeded = tokens(temperature=1.0, seed=1)
+    assert tokens(temperature=1.0, seed=1) == seeded
+    assert any(tokens(temperature=1.0, seed=s) != seeded for s in (2, 3))   # 12 tokens over 49k ids: differ
+    assert tokens(seed=1) == tokens(seed=2) == tokens(temperature=0.0)
+    status, out = http("POST", f"{server.url}/v1/tasks/chat", {"params": {"steps": 4}, "inputs": []})
+    assert status == 400 and out["error"]["param"] == "steps"
