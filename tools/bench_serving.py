@@ -21,8 +21,8 @@ import statistics
 import time
 
 import aiohttp
-from runtime.transport.request_params import RequestParams
 from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, model: str, i: int, max_tokens: int) -> dict:

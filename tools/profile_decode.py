@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
-from runtime.transport.request_params import RequestParams
 from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("linears", "lm_head", "attention", "rope_norms", "sampling", "other")

@@ -100,6 +100,7 @@ def _given(body: dict) -> dict[str, Any]:
     given = {k: body.get(k) for k in SAMPLING_KEYS}
     given["max_tokens"] = openai_field(body, "max_tokens")
     given["stop"] = body.get("stop") or None
+    given["stop_token_ids"] = body.get("stop_token_ids") or None   # vLLM's extension
     given["ignore_eos"] = body.get("ignore_eos")   # vLLM's extension: forced lengths for benchmarks
     return given
 

@@ -19,8 +19,8 @@ from bench.results import Row, Side
 from bench.stats import HIGHER
 from bench.suite_chat import mstar_plan
 from bench.suite_stack import lm_executor
-from runtime.transport.request_params import RequestParams
 from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 BATCHES, QUICK_BATCHES = (1, 16, 64), (1, 16)
 STEPS, QUICK_STEPS, PROMPT = 32, 8, 32

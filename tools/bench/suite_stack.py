@@ -25,8 +25,8 @@ from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.stats import HIGHER
 from bench.suite_chat import jobs, mstar_plan, mstar_server
-from runtime.transport.request_params import RequestParams
 from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 BATCH_SIZES = (1, 16)
 MSTAR = "mstar-run: HTTP + conductor + worker process (fp32)"

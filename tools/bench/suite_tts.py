@@ -25,9 +25,9 @@ from bench.results import Row, Side
 from bench.stats import LOWER
 from bench.suite_chat import compile_plan
 from bench.tts_served import (OMNI_CONCURRENCY, OMNI_FRAMES, ORPHEUS_STREAMS, QUICK_OMNI_FRAMES, omni_rows,
-from runtime.transport.request_params import RequestParams
-from runtime.sampling import SamplingParams
                               orpheus_rows)
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 STREAMS = ORPHEUS_STREAMS          # the in-process rows take the served cases
 FRAMES, QUICK_FRAMES = 24, 8            # audio per stream: frames of 2048 samples (85 ms)

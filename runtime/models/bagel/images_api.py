@@ -54,7 +54,8 @@ class ImageJob:
     size: tuple[int, int]          # (width, height) of the output
 
     def params_of(self, i: int) -> RequestParams:
-        return msgspec.structs.replace(self.params, sampling=dataclasses.replace(self.params.sampling, seed=self.seed + i))
+        sampling = dataclasses.replace(self.params.sampling, seed=self.seed + i)
+        return msgspec.structs.replace(self.params, sampling=sampling)
 
 
 def _integer(value: Any, field: str, lo: int, hi: int) -> int:

@@ -16,8 +16,8 @@ from runtime.components import component_class
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
-from runtime.transport.request_params import RequestParams
 from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 pytestmark = pytest.mark.gpu
 BUCKETS = (1, 2, 4, 8)

@@ -15,8 +15,8 @@ from runtime.components import component_class
 from runtime.cuda_graphs import DecodeGraphs, capture_buckets
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
-from runtime.transport.request_params import RequestParams
 from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
 PROMPTS = {0: [5, 9, 11, 3], 1: [7] * 17, 2: [1, 2]}

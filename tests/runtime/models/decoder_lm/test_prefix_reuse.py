@@ -13,8 +13,8 @@ from mstar_compiler.pipeline import compile_file
 from runtime.components import component_class
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
-from runtime.transport.request_params import RequestParams
 from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 GRAPHS = Path(__file__).resolve().parents[4] / "graphs"
 SHARED = [(7 * i + 3) % 200 for i in range(40)]     # 2 full blocks of 16 + 8 tokens

@@ -29,8 +29,8 @@ from runtime.text import ByteTokenizer
 from runtime.transport.messages import WorkItem
 from runtime.worker.loader import build_module
 from tests.runtime.models.qwen3_omni.omni_reference import preset, randomized_thinker
-from runtime.transport.request_params import RequestParams
 from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 ATOL = 1e-4
 DECODE_STEPS = 4
