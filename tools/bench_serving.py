@@ -21,6 +21,8 @@ import statistics
 import time
 
 import aiohttp
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, model: str, i: int, max_tokens: int) -> dict:
@@ -77,7 +79,7 @@ def bare_tokens_per_s(plan_path: str, batch: int, max_tokens: int, prompt_len: i
     ex = executor_for(plan.node(name), module, 0, plan)
     torch.manual_seed(0)
     for rid in range(batch):
-        ex.open(rid, {"temperature": 0.0})
+        ex.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
     items = [WorkItem(request_id=rid, tokens=torch.randint(0, 1000, (prompt_len,)).tolist()) for rid in range(batch)]
     start = time.perf_counter()
     results = ex.run(items, [{}] * batch)

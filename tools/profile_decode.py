@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("linears", "lm_head", "attention", "rope_norms", "sampling", "other")
@@ -84,7 +86,7 @@ def decoding(ex: Any, batch: int, context: int) -> Iterator[Callable[[], None]]:
     vocab = int(ex.node.dims["vocab_size"])
     ids = list(range(1, batch + 1))
     for rid in ids:
-        ex.open(rid, {"temperature": 0.0})
+        ex.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
     prompts = [WorkItem(request_id=r, tokens=torch.randint(0, vocab, (context,), generator=gen).tolist()) for r in ids]
     last = [res.tokens[0] for res in ex.run(prompts, [{}] * batch)]
 

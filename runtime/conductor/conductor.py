@@ -37,6 +37,7 @@ from runtime.transport.messages import (
 )
 from runtime.transport.keys import cluster_keys, start_guard
 from runtime.transport.queues import ConductorQueue, Envelope, is_worth_logging
+from runtime.transport.request_params import RequestParams
 
 log = logging.getLogger(__name__)
 TICK_S = 0.1
@@ -138,7 +139,7 @@ class Conductor:
 
     # ---- the server's entry points -------------------------------------------------
 
-    def submit(self, task: str, params: dict[str, Any], input_items: list[tuple[str, Any]],
+    def submit(self, task: str, params: RequestParams, input_items: list[tuple[str, Any]],
                stop_token_ids: frozenset[int] = frozenset(), timeout_s: float | None = None,
                port_inputs: dict[str, Any] | None = None) -> Request:
         """Queue a request; its output arrives on `request.events`. QueueFull when `max_queue`
@@ -211,7 +212,7 @@ class Conductor:
             req = e.request
             for rank in batch.group:
                 if rank not in req.ranks_opened:
-                    self._send(rank, OpenRequest(request_id=req.request_id, params=_scalars(req.params)))
+                    self._send(rank, OpenRequest(request_id=req.request_id, params=req.params))
                     req.ranks_opened.add(rank)
             if e.kv_from is not None:
                 self._send(e.kv_from, MoveKV(request_id=req.request_id, node=batch.node, dst_rank=batch.rank))
@@ -466,7 +467,3 @@ class Conductor:
                    **{f"rank-{r}": beat.dropped_messages for r, beat in self.worker_stats.items()}}
         return {"waiting": len(self.waiting), "running": len(self.running), "kv_usage": self.ledger.usage(),
                 "dropped": dropped, **self.scheduler.stats()}
-
-
-def _scalars(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in params.items() if isinstance(v, (int, float, str, bool))}

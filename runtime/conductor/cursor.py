@@ -16,12 +16,13 @@ from mstar_compiler.plan import (
     DONE, Cond, Count, DynamicLoopBegin, DynamicLoopEnd, ExitCond, LoopBegin, LoopEnd,
     Parallel, Plan, Run, Track, Walk,
 )
+from runtime.transport.request_params import RequestParams
 
 
 class RequestView(Protocol):
     """What a cursor may read of its request."""
 
-    params: dict[str, Any]
+    params: RequestParams
     stop_token_ids: frozenset[int]
 
     def input_dtypes(self) -> list[str]: ...          # dtype of each request input item, in order
@@ -196,22 +197,22 @@ class TrackCursor:
         self.in_flight.clear()   # a batch still running for it is ignored when it returns
 
 
-def resolve_count(count: Count, params: dict[str, Any]) -> int:
+def resolve_count(count: Count, params: RequestParams) -> int:
     """A plan trip count for one request's params."""
-    base = count.const if count.param is None else int(params[count.param])
+    base = count.const if count.param is None else params.count(count.param)
     return int(base) + count.offset
 
 
 def _holds(cond: ExitCond, counter: int, req: RequestView) -> bool:
     if cond.kind == "horizon":
-        horizon = cond.value if cond.param is None else int(req.params[cond.param])
+        horizon = cond.value if cond.param is None else req.params.count(cond.param)
         return counter >= horizon
     last = req.last_token(f"{cond.node}.{cond.port}")
     if last is None:
         return False
     if cond.kind == "eos":
         return last in req.stop_token_ids
-    value = req.params.get(cond.param, ()) if cond.param else ()
+    value = req.params.declared[cond.param] if cond.param else ()
     stops = set(cond.tokens) | ({value} if isinstance(value, int) else set(value))   # a param holds one id or a list
     return last in stops
 
@@ -220,7 +221,7 @@ def _cond_holds(cond: Cond, exit_reason: str, req: RequestView) -> bool:
     if cond.kind == "always":
         result = True
     elif cond.kind == "param":
-        result = _compare(req.params.get(cond.param), cond.op, cond.value)
+        result = _compare(req.params.declared[cond.param], cond.op, cond.value)
     elif cond.kind == "input":
         result = cond.modality in req.input_dtypes()
     else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.conductor.cursor import TrackCursor
+from runtime.transport.request_params import RequestParams
 
 
 class RequestState(enum.IntEnum):
@@ -74,7 +75,7 @@ class Request:
 
     request_id: int
     task: str
-    params: dict[str, Any]                 # resolved params (plan params + sampling fields)
+    params: RequestParams                  # resolved once by the server (runtime/server/params.py)
     input_items: list[tuple[str, Any]]     # the request's inputs in order: (dtype, value); text is tokenised
     tracks: list[TrackCursor]
     stop_token_ids: frozenset[int] = frozenset()

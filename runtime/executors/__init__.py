@@ -3,7 +3,7 @@
 An executor owns one node on one rank: its module (weights possibly shared with `same_as`
 nodes), its KV cache, and per-request state (sampling). The worker calls:
 
-    ex.open(request_id, params)          a request's params, once, before its first batch
+    ex.open(request_id, params)          a request's `RequestParams`, once, before its first batch
     ex.run(items, inputs) -> results     one batch: `inputs[i]` maps input port -> tensor
     ex.close(request_id, kv_only)        free the request's KV blocks (and state unless kv_only)
     ex.kv_blocks, ex.kv_block_size       pool size (0 when the node keeps no KV cache)
@@ -20,13 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import importlib
 from importlib.metadata import entry_points
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import torch
 
 from mstar_compiler.catalogue import BUILTIN_FAMILIES
 from mstar_compiler.plan import Node, Plan
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Executor(Protocol):
     kv_blocks: int
     kv_block_size: int
 
-    def open(self, request_id: int, params: dict[str, Any]) -> None: ...
+    def open(self, request_id: int, params: RequestParams) -> None: ...
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]: ...
     def close(self, request_id: int, kv_only: bool) -> None: ...
     def kv_used_blocks(self) -> int: ...
@@ -54,7 +55,7 @@ class CachelessExecutor:
     kv_blocks = 0
     kv_block_size = 0
 
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
+    def open(self, request_id: int, params: RequestParams) -> None:
         return None
 
     def close(self, request_id: int, kv_only: bool) -> None:

@@ -121,9 +121,11 @@ class MstarServer:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def submit_chat(self, chat: ChatRequest) -> Request:
-        check_context(len(chat.prompt_ids), int(chat.params["max_tokens"]), max_context(self.plan, self.chat_node))
+        if chat.params.max_tokens is not None:
+            check_context(len(chat.prompt_ids), chat.params.max_tokens, max_context(self.plan, self.chat_node))
         task = chat.task or ("chat" if any(t.name == "chat" for t in self.plan.tasks) else self.plan.default_task)
-        stop_ids = self.stop_token_ids(chat.params.get("stop_token_ids") or (), bool(chat.params.get("ignore_eos")))
+        sampling = chat.params.sampling
+        stop_ids = self.stop_token_ids(sampling.stop_token_ids, sampling.ignore_eos)
         items = chat.input_items or [("text", chat.prompt_ids)]
         return self.conductor.submit(task, chat.params, items, stop_ids, self.config.request_timeout_s)
 

@@ -46,8 +46,8 @@ async def chat_or_audio(request: web.Request) -> web.StreamResponse:
 
 
 def _input_items(server: MstarServer, body: dict, voice: str) -> tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]]:
-    """(the prompt's input items, extra params, stop ids): the family's reader for audio/image parts,
-    else its speaker's chat prompt."""
+    """(the prompt's input items, values for the family's executors, stop ids): the family's reader
+    for audio/image parts, else its speaker's chat prompt."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty array", "messages")
@@ -57,10 +57,10 @@ def _input_items(server: MstarServer, body: dict, voice: str) -> tuple[list[tupl
     items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
     if items:
         # the items are the prompt; the speaker's prompt gives only its params (the voice) and stops
-        _, extra, stops = server.speech_model.speaker.prompt(server, voice, "")
-        return items, {**extra, **server.chat_inputs.request_params(items)}, stops
-    ids, extra, stops = server.speech_model.speaker.chat_prompt(server, voice, _messages(messages))
-    return [("text", ids)], extra, stops
+        _, family, stops = server.speech_model.speaker.prompt(server, voice, "")
+        return items, {**family, **server.chat_inputs.request_params(items)}, stops
+    ids, family, stops = server.speech_model.speaker.chat_prompt(server, voice, _messages(messages))
+    return [("text", ids)], family, stops
 
 
 def _messages(messages: list) -> list[dict[str, str]]:
@@ -101,10 +101,10 @@ def _parse(server: MstarServer, body: dict) -> tuple[tuple[list[tuple[str, Any]]
 async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
     server = request.app["mstar"]
     # decoding audio and images is CPU work: off the loop that runs the conductor
-    (items, extra, stops), fmt, stream = await asyncio.to_thread(_parse, server, body)
+    (items, family, stops), fmt, stream = await asyncio.to_thread(_parse, server, body)
     model = server.speech_model
     body = {**body, "max_tokens": openai_field(body, "max_tokens")}
-    req = server.conductor.submit(model.task, speech_params(server, body, extra), items, stops,
+    req = server.conductor.submit(model.task, speech_params(server, body, family), items, stops,
                                   server.config.request_timeout_s)
     events = AudioEvents(server, req, model)
     ctx = _Reply(server, events, len(item_tokens(items)))
@@ -133,7 +133,8 @@ class _Reply:
 
     def finish_reason(self) -> str:
         req = self.events.req
-        return "length" if len(req.output_ids) >= int(req.params.get("max_tokens", 1 << 30)) else "stop"
+        budget = req.params.max_tokens
+        return "length" if budget is not None and len(req.output_ids) >= budget else "stop"
 
     def usage(self) -> dict[str, int]:
         done = len(self.events.req.output_ids)

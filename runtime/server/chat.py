@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from runtime.conductor.request import OutputEvent, Request
-from runtime.sampling import SamplingParams, SamplingParamsError
+from runtime.sampling import SamplingParams
 from runtime.server.errors import ApiError, error_body, event_error
 from runtime.server.limits import check_roles, check_top_k, vocab_size
 from runtime.server.multimodal import IMAGE_TASK, has_image_parts, image_chat_items
 from runtime.server.params import openai_field, resolve_params
 from runtime.text import TextOutput
+from runtime.transport.request_params import RequestParams
 
 if TYPE_CHECKING:
     from runtime.server.app import MstarServer
@@ -36,7 +37,7 @@ class ChatRequest:
     """A parsed, checked chat request."""
 
     prompt_ids: list[int]
-    params: dict[str, Any]
+    params: RequestParams
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
@@ -62,20 +63,17 @@ def parse_chat(body: Any, server: MstarServer) -> ChatRequest:
         messages = [{"role": m["role"], "content": _text_content(m["content"], i)} for i, m in enumerate(messages)]
     if body.get("n", 1) != 1:
         raise ApiError(400, "only n = 1 is supported", "n")
-    given = {k: body.get(k) for k in ("temperature", "top_p")}
-    given["max_tokens"] = openai_field(body, "max_tokens")
-    params = resolve_params(server.plan, given)
-    sampling = _sampling(body, params)
+    # a media prompt's shape (its pieces, its pictures' grids) is set by the family's reader, not the body
+    family = server.chat_inputs.request_params(media_items) if media_items is not None else None
+    params = resolve_params(server.plan, _given(body), family)
+    sampling = params.sampling
     check_top_k(sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
-    params.update({k: getattr(sampling, k) for k in SAMPLING_KEYS if getattr(sampling, k) is not None})
-    params["ignore_eos"] = sampling.ignore_eos
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ApiError(400, "'stream' must be a boolean", "stream")
     options = body.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     if media_items is not None:
-        params.update(server.chat_inputs.request_params(media_items))
         return ChatRequest(item_tokens(media_items), params, sampling.stop, stream, include_usage, None, media_items)
     if image_items is not None:
         prompt_ids = [t for dtype, ids in image_items if dtype == "text" for t in ids]
@@ -99,17 +97,14 @@ def _text_content(content: str | list, i: int) -> str:
     return "".join(parts)
 
 
-def _sampling(body: dict, params: dict) -> SamplingParams:
-    fields = {k: body.get(k) for k in SAMPLING_KEYS if k in body}
-    fields.update({k: params[k] for k in ("temperature", "top_p") if k in params})
-    fields["stop"] = body.get("stop") or ()
-    fields["ignore_eos"] = body.get("ignore_eos", False)   # vLLM's extension: forced lengths for benchmarks
-    try:
-        return SamplingParams.from_mapping(fields)
-    except SamplingParamsError as exc:
-        raise ApiError(400, str(exc), exc.field) from None
-    except TypeError as exc:
-        raise ApiError(400, str(exc)) from None
+def _given(body: dict) -> dict[str, Any]:
+    """The body's fields a chat request's params take (sampling fields, max_tokens, stops)."""
+    given = {k: body.get(k) for k in SAMPLING_KEYS}
+    given["max_tokens"] = openai_field(body, "max_tokens")
+    given["stop"] = body.get("stop") or None
+    given["stop_token_ids"] = body.get("stop_token_ids") or None   # vLLM's extension
+    given["ignore_eos"] = body.get("ignore_eos")   # vLLM's extension: forced lengths for benchmarks
+    return given
 
 
 class ChatStream:

@@ -34,7 +34,8 @@ class Speaker(Protocol):
         """The model's voice for a requested name (its own or one of OpenAI's), None if unknown."""
 
     def prompt(self, server: MstarServer, voice: str, text: str) -> tuple[list[int], dict[str, Any], frozenset[int]]:
-        """(prompt ids, extra request params, stop ids) to speak `text` in `voice`."""
+        """(prompt ids, values for the family's executors (`RequestParams.family`), stop ids) to speak
+        `text` in `voice`."""
 
     def chat_prompt(self, server: MstarServer, voice: str,
                     messages: list[dict[str, str]]) -> tuple[list[int], dict[str, Any], frozenset[int]]:

@@ -1,11 +1,22 @@
-"""Request params checked against the plan's declarations (type, bounds, choices) -> HTTP 400."""
+"""A request's params resolved in one place: checked against the plan's declarations -> HTTP 400.
+
+Every handler builds its request's `RequestParams` here, from the fields it takes of the body:
+a param the graph declares is checked against its declaration (type, bounds, choices) and
+defaults to the graph's value (defaults live only in the graph file); a sampling field the
+graph does not declare is checked by `SamplingParams`; any other name is refused (400).
+"""
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import Any, Mapping
 
 from mstar_compiler.plan import Param, Plan
+from runtime.sampling import SamplingParams, SamplingParamsError
 from runtime.server.errors import ApiError
+from runtime.transport.request_params import RequestParams, Scalar
+
+SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 _TYPES = {"integer": (int,), "number": (int, float), "boolean": (bool,), "string": (str,)}
 
@@ -26,17 +37,35 @@ def check_param(spec: Param, value: Any) -> Any:
     return float(value) if spec.type == "number" else value
 
 
-def resolve_params(plan: Plan, given: Mapping[str, Any]) -> dict[str, Any]:
-    """Every declared param: the given value (checked) or its default."""
-    out: dict[str, Any] = {}
-    for spec in plan.params:
-        if given.get(spec.name) is not None:
-            out[spec.name] = check_param(spec, given[spec.name])
-        elif spec.default is None:
-            raise ApiError(400, f"'{spec.name}' is required", spec.name)
-        else:
-            out[spec.name] = spec.default
-    return out
+def resolve_params(plan: Plan, given: Mapping[str, Any], family: Mapping[str, Scalar] | None = None) -> RequestParams:
+    """The request's params: every declared param (the given value, checked, or its default), the
+    sampling fields, and `family` (what the family's serving code sets). None in `given` = not given."""
+    specs = {p.name: p for p in plan.params}
+    unknown = next((k for k, v in given.items() if v is not None and k not in specs and k not in SAMPLING_FIELDS), None)
+    if unknown is not None:
+        raise ApiError(400, f"unknown param '{unknown}'; this model takes {', '.join(specs) or 'no params'} "
+                       f"and the sampling fields {', '.join(SAMPLING_FIELDS)}", unknown)
+    declared = {name: _declared(spec, given.get(name)) for name, spec in specs.items()}
+    sampling = {k: v for k, v in given.items() if k in SAMPLING_FIELDS and k not in specs}
+    sampling.update({k: v for k, v in declared.items() if k in SAMPLING_FIELDS})
+    return RequestParams(declared, _sampling(sampling), dict(family or {}))
+
+
+def _declared(spec: Param, value: Any) -> Any:
+    if value is not None:
+        return check_param(spec, value)
+    if spec.default is None:
+        raise ApiError(400, f"'{spec.name}' is required", spec.name)
+    return float(spec.default) if spec.type == "number" else spec.default   # typed as a given value is
+
+
+def _sampling(values: Mapping[str, Any]) -> SamplingParams:
+    try:
+        return SamplingParams.from_mapping(values)
+    except SamplingParamsError as exc:
+        raise ApiError(400, str(exc), exc.field) from None
+    except TypeError as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 # OpenAI's newer spelling of a field -> the plan param it sets (read here, once, for every handler)

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from runtime.conductor.request import Request
-from runtime.sampling import SamplingParams, SamplingParamsError
 from runtime.server.audio_io import FORMATS, content_type, pcm16, wav, wav_header
 from runtime.server.errors import ApiError, error_body
 from runtime.server.params import resolve_params
 from runtime.server.speech_model import AudioEvents, SpeechModel
+from runtime.transport.request_params import RequestParams
 
 if TYPE_CHECKING:
     from runtime.server.app import MstarServer
@@ -42,24 +42,18 @@ def _field(body: dict, name: str, kind: type, default: Any = None) -> Any:
     return value
 
 
-def speech_params(server: MstarServer, body: dict, extra: dict[str, Any]) -> dict[str, Any]:
-    """Plan params + sampling fields of a speaking request, checked (ApiError 400)."""
-    given = {k: body.get(k) for k in ("max_tokens", "max_audio_frames", "temperature", "top_p")}
-    params = resolve_params(server.plan, given)
-    sampling = {k: params[k] for k in ("temperature", "top_p") if k in params}
-    if body.get("seed") is not None:
-        sampling["seed"] = body["seed"]
-    try:
-        SamplingParams.from_mapping(sampling)
-    except (SamplingParamsError, TypeError) as exc:
-        raise ApiError(400, str(exc), getattr(exc, "field", None)) from None
-    return {**params, **sampling, **extra}
+def speech_params(server: MstarServer, body: dict, family: dict[str, Any]) -> RequestParams:
+    """The params of a speaking request, checked (ApiError 400); `family`: what its speaker sets."""
+    specs = {p.name for p in server.plan.params}
+    given = {k: body.get(k) for k in ("max_tokens", "max_audio_frames") if k in specs}
+    given.update({k: body.get(k) for k in ("temperature", "top_p", "seed")})
+    return resolve_params(server.plan, given, family)
 
 
 def submit_speech(server: MstarServer, model: SpeechModel, text: str, voice: str, body: dict) -> Request:
     """Queue `text` spoken in `voice` (the model's voice name)."""
-    ids, extra, stops = model.speaker.prompt(server, voice, text)
-    return server.conductor.submit(model.task, speech_params(server, body, extra), [("text", ids)], stops,
+    ids, family, stops = model.speaker.prompt(server, voice, text)
+    return server.conductor.submit(model.task, speech_params(server, body, family), [("text", ids)], stops,
                                    server.config.request_timeout_s)
 
 

@@ -1,6 +1,8 @@
 """POST /v1/tasks/{task}: run any task of the plan with its declared params (native endpoint).
 
-Body: {"params": {...}, "inputs": [{"type": "text", "text": "..."} | {"type": "tokens", "ids": [...]}]}
+Body: {"params": {...}, "inputs": [{"type": "text", "text": "..."} | {"type": "tokens", "ids": [...]}]};
+`params` holds the graph's declared params and the sampling fields (`seed`, `top_k`, ...,
+`stop_token_ids`, `ignore_eos`); any other name is a 400 naming it.
 Answer: {"task", "finish_reason", "token_ids", "text", "tensors": {"<node>.<port>":
 {"dtype", "shape", "data": base64 of the raw little-endian bytes}}}; a port that streamed several
 tensors (audio chunks, predicted frames) gives them concatenated along their first axis.
@@ -15,6 +17,7 @@ from aiohttp import web
 from runtime.server.errors import ApiError, event_error
 from runtime.server.limits import check_context, check_token_ids, max_context, vocab_size
 from runtime.server.params import resolve_params
+from runtime.transport.request_params import RequestParams
 
 
 def _inputs(body: dict, server) -> list[tuple[str, list[int]]]:
@@ -41,6 +44,14 @@ def _tensor_json(t: torch.Tensor) -> dict:
             "data": base64.b64encode(t.contiguous().numpy().tobytes()).decode()}
 
 
+def _check_honoured(params: RequestParams) -> None:
+    """This endpoint answers token ids and tensors: stop strings and logprobs would go unused."""
+    for field, value in (("stop", params.sampling.stop), ("logprobs", params.sampling.logprobs)):
+        if value is not None and value != ():
+            raise ApiError(400, f"params.{field}: the native task endpoint does not take it "
+                           "(stop_token_ids ends a request at a token; /v1/chat/completions takes stop strings)", field)
+
+
 async def run_task(request: web.Request) -> web.Response:
     server = request.app["mstar"]
     task = request.match_info["task"]
@@ -51,13 +62,14 @@ async def run_task(request: web.Request) -> web.Response:
     if not isinstance(body, dict) or not isinstance(body.get("params", {}), dict):
         raise ApiError(400, "the body must be an object with an optional 'params' object")
     params = resolve_params(server.plan, body.get("params", {}))
+    _check_honoured(params)
     inputs = _inputs(body, server)
-    if "max_tokens" in params:
+    if params.max_tokens is not None:
         num_prompt = sum(len(ids) for _, ids in inputs)
         limit = max_context(server.plan, server.chat_node, kv_pool=False)
-        check_context(num_prompt, int(params["max_tokens"]), limit)
-    req = server.conductor.submit(task, params, inputs, server.stop_token_ids(),
-                                  server.config.request_timeout_s)
+        check_context(num_prompt, params.max_tokens, limit)
+    stops = server.stop_token_ids(params.sampling.stop_token_ids, params.sampling.ignore_eos)
+    req = server.conductor.submit(task, params, inputs, stops, server.config.request_timeout_s)
     chunks: dict[str, list[torch.Tensor]] = {}
     try:
         while True:

@@ -22,8 +22,7 @@ from typing import Union
 import msgspec
 
 from runtime.transport.frames import TensorMeta
-
-Scalar = Union[int, float, str, bool]
+from runtime.transport.request_params import RequestParams
 
 
 class _Msg(msgspec.Struct, tag_field="type", omit_defaults=True):
@@ -68,7 +67,7 @@ class OpenRequest(_Msg, tag="open"):
     """A request's full data, sent once to every rank that will run one of its nodes."""
 
     request_id: int
-    params: dict[str, Scalar]   # the task's resolved params (max_tokens, temperature, seed, ...)
+    params: RequestParams       # the request's params as the server resolved them
 
 
 class Route(msgspec.Struct, array_like=True):

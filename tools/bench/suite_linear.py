@@ -19,6 +19,8 @@ from bench.results import Row, Side
 from bench.stats import HIGHER
 from bench.suite_chat import mstar_plan
 from bench.suite_stack import lm_executor
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 BATCHES, QUICK_BATCHES = (1, 16, 64), (1, 16)
 STEPS, QUICK_STEPS, PROMPT = 32, 8, 32
@@ -44,7 +46,7 @@ class Decoder:
     def decode(self, batch: int, steps: int) -> tuple[list[list[int]], float]:
         """Greedy tokens of every request and the decode steps' tokens/s."""
         for rid in range(batch):
-            self.executor.open(rid, {"temperature": 0.0})
+            self.executor.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
         items = [self.WorkItem(rid, tokens=[(rid * 7 + i) % 4000 + 10 for i in range(PROMPT)]) for rid in range(batch)]
         tokens: list[list[int]] = [[] for _ in range(batch)]
         results = self.executor.run(items, [{}] * batch)    # prefill, not timed

@@ -20,6 +20,7 @@ import time
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.stats import LOWER
+from runtime.transport.request_params import RequestParams
 
 LIVE_REQUESTS = (1, 64, 512)
 STEPS = 200                # timed steps per round
@@ -47,7 +48,7 @@ class NullConductor:
         self.conductor = Conductor(plan, config)
         self.workers = NullWorkers(self.conductor)
         self.batch = plan.node("lm").max_batch
-        self.reqs = [self.conductor.submit("chat", {"max_tokens": MAX_TOKENS}, [("text", list(range(1, 9)))])
+        self.reqs = [self.conductor.submit("chat", RequestParams(declared={"max_tokens": MAX_TOKENS}), [("text", list(range(1, 9)))])
                      for _ in range(live)]
         self.loop.run_until_complete(self._steps(2 * (live // self.batch + 2)))   # every prompt prefilled
 

@@ -25,6 +25,8 @@ from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.stats import HIGHER
 from bench.suite_chat import jobs, mstar_plan, mstar_server
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 BATCH_SIZES = (1, 16)
 MSTAR = "mstar-run: HTTP + conductor + worker process (fp32)"
@@ -63,7 +65,7 @@ class BareLoop:
         """Generate every job's forced length; useful tokens/s over the whole loop."""
         start = time.perf_counter()
         for rid, job in enumerate(work):
-            self.executor.open(rid, {"temperature": 0.0})
+            self.executor.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
         items = [self.WorkItem(rid, tokens=self.prompt_ids(j.prompt)) for rid, j in enumerate(work)]
         made = [0] * len(work)
         while items:

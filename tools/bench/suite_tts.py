@@ -26,6 +26,8 @@ from bench.stats import LOWER
 from bench.suite_chat import compile_plan
 from bench.tts_served import (OMNI_CONCURRENCY, OMNI_FRAMES, ORPHEUS_STREAMS, QUICK_OMNI_FRAMES, omni_rows,
                               orpheus_rows)
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 STREAMS = ORPHEUS_STREAMS          # the in-process rows take the served cases
 FRAMES, QUICK_FRAMES = 24, 8            # audio per stream: frames of 2048 samples (85 ms)
@@ -65,7 +67,7 @@ class _Orpheus:
     def generate(self, streams: int, num_tokens: int, on_token) -> None:
         """Greedy decode of `streams` requests in one batch; on_token(position, ids) after every step."""
         for rid in range(streams):
-            self.executor.open(rid, {"temperature": 0.0})
+            self.executor.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
         items = [self.WorkItem(rid, tokens=list(range(1, PROMPT_TOKENS + 1))) for rid in range(streams)]
         for position in range(num_tokens):
             results = self.executor.run(items, [{}] * streams)

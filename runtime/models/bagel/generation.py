@@ -19,6 +19,7 @@ import torch
 
 from runtime.models.bagel.flow import flow_step_times
 from runtime.models.bagel.image_io import VAE_RESIZE, VIT_RESIZE, ResizePolicy
+from runtime.transport.request_params import RequestParams
 
 VAE_DOWNSAMPLE = 8          # FLUX VAE: 8 pixels per latent row/column
 
@@ -65,11 +66,14 @@ class Generation:
     shift: float            # BAGEL's timestep shift
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], lm_dims: Mapping[str, Any]) -> Generation:
+    def from_params(cls, params: RequestParams, lm_dims: Mapping[str, Any]) -> Generation:
+        """`steps` and `timestep_shift` are graph params; the image API sets the size (the native
+        task endpoint leaves it: the largest the LM holds) and the seed (unseeded draws from 0)."""
         side = max_image_side(lm_dims)
-        return cls(seed=int(params.get("seed", 0)), height=int(params.get("height", side)),
-                   width=int(params.get("width", side)), steps=int(params["steps"]),
-                   shift=float(params["timestep_shift"]))
+        seed = params.sampling.seed
+        return cls(seed=0 if seed is None else seed, height=int(params.family.get("height", side)),
+                   width=int(params.family.get("width", side)), steps=params.count("steps"),
+                   shift=params.number("timestep_shift"))
 
     def noise(self, channels: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """x at t = 1: (channels, H/8, W/8) float32 standard normal from `seed` (same on every rank)."""
@@ -91,11 +95,11 @@ class GuidanceUse:
     interval: tuple[float, float]
 
     @classmethod
-    def of(cls, cfg_args: Mapping[str, Any], param_args: Mapping[str, str], params: Mapping[str, Any]) -> GuidanceUse:
+    def of(cls, cfg_args: Mapping[str, Any], param_args: Mapping[str, str], params: RequestParams) -> GuidanceUse:
         """From the cfg node's args, overridden by the request params its `param_args` name."""
         def value(arg: str) -> float:
             param = param_args.get(arg)
-            return float(params[param]) if param is not None else float(cfg_args[arg])
+            return params.number(param) if param is not None else float(cfg_args[arg])
 
         lo, hi = cfg_args["cfg_interval"]
         return cls(value("text_scale"), value("img_scale"), (float(lo), float(hi)))

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import re
 import secrets
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
+import msgspec
 import torch
 from aiohttp import web
 
@@ -30,6 +32,7 @@ from runtime.conductor.request import Request
 from runtime.server.errors import ApiError, event_error
 from runtime.server.multimodal import data_url_bytes, image_item
 from runtime.server.params import resolve_params
+from runtime.transport.request_params import RequestParams
 
 if TYPE_CHECKING:
     from runtime.server.app import MstarServer
@@ -45,10 +48,14 @@ class ImageJob:
 
     task: str
     items: list[tuple[str, Any]]   # request input items (images, then the prompt)
-    params: dict[str, Any]
+    params: RequestParams          # the first image's; image i draws from seed + i (`params_of`)
     n: int
     seed: int
     size: tuple[int, int]          # (width, height) of the output
+
+    def params_of(self, i: int) -> RequestParams:
+        sampling = dataclasses.replace(self.params.sampling, seed=self.seed + i)
+        return msgspec.structs.replace(self.params, sampling=sampling)
 
 
 def _integer(value: Any, field: str, lo: int, hi: int) -> int:
@@ -69,7 +76,8 @@ def _coerced(value: Any, kind: str) -> Any:
         return value    # resolve_params names the field and the type it wants
 
 
-def _plan_params(server: MstarServer, fields: dict[str, Any], task: str) -> dict[str, Any]:
+def _plan_params(server: MstarServer, fields: dict[str, Any], task: str, seed: int,
+                 size: tuple[int, int]) -> RequestParams:
     specs = {p.name: p for p in server.plan.params}
     given = {}
     for name, value in fields.items():
@@ -78,7 +86,7 @@ def _plan_params(server: MstarServer, fields: dict[str, Any], task: str) -> dict
             given[name] = _coerced(value, specs[name].type)
     if task == "t2i" and "cfg_img_scale" in specs and given.get("cfg_img_scale") is None:
         given["cfg_img_scale"] = 1.0
-    return resolve_params(server.plan, given)
+    return resolve_params(server.plan, {**given, "seed": seed}, {"width": size[0], "height": size[1]})
 
 
 def _size(value: Any, default: tuple[int, int], dims: Any) -> tuple[int, int]:
@@ -127,7 +135,7 @@ def parse_job(server: MstarServer, fields: dict[str, Any], images: list[torch.Te
     side = max_image_side(dims)
     default = (images[-1].shape[1], images[-1].shape[0]) if images else (side, side)
     size = _size(fields.get("size"), default, dims)
-    params = {**_plan_params(server, fields, task), "width": size[0], "height": size[1]}
+    params = _plan_params(server, fields, task, seed, size)
     prompt_ids = server.tokenizer.encode(prompt, add_special_tokens=False)
     return ImageJob(task, [*(("image", im) for im in images), ("text", prompt_ids)], params, n, seed, size)
 
@@ -149,7 +157,7 @@ async def _image_of(server: MstarServer, req: Request) -> torch.Tensor:
 
 async def run_job(server: MstarServer, job: ImageJob) -> web.Response:
     """Submit the job's n requests, wait for all, answer with their PNGs."""
-    reqs = [server.conductor.submit(job.task, {**job.params, "seed": job.seed + i}, job.items, frozenset(),
+    reqs = [server.conductor.submit(job.task, job.params_of(i), job.items, frozenset(),
                                     server.config.request_timeout_s) for i in range(job.n)]
     try:
         images = await asyncio.gather(*(_image_of(server, r) for r in reqs))

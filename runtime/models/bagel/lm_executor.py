@@ -29,10 +29,10 @@ from runtime.models.bagel.generation import Generation, GuidanceUse
 from runtime.models.bagel.segments import Segment, SegmentKind
 from runtime.executors import ExecResult
 from runtime.models.bagel.roles import cfg_consumer, segment_kinds
-from runtime.models.decoder_lm.executors import sampling_params
 from runtime.kv import KVBlockManager
 from runtime.sampling import Sampler, SamplingState
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 
 log = logging.getLogger(__name__)
 SeqId = tuple[int, str]   # (request id, CFG role)
@@ -96,14 +96,14 @@ class BagelLMEngine:
         self.cache = module.make_kv_cache(self.num_blocks, self.block_size)
         self.blocks = KVBlockManager(self.num_blocks, self.block_size)
         self.seqs: dict[SeqId, SeqState] = {}
-        self.params: dict[int, dict[str, Any]] = {}
+        self.params: dict[int, RequestParams] = {}
         self.sampler = Sampler()
         self._sampling: dict[int, SamplingState] = {}
 
     # ---- requests ------------------------------------------------------------------
 
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
-        self.params[request_id] = dict(params)
+    def open(self, request_id: int, params: RequestParams) -> None:
+        self.params[request_id] = params
 
     def close(self, seq: SeqId, kv_only: bool) -> None:
         if seq in self.blocks:
@@ -213,7 +213,7 @@ class BagelLMEngine:
 
     def _sampling_state(self, request_id: int) -> SamplingState:
         if request_id not in self._sampling:
-            params = sampling_params(self.params.get(request_id, {}))
+            params = self.params[request_id].sampling
             self._sampling[request_id] = SamplingState(params, device=self.module.vae2llm.weight.device)
         return self._sampling[request_id]
 
@@ -230,7 +230,7 @@ class BagelLMExecutor:
         cfg, self.role = cfg_consumer(plan, node.name)
         self._cfg = (dict(cfg.args), dict(cfg.param_args)) if cfg is not None else None
 
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
+    def open(self, request_id: int, params: RequestParams) -> None:
         self.engine.open(request_id, params)
 
     def close(self, request_id: int, kv_only: bool) -> None:
@@ -258,7 +258,7 @@ class BagelLMExecutor:
         return SegmentSpec(seq, kind, list(item.tokens))
 
     def _gen_spec(self, seq: SeqId, item: WorkItem, latent: torch.Tensor | None) -> SegmentSpec:
-        params = self.engine.params.get(seq[0], {})
+        params = self.engine.params[seq[0]]
         gen = Generation.from_params(params, self.dims)
         t, _ = gen.step_times(item.step)
         device = self.engine.module.vae2llm.weight.device
@@ -267,7 +267,7 @@ class BagelLMExecutor:
         return SegmentSpec(seq, SegmentKind.GEN, latent=latent.to(device), timestep=t,
                            skip=not self._is_used(params, t))
 
-    def _is_used(self, params: dict[str, Any], t: float) -> bool:
+    def _is_used(self, params: RequestParams, t: float) -> bool:
         """Whether this branch's velocity changes the guided step at time t."""
         if self.role == "full" or self._cfg is None:
             return True

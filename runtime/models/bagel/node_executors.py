@@ -16,11 +16,12 @@ import torch
 from PIL import Image
 
 from mstar_compiler.plan import Node, Plan
-from runtime.models.bagel.generation import Generation, vae_resize, vit_resize
+from runtime.models.bagel.generation import Generation, GuidanceUse, vae_resize, vit_resize
 from runtime.models.bagel.image_io import ResizePolicy, pil_to_tensor, resize_for
 from runtime.models.bagel.cfg_combine import CfgRequest
 from runtime.executors import ExecResult
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 
 
 def lm_dims(plan: Plan) -> Mapping[str, Any]:
@@ -42,11 +43,11 @@ class _Stateless:
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
-        self.params: dict[int, dict[str, Any]] = {}
+        self.params: dict[int, RequestParams] = {}
         self.device = next((p.device for p in module.parameters()), torch.device("cpu"))
 
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
-        self.params[request_id] = dict(params)
+    def open(self, request_id: int, params: RequestParams) -> None:
+        self.params[request_id] = params
 
     def close(self, request_id: int, kv_only: bool) -> None:
         if not kv_only:
@@ -95,7 +96,7 @@ class CfgExecutor(_Stateless):
         return [ExecResult(outputs={"latent": x}) for x in self.module(requests)]
 
     def _request(self, item: WorkItem, ins: dict[str, torch.Tensor]) -> CfgRequest:
-        params = self.params.get(item.request_id, {})
+        params = self.params[item.request_id]
         gen = Generation.from_params(params, self.lm_dims)
         t, t_next = gen.step_times(item.step)
         latent = ins.get("latent")
@@ -106,9 +107,6 @@ class CfgExecutor(_Stateless):
             v = ins.get(port)
             return None if v is None or v.numel() == 0 else v.to(self.device)
 
-        def scale(arg: str) -> float:
-            param = self.param_args.get(arg)
-            return float(params[param]) if param is not None else float(self.args[arg])
-
+        use = GuidanceUse.of(self.args, self.param_args, params)
         return CfgRequest(latent.to(self.device), velocity("v_full"), velocity("v_text"), velocity("v_img"),
-                          t, t_next, scale("text_scale"), scale("img_scale"))
+                          t, t_next, use.text_scale, use.img_scale)

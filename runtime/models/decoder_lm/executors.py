@@ -31,7 +31,6 @@ hidden states (a cached token has none), and for subclasses unless they ask for 
 from __future__ import annotations
 
 from itertools import accumulate
-from typing import Any
 
 import torch
 
@@ -41,15 +40,7 @@ from runtime.executors import ExecResult, register_executor
 from runtime.kv import KVBlockManager, prefix_root
 from runtime.sampling import Sampler, SamplingParams, SamplingState
 from runtime.transport.messages import KVState, WorkItem
-
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                   "presence_penalty", "frequency_penalty", "seed")
-
-
-def sampling_params(params: dict[str, Any]) -> SamplingParams:
-    """The sampling part of a request's params (stops are the conductor's business)."""
-    return SamplingParams.from_mapping({k: params[k] for k in SAMPLING_FIELDS if k in params})
-
+from runtime.transport.request_params import RequestParams
 
 class DecoderLMExecutor:
     """A decoder LM node on one rank: model, paged cache, block tables, per-request samplers."""
@@ -93,8 +84,8 @@ class DecoderLMExecutor:
         graphs.capture_all()
         return graphs
 
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
-        self._params[request_id] = sampling_params(params)
+    def open(self, request_id: int, params: RequestParams) -> None:
+        self._params[request_id] = params.sampling
 
     def close(self, request_id: int, kv_only: bool) -> None:
         if request_id in self.blocks:

@@ -25,6 +25,7 @@ from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.sampling import Sampler, SamplerOutput, SamplingState
 from runtime.streams.chunk_policy import Chunk
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 
 END_OF_SPEECH = 128258   # Orpheus' default, overridden by the request's `end_of_speech` param
 
@@ -101,9 +102,9 @@ class OrpheusLMExecutor(DecoderLMExecutor):
         self._num_sampled: dict[int, int] = {}
         self._stops: dict[int, int] = {}
 
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
+    def open(self, request_id: int, params: RequestParams) -> None:
         super().open(request_id, params)
-        self._stops[request_id] = int(params.get("end_of_speech", END_OF_SPEECH))
+        self._stops[request_id] = int(params.declared.get("end_of_speech", END_OF_SPEECH))
 
     def close(self, request_id: int, kv_only: bool) -> None:
         super().close(request_id, kv_only)

@@ -40,6 +40,7 @@ from runtime.models.qwen3_omni.thinker import ThinkerExecutor
 from runtime.models.qwen3_omni.talker_prompt import TalkerText, talker_prompt
 from runtime.streams.chunk_policy import Chunk
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 
 DEFAULT_SPEAKER = "ethan"
 
@@ -89,8 +90,9 @@ class TalkerExecutor:
         self._texts: dict[int, TalkerText] = {}
         self._speakers: dict[int, str] = {}
 
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
-        self._speakers[request_id] = str(params.get("speaker", DEFAULT_SPEAKER))
+    def open(self, request_id: int, params: RequestParams) -> None:
+        # the speech endpoints' voice (`RequestParams.family`); the native task endpoint names none
+        self._speakers[request_id] = str(params.family.get("speaker", DEFAULT_SPEAKER))
 
     def close(self, request_id: int, kv_only: bool) -> None:
         if request_id in self.blocks:

@@ -28,6 +28,7 @@ from runtime.layers.attention import BatchContext
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.models.qwen3_omni.mrope import MropePositions
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 
 
 class DeepStackLM:
@@ -87,11 +88,12 @@ class ThinkerExecutor(DecoderLMExecutor):
             self.mrope = MropePositions(picture_pads, int(vision["spatial_merge_size"]))
         self.model = DeepStackLM(model, self.num_deepstack, tap_layer)
 
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
+    def open(self, request_id: int, params: RequestParams) -> None:
         super().open(request_id, params)
-        self._num_prompt_items[request_id] = int(params.get("num_prompt_items", 1))
+        # set by the family's chat-input reader (chat_inputs.request_params); a text prompt sets neither
+        self._num_prompt_items[request_id] = int(params.family.get("num_prompt_items", 1))
         if self.mrope is not None:
-            self.mrope.open(request_id, str(params.get("mrope_grids", "")))
+            self.mrope.open(request_id, str(params.family.get("mrope_grids", "")))
 
     def close(self, request_id: int, kv_only: bool) -> None:
         super().close(request_id, kv_only)

@@ -9,14 +9,13 @@ A finished rollout's cache is dropped at once; `close` drops an unfinished one.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
 from mstar_compiler.plan import Node, Plan
 from runtime.executors import CachelessExecutor, ExecResult, register_executor
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 from runtime.models.vjepa2 import Rollout, rollout_step, start_rollout
 
 
@@ -51,9 +50,9 @@ class RolloutExecutor:
         self._horizons: dict[int, int] = {}
         self._rollouts: dict[int, Rollout] = {}
 
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
-        if "horizon" in params:
-            self._horizons[request_id] = int(params["horizon"])
+    def open(self, request_id: int, params: RequestParams) -> None:
+        if "horizon" in params.declared:
+            self._horizons[request_id] = params.count("horizon")
 
     def close(self, request_id: int, kv_only: bool) -> None:
         self._rollouts.pop(request_id, None)

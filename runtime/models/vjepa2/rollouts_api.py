@@ -31,6 +31,7 @@ from aiohttp import web
 
 from runtime.server.errors import ApiError, error_body, event_error
 from runtime.server.params import resolve_params
+from runtime.transport.request_params import RequestParams
 
 if TYPE_CHECKING:
     from runtime.server.app import MstarServer
@@ -71,7 +72,7 @@ def _video(frames: Any, size: int) -> torch.Tensor:
     return torch.stack(out)                                                     # (F, 3, H, W)
 
 
-def parse_rollout(server: MstarServer, body: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor], bool, str]:
+def parse_rollout(server: MstarServer, body: Any) -> tuple[RequestParams, dict[str, torch.Tensor], bool, str]:
     """(params, port inputs, stream, encoding) of a rollout request; ApiError(400) if wrong."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -86,9 +87,10 @@ def parse_rollout(server: MstarServer, body: Any) -> tuple[dict[str, Any], dict[
               else torch.zeros(steps, int(pred.dims["state_dim"])))
     horizon = body.get("horizon", actions.shape[0] - steps + 1)
     params = resolve_params(server.plan, {"horizon": horizon})
-    if actions.shape[0] != steps + params["horizon"] - 1:
-        raise ApiError(400, f"a rollout of horizon {params['horizon']} from {steps} context steps needs "
-                       f"{steps + params['horizon'] - 1} actions, got {actions.shape[0]}", "actions")
+    horizon = params.count("horizon")
+    if actions.shape[0] != steps + horizon - 1:
+        raise ApiError(400, f"a rollout of horizon {horizon} from {steps} context steps needs "
+                       f"{steps + horizon - 1} actions, got {actions.shape[0]}", "actions")
     stream, encoding = body.get("stream", False), body.get("encoding_format", "float")
     if not isinstance(stream, bool) or encoding not in ("float", "base64"):
         raise ApiError(400, "'stream' must be a boolean and 'encoding_format' 'float' or 'base64'")

@@ -16,6 +16,8 @@ from runtime.conductor.request import RequestState
 from runtime.transport.messages import BatchDone, BatchFailed, CloseRequest, ItemResult, OpenRequest, RunBatch
 from runtime.transport.queues import Envelope
 from runtime.worker.null import NullWorkers
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 ROOT = Path(__file__).resolve().parents[3]
 POISON = 13    # a request with this top_k makes the fake node raise (as top_k=2**63 once did)
@@ -31,7 +33,7 @@ class CacheWorkers(NullWorkers):
         self.failed_batches = 0
 
     def send(self, rank: int, msg, tensors: dict | None = None) -> None:
-        if isinstance(msg, OpenRequest) and msg.params.get("top_k") == POISON:
+        if isinstance(msg, OpenRequest) and msg.params.sampling.top_k == POISON:
             self.poisoned.add(msg.request_id)
         elif isinstance(msg, CloseRequest):
             for rid in msg.request_ids:
@@ -58,7 +60,8 @@ def run_requests(prompts: list[list[int]], poisoned: set[int], max_tokens: int =
     try:
         conductor = Conductor(plan, ConductorConfig(plan_path="null"))
         workers = CacheWorkers(conductor)
-        reqs = [conductor.submit("chat", {"max_tokens": max_tokens, **({"top_k": POISON} if i in poisoned else {})},
+        reqs = [conductor.submit("chat", RequestParams(declared={"max_tokens": max_tokens},
+                                                       sampling=SamplingParams(top_k=POISON if i in poisoned else 0)),
                                  [("text", p)]) for i, p in enumerate(prompts)]
 
         async def drive() -> None:
@@ -109,7 +112,7 @@ def test_forged_and_stale_replies_are_dropped_and_counted() -> None:
     try:
         conductor = Conductor(plan, ConductorConfig(plan_path="null"))
         workers = HeldWorkers(conductor)
-        req = conductor.submit("chat", {"max_tokens": 3}, [("text", [1, 2])])
+        req = conductor.submit("chat", RequestParams(declared={"max_tokens": 3}), [("text", [1, 2])])
         loop.run_until_complete(conductor.step())          # the prefill batch is sent and held
         (batch_id,) = conductor.in_flight
         rid = req.request_id
@@ -139,11 +142,11 @@ def test_a_request_aborted_while_it_waits_is_never_admitted() -> None:
     try:
         conductor = Conductor(plan, ConductorConfig(plan_path="null"))
         workers = CacheWorkers(conductor)
-        gone = conductor.submit("chat", {"max_tokens": 2}, [("text", [3])])
+        gone = conductor.submit("chat", RequestParams(declared={"max_tokens": 2}), [("text", [3])])
         conductor.abort(gone)
         loop.run_until_complete(conductor.step())
         assert gone.state == RequestState.ABORTED and workers.rows == 0 and not conductor.waiting
-        after = conductor.submit("chat", {"max_tokens": 2}, [("text", [1, 2])])
+        after = conductor.submit("chat", RequestParams(declared={"max_tokens": 2}), [("text", [1, 2])])
         for _ in range(10):
             conductor._wake()
             loop.run_until_complete(conductor.step())

@@ -16,6 +16,7 @@ from runtime.conductor.request import Request
 from runtime.conductor.scheduler import Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
 from tests.runtime.conductor.test_stream_ledger import plan_of
+from runtime.transport.request_params import RequestParams
 
 NOW = time.monotonic()
 
@@ -30,7 +31,7 @@ def speaking_requests(plan: Plan, streams: StreamLedger, book: PlaybackBook, dry
     out = []
     for rid, seconds in enumerate(dry_in, start=1):
         tracks = [streams.cursor(i, t, rid) for i, t in enumerate(plan.task("speech").tracks)]
-        req = Request(rid, "speech", {"max_tokens": 70, "end_of_speech": 128258}, [("text", [1, 2, 3])], tracks,
+        req = Request(rid, "speech", RequestParams(declared={"max_tokens": 70, "end_of_speech": 128258}), [("text", [1, 2, 3])], tracks,
                       arrival=NOW - 10 + rid)
         for cursor in tracks:
             cursor.settle(req)
@@ -61,7 +62,7 @@ def test_audio_requests_go_before_others_and_keep_their_deadline_order() -> None
     plan = plan_of("orpheus")
     streams, book = StreamLedger(plan), PlaybackBook(plan)
     reqs = speaking_requests(plan, streams, book, [2.0, 1.0])
-    other = Request(9, "speech", {}, [], [], arrival=NOW)    # a request without a playback clock
+    other = Request(9, "speech", RequestParams(), [], [], arrival=NOW)    # a request without a playback clock
     assert [r.request_id for r in book.order([other, *reqs])] == [2, 1, 9]
 
 

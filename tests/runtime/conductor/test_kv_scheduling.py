@@ -13,6 +13,7 @@ from runtime.conductor.kv_ledger import KVLedger
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.scheduler import Scheduler, SchedulerConfig
+from runtime.transport.request_params import RequestParams
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ class Bench:
 
     def submit(self, rid: int, prompt_len: int) -> Request:
         tracks = [TrackCursor(i, t, self.plan) for i, t in enumerate(self.plan.task("chat").tracks)]
-        req = Request(rid, "chat", {"max_tokens": 64}, [("text", [7] * prompt_len)], tracks, arrival=float(rid))
+        req = Request(rid, "chat", RequestParams(declared={"max_tokens": 64}), [("text", [7] * prompt_len)], tracks, arrival=float(rid))
         for cursor in tracks:
             cursor.settle(req)
         self.requests[rid] = req

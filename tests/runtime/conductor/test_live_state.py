@@ -9,6 +9,8 @@ from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import RequestState
 from runtime.conductor.workers import WorkerSet
 from tests.runtime.serving.conftest import REPO
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 BRANCHES = ("llm", "llm_cfg_text", "llm_cfg_img")
 READ_TEXT_GEN = ("llm", "llm_cfg_img")      # bagel.yaml: the text-dropped branch does not read the prompt
@@ -35,8 +37,8 @@ def _schedule(conductor: Conductor) -> None:
 
 def test_a_t2i_prompt_waits_then_runs_on_both_branches_of_its_parallel() -> None:
     conductor, _ = _conductor()
-    conductor.submit("t2i", {"steps": 4, "width": 32, "height": 32, "seed": 1}, [("text", [5, 6, 7])])
-    conductor.submit("chat", {"max_tokens": 4}, [("text", [5, 6])])
+    conductor.submit("t2i", RequestParams(declared={"steps": 4}, sampling=SamplingParams(seed=1), family={"width": 32, "height": 32}), [("text", [5, 6, 7])])
+    conductor.submit("chat", RequestParams(declared={"max_tokens": 4}), [("text", [5, 6])])
     before = conductor.live.snapshot(conductor)
     assert {n: (before["nodes"][n]["waiting"], before["nodes"][n]["running"]) for n in BRANCHES} == \
         {"llm": (2, 0), "llm_cfg_text": (0, 0), "llm_cfg_img": (1, 0)}

@@ -16,6 +16,7 @@ import torch
 from runtime.conductor.playback import PlaybackBook
 from runtime.conductor.request import Request
 from tests.runtime.conductor.test_stream_ledger import plan_of
+from runtime.transport.request_params import RequestParams
 
 STREAMS, BATCH = 32, 8
 STEP_S, CHUNK_S, CHUNKS = 0.05, 0.25, 24     # capacity 8 * 0.25 / 0.05 = 40 streams in real time
@@ -38,7 +39,7 @@ def simulate(order_by_deadline: bool) -> tuple[PlaybackBook, dict[int, float]]:
     rate = next(iter(book.rates.values()))
     audio_key = next(iter(book.rates))
     task = next(iter(book.audio_tasks))
-    pending = [Request(rid, task, {}, [], [], arrival=clock.t + rid * ARRIVAL_GAP_S) for rid in range(STREAMS)]
+    pending = [Request(rid, task, RequestParams(), [], [], arrival=clock.t + rid * ARRIVAL_GAP_S) for rid in range(STREAMS)]
     running: list[Request] = []
     left = {r.request_id: CHUNKS for r in pending}
     first_wait: dict[int, float] = {}

@@ -13,6 +13,7 @@ from runtime.conductor.workers import WorkerSet
 from runtime.transport.messages import BatchDone, ItemResult, RunBatch
 from runtime.transport.queues import Envelope
 from tests.runtime.serving.conftest import REPO
+from runtime.transport.request_params import RequestParams
 
 CHUNK = 32
 
@@ -50,7 +51,7 @@ def _conductor() -> tuple[Conductor, ChunkWorkers]:
 
 
 def _submit(conductor: Conductor, prompt: list[int], max_tokens: int) -> Request:
-    return conductor.submit("chat", {"max_tokens": max_tokens}, [("text", prompt)])
+    return conductor.submit("chat", RequestParams(declared={"max_tokens": max_tokens}), [("text", prompt)])
 
 
 async def _steps(conductor: Conductor, n: int) -> None:

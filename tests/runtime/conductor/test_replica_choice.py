@@ -13,6 +13,7 @@ from runtime.conductor.workers import WorkerSet
 from runtime.transport.messages import BatchDone, ItemResult, RunBatch
 from runtime.transport.queues import Envelope
 from tests.runtime.serving.conftest import REPO
+from runtime.transport.request_params import RequestParams
 
 NODE = "lm"
 
@@ -61,7 +62,7 @@ def test_concurrent_requests_spread_evenly_and_stay_on_their_replica() -> None:
     conductor, workers = _conductor({0: 64, 1: 64})
 
     async def run() -> list[Request]:
-        reqs = [conductor.submit("chat", {"max_tokens": 4}, [("text", [1, 2, 3])]) for _ in range(6)]
+        reqs = [conductor.submit("chat", RequestParams(declared={"max_tokens": 4}), [("text", [1, 2, 3])]) for _ in range(6)]
         await _until_done(conductor, reqs)
         return reqs
 
@@ -77,12 +78,12 @@ def test_a_new_request_goes_to_the_replica_with_fewer_requests_then_more_free_bl
     conductor, workers = _conductor({0: 8, 1: 64})
 
     async def run() -> tuple[Request, Request, Request]:
-        first = conductor.submit("chat", {"max_tokens": 50}, [("text", [1, 2, 3])])
+        first = conductor.submit("chat", RequestParams(declared={"max_tokens": 50}), [("text", [1, 2, 3])])
         await conductor.step()                     # equal load: rank 1 has more free blocks
-        second = conductor.submit("chat", {"max_tokens": 50}, [("text", [1, 2])])
+        second = conductor.submit("chat", RequestParams(declared={"max_tokens": 50}), [("text", [1, 2])])
         await conductor.step()                     # rank 1 holds `first`: rank 0 is less loaded
         conductor.abort(first)
-        third = conductor.submit("chat", {"max_tokens": 2}, [("text", [4])])
+        third = conductor.submit("chat", RequestParams(declared={"max_tokens": 2}), [("text", [4])])
         await _until_done(conductor, [third])      # `first` gone: rank 1 has no request again
         conductor.abort(second)
         return first, second, third
@@ -97,7 +98,7 @@ def test_preemption_unbinds_the_request_so_its_recompute_may_move() -> None:
     conductor, _ = _conductor({0: 64, 1: 64})
 
     async def run() -> Request:
-        req = conductor.submit("chat", {"max_tokens": 50}, [("text", [1, 2, 3])])
+        req = conductor.submit("chat", RequestParams(declared={"max_tokens": 50}), [("text", [1, 2, 3])])
         await conductor.step()
         assert req.replicas == {NODE: 0}
         conductor._preempt(req)

@@ -11,6 +11,7 @@ from runtime.conductor.cursor import TrackCursor
 from runtime.conductor.kv_ledger import KVPoolLedger
 from runtime.conductor.request import LEGAL_TRANSITIONS, IllegalTransition, Request, RequestState as S
 from tests.runtime.serving.conftest import REPO
+from runtime.transport.request_params import RequestParams
 
 LEGAL = {
     (S.WAITING, S.RUNNING), (S.WAITING, S.ABORTED), (S.WAITING, S.FAILED),
@@ -26,7 +27,7 @@ def test_the_transition_table_is_exactly_the_legal_list() -> None:
 
 def _request(plan, max_tokens: int = 3, stop: frozenset[int] = frozenset()) -> Request:
     tracks = [TrackCursor(i, t, plan) for i, t in enumerate(plan.task("chat").tracks)]
-    return Request(1, "chat", {"max_tokens": max_tokens}, [("text", [5, 6, 7])], tracks, stop)
+    return Request(1, "chat", RequestParams(declared={"max_tokens": max_tokens}), [("text", [5, 6, 7])], tracks, stop)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ from runtime.components import component_class
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 pytestmark = pytest.mark.gpu
 BUCKETS = (1, 2, 4, 8)
@@ -61,7 +63,7 @@ def test_executor_captures_its_capture_region_on_cuda() -> None:
         executor = DecoderLMExecutor(node, model, 0, plan if with_plan else None)
         assert (executor.decode_graphs is not None) == with_plan
         for rid in prompts:
-            executor.open(rid, {"temperature": 0.0})
+            executor.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
         results = executor.run([WorkItem(rid, tokens) for rid, tokens in prompts.items()], [{}] * 3)
         last = {rid: r.tokens[0] for rid, r in zip(prompts, results)}
         history = [dict(last)]

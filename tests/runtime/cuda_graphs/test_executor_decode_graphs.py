@@ -15,6 +15,8 @@ from runtime.components import component_class
 from runtime.cuda_graphs import DecodeGraphs, capture_buckets
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
 PROMPTS = {0: [5, 9, 11, 3], 1: [7] * 17, 2: [1, 2]}
@@ -37,7 +39,7 @@ def test_padded_decode_batches_match_eager_executor() -> None:
     for padded in (False, True):
         executor = _executor(plan, padded)
         for rid in PROMPTS:
-            executor.open(rid, {"temperature": 0.0})
+            executor.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
         results = executor.run([WorkItem(rid, tokens) for rid, tokens in PROMPTS.items()], [{}] * 3)
         last = {rid: r.tokens[0] for rid, r in zip(PROMPTS, results)}
         tokens, hidden = [dict(last)], []

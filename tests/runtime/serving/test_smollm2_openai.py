@@ -109,3 +109,28 @@ def test_client_disconnect_frees_kv(server) -> None:
         time.sleep(0.1)
     assert server.metric("mstar_kv_cache_usage") == 0
     assert server.metric("mstar_running_requests") == 0
+
+
+def test_task_params_reach_the_worker_typed(server) -> None:
+    """/v1/tasks/chat's params, resolved once, steer the worker's sampler: the same seed gives the
+    same tokens, other seeds others (temperature 2 flattens the distribution: 8 equal tokens under
+    two other seeds would take odds below 1e-5); without a temperature the graph's default (0:
+    greedy) holds whatever the seed; a stop token from the params ends the request at it.
+    An undeclared name, or one this endpoint would leave unused, is a 400 naming it."""
+    prompt = [{"type": "text", "text": "Once upon a time"}]
+
+    def run(**params) -> dict:
+        status, out = http("POST", f"{server.url}/v1/tasks/chat", {"params": {"max_tokens": 8, **params},
+                                                                  "inputs": prompt}, timeout=120)
+        assert status == 200, out
+        return out
+
+    seeded = run(temperature=2.0, seed=1)["token_ids"]
+    assert run(temperature=2.0, seed=1)["token_ids"] == seeded
+    assert any(run(temperature=2.0, seed=s)["token_ids"] != seeded for s in (2, 3))
+    assert run(seed=1)["token_ids"] == run(seed=2)["token_ids"]
+    stopped = run(temperature=2.0, seed=1, stop_token_ids=[seeded[0]])
+    assert stopped["token_ids"] == [seeded[0]] and stopped["finish_reason"] == "stop", stopped
+    for params, field in (({"steps": 4}, "steps"), ({"stop": ["x"]}, "stop")):
+        status, out = http("POST", f"{server.url}/v1/tasks/chat", {"params": params, "inputs": prompt})
+        assert status == 400 and out["error"]["param"] == field, out

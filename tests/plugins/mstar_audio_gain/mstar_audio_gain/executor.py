@@ -9,13 +9,12 @@ top of the module's learned gain (also kept per request).
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from mstar_compiler.plan import Node, Plan
 from runtime.executors import CachelessExecutor, ExecResult
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 
 
 class FadeInGainExecutor(CachelessExecutor):
@@ -28,9 +27,9 @@ class FadeInGainExecutor(CachelessExecutor):
         self.samples_seen: dict[int, int] = {}      # request id -> samples of audio already faded
         self.gains: dict[int, float] = {}           # request id -> its gain
 
-    def open(self, request_id: int, params: dict[str, Any]) -> None:
+    def open(self, request_id: int, params: RequestParams) -> None:
         self.samples_seen[request_id] = 0
-        self.gains[request_id] = float(params[self.gain_param]) if self.gain_param else 1.0
+        self.gains[request_id] = params.number(self.gain_param) if self.gain_param else 1.0
 
     def close(self, request_id: int, kv_only: bool) -> None:
         if not kv_only:

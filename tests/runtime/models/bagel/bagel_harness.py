@@ -17,12 +17,22 @@ from runtime.models.bagel.cfg_combine import CfgRequest
 from runtime.executors import executor_for
 from runtime.models.bagel.node_executors import image_tensor
 from runtime.kv import KVBlockManager
+from runtime.sampling import SamplingParams
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 from runtime.worker.loader import load_rank
 from tests.runtime.serving.conftest import REPO
 
 LMS = ("llm", "llm_cfg_text", "llm_cfg_img")
 ROLES = dict(zip(LMS, ("full", "cfg_text", "cfg_img")))
+
+
+def bagel_params(flat: dict[str, Any]) -> RequestParams:
+    """A request's params from one flat dict, split as the server resolves them: `seed` samples,
+    `width`/`height` are the image API's (family) values, the rest graph params."""
+    family = {k: flat[k] for k in ("width", "height") if k in flat}
+    declared = {k: v for k, v in flat.items() if k not in family and k != "seed"}
+    return RequestParams(declared, SamplingParams(seed=flat.get("seed")), family)
 
 
 def tiny_plan(placement: str = "single"):
@@ -45,7 +55,7 @@ class Driver:
 
     def open(self, rid: int, params: dict[str, Any]) -> None:
         for ex in self.ex.values():
-            ex.open(rid, params)
+            ex.open(rid, bagel_params(params))
 
     def group(self, calls: list[tuple[str, list[WorkItem], list[dict]]]) -> None:
         """Batches of LM nodes as one call (the worker's grouping); the others one by one."""
@@ -78,7 +88,7 @@ class Oracle:
     """BAGEL's contexts and generation loop for one request, straight on the components."""
 
     def __init__(self, plan, modules: dict[str, torch.nn.Module], params: dict[str, Any]) -> None:
-        self.plan, self.m, self.params = plan, modules, params
+        self.plan, self.m, self.params = plan, modules, bagel_params(params)
         self.lm = modules["llm"]
         self.cache = self.lm.make_kv_cache(256, 16)
         self.blocks = KVBlockManager(256, 16)

@@ -16,8 +16,10 @@ from mstar_compiler.pipeline import compile_file
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import Request
 from runtime.conductor.workers import WorkerSet
+from runtime.sampling import SamplingParams
 from runtime.transport.messages import BatchDone, ItemResult, RunBatch
 from runtime.transport.queues import Envelope
+from runtime.transport.request_params import RequestParams
 from tests.runtime.serving.conftest import REPO
 
 STEPS = 4
@@ -56,7 +58,8 @@ def drive(placement: str, task: str, items: list) -> tuple[list[list[tuple[int, 
     steps = []
 
     async def run() -> Request:
-        req = conductor.submit(task, {"steps": STEPS, "max_tokens": 3, "seed": 1}, items)
+        req = conductor.submit(task, RequestParams(declared={"steps": STEPS, "max_tokens": 3},
+                                                     sampling=SamplingParams(seed=1)), items)
         while not req.state.is_final:
             before = len(workers.sent)
             await conductor.step()

@@ -7,11 +7,13 @@ from pathlib import Path
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.executors import executor_for
+from runtime.sampling import SamplingParams
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 from runtime.worker.loader import load_rank
 
 ROOT = Path(__file__).resolve().parents[4]
-PARAMS = {"temperature": 0.0, "repetition_penalty": 1.8}
+PARAMS = RequestParams(sampling=SamplingParams(temperature=0.0, repetition_penalty=1.8))
 
 
 def _executor():

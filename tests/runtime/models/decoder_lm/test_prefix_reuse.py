@@ -13,6 +13,8 @@ from mstar_compiler.pipeline import compile_file
 from runtime.components import component_class
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 GRAPHS = Path(__file__).resolve().parents[4] / "graphs"
 SHARED = [(7 * i + 3) % 200 for i in range(40)]     # 2 full blocks of 16 + 8 tokens
@@ -32,7 +34,7 @@ def executor(plan, prefix_cache: bool) -> DecoderLMExecutor:
 
 
 def generate(ex: DecoderLMExecutor, rid: int, prompt: list[int], steps: int, cached: int = 0) -> list[int]:
-    ex.open(rid, {"temperature": 0.0})
+    ex.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
     out = ex.run([WorkItem(request_id=rid, tokens=prompt, cached=cached)], [{}])
     tokens = out[0].tokens
     for _ in range(steps):

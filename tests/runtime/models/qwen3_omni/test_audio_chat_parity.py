@@ -29,6 +29,8 @@ from runtime.text import ByteTokenizer
 from runtime.transport.messages import WorkItem
 from runtime.worker.loader import build_module
 from tests.runtime.models.qwen3_omni.omni_reference import preset, randomized_thinker
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
 
 ATOL = 1e-4
 DECODE_STEPS = 4
@@ -72,7 +74,7 @@ def run_items(executors, items, params: dict | None = None) -> tuple[list[torch.
     spy_logits, spy_positions = thinker.model.compute_logits, thinker.positions
     thinker.model.compute_logits = lambda h: logits.append(spy_logits(h)) or logits[-1]
     thinker.positions = lambda item, start: positions.append(spy_positions(item, start)) or positions[-1]
-    thinker.open(1, {"temperature": 0.0, **(params or {})})
+    thinker.open(1, RequestParams(sampling=SamplingParams(temperature=0.0), family=dict(params or {})))
     try:
         for dtype, value in items:
             if isinstance(value, MediaInput):

@@ -26,8 +26,10 @@ from runtime.conductor.request import MediaInput
 from runtime.executors import executor_for
 from runtime.models.qwen3_omni.vision_grid import patchify, patchify_frames
 from runtime.server.chat_inputs import chat_inputs_for
+from runtime.sampling import SamplingParams
 from runtime.text import ByteTokenizer
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 from runtime.worker.loader import build_module
 from tests.runtime.models.qwen3_omni.omni_reference import preset, randomized_thinker
 from tests.runtime.models.qwen3_omni.test_audio_chat_parity import audio_part, run_items, wav_bytes
@@ -197,7 +199,7 @@ def test_the_prompt_streams_to_the_talker_as_one_item_with_layer_states_at_pictu
     items = processor.chat_items([{"role": "user", "content": [image_part(image), {"type": "text", "text": "?"}]}],
                                  ByteTokenizer())
     thinker, vision = executors["thinker"], executors["vision_enc"]
-    thinker.open(1, {"temperature": 0.0, **processor.request_params(items)})
+    thinker.open(1, RequestParams(sampling=SamplingParams(temperature=0.0), family=processor.request_params(items)))
     outputs = []
     try:
         for dtype, value in items:

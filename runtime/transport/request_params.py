@@ -1,0 +1,53 @@
+"""`RequestParams`: one request's params as one typed value, resolved once by the server.
+
+The server builds it (runtime/server/params.py: the body's fields checked against the plan's
+declarations, defaults taken from the graph file only) and hands it to the conductor, which
+reads its loop counts from it and sends it once to every rank of the request in
+`OpenRequest`; executors read the typed fields. It travels as msgpack (msgspec), never pickle.
+
+Generic fields are typed here (`sampling`); a model's own params are `declared`: every param
+the graph declares, by name, each value of the type and within the bounds the graph gives it.
+Nothing here names a model.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from runtime.sampling.params import SamplingParams
+
+Scalar = Union[int, float, str, bool]
+
+
+class RequestParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A request's resolved params (built by `runtime.server.params.resolve_params`)."""
+
+    # every param the graph declares -> the request's value (checked against the declaration's type,
+    # bounds and choices) or the declaration's default; a plan's `$name` (loop counts, node args) reads it
+    declared: dict[str, Scalar] = {}
+    # how the request's LM turns logits into tokens; fields the graph declares (temperature, top_p)
+    # hold the declared value, the others the body's value or SamplingParams' neutral default
+    sampling: SamplingParams = SamplingParams()
+    # values a family's serving code sets for its own executors, never body fields taken unchecked
+    # (an image request's output size, the voice a speech request speaks in)
+    family: dict[str, Scalar] = {}
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The request's token budget, None when the graph declares no `max_tokens`."""
+        value = self.declared.get("max_tokens")
+        return None if value is None else int(value)
+
+    def count(self, name: str) -> int:
+        """The integer param `name` (a loop count, a horizon); KeyError naming it when undeclared."""
+        return int(self._declared(name))
+
+    def number(self, name: str) -> float:
+        """The number param `name` (a scale, a shift); KeyError naming it when undeclared."""
+        return float(self._declared(name))
+
+    def _declared(self, name: str) -> Scalar:
+        if name not in self.declared:
+            raise KeyError(f"the request has no param '{name}'; the graph declares: {', '.join(self.declared)}")
+        return self.declared[name]
