@@ -5,6 +5,7 @@
         net.address(0)                       # "10.201.0.1"
         rx, tx = net.counters(1)             # bytes host 1's eth0 received and sent
         net.cut(1); net.restore(1)           # unplug / plug host 1's cable
+        net.call(0, urllib.request.urlopen, "http://10.201.0.1:8000/health")   # this process, as host 0
 
 Host i is namespace `<prefix>-h<i>` with `lo` up and `eth0` at `<subnet>.<i+1>/24`; the other end
 of its veth is plugged into a bridge that lives in a namespace of its own (`<prefix>-sw`), so the
@@ -12,22 +13,29 @@ machine's own namespace gains no interface, no address and no route: nothing rea
 Names carry the pid and a counter, so parallel runs never collide. Everything is torn down on exit,
 failure included: processes started through `popen` are killed (by their pid), then any process still
 inside a host namespace (a child they spawned), then the namespaces (which removes the veths).
+`call` runs a function of the test itself on a thread moved into a host's namespace (setns is per
+thread; sockets stay in the namespace they were made in), so a test's own HTTP client, the `openai`
+one included, talks to a server inside a namespace without a subprocess.
 Tests skip with the reason where the machine cannot do this (not root, no `ip netns`).
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import pytest
 
 _COUNTER = itertools.count()
+_CLONE_NEWNET = 0x40000000
+T = TypeVar("T")
 
 
 def unavailable_reason() -> str | None:
@@ -104,6 +112,24 @@ class Network:
     def run(self, i: int, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(i, argv), capture_output=True, text=True, timeout=timeout)
 
+    def call(self, i: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """fn(*args, **kwargs) on a thread inside host i's namespace; its result, or its exception."""
+        out: dict[str, Any] = {}
+
+        def inside() -> None:
+            try:
+                _enter(f"/run/netns/{self.hosts[i]}")
+                out["value"] = fn(*args, **kwargs)
+            except BaseException as exc:   # handed to the caller's thread
+                out["error"] = exc
+
+        thread = threading.Thread(target=inside, name=f"in-{self.hosts[i]}")
+        thread.start()
+        thread.join()
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
     def counters(self, i: int) -> tuple[int, int]:
         """(received, sent) bytes of host i's eth0 since it was made."""
         stats = json.loads(_ip("-n", self.hosts[i], "-s", "-j", "link", "show", "dev", "eth0"))[0]["stats64"]
@@ -141,6 +167,16 @@ class Network:
             self.kill_host(i)
             subprocess.run(["ip", "netns", "del", host], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.switch], capture_output=True)
+
+
+def _enter(path: str) -> None:
+    """Move the calling thread into the network namespace at `path`."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({path}) failed")
+    finally:
+        os.close(fd)
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -2,6 +2,7 @@
 a cut link drops traffic until restored, and nothing is left behind."""
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -38,6 +39,19 @@ def test_hosts_talk_over_the_veth_and_counters_see_it(network: Network) -> None:
     assert network.counters(0)[0] - rx0 >= 200_000, "host 0's eth0 received the payload"
     assert network.counters(1)[1] - tx1 >= 200_000, "host 1's eth0 sent it"
     assert network.counters(2)[1] < 10_000, "host 2 took no part (only neighbour discovery)"
+
+
+def test_call_runs_this_process_code_inside_a_host(network: Network) -> None:
+    server = network.popen(0, [sys.executable, "-c", LISTEN, network.address(0)], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "ready"
+
+    def send() -> None:
+        with socket.create_connection((network.address(0), 7000), timeout=5) as s:
+            s.sendall(b"y" * 1000)
+
+    network.call(2, send)
+    assert server.stdout.readline().strip() == "1000"
+    assert network.counters(2)[1] >= 1000, "it left through host 2's eth0"
 
 
 def test_a_cut_link_drops_traffic_until_restored(network: Network) -> None:
