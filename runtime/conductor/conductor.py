@@ -274,7 +274,7 @@ class Conductor:
         msg = env.msg
         if not self.replies.accept(rank, msg, self.in_flight):
             return
-        if self.workers.is_given_up(rank) and not isinstance(msg, Hello):
+        if status.is_given_up and not isinstance(msg, Hello):
             self.joining.ask_to_rejoin(rank)
             return
         if isinstance(msg, BatchDone):
@@ -282,6 +282,8 @@ class Conductor:
         elif isinstance(msg, BatchFailed):
             self._batch_failed(msg)
         elif isinstance(msg, Hello):
+            if not status.is_local and status.pid and status.pid != msg.pid:
+                self._rank_died(rank)   # a remote host came back with a new worker before its silence was noticed
             self.joining.hello(rank, msg)
         elif isinstance(msg, PeerUnreachable):
             self.joining.unreachable(msg)

@@ -33,7 +33,7 @@ class Joining:
     def hello(self, rank: int, msg: Hello) -> None:
         status = self.workers.ranks[rank]
         status.pid, status.peer_endpoint, status.tp_port = msg.pid, msg.peer_endpoint, msg.tp_port
-        status.is_welcomed = status.asked_to_rejoin = False
+        status.is_welcomed = status.asked_to_rejoin = status.is_given_up = False
         self._check_reachable(status)
         for other in self.workers.ranks.values():
             if other.pid and not other.is_welcomed:

@@ -3,7 +3,7 @@ and remote workers that join by themselves (`mstar-run worker --conductor tcp://
 
 A rank is alive while its heartbeats arrive; a local rank is also dead the moment its
 process exits. The conductor polls `dead_ranks()` and restarts local ones with `restart()`;
-a remote one is given up until it speaks again (`is_given_up`), then asked to rejoin.
+a remote one is given up (`is_given_up`) until it speaks again, then asked to rejoin.
 Local workers bind and advertise the server's `--host` (loopback by default), so what they
 announce is what ranks on other hosts can dial when the server listens on a network address.
 """
@@ -34,6 +34,7 @@ class RankStatus:
     peer_endpoint: str = ""
     tp_port: int = 0               # lead of a TP group: the port it reserved for the rendezvous
     is_welcomed: bool = False      # the conductor has answered this process's Hello
+    is_given_up: bool = False      # a remote rank declared dead whose worker has not said Hello since
     asked_to_rejoin: bool = False  # a given-up remote rank that spoke again was sent Rejoin
     is_ready: bool = False
     last_seen: float = field(default_factory=time.monotonic)
@@ -91,15 +92,11 @@ class WorkerSet:
             status.process.kill()
         status.process, status.pid, status.is_ready, status.is_welcomed = None, 0, False, False
         status.tp_port, status.asked_to_rejoin = 0, False
+        status.is_given_up = not status.is_local
         if status.is_local:
             status.restarts += 1
             log.warning("restarting worker of rank %d (restart %d)", rank, status.restarts)
             self._spawn(status)
-
-    def is_given_up(self, rank: int) -> bool:
-        """A remote rank declared dead whose worker has not joined again."""
-        status = self.ranks[rank]
-        return not status.is_local and status.pid == 0 and not status.is_ready
 
     def ready_ranks(self) -> set[int]:
         return {r for r, s in self.ranks.items() if s.is_ready}
