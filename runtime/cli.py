@@ -117,12 +117,17 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "worker":
             args = _worker_parser().parse_args(argv[1:])
             _logging(args.log_level)
+            from runtime.transport.addresses import NoRouteError
             from runtime.worker.worker import run_worker
             if args.threads:
                 import torch
                 torch.set_num_threads(args.threads)
-            run_worker(args.plan, args.rank, args.conductor, _weight_options(args), args.host, args.key,
-                       args.advertise)
+            try:
+                run_worker(args.plan, args.rank, args.conductor, _weight_options(args), args.host, args.key,
+                           args.advertise)
+            except (TimeoutError, NoRouteError) as exc:   # no conductor answered, or no route to it: said, not traced
+                print(f"mstar-run worker: {exc}", file=sys.stderr)
+                return 1
             return 0
         if argv and argv[0] in ("check-weights", "convert-weights"):
             from runtime.weights.commands import main as weights_main

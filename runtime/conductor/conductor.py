@@ -286,7 +286,9 @@ class Conductor:
                 self._rank_died(rank)   # a remote host came back with a new worker before its silence was noticed
             self.joining.hello(rank, msg)
         elif isinstance(msg, PeerUnreachable):
-            self.joining.unreachable(msg)
+            what = self.joining.unreachable(msg)
+            if msg.request_id in self.requests:
+                self._fail(self.requests[msg.request_id], what, 502, "peer_unreachable")
         elif isinstance(msg, Ready):
             self._rank_ready(rank, msg)
         elif isinstance(msg, Heartbeat):

@@ -63,9 +63,12 @@ class Joining:
                       "--advertise ADDRESS, an address the other host reaches", local.rank, local.peer_endpoint,
                       remote.rank, remote.peer_endpoint, remote.rank, local.rank)
 
-    def unreachable(self, msg: PeerUnreachable) -> None:
+    def unreachable(self, msg: PeerUnreachable) -> str:
+        """Log a rank's report that a peer does not answer; the sentence, for the request it failed."""
         self.num_unreachable += 1
-        log.error("rank %d cannot reach rank %d at %s: %s", msg.rank, msg.peer, msg.endpoint, msg.reason)
+        what = f"rank {msg.rank} cannot reach rank {msg.peer} at {msg.endpoint}: {msg.reason}"
+        log.error("%s", what)
+        return what
 
     def ask_to_rejoin(self, rank: int) -> None:
         status = self.workers.ranks[rank]

@@ -22,6 +22,10 @@ WILDCARDS = frozenset({"0.0.0.0", "*", "::", ""})
 _SIOCGIFADDR = 0x8915   # Linux ioctl: an interface's IPv4 address
 
 
+class NoRouteError(OSError):
+    """This host has no route to the conductor's address."""
+
+
 def endpoint_host(endpoint: str) -> str:
     """'10.0.0.1' of 'tcp://10.0.0.1:5555'."""
     return endpoint.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
@@ -35,7 +39,7 @@ def route_address(peer_host: str) -> str:
         try:
             s.connect((peer_host, 9))
         except OSError as exc:
-            raise OSError(f"no route from this host to the conductor at {peer_host} ({exc}); "
+            raise NoRouteError(f"no route from this host to the conductor at {peer_host} ({exc}); "
                           f"give `--host`/`--advertise` an address of this host that it can reach") from None
         return s.getsockname()[0]
 

@@ -60,6 +60,7 @@ class PeerUnreachable(_Msg, tag="unreachable"):
     peer: int               # the rank it tried to reach
     endpoint: str           # the address that peer advertised
     reason: str             # the connect error and how long it waited
+    request_id: int = -1    # the request whose push failed (-1: the check when the peer joined)
 
 
 class NodeInfo(msgspec.Struct, omit_defaults=True):

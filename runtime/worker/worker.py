@@ -36,7 +36,9 @@ from runtime.transport.messages import (
     OpenRequest, PeerUnreachable, Peers, Ready, Rejoin, RunBatch, Shutdown, StreamItems, Welcome, WorkItem, encode,
 )
 from runtime.transport.keys import ClusterKeys, start_guard
-from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, WorkerQueue, is_worth_logging
+from runtime.transport.queues import (
+    EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, PeerUnreachableError, WorkerQueue, is_worth_logging,
+)
 from runtime.weights.sources import WeightOptions
 from runtime.worker.loader import load_rank, tensor_parallel_group, tp_ranks
 from runtime.worker.streams import WorkerStreams
@@ -260,7 +262,12 @@ class Worker:
         if exported is None:
             log.warning("rank %d: no KV of request %d on %s to move", self.rank, msg.request_id, msg.node)
             exported = (KVState(request_id=msg.request_id, node=msg.node, num_tokens=0), {})
-        self.outbox.send(msg.dst_rank, *exported)
+        try:
+            self.outbox.send(msg.dst_rank, *exported)
+        except PeerUnreachableError as exc:   # the conductor fails the request now, naming the peer
+            log.error("rank %d: moving request %d's KV cache failed: %s", self.rank, msg.request_id, exc)
+            self.control.send(PeerUnreachable(rank=self.rank, peer=msg.dst_rank, endpoint=self.outbox.endpoint(
+                msg.dst_rank) or "", reason=str(exc), request_id=msg.request_id))
 
     def _receive_kv(self, node: str, item: WorkItem) -> None:
         """Wait for the item's KV cache from the rank that held it and hand it to the executor."""

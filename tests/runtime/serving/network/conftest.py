@@ -30,8 +30,11 @@ T = TypeVar("T")
 class Cluster:
     """One plan: server on host 0, rank r > 0 on host `hosts[r]`."""
 
-    def __init__(self, net: Network, plan: str, keys: Path, hosts: dict[int, int], *extra: str) -> None:
+    def __init__(self, net: Network, plan: str, keys: Path, hosts: dict[int, int], *extra: str,
+                 worker_args: dict[int, list[str]] | None = None, log: Path | None = None) -> None:
         self.net, self.plan, self.keys, self.hosts = net, plan, keys, hosts
+        self.worker_args = worker_args or {}   # rank -> more `mstar-run worker` flags
+        self.log = log                         # the server's stderr goes here when given
         port = next(_PORTS)
         self.url = f"http://{net.address(0)}:{port}"
         self.conductor = f"tcp://{net.address(0)}:{port + 1}"
@@ -39,14 +42,15 @@ class Cluster:
         self.server = net.popen(0, [sys.executable, "-m", "runtime.cli", plan, "--host", net.address(0),
                                     "--port", str(port), "--worker-endpoint", self.conductor,
                                     "--remote-ranks", remote, "--keys", str(keys), "--log-level", "warning", *extra],
-                                cwd=REPO, env=ENV)
+                                cwd=REPO, env=ENV, stderr=None if log is None else log.open("w"))
         self.workers = {rank: self.start_worker(rank) for rank in hosts}
 
     def start_worker(self, rank: int) -> subprocess.Popen:
         """`mstar-run worker` of `rank` on its host; it finds its own address (the route to the conductor)."""
         return self.net.popen(self.hosts[rank], [
             sys.executable, "-m", "runtime.cli", "worker", "--conductor", self.conductor, "--rank", str(rank),
-            "--key", str(self.keys / f"rank-{rank}.json"), "--threads", "1", "--log-level", "warning", self.plan],
+            "--key", str(self.keys / f"rank-{rank}.json"), "--threads", "1", "--log-level", "warning",
+            *self.worker_args.get(rank, []), self.plan],
             cwd=REPO, env=ENV)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
