@@ -9,7 +9,7 @@ from typing import Iterator
 import openai
 import pytest
 
-from tests.runtime.serving.conftest import Server, compile_plan, serve
+from tests.runtime.serving.conftest import compile_plan, serve
 from tests.runtime.serving.network.conftest import Cluster, serve_across
 from tests.runtime.serving.speech.conftest import ORPHEUS
 

@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from runtime.transport.queues import PUSH_TIMEOUT_S
-from tests.runtime.serving.conftest import REPO, compile_plan
-from tests.runtime.serving.network.conftest import ENV, Cluster, keygen
+from tests.runtime.serving.conftest import compile_plan
+from tests.runtime.serving.network.conftest import Cluster, keygen
 from tests.runtime.serving.speech.conftest import ORPHEUS
 
 NOBODY = "10.201.0.99"   # in the namespaces' /24, on no host
