@@ -463,12 +463,15 @@ class Conductor:
         self.ledger.free_rank(rank)
         self.workers.restart(rank)
 
-    def _send(self, rank: int, msg: Any, tensors: dict | None = None) -> None:
+    def _send(self, rank: int, msg: Any, tensors: dict | None = None) -> bool:
+        """Queue `msg` for `rank`; False (logged) when the rank has no connection."""
         try:
             self.queue.send(rank, msg, tensors)
         except zmq.ZMQError as exc:
             log.error("cannot reach rank %d (%s)", rank, exc)
             self.workers.ranks[rank].last_seen = 0.0
+            return False
+        return True
 
     def _is_in_flight(self, req: Request) -> bool:
         return any(c.in_flight for c in req.tracks)

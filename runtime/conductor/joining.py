@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class Joining:
     """The conductor's side of the join handshake."""
 
-    def __init__(self, plan: Plan, workers: WorkerSet, send: Callable[[int, Any], None]) -> None:
+    def __init__(self, plan: Plan, workers: WorkerSet, send: Callable[[int, Any], object]) -> None:
         self.plan = plan
         self.workers = workers
         self.send = send
@@ -74,5 +74,5 @@ class Joining:
         status = self.workers.ranks[rank]
         if not status.asked_to_rejoin:
             log.warning("rank %d speaks again after being given up: asking it to rejoin", rank)
-            self.send(rank, Rejoin())
-            status.asked_to_rejoin = True
+            # its heartbeat socket may reconnect before its control socket: then ask again next time
+            status.asked_to_rejoin = bool(self.send(rank, Rejoin()))

@@ -20,7 +20,7 @@ def joining(placement: str, remote: set[int]) -> tuple[Joining, list[tuple[int, 
     plan = loads_plan(compile_file(str(REPO / "graphs/orpheus.yaml"), Options(preset="tiny", placement=placement)).data)
     sent: list[tuple[int, object]] = []
     workers = WorkerSet("plan.bin", "tcp://fake", len(plan.ranks), remote, None, "info")
-    return Joining(plan, workers, lambda rank, msg: sent.append((rank, msg))), sent
+    return Joining(plan, workers, lambda rank, msg: sent.append((rank, msg)) or True), sent
 
 
 def test_the_tp_group_meets_at_its_lead_whoever_says_hello_first() -> None:
@@ -57,3 +57,13 @@ def test_a_given_up_rank_is_asked_to_rejoin_once() -> None:
     assert sent == [(1, Rejoin())]
     join.hello(1, Hello(rank=1, pid=11, peer_endpoint="tcp://10.0.0.2:4000"))
     assert not join.workers.ranks[1].is_given_up
+
+
+def test_a_rejoin_that_found_no_connection_is_asked_again() -> None:
+    join, sent = joining("disaggregated", remote={1})
+    answers = iter([False, True])   # its heartbeat socket came back before its control socket
+    join.send = lambda rank, msg: sent.append((rank, msg)) or next(answers)
+    join.workers.restart(1)
+    for _ in range(3):
+        join.ask_to_rejoin(1)
+    assert sent == [(1, Rejoin()), (1, Rejoin())]
