@@ -31,9 +31,8 @@ class Cluster:
     """One plan: server on host 0, rank r > 0 on host `hosts[r]`."""
 
     def __init__(self, net: Network, plan: str, keys: Path, hosts: dict[int, int], *extra: str,
-                 worker_args: dict[int, list[str]] | None = None, log: Path | None = None) -> None:
+                 log: Path | None = None) -> None:
         self.net, self.plan, self.keys, self.hosts = net, plan, keys, hosts
-        self.worker_args = worker_args or {}   # rank -> more `mstar-run worker` flags
         self.log = log                         # the server's stderr goes here when given
         port = next(_PORTS)
         self.url = f"http://{net.address(0)}:{port}"
@@ -45,12 +44,13 @@ class Cluster:
                                 cwd=REPO, env=ENV, stderr=None if log is None else log.open("w"))
         self.workers = {rank: self.start_worker(rank) for rank in hosts}
 
-    def start_worker(self, rank: int) -> subprocess.Popen:
-        """`mstar-run worker` of `rank` on its host; it finds its own address (the route to the conductor)."""
+    def start_worker(self, rank: int, *flags: str) -> subprocess.Popen:
+        """`mstar-run worker` of `rank` on its host (more `flags` for it); without `--host`/`--advertise`
+        it finds its own address: the route to the conductor."""
         return self.net.popen(self.hosts[rank], [
             sys.executable, "-m", "runtime.cli", "worker", "--conductor", self.conductor, "--rank", str(rank),
             "--key", str(self.keys / f"rank-{rank}.json"), "--threads", "1", "--log-level", "warning",
-            *self.worker_args.get(rank, []), self.plan],
+            *flags, self.plan],
             cwd=REPO, env=ENV)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -105,9 +105,10 @@ def keygen(tmp: Path, num_ranks: int) -> Path:
     return out
 
 
-def serve_across(net: Network, tmp: Path, plan: str, hosts: dict[int, int], *extra: str) -> Iterator[Cluster]:
+def serve_across(net: Network, tmp: Path, plan: str, hosts: dict[int, int], *extra: str,
+                 log: Path | None = None) -> Iterator[Cluster]:
     """A module fixture's body: the cluster, ready, stopped cleanly (status 0) at the end."""
-    cluster = Cluster(net, plan, keygen(tmp, 1 + len(hosts)), hosts, *extra)
+    cluster = Cluster(net, plan, keygen(tmp, 1 + len(hosts)), hosts, *extra, log=log)
     try:
         cluster.wait_ready()
         yield cluster

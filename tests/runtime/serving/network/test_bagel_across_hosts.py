@@ -4,10 +4,14 @@ network namespaces): every denoising step pushes hidden states and velocities ac
 Under `--batch-invariant` the image is the single-rank plan's, bit for bit. Then a host fails:
 its cable pulled mid-request, the request fails with a 5xx within the heartbeat timeout, chat (all
 on rank 0) goes on, and the rank is re-admitted when the cable is back (the same worker, asked to
-rejoin); its worker killed and a fresh one started with its key, likewise.
+rejoin); its worker killed and a fresh one started with its key, likewise. A rank that advertises
+an address nobody holds is named, with the address and the wait, in the server log when it joins
+and in the error of the request that needed it (after the 5 s push timeout, not a silent 30 s
+wait per batch); a worker with no route to its conductor says so and exits.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Iterator
@@ -17,11 +21,13 @@ import openai
 import pytest
 
 from runtime.conductor.workers import HEARTBEAT_TIMEOUT_S
+from runtime.transport.queues import PUSH_TIMEOUT_S
 from tests.runtime.serving.bagel.conftest import MODEL, generate, pixels
 from tests.runtime.serving.conftest import compile_plan, serve
 from tests.runtime.serving.network.conftest import Cluster, serve_across
 
 SEED = 1
+NOBODY = "10.201.0.99"   # in the namespaces' /24, on no host
 # Generous on a loaded 2-core machine: the heartbeat timeout, the conductor's 0.1 s tick, and the
 # request's own batch that may be running; without the fix the request waited the 600 s request timeout.
 FAIL_WITHIN_S = HEARTBEAT_TIMEOUT_S + 15
@@ -48,7 +54,7 @@ def reference(tmp_path_factory) -> np.ndarray:
 def cluster(net, tmp_path_factory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("bagel-cfg")
     yield from serve_across(net, tmp, compile_plan(tmp, "bagel", "tiny", "cfg_parallel"), {1: 1, 2: 2},
-                            "--batch-invariant")
+                            "--batch-invariant", log=tmp / "server.log")
 
 
 def test_image_across_hosts_matches_the_single_rank_plan(cluster: Cluster, reference: np.ndarray) -> None:
@@ -111,6 +117,36 @@ def test_a_host_that_lost_power_rejoins_with_a_fresh_worker(cluster: Cluster, re
     assert error.status_code >= 500 and "rank 2" in error.message, (error.status_code, error.message)
     assert after < FAIL_WITHIN_S
     cluster.workers[2].wait(10)
-    cluster.workers[2] = cluster.start_worker(2)
-    wait_health(cluster, "ok", timeout=120)
+    replace_worker(cluster)
     assert np.array_equal(cluster.call(lambda: image(cluster.client())), reference)
+
+
+def replace_worker(cluster: Cluster, *flags: str) -> None:
+    cluster.workers[2].kill()
+    cluster.workers[2].wait()
+    wait_health(cluster, "degraded")
+    cluster.workers[2] = cluster.start_worker(2, *flags)
+    wait_health(cluster, "ok", timeout=120)
+
+
+def test_a_rank_advertising_an_address_nobody_holds_is_named(cluster: Cluster) -> None:
+    """Leaves rank 2 unusable: the module's last test that serves."""
+    replace_worker(cluster, "--host", "0.0.0.0", "--advertise", NOBODY)
+    start = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as caught:
+        cluster.call(lambda: image(cluster.client()))
+    waited = time.monotonic() - start
+    message = caught.value.message   # rank 0's push of the latent to rank 2 found no connection
+    assert caught.value.status_code >= 500 and "rank 0" in message, message
+    assert f"rank 2 at tcp://{NOBODY}:" in message and f"within {PUSH_TIMEOUT_S:.0f} s" in message, message
+    assert waited < FAIL_WITHIN_S + 10, f"{waited:.0f} s: the push timeout (twice: the batch, then it alone)"
+    log = cluster.log.read_text()
+    assert f"cannot reach rank 2 at tcp://{NOBODY}:" in log and " after " in log, log[-2000:]
+
+
+def test_a_worker_with_no_route_to_its_conductor_says_so(cluster: Cluster) -> None:
+    done = cluster.net.run(2, [sys.executable, "-m", "runtime.cli", "worker", "--conductor", "tcp://192.0.2.1:5555",
+                               "--rank", "2", cluster.plan], timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "no route from this host to the conductor at 192.0.2.1" in done.stderr
+    assert "Traceback" not in done.stderr
