@@ -29,9 +29,11 @@ from runtime.transport.messages import Message, decode, encode
 Tensors = dict[str, torch.Tensor]
 MAX_MESSAGE_BYTES = 4 << 30    # ZMQ_MAXMSGSIZE of every receiving socket: no frame beyond this is buffered
 PUSH_TIMEOUT_S = 5.0           # how long a push to another rank may wait for its connection before failing
-# ZMTP heartbeats on control connections: a connection whose other end went silent (a pulled cable,
-# a host that lost power: no FIN ever comes) is closed, so a rank's new connection can take its place.
-ZMTP_HEARTBEAT_MS, ZMTP_TIMEOUT_MS = 1000, 5000
+# ZMTP heartbeats on every TCP connection: one whose other end went silent (a pulled cable, a host that
+# lost power: no FIN ever comes) is closed, so a new connection can take its place; and a connect
+# attempt gives up after CONNECT_TIMEOUT_MS and is retried, so a link that comes back is used within
+# seconds, not after TCP's SYN back-off (which grows to minutes).
+ZMTP_HEARTBEAT_MS, ZMTP_TIMEOUT_MS, CONNECT_TIMEOUT_MS = 1000, 5000, 2000
 
 
 class PeerUnreachableError(ConnectionError):
@@ -41,6 +43,7 @@ class PeerUnreachableError(ConnectionError):
 def _heartbeats(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_TIMEOUT_MS)
+    sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
 
 
 @dataclass
@@ -171,6 +174,7 @@ class EdgeInbox:
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         if keys is not None:
             make_server(self._sock, keys)
+        _heartbeats(self._sock)
         port = self._sock.bind_to_random_port(f"tcp://{bind}")
         self.endpoint = f"tcp://{advertise}:{port}"
         self.socket = self._sock
@@ -209,6 +213,7 @@ class EdgeOutbox:
             sock.setsockopt(zmq.LINGER, 1000)
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.SNDTIMEO, int(PUSH_TIMEOUT_S * 1000))
+            _heartbeats(sock)
             if self._keys is not None:
                 make_client(sock, self._keys)
             sock.connect(self._endpoints[rank])
