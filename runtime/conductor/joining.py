@@ -10,6 +10,7 @@ A remote rank given up as dead that speaks again (a cable plugged back in) is se
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 from mstar_compiler.plan import Plan
@@ -19,6 +20,9 @@ from runtime.transport.messages import Hello, PeerUnreachable, Rejoin, Welcome
 from runtime.worker.loader import tp_ranks
 
 log = logging.getLogger(__name__)
+# Rejoin is asked again after this long without the rank's Hello: the first may have been queued on a
+# connection that its heartbeat timeout then closed, or found the rank's control socket not back yet.
+REJOIN_RETRY_S = 2.0
 
 
 class Joining:
@@ -33,7 +37,8 @@ class Joining:
     def hello(self, rank: int, msg: Hello) -> None:
         status = self.workers.ranks[rank]
         status.pid, status.peer_endpoint, status.tp_port = msg.pid, msg.peer_endpoint, msg.tp_port
-        status.is_welcomed = status.asked_to_rejoin = status.is_given_up = False
+        status.is_welcomed = status.is_given_up = False
+        status.asked_to_rejoin_at = 0.0
         self._check_reachable(status)
         for other in self.workers.ranks.values():
             if other.pid and not other.is_welcomed:
@@ -72,7 +77,8 @@ class Joining:
 
     def ask_to_rejoin(self, rank: int) -> None:
         status = self.workers.ranks[rank]
-        if not status.asked_to_rejoin:
+        now = time.monotonic()
+        if now - status.asked_to_rejoin_at > REJOIN_RETRY_S:
             log.warning("rank %d speaks again after being given up: asking it to rejoin", rank)
-            # its heartbeat socket may reconnect before its control socket: then ask again next time
-            status.asked_to_rejoin = bool(self.send(rank, Rejoin()))
+            if self.send(rank, Rejoin()):
+                status.asked_to_rejoin_at = now

@@ -35,7 +35,7 @@ class RankStatus:
     tp_port: int = 0               # lead of a TP group: the port it reserved for the rendezvous
     is_welcomed: bool = False      # the conductor has answered this process's Hello
     is_given_up: bool = False      # a remote rank declared dead whose worker has not said Hello since
-    asked_to_rejoin: bool = False  # a given-up remote rank that spoke again was sent Rejoin
+    asked_to_rejoin_at: float = 0.0  # when a given-up remote rank that spoke again was last sent Rejoin
     is_ready: bool = False
     last_seen: float = field(default_factory=time.monotonic)
     nodes: list[NodeInfo] = field(default_factory=list)
@@ -91,7 +91,7 @@ class WorkerSet:
         if status.process is not None and status.process.poll() is None:
             status.process.kill()
         status.process, status.pid, status.is_ready, status.is_welcomed = None, 0, False, False
-        status.tp_port, status.asked_to_rejoin = 0, False
+        status.tp_port, status.asked_to_rejoin_at = 0, 0.0
         status.is_given_up = not status.is_local
         if status.is_local:
             status.restarts += 1

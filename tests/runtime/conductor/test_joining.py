@@ -1,6 +1,6 @@
 """The join handshake, conductor side: one TP rendezvous for the whole group (the lead's address
 and reserved port, whoever says Hello first), loopback/network address mixes named, and a
-given-up remote rank asked to rejoin once."""
+given-up remote rank asked to rejoin until its Hello comes."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +9,7 @@ from pathlib import Path
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from mstar_compiler.plan import loads_plan
+from runtime.conductor import joining as joining_module
 from runtime.conductor.joining import Joining
 from runtime.conductor.workers import WorkerSet
 from runtime.transport.messages import Hello, Rejoin, Welcome
@@ -48,13 +49,16 @@ def test_loopback_beside_a_network_address_is_named(caplog) -> None:
     assert "--host ADDRESS" in caplog.text
 
 
-def test_a_given_up_rank_is_asked_to_rejoin_once() -> None:
+def test_a_given_up_rank_is_asked_to_rejoin_until_it_says_hello(monkeypatch) -> None:
     join, sent = joining("disaggregated", remote={1})
+    clock = iter([100.0, 100.5, 103.0, 104.0])
+    monkeypatch.setattr(joining_module.time, "monotonic", lambda: next(clock))
     join.workers.restart(1)          # what the conductor does when rank 1 falls silent
     assert join.workers.ranks[1].is_given_up
-    join.ask_to_rejoin(1)
-    join.ask_to_rejoin(1)
-    assert sent == [(1, Rejoin())]
+    join.ask_to_rejoin(1)            # t=100: asked
+    join.ask_to_rejoin(1)            # t=100.5: within REJOIN_RETRY_S, not again
+    join.ask_to_rejoin(1)            # t=103: no Hello yet (the first was lost): asked again
+    assert sent == [(1, Rejoin()), (1, Rejoin())]
     join.hello(1, Hello(rank=1, pid=11, peer_endpoint="tcp://10.0.0.2:4000"))
     assert not join.workers.ranks[1].is_given_up
 
