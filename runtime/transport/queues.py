@@ -33,6 +33,9 @@ PUSH_TIMEOUT_S = 5.0           # how long a push to another rank may wait for it
 # lost power: no FIN ever comes) is closed, so a new connection can take its place; and a connect
 # attempt gives up after CONNECT_TIMEOUT_MS and is retried, so a link that comes back is used within
 # seconds, not after TCP's SYN back-off (which grows to minutes).
+# Known gap: a cut shorter than about two timeouts can close one end only; the conductor's ROUTER (no
+# handover, so a key cannot take over another rank's identity) may then keep a rank's stale connection
+# and ignore its new one, and that rank is not re-admitted until the stale one times out or it restarts.
 ZMTP_HEARTBEAT_MS, ZMTP_TIMEOUT_MS, CONNECT_TIMEOUT_MS = 1000, 5000, 2000
 
 
