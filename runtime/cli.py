@@ -4,7 +4,8 @@
                        [--weights ROOT] [--weights REPO=DIR] [--random-weights]
                        [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2 --keys DIR]
                        [--batch-invariant] [--no-prefix-cache]
-    mstar-run worker --conductor tcp://HOST:PORT --rank R --key rank-R.json plan.bin [--weights ROOT ...] [--host H]
+    mstar-run worker --conductor tcp://HOST:PORT --rank R --key rank-R.json plan.bin [--weights ROOT ...]
+                     [--host BIND] [--advertise ADDRESS]
     mstar-run keygen --ranks N --out DIR      CURVE keys for a cluster with remote ranks (server `--keys DIR`)
     mstar-run check-weights plan.bin --weights ROOT [--weights REPO=DIR]   # headers only; exit 1 on mismatch
     mstar-run convert-weights DIR        # .bin/.pt -> .safetensors beside them, once, offline
@@ -25,7 +26,9 @@ if TYPE_CHECKING:
 def _serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mstar-run", description="Serve a compiled mstar plan over HTTP.")
     p.add_argument("plan", help="plan.bin from `mstarc compile`")
-    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="HTTP bind address (default 127.0.0.1); local workers bind and advertise it too, so "
+                        "ranks on other hosts reach them")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on /v1/* and /metrics; /health then shows worker "
@@ -64,7 +67,12 @@ def _worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--key", default=None, help="this rank's key file (rank-R.json from `mstar-run keygen`)")
     _weights_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="address other ranks reach this worker at")
+    p.add_argument("--host", default=None,
+                   help="address this worker's tensor inbox binds (0.0.0.0: every interface; default: the "
+                        "address of the interface that routes to the conductor)")
+    p.add_argument("--advertise", default=None,
+                   help="address other ranks dial to reach this worker (default: --host when it names one "
+                        "interface, else the interface that routes to the conductor); set it behind NAT")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's; the server gives its local workers "
                         "an equal share of the CPU cores)")
@@ -109,11 +117,17 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "worker":
             args = _worker_parser().parse_args(argv[1:])
             _logging(args.log_level)
+            from runtime.transport.addresses import NoRouteError
             from runtime.worker.worker import run_worker
             if args.threads:
                 import torch
                 torch.set_num_threads(args.threads)
-            run_worker(args.plan, args.rank, args.conductor, _weight_options(args), args.host, args.key)
+            try:
+                run_worker(args.plan, args.rank, args.conductor, _weight_options(args), args.host, args.key,
+                           args.advertise)
+            except (TimeoutError, NoRouteError) as exc:   # no conductor answered, or no route to it: said, not traced
+                print(f"mstar-run worker: {exc}", file=sys.stderr)
+                return 1
             return 0
         if argv and argv[0] in ("check-weights", "convert-weights"):
             from runtime.weights.commands import main as weights_main

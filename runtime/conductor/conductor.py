@@ -4,7 +4,8 @@
 
 `submit()` / `abort()` / `end_early()` are the server's entry points; requests report
 back through their `events` queue. Workers are watched: a dead rank fails the requests
-that had state on it within a heartbeat timeout, and local ranks are restarted.
+that had state on it within a heartbeat timeout, and local ranks are restarted; a remote
+rank that speaks again after being given up is asked to rejoin (runtime/conductor/joining.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import zmq.asyncio
 
 from mstar_compiler.plan import Plan
 from runtime.conductor.cursor import resolve_count
+from runtime.conductor.joining import Joining
 from runtime.conductor.kv_ledger import KVLedger
 from runtime.conductor.live_state import LiveState
 from runtime.conductor.plan_index import PlanIndex
@@ -33,7 +35,8 @@ from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import WorkerSet
 from runtime.weights.sources import WeightOptions
 from runtime.transport.messages import (
-    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKV, OpenRequest, Peers, Ready, RunBatch, Shutdown,
+    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKV, OpenRequest, PeerUnreachable, Peers, Ready,
+    RunBatch, Shutdown,
 )
 from runtime.transport.keys import cluster_keys, start_guard
 from runtime.transport.queues import ConductorQueue, Envelope, is_worth_logging
@@ -47,6 +50,7 @@ TICK_S = 0.1
 class ConductorConfig:
     plan_path: str
     endpoint: str = "tcp://127.0.0.1:0"       # where workers connect (port 0: pick a free one)
+    worker_host: str = "127.0.0.1"            # where local workers bind their inboxes (the server's --host)
     remote_ranks: frozenset[int] = frozenset()  # ranks whose workers are started by hand elsewhere
     keys_dir: str | None = None               # `mstar-run keygen` output (needed for remote ranks); None: per start
     weights: WeightOptions = WeightOptions()   # passed on to the local workers
@@ -104,7 +108,8 @@ class Conductor:
         self.queue = ConductorQueue(self.ctx, self.config.endpoint, keys)
         self.workers = WorkerSet(self.config.plan_path, self.queue.endpoint, len(self.plan.ranks),
                                  set(self.config.remote_ranks), self.config.weights, self.config.log_level,
-                                 key_files)
+                                 key_files, self.config.worker_host)
+        self.joining = Joining(self.plan, self.workers, self._send)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]
         self.workers.start_local()
@@ -270,12 +275,21 @@ class Conductor:
         msg = env.msg
         if not self.replies.accept(rank, msg, self.in_flight):
             return
+        if status.is_given_up and not isinstance(msg, Hello):
+            self.joining.ask_to_rejoin(rank)
+            return
         if isinstance(msg, BatchDone):
             self._batch_done(msg, env)
         elif isinstance(msg, BatchFailed):
             self._batch_failed(msg)
         elif isinstance(msg, Hello):
-            status.pid, status.peer_endpoint = msg.pid, msg.peer_endpoint
+            if not status.is_local and status.pid and status.pid != msg.pid:
+                self._rank_died(rank)   # a remote host came back with a new worker before its silence was noticed
+            self.joining.hello(rank, msg)
+        elif isinstance(msg, PeerUnreachable):
+            what = self.joining.unreachable(msg)
+            if msg.request_id in self.requests:
+                self._fail(self.requests[msg.request_id], what, 502, "peer_unreachable")
         elif isinstance(msg, Ready):
             self._rank_ready(rank, msg)
         elif isinstance(msg, Heartbeat):
@@ -450,12 +464,15 @@ class Conductor:
         self.ledger.free_rank(rank)
         self.workers.restart(rank)
 
-    def _send(self, rank: int, msg: Any, tensors: dict | None = None) -> None:
+    def _send(self, rank: int, msg: Any, tensors: dict | None = None) -> bool:
+        """Queue `msg` for `rank`; False (logged) when the rank has no connection."""
         try:
             self.queue.send(rank, msg, tensors)
         except zmq.ZMQError as exc:
             log.error("cannot reach rank %d (%s)", rank, exc)
             self.workers.ranks[rank].last_seen = 0.0
+            return False
+        return True
 
     def _is_in_flight(self, req: Request) -> bool:
         return any(c.in_flight for c in req.tracks)

@@ -2,13 +2,15 @@
 and remote workers that join by themselves (`mstar-run worker --conductor tcp://HOST:PORT`).
 
 A rank is alive while its heartbeats arrive; a local rank is also dead the moment its
-process exits. The conductor polls `dead_ranks()` and restarts local ones with `restart()`.
+process exits. The conductor polls `dead_ranks()` and restarts local ones with `restart()`;
+a remote one is given up (`is_given_up`) until it speaks again, then asked to rejoin.
+Local workers bind and advertise the server's `--host` (loopback by default), so what they
+announce is what ranks on other hosts can dial when the server listens on a network address.
 """
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +32,10 @@ class RankStatus:
     process: subprocess.Popen | None = None
     pid: int = 0
     peer_endpoint: str = ""
+    tp_port: int = 0               # lead of a TP group: the port it reserved for the rendezvous
+    is_welcomed: bool = False      # the conductor has answered this process's Hello
+    is_given_up: bool = False      # a remote rank declared dead whose worker has not said Hello since
+    asked_to_rejoin_at: float = 0.0  # when a given-up remote rank that spoke again was last sent Rejoin
     is_ready: bool = False
     last_seen: float = field(default_factory=time.monotonic)
     nodes: list[NodeInfo] = field(default_factory=list)
@@ -40,14 +46,15 @@ class WorkerSet:
     """Every rank of the plan; starts the local ones as `mstar-run worker` subprocesses."""
 
     def __init__(self, plan_path: str, endpoint: str, num_ranks: int, remote: set[int],
-                 weights: WeightOptions, log_level: str, key_files: dict[int, str] | None = None) -> None:
+                 weights: WeightOptions, log_level: str, key_files: dict[int, str] | None = None,
+                 host: str = "127.0.0.1") -> None:
         self.plan_path = plan_path
+        self.host = host   # the server's --host: where local workers bind and what they advertise
         self.key_files = key_files or {}   # rank -> its 0600 key file (the path travels in argv, not the key)
         self.endpoint = endpoint
         self.weights = weights
         self.log_level = log_level
         self.ranks = {r: RankStatus(r, is_local=r not in remote) for r in range(num_ranks)}
-        self.tp_init = os.environ.get("MSTAR_TP_INIT") or f"tcp://127.0.0.1:{_free_port()}"  # TP rendezvous
 
     def start_local(self) -> None:
         for status in self.ranks.values():
@@ -56,12 +63,12 @@ class WorkerSet:
 
     def _spawn(self, status: RankStatus) -> None:
         cmd = [sys.executable, "-m", "runtime.cli", "worker", "--conductor", self.endpoint,
-               "--rank", str(status.rank), "--log-level", self.log_level, self.plan_path]
+               "--rank", str(status.rank), "--host", self.host, "--log-level", self.log_level, self.plan_path]
         cmd += self.weights.cli_args()
         if status.rank in self.key_files:
             cmd += ["--key", self.key_files[status.rank]]
         cmd += ["--threads", str(self.threads_per_worker())]
-        status.process = subprocess.Popen(cmd, env={**os.environ, "MSTAR_TP_INIT": self.tp_init})
+        status.process = subprocess.Popen(cmd)
         status.is_ready = False
         status.last_seen = time.monotonic()
 
@@ -83,7 +90,9 @@ class WorkerSet:
         status = self.ranks[rank]
         if status.process is not None and status.process.poll() is None:
             status.process.kill()
-        status.process, status.pid, status.is_ready = None, 0, False
+        status.process, status.pid, status.is_ready, status.is_welcomed = None, 0, False, False
+        status.tp_port, status.asked_to_rejoin_at = 0, 0.0
+        status.is_given_up = not status.is_local
         if status.is_local:
             status.restarts += 1
             log.warning("restarting worker of rank %d (restart %d)", rank, status.restarts)
@@ -100,12 +109,6 @@ class WorkerSet:
                 except subprocess.TimeoutExpired:
                     status.process.kill()
                     status.process.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def threads_per_local_worker(num_local: int) -> int:

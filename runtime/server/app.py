@@ -77,7 +77,8 @@ class MstarServer:
         if self.random_nodes:
             log.warning("RANDOM WEIGHTS (seeded, not a checkpoint) for nodes: %s", ", ".join(self.random_nodes))
         self.conductor = Conductor(self.plan, ConductorConfig(
-            plan_path=config.plan_path, endpoint=config.worker_endpoint, remote_ranks=config.remote_ranks,
+            plan_path=config.plan_path, endpoint=config.worker_endpoint, worker_host=config.host,
+            remote_ranks=config.remote_ranks,
             keys_dir=config.keys_dir, max_queue=config.max_queue,
             weights=config.weights, log_level=config.log_level,
             scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant,

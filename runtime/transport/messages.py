@@ -5,8 +5,11 @@ frame of a ZeroMQ multipart message; tensors travel as raw frames after it, desc
 by the message's `tensors` headers in order (see `frames`). Never pickle.
 
 Who sends what:
-  worker -> conductor: Hello (joined), Ready (nodes loaded), BatchDone / BatchFailed, Heartbeat
-  conductor -> worker: Peers (where every rank listens for tensors), OpenRequest (a
+  worker -> conductor: Hello (joined), Ready (nodes loaded), BatchDone / BatchFailed, Heartbeat,
+      PeerUnreachable (a peer's inbox did not answer a connect)
+  conductor -> worker: Welcome (the answer to Hello: where its tensor-parallel group meets),
+      Rejoin (a rank given up as dead speaks again: reset and join anew),
+      Peers (where every rank listens for tensors), OpenRequest (a
       request's full data, once per rank), RunBatch (one node, many requests; only diffs),
       CloseRequest (free every resource of these requests), MoveKV (hand a request's KV
       cache of one node to another rank), Shutdown
@@ -34,7 +37,29 @@ class Hello(_Msg, tag="hello"):
 
     rank: int               # which rank of the plan this worker serves
     pid: int                # OS process id (the conductor watches local ones)
-    peer_endpoint: str      # where this worker's PULL socket for EdgeTensors listens
+    peer_endpoint: str      # where this worker's PULL socket for EdgeTensors listens (an address peers reach)
+    tp_port: int = 0        # lead of a tensor-parallel group: a free port on its address for the rendezvous
+
+
+class Welcome(_Msg, tag="welcome"):
+    """The conductor's answer to Hello; the worker loads its nodes only after it."""
+
+    tp_init: str = ""       # tcp://LEAD_HOST:PORT where the rank's TP group meets ("" : no group)
+
+
+class Rejoin(_Msg, tag="rejoin"):
+    """The conductor gave this rank up as dead (silent past the heartbeat timeout) and hears it
+    again: drop every request's state and send Hello and Ready anew."""
+
+
+class PeerUnreachable(_Msg, tag="unreachable"):
+    """A worker could not open a connection to another rank's inbox."""
+
+    rank: int               # the rank that tried
+    peer: int               # the rank it tried to reach
+    endpoint: str           # the address that peer advertised
+    reason: str             # the connect error and how long it waited
+    request_id: int = -1    # the request whose push failed (-1: the check when the peer joined)
 
 
 class NodeInfo(msgspec.Struct, omit_defaults=True):
@@ -214,7 +239,7 @@ class KVState(_Msg, tag="kv"):
 
 
 Message = Union[
-    Hello, Ready, Peers, OpenRequest, RunBatch, BatchDone, BatchFailed,
+    Hello, Welcome, Rejoin, PeerUnreachable, Ready, Peers, OpenRequest, RunBatch, BatchDone, BatchFailed,
     CloseRequest, MoveKV, Heartbeat, Shutdown, EdgeTensors, StreamItems, KVState,
 ]
 

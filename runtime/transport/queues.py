@@ -28,6 +28,25 @@ from runtime.transport.messages import Message, decode, encode
 
 Tensors = dict[str, torch.Tensor]
 MAX_MESSAGE_BYTES = 4 << 30    # ZMQ_MAXMSGSIZE of every receiving socket: no frame beyond this is buffered
+PUSH_TIMEOUT_S = 5.0           # how long a push to another rank may wait for its connection before failing
+# ZMTP heartbeats on every TCP connection: one whose other end went silent (a pulled cable, a host that
+# lost power: no FIN ever comes) is closed, so a new connection can take its place; and a connect
+# attempt gives up after CONNECT_TIMEOUT_MS and is retried, so a link that comes back is used within
+# seconds, not after TCP's SYN back-off (which grows to minutes).
+# Known gap: a cut shorter than about two timeouts can close one end only; the conductor's ROUTER (no
+# handover, so a key cannot take over another rank's identity) may then keep a rank's stale connection
+# and ignore its new one, and that rank is not re-admitted until the stale one times out or it restarts.
+ZMTP_HEARTBEAT_MS, ZMTP_TIMEOUT_MS, CONNECT_TIMEOUT_MS = 1000, 5000, 2000
+
+
+class PeerUnreachableError(ConnectionError):
+    """A push to another rank found no connection within PUSH_TIMEOUT_S."""
+
+
+def _heartbeats(sock: zmq.Socket) -> None:
+    sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_TIMEOUT_MS)
+    sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
 
 
 @dataclass
@@ -98,6 +117,7 @@ class ConductorQueue:
             self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)   # a restarted rank takes over its identity
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to an absent rank raises
         self._sock.setsockopt(zmq.LINGER, 0)
+        _heartbeats(self._sock)
         if endpoint.endswith(":0"):
             port = self._sock.bind_to_random_port(endpoint.rsplit(":", 1)[0])
             endpoint = f"{endpoint.rsplit(':', 1)[0]}:{port}"
@@ -134,6 +154,7 @@ class WorkerQueue:
         if keys is not None:
             make_client(self._sock, keys)
         self._sock.setsockopt(zmq.LINGER, 1000)
+        _heartbeats(self._sock)
         self._sock.connect(endpoint)
         self.socket = self._sock   # exposed for zmq.Poller
 
@@ -148,15 +169,17 @@ class WorkerQueue:
 
 
 class EdgeInbox:
-    """Where other ranks push a worker's cross-rank inputs."""
+    """Where other ranks push a worker's cross-rank inputs: bound on `bind` ("*": every interface),
+    announced to peers as `tcp://<advertise>:<port>` (runtime/transport/addresses.py)."""
 
-    def __init__(self, ctx: zmq.Context, host: str, keys: ClusterKeys | None = None) -> None:
+    def __init__(self, ctx: zmq.Context, bind: str, advertise: str, keys: ClusterKeys | None = None) -> None:
         self._sock = ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         if keys is not None:
             make_server(self._sock, keys)
-        port = self._sock.bind_to_random_port(f"tcp://{host}")
-        self.endpoint = f"tcp://{host}:{port}"
+        _heartbeats(self._sock)
+        port = self._sock.bind_to_random_port(f"tcp://{bind}")
+        self.endpoint = f"tcp://{advertise}:{port}"
         self.socket = self._sock
 
     def recv(self) -> Envelope:
@@ -175,6 +198,9 @@ class EdgeOutbox:
         self._endpoints: dict[int, str] = {}
         self._socks: dict[int, zmq.Socket] = {}
 
+    def endpoint(self, rank: int) -> str | None:
+        return self._endpoints.get(rank)
+
     def set_peers(self, endpoints: dict[int, str]) -> None:
         for rank, ep in endpoints.items():
             if self._endpoints.get(rank) != ep and rank in self._socks:
@@ -182,14 +208,25 @@ class EdgeOutbox:
             self._endpoints[rank] = ep
 
     def send(self, rank: int, msg: Message, tensors: Tensors | None = None) -> None:
+        """Push to `rank`; PeerUnreachableError when no connection to it is up within PUSH_TIMEOUT_S
+        (IMMEDIATE: nothing is queued for a peer that never answered, so a wrong address fails
+        this batch now instead of the consumer's after its 30 s input wait)."""
         if rank not in self._socks:
             sock = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 1000)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.SNDTIMEO, int(PUSH_TIMEOUT_S * 1000))
+            _heartbeats(sock)
             if self._keys is not None:
                 make_client(sock, self._keys)
             sock.connect(self._endpoints[rank])
             self._socks[rank] = sock
-        self._socks[rank].send_multipart(_pack(msg, tensors), copy=False)
+        try:
+            self._socks[rank].send_multipart(_pack(msg, tensors), copy=False)
+        except zmq.Again:
+            raise PeerUnreachableError(f"rank {rank} at {self._endpoints[rank]} took no connection within "
+                                       f"{PUSH_TIMEOUT_S:.0f} s (is that address reachable from this host? "
+                                       f"`mstar-run worker --advertise` sets what a rank announces)") from None
 
     def close(self) -> None:
         for sock in self._socks.values():

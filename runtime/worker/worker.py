@@ -10,8 +10,10 @@ Streaming edges (runtime/worker/streams.py): a Run takes its stream chunks with 
 and pushes its stream items as soon as it has run, straight to the consuming rank.
 A heartbeat thread with its own socket tells the conductor the process is alive even
 while a long batch runs.
-Tensor parallelism: a rank in a node's TP group joins it before loading (rendezvous at
-$MSTAR_TP_INIT, default the conductor's host and port + 1); a RunBatch marked `follower`
+Joining: Hello (with the address peers reach this rank at, runtime/transport/addresses.py) ->
+the conductor's Welcome -> load -> Ready. Tensor parallelism: a rank in a node's TP group joins
+it before loading, at the rendezvous the Welcome names (the group lead's address and a port the
+lead reserved, decided once by the conductor); a RunBatch marked `follower`
 runs in step with the lead but pushes and emits nothing. Disaggregation: MoveKV sends a
 request's KV cache of a node to another rank (KVState); a Run with `kv_in` waits for it.
 """
@@ -28,51 +30,77 @@ import zmq
 
 from mstar_compiler.plan import load_plan
 from runtime.executors import ExecResult, Executor, executor_for
+from runtime.transport.addresses import free_port, pin_collectives_to, probe, worker_addresses
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KVState, MoveKV, NodeInfo,
-    OpenRequest, Peers, Ready, RunBatch, Shutdown, StreamItems, WorkItem, encode,
+    OpenRequest, PeerUnreachable, Peers, Ready, Rejoin, RunBatch, Shutdown, StreamItems, Welcome, WorkItem, encode,
 )
 from runtime.transport.keys import ClusterKeys, start_guard
-from runtime.transport.queues import EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, WorkerQueue, is_worth_logging
+from runtime.transport.queues import (
+    EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, PeerUnreachableError, WorkerQueue, is_worth_logging,
+)
 from runtime.weights.sources import WeightOptions
-from runtime.worker.loader import load_rank, tensor_parallel_group
+from runtime.worker.loader import load_rank, tensor_parallel_group, tp_ranks
 from runtime.worker.streams import WorkerStreams
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.5
 EDGE_WAIT_S = 30.0     # how long a batch waits for a cross-rank input before failing
+JOIN_TIMEOUT_S = 120.0  # how long a new worker waits for the conductor's Welcome
 
 
 class Worker:
     """One rank: executors per node, per-request value store, sockets."""
 
-    def __init__(self, plan_path: str, rank: int, conductor: str, weights: WeightOptions, host: str,
-                 keys: ClusterKeys | None = None) -> None:
+    def __init__(self, plan_path: str, rank: int, conductor: str, weights: WeightOptions, host: str | None,
+                 keys: ClusterKeys | None = None, advertise: str | None = None) -> None:
         self.plan = load_plan(plan_path)
         self.rank = rank
         self.keys = keys
+        self.conductor = conductor
         self.ctx = zmq.Context()
         self.guard = start_guard(self.ctx, keys) if keys is not None else None   # ZAP for the inbox
         self.control = WorkerQueue(self.ctx, conductor, rank, keys)
-        self.inbox = EdgeInbox(self.ctx, host, keys)
+        bind, self.address = worker_addresses(conductor, host, advertise)
+        self.inbox = EdgeInbox(self.ctx, bind, self.address, keys)
         self.outbox = EdgeOutbox(self.ctx, keys)
-        self.control.send(Hello(rank=rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint))
+        group = tp_ranks(self.plan, rank)
+        self.is_tp = group is not None
+        self.control.send(Hello(rank=rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint,
+                                tp_port=free_port(self.address) if group and group[0] == rank else 0))
         self._start_heartbeat(conductor)
-        tp = tensor_parallel_group(self.plan, rank, tp_init_method(conductor))
+        welcome = self._await_welcome()
+        if self.is_tp:
+            pin_collectives_to(self.address)
+        tp = tensor_parallel_group(self.plan, rank, welcome.tp_init)
         modules = load_rank(self.plan, rank, weights, tp)
         self.executors: dict[str, Executor] = {
             name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
         self.values: dict[int, dict[str, torch.Tensor]] = {}
+        self.opened: set[int] = set()   # requests an OpenRequest registered (dropped on Rejoin)
         self.kv_incoming: dict[tuple[int, str], Envelope] = {}   # (request, node) -> KVState from another rank
         self.streams = WorkerStreams(self.plan, rank)
         self.dropped = 0      # malformed or misaddressed messages dropped (each logged)
-        self.control.send(Ready(rank=rank, nodes=[
+        self.ready = Ready(rank=rank, nodes=[
             NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
                      kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size,
                      num_params=sum(p.numel() for p in module.parameters()),
                      kv_prefix_key=getattr(self.executors[name], "kv_prefix_key", ""),
                      prefill_chunks=getattr(self.executors[name], "chunks_prefill", False))
-            for name, (module, source) in modules.items()]))
+            for name, (module, source) in modules.items()])
+        self.control.send(self.ready)
+
+    def _await_welcome(self) -> Welcome:
+        """The conductor's answer to Hello (it waits for the TP group's lead before answering)."""
+        start = time.monotonic()
+        while time.monotonic() - start < JOIN_TIMEOUT_S:
+            if self.control.socket.poll(1000):
+                env = self._recv(self.control)
+                if env is not None and isinstance(env.msg, Welcome):
+                    return env.msg
+        raise TimeoutError(f"rank {self.rank}: no answer from the conductor at {self.conductor} after "
+                           f"{JOIN_TIMEOUT_S:.0f} s (is that address reachable from this host, and does the server "
+                           f"hold this rank's key? under tensor parallelism, has the group's first rank joined?)")
 
     def _start_heartbeat(self, conductor: str) -> None:
         def beat() -> None:
@@ -169,12 +197,17 @@ class Worker:
     def _handle(self, env: Envelope) -> bool:
         msg = env.msg
         if isinstance(msg, OpenRequest):
+            self.opened.add(msg.request_id)
             for ex in self.executors.values():
                 ex.open(msg.request_id, msg.params)
         elif isinstance(msg, CloseRequest):
             self._close(msg)
         elif isinstance(msg, Peers):
-            self.outbox.set_peers(msg.endpoints)
+            self._set_peers(msg.endpoints)
+        elif isinstance(msg, Rejoin):
+            return self._rejoin()
+        elif isinstance(msg, Welcome):
+            pass   # the answer to a rejoin's Hello: the TP group, if any, is the one already joined
         elif isinstance(msg, MoveKV):
             self._move_kv(msg)
         elif isinstance(msg, Shutdown):
@@ -183,12 +216,39 @@ class Worker:
             self._drop(f"a {type(msg).__name__} on the control channel")
         return True
 
+    def _set_peers(self, endpoints: dict[int, str]) -> None:
+        """Take the peers' addresses; check that each new one takes a TCP connection from here and tell
+        the conductor which do not (its log then names the rank and address, not a batch 30 s later)."""
+        new = {r: ep for r, ep in endpoints.items() if r != self.rank and self.outbox.endpoint(r) != ep}
+        self.outbox.set_peers(endpoints)
+        for peer, endpoint in sorted(new.items()):
+            reason = probe(endpoint)
+            if reason is not None:
+                log.error("rank %d cannot reach rank %d at %s: %s", self.rank, peer, endpoint, reason)
+                self.control.send(PeerUnreachable(rank=self.rank, peer=peer, endpoint=endpoint, reason=reason))
+
+    def _rejoin(self) -> bool:
+        """The conductor gave this rank up (it was silent too long) and failed its requests: forget them
+        and join again. A tensor-parallel rank cannot rejoin its group: it exits to be restarted."""
+        if self.is_tp:
+            log.error("rank %d: given up by the conductor; a tensor-parallel rank cannot rejoin its group, "
+                      "exiting (restart this worker and its group)", self.rank)
+            return False
+        log.warning("rank %d: the conductor had given this rank up; dropping %d requests and rejoining",
+                    self.rank, len(self.opened | set(self.values)))
+        self._close(CloseRequest(request_ids=sorted(self.opened | set(self.values))))
+        self.opened.clear()
+        self.control.send(Hello(rank=self.rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint))
+        self.control.send(self.ready)
+        return True
+
     def _close(self, msg: CloseRequest) -> None:
         for rid in msg.request_ids:
             for name, ex in self.executors.items():
                 if not msg.nodes or name in msg.nodes:
                     ex.close(rid, kv_only=msg.kv_only)
             if not msg.kv_only:
+                self.opened.discard(rid)
                 self.values.pop(rid, None)
                 self.streams.free(rid)
                 self.kv_incoming = {k: e for k, e in self.kv_incoming.items() if k[0] != rid}
@@ -202,7 +262,12 @@ class Worker:
         if exported is None:
             log.warning("rank %d: no KV of request %d on %s to move", self.rank, msg.request_id, msg.node)
             exported = (KVState(request_id=msg.request_id, node=msg.node, num_tokens=0), {})
-        self.outbox.send(msg.dst_rank, *exported)
+        try:
+            self.outbox.send(msg.dst_rank, *exported)
+        except PeerUnreachableError as exc:   # the conductor fails the request now, naming the peer
+            log.error("rank %d: moving request %d's KV cache failed: %s", self.rank, msg.request_id, exc)
+            self.control.send(PeerUnreachable(rank=self.rank, peer=msg.dst_rank, endpoint=self.outbox.endpoint(
+                msg.dst_rank) or "", reason=str(exc), request_id=msg.request_id))
 
     def _receive_kv(self, node: str, item: WorkItem) -> None:
         """Wait for the item's KV cache from the rank that held it and hand it to the executor."""
@@ -327,23 +392,15 @@ class Worker:
             self.guard.stop()
 
 
-def tp_init_method(conductor: str) -> str:
-    """Where a tensor-parallel group meets: $MSTAR_TP_INIT, else the conductor's host at its port + 1."""
-    if os.environ.get("MSTAR_TP_INIT"):
-        return os.environ["MSTAR_TP_INIT"]
-    host, port = conductor.removeprefix("tcp://").rsplit(":", 1)
-    return f"tcp://{host}:{int(port) + 1}"
-
-
 def run_worker(plan_path: str, rank: int, conductor: str, weights: WeightOptions | None = None,
-               host: str = "127.0.0.1", key_file: str | None = None) -> None:
+               host: str | None = None, key_file: str | None = None, advertise: str | None = None) -> None:
     """Entry point of `mstar-run worker`: serve `rank` of the plan until told to shut down.
     `key_file` holds the rank's CURVE keys (`mstar-run keygen`); without it the worker speaks
     plain ZeroMQ, which a server (always CURVE) refuses."""
     keys = ClusterKeys.load(key_file) if key_file else None
     if keys is not None:
         keys.check_rank(rank)
-    worker = Worker(plan_path, rank, conductor, weights or WeightOptions(), host, keys)
+    worker = Worker(plan_path, rank, conductor, weights or WeightOptions(), host, keys, advertise)
     log.info("rank %d ready (pid %d)", rank, os.getpid())
     try:
         worker.serve()

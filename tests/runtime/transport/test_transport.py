@@ -46,7 +46,7 @@ def test_messages_are_typed_and_reject_garbage() -> None:
 
 def test_receive_is_zero_copy_over_zeromq() -> None:
     ctx = zmq.Context()
-    inbox = EdgeInbox(ctx, "127.0.0.1")
+    inbox = EdgeInbox(ctx, "127.0.0.1", "127.0.0.1")
     outbox = EdgeOutbox(ctx)
     outbox.set_peers({1: inbox.endpoint})
     t = torch.randn(64, 64)
