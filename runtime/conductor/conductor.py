@@ -30,7 +30,7 @@ from runtime.conductor.request import Request, RequestState
 from runtime.conductor.running import RunningSet
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
-from runtime.conductor.workers import WorkerSet
+from runtime.conductor.workers import RankLauncher, WorkerSet
 from runtime.weights.sources import WeightOptions
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKV, OpenRequest, Peers, Ready, RunBatch, Shutdown,
@@ -53,6 +53,7 @@ class ConductorConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prefix_cache: bool = True                 # reuse cached KV blocks of equal prompt prefixes across requests
     max_queue: int = 1024                     # requests waiting for admission; more are refused (QueueFull)
+    launcher: RankLauncher | None = None      # starts the local ranks elsewhere (runtime/cluster); None: subprocesses
 
 
 class QueueFull(RuntimeError):
@@ -103,7 +104,7 @@ class Conductor:
         self.queue = ConductorQueue(self.ctx, self.config.endpoint, keys)
         self.workers = WorkerSet(self.config.plan_path, self.queue.endpoint, len(self.plan.ranks),
                                  set(self.config.remote_ranks), self.config.weights, self.config.log_level,
-                                 key_files)
+                                 key_files, self.config.launcher)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]
         self.workers.start_local()

@@ -3,6 +3,8 @@ and remote workers that join by themselves (`mstar-run worker --conductor tcp://
 
 A rank is alive while its heartbeats arrive; a local rank is also dead the moment its
 process exits. The conductor polls `dead_ranks()` and restarts local ones with `restart()`.
+A `RankLauncher` (runtime/cluster: Ray actors) may start the local ranks elsewhere instead
+of as subprocesses here; the set watches what it returns as it watches a process.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from runtime.transport.messages import NodeInfo
 from runtime.weights.sources import WeightOptions
@@ -21,13 +24,51 @@ log = logging.getLogger(__name__)
 HEARTBEAT_TIMEOUT_S = 5.0
 
 
+class RankProcess(Protocol):
+    """What the set needs of a started worker: subprocess.Popen's poll / kill / wait."""
+
+    def poll(self) -> int | None: ...
+    def kill(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> int | None: ...   # raises subprocess.TimeoutExpired
+
+
+@dataclass(frozen=True)
+class RankLaunch:
+    """Everything starting one rank's worker takes, wherever it runs."""
+
+    rank: int
+    conductor: str            # the conductor's worker endpoint
+    plan_path: str            # plan.bin on this host
+    key_file: str | None      # the rank's 0600 CURVE key file on this host
+    weights: WeightOptions
+    log_level: str
+    threads: int              # torch intra-op threads
+    tp_init: str              # tensor-parallel rendezvous (MSTAR_TP_INIT)
+
+    def argv(self, plan_path: str | None = None, key_file: str | None = None, host: str | None = None) -> list[str]:
+        """`mstar-run worker` arguments; a launcher on another host passes its own copies' paths
+        and the address its peers reach it at."""
+        key = key_file or self.key_file
+        return ["--conductor", self.conductor, "--rank", str(self.rank), "--log-level", self.log_level,
+                *(["--key", key] if key else []), "--threads", str(self.threads),
+                *(["--host", host] if host else []), *self.weights.cli_args(), plan_path or self.plan_path]
+
+
+class RankLauncher(Protocol):
+    """Starts local ranks somewhere else than as subprocesses of this process."""
+
+    def start(self, launch: RankLaunch) -> RankProcess: ...
+    def describe(self) -> dict[str, Any]: ...   # where each rank runs, for /v1/models
+    def close(self) -> None: ...
+
+
 @dataclass
 class RankStatus:
     """What the conductor knows about one rank's worker."""
 
     rank: int
     is_local: bool
-    process: subprocess.Popen | None = None
+    process: RankProcess | None = None
     pid: int = 0
     peer_endpoint: str = ""
     is_ready: bool = False
@@ -40,7 +81,8 @@ class WorkerSet:
     """Every rank of the plan; starts the local ones as `mstar-run worker` subprocesses."""
 
     def __init__(self, plan_path: str, endpoint: str, num_ranks: int, remote: set[int],
-                 weights: WeightOptions, log_level: str, key_files: dict[int, str] | None = None) -> None:
+                 weights: WeightOptions, log_level: str, key_files: dict[int, str] | None = None,
+                 launcher: RankLauncher | None = None) -> None:
         self.plan_path = plan_path
         self.key_files = key_files or {}   # rank -> its 0600 key file (the path travels in argv, not the key)
         self.endpoint = endpoint
@@ -48,6 +90,7 @@ class WorkerSet:
         self.log_level = log_level
         self.ranks = {r: RankStatus(r, is_local=r not in remote) for r in range(num_ranks)}
         self.tp_init = os.environ.get("MSTAR_TP_INIT") or f"tcp://127.0.0.1:{_free_port()}"  # TP rendezvous
+        self.launcher = launcher
 
     def start_local(self) -> None:
         for status in self.ranks.values():
@@ -55,13 +98,13 @@ class WorkerSet:
                 self._spawn(status)
 
     def _spawn(self, status: RankStatus) -> None:
-        cmd = [sys.executable, "-m", "runtime.cli", "worker", "--conductor", self.endpoint,
-               "--rank", str(status.rank), "--log-level", self.log_level, self.plan_path]
-        cmd += self.weights.cli_args()
-        if status.rank in self.key_files:
-            cmd += ["--key", self.key_files[status.rank]]
-        cmd += ["--threads", str(self.threads_per_worker())]
-        status.process = subprocess.Popen(cmd, env={**os.environ, "MSTAR_TP_INIT": self.tp_init})
+        launch = RankLaunch(status.rank, self.endpoint, self.plan_path, self.key_files.get(status.rank), self.weights,
+                            self.log_level, self.threads_per_worker(), self.tp_init)
+        if self.launcher is not None:
+            status.process = self.launcher.start(launch)
+        else:
+            status.process = subprocess.Popen([sys.executable, "-m", "runtime.cli", "worker", *launch.argv()],
+                                              env={**os.environ, "MSTAR_TP_INIT": self.tp_init})
         status.is_ready = False
         status.last_seen = time.monotonic()
 
@@ -100,6 +143,8 @@ class WorkerSet:
                 except subprocess.TimeoutExpired:
                     status.process.kill()
                     status.process.wait()
+        if self.launcher is not None:
+            self.launcher.close()
 
 
 def _free_port() -> int:
