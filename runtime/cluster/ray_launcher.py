@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
+import socket
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +32,7 @@ from runtime.conductor.workers import RankLaunch
 
 log = logging.getLogger(__name__)
 LOOPBACK = ("127.", "localhost", "[::1]")
+PROBE_TIMEOUT_S = 5.0    # ray.init retries a silent address for good; a plain TCP connect says so in seconds
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,25 @@ def _import_ray() -> Any:
         raise ClusterError("--ray needs Ray on this host and on every node of the cluster: "
                            "pip install 'mstar[cluster]' (ray==2.60.0)") from None
     return ray
+
+
+def _probe(address: str) -> None:
+    """A host:port address must answer a TCP connect (ray:// client addresses and "" are left to Ray)."""
+    host, _, port = address.rpartition(":")
+    if not host or "://" in address:
+        return
+    try:
+        socket.create_connection((host, int(port)), PROBE_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"--ray {address}: no Ray head answers there ({exc}); start one with `ray start --head` "
+                           "or pass its host:port (`ray status` on the head prints it)") from None
+
+
+def reachable_endpoint(endpoint: str, node_ip: str) -> str:
+    """The conductor's endpoint as actors on every node reach it: a loopback host becomes `node_ip`."""
+    scheme, _, hostport = endpoint.partition("://")
+    host, _, port = hostport.rpartition(":")
+    return f"{scheme}://{node_ip}:{port}" if host.startswith(LOOPBACK) else endpoint
 
 
 class RayRank:
@@ -107,6 +129,7 @@ class RayLauncher:
     def __init__(self, options: RayOptions, plan: Plan, plan_path: str) -> None:
         self.ray = _import_ray()
         self.options = options
+        _probe(os.environ.get("RAY_ADDRESS", "") if options.address == "auto" else options.address)
         try:
             self.ray.init(address=options.address, namespace="mstar", logging_level=logging.WARNING)
         except (ConnectionError, ValueError, RuntimeError) as exc:
@@ -138,9 +161,7 @@ class RayLauncher:
 
     def conductor_endpoint(self, endpoint: str) -> str:
         """Where actors on every node reach the conductor: a loopback endpoint becomes this node's Ray IP."""
-        scheme, _, hostport = endpoint.partition("://")
-        host, _, port = hostport.rpartition(":")
-        return f"{scheme}://{self.node_ip}:{port}" if host.startswith(LOOPBACK) else endpoint
+        return reachable_endpoint(endpoint, self.node_ip)
 
     def start(self, launch: RankLaunch) -> RayRank:
         """A fresh actor for `launch.rank` in its bundle, running the rank's worker."""
