@@ -132,6 +132,16 @@ class WorkerSet:
             log.warning("restarting worker of rank %d (restart %d)", rank, status.restarts)
             self._spawn(status)
 
+    def placement(self) -> dict[str, Any] | None:
+        """Where the launcher put each rank, with the inbox address the rank advertises to its peers
+        (None without a launcher)."""
+        if self.launcher is None:
+            return None
+        out = self.launcher.describe()
+        for rank, info in out["ranks"].items():
+            info["inbox"] = self.ranks[int(rank)].peer_endpoint
+        return out
+
     def ready_ranks(self) -> set[int]:
         return {r for r, s in self.ranks.items() if s.is_ready}
 

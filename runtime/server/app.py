@@ -181,7 +181,7 @@ class MstarServer:
                 "ranks": {str(r): {n.name: {"params": n.num_params} for n in s.nodes}
                           for r, s in sorted(self.conductor.workers.ranks.items())}}
         if self.launcher is not None:    # where the cluster manager put each rank
-            card["cluster"] = self.launcher.describe()
+            card["cluster"] = self.conductor.workers.placement()
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics_route(self, request: web.Request) -> web.Response:

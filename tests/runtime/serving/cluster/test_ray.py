@@ -177,8 +177,10 @@ def test_bagel_cfg_parallel_spread_over_two_nodes(cluster, references, tmp_path)
         card = server.card()
         ranks = card["cluster"]["ranks"]
         assert card["placement"] == "cfg_parallel" and sorted(ranks) == ["0", "1", "2"]
+        assert [sorted(card["ranks"][r]) for r in ("1", "2")] == [["llm_cfg_text"], ["llm_cfg_img"]]
         hosts = {r: cluster.host_of(info["pid"]) for r, info in ranks.items()}
         assert all(ranks[r]["node_ip"] == cluster.net.address(h) for r, h in hosts.items()), (ranks, hosts)
+        assert all(info["inbox"].startswith(f"tcp://{info['node_ip']}:") for info in ranks.values()), "Ray's node IP"
         assert set(hosts.values()) == {0, 1}, "SPREAD puts the three ranks on both nodes"
         assert {info["bundle"]["CPU"] for info in ranks.values()} == {1.0}
 
