@@ -118,9 +118,10 @@ class RayRank:
         return self.poll()
 
     def where(self) -> dict[str, Any]:
-        if self._where.done() and self._where.exception() is None:
-            return self._where.result()
-        return {"state": "starting"}
+        """The actor's node and pid once it answered; its state until then."""
+        if not self._where.done():
+            return {"state": "starting"}
+        return {"state": "ended"} if self._where.exception() is not None else self._where.result()
 
 
 class RayLauncher:
