@@ -43,7 +43,6 @@ class RankLaunch:
     weights: WeightOptions
     log_level: str
     threads: int              # torch intra-op threads
-    tp_init: str              # tensor-parallel rendezvous (MSTAR_TP_INIT)
 
     def argv(self, plan_path: str | None = None, key_file: str | None = None, host: str | None = None) -> list[str]:
         """`mstar-run worker` arguments; a launcher on another host passes its own copies' paths
@@ -99,7 +98,7 @@ class WorkerSet:
 
     def _spawn(self, status: RankStatus) -> None:
         launch = RankLaunch(status.rank, self.endpoint, self.plan_path, self.key_files.get(status.rank), self.weights,
-                            self.log_level, self.threads_per_worker(), self.tp_init)
+                            self.log_level, self.threads_per_worker())
         if self.launcher is not None:
             status.process = self.launcher.start(launch)
         else:

@@ -61,7 +61,7 @@ def test_a_rank_asks_for_its_weights_memory_and_a_gpu_only_where_there_are_gpus(
 
 def test_an_actor_runs_the_worker_with_its_own_copies_and_its_node_address() -> None:
     launch = RankLaunch(2, "tcp://10.0.0.1:5555", "/srv/plan.bin", "/srv/keys/rank-2.json",
-                        WeightOptions(("/w",), False), "info", 1, "tcp://127.0.0.1:29500")
+                        WeightOptions(("/w",), False), "info", 1)
     here = launch.argv()
     assert here[:4] == ["--conductor", "tcp://10.0.0.1:5555", "--rank", "2"]
     assert "/srv/keys/rank-2.json" in here and here[-1] == "/srv/plan.bin" and "--host" not in here
