@@ -28,7 +28,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.netns import Network, make_network
+from tests.netns import Network, require_netns
 from tests.runtime.serving.bagel.conftest import client_of, generate, pixels
 from tests.runtime.serving.conftest import REPO, Server, compile_plan, http
 from tests.runtime.serving.speech.conftest import ORPHEUS
@@ -131,9 +131,10 @@ def references(tmp_path_factory) -> Iterator[dict[str, Server]]:
 def cluster() -> Iterator[Cluster]:
     """Always torn down, failure included: every process of both hosts is killed by pid (the
     Network does it; `ray stop --force` would end every Ray process of the machine, by name)."""
+    require_netns()
     temp_dir = tempfile.mkdtemp(prefix="mray")   # short: Ray's socket paths must fit in 107 bytes
     try:
-        for net in make_network(2, "10.203.0"):
+        with Network(2, "10.203.0") as net:       # a `ray start` that fails still has its processes ended here
             made = Cluster(net, temp_dir)
             try:
                 yield made
