@@ -23,7 +23,7 @@ $(VENV)/.installed: $(BIN)/python setup.cfg
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed tests/plugins/mstar_audio_gain/pyproject.toml
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,cluster]'   # cluster: Ray for the --ray tests (~10 s, ~240 MB)
 	$(BIN)/pip install -q -e tests/plugins/mstar_audio_gain   # example plugin: adds kind audio_gain
 	touch $@
 

@@ -4,6 +4,7 @@
                        [--weights ROOT] [--weights REPO=DIR] [--random-weights]
                        [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2 --keys DIR]
                        [--batch-invariant] [--no-prefix-cache]
+                       [--ray [ADDRESS] [--ray-cpus-per-rank 1] [--ray-strategy PACK]]   # ranks as Ray actors
     mstar-run worker --conductor tcp://HOST:PORT --rank R --key rank-R.json plan.bin [--weights ROOT ...]
                      [--host BIND] [--advertise ADDRESS]
     mstar-run keygen --ranks N --out DIR      CURVE keys for a cluster with remote ranks (server `--keys DIR`)
@@ -18,8 +19,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from mstar_compiler.plan import PlanFormatError
+from runtime.cluster import ClusterError
 
 if TYPE_CHECKING:
+    from runtime.cluster.ray_launcher import RayOptions
     from runtime.weights.sources import WeightOptions
 
 
@@ -57,7 +60,24 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="cut prompts longer than this into chunks that run in the same batches as the decoding "
                         "requests, so streams keep flowing while a long prompt prefills (0: whole prompts)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _ray_args(p)
     return p
+
+
+def _ray_args(p: argparse.ArgumentParser) -> None:
+    from runtime.cluster.bundles import STRATEGIES
+    p.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                   help="start each rank in a Ray actor on a running Ray cluster (ADDRESS: its head's host:port; "
+                        "without it $RAY_ADDRESS or the cluster on this host); needs `pip install mstar[cluster]`")
+    p.add_argument("--ray-cpus-per-rank", type=float, default=1.0, help="CPUs each rank's actor reserves")
+    p.add_argument("--ray-strategy", default="PACK", choices=STRATEGIES,
+                   help="how ranks outside a tensor-parallel group spread over the nodes (a TP group always "
+                        "shares one node)")
+
+
+def _ray_options(args: argparse.Namespace) -> RayOptions | None:
+    from runtime.cluster.ray_launcher import RayOptions
+    return None if args.ray is None else RayOptions(args.ray, args.ray_cpus_per_rank, args.ray_strategy)
 
 
 def _worker_parser() -> argparse.ArgumentParser:
@@ -150,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
                            remote_ranks=remote, request_timeout_s=args.request_timeout,
                            batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
-                           prefill_chunk_tokens=args.prefill_chunk, keys_dir=args.keys))
+                           prefill_chunk_tokens=args.prefill_chunk, keys_dir=args.keys, ray=_ray_options(args)))
         return 0
-    except PlanFormatError as exc:
+    except (PlanFormatError, ClusterError) as exc:
         print(f"mstar-run: {exc}", file=sys.stderr)
         return 2
     except (FileNotFoundError, ValueError) as exc:

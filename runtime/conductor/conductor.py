@@ -32,7 +32,7 @@ from runtime.conductor.request import Request, RequestState
 from runtime.conductor.running import RunningSet
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
-from runtime.conductor.workers import WorkerSet
+from runtime.conductor.workers import RankLauncher, WorkerSet
 from runtime.weights.sources import WeightOptions
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKV, OpenRequest, PeerUnreachable, Peers, Ready,
@@ -58,6 +58,7 @@ class ConductorConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prefix_cache: bool = True                 # reuse cached KV blocks of equal prompt prefixes across requests
     max_queue: int = 1024                     # requests waiting for admission; more are refused (QueueFull)
+    launcher: RankLauncher | None = None      # starts the local ranks elsewhere (runtime/cluster); None: subprocesses
 
 
 class QueueFull(RuntimeError):
@@ -108,7 +109,7 @@ class Conductor:
         self.queue = ConductorQueue(self.ctx, self.config.endpoint, keys)
         self.workers = WorkerSet(self.config.plan_path, self.queue.endpoint, len(self.plan.ranks),
                                  set(self.config.remote_ranks), self.config.weights, self.config.log_level,
-                                 key_files, self.config.worker_host)
+                                 key_files, self.config.worker_host, self.config.launcher)
         self.joining = Joining(self.plan, self.workers, self._send)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]

@@ -6,6 +6,8 @@ process exits. The conductor polls `dead_ranks()` and restarts local ones with `
 a remote one is given up (`is_given_up`) until it speaks again, then asked to rejoin.
 Local workers bind and advertise the server's `--host` (loopback by default), so what they
 announce is what ranks on other hosts can dial when the server listens on a network address.
+A `RankLauncher` (runtime/cluster: Ray actors) may start the local ranks elsewhere instead
+of as subprocesses here; the set watches what it returns as it watches a process.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from runtime.transport.messages import NodeInfo
 from runtime.weights.sources import WeightOptions
@@ -23,13 +26,50 @@ log = logging.getLogger(__name__)
 HEARTBEAT_TIMEOUT_S = 5.0
 
 
+class RankProcess(Protocol):
+    """What the set needs of a started worker: subprocess.Popen's poll / kill / wait."""
+
+    def poll(self) -> int | None: ...
+    def kill(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> int | None: ...   # raises subprocess.TimeoutExpired
+
+
+@dataclass(frozen=True)
+class RankLaunch:
+    """Everything starting one rank's worker takes, wherever it runs."""
+
+    rank: int
+    conductor: str            # the conductor's worker endpoint
+    plan_path: str            # plan.bin on this host
+    key_file: str | None      # the rank's 0600 CURVE key file on this host
+    weights: WeightOptions
+    log_level: str
+    threads: int              # torch intra-op threads
+
+    def argv(self, plan_path: str | None = None, key_file: str | None = None, host: str | None = None) -> list[str]:
+        """`mstar-run worker` arguments; a launcher on another host passes its own copies' paths
+        and the address its peers reach it at."""
+        key = key_file or self.key_file
+        return ["--conductor", self.conductor, "--rank", str(self.rank), "--log-level", self.log_level,
+                *(["--key", key] if key else []), "--threads", str(self.threads),
+                *(["--host", host] if host else []), *self.weights.cli_args(), plan_path or self.plan_path]
+
+
+class RankLauncher(Protocol):
+    """Starts local ranks somewhere else than as subprocesses of this process."""
+
+    def start(self, launch: RankLaunch) -> RankProcess: ...
+    def describe(self) -> dict[str, Any]: ...   # where each rank runs, for /v1/models
+    def close(self) -> None: ...
+
+
 @dataclass
 class RankStatus:
     """What the conductor knows about one rank's worker."""
 
     rank: int
     is_local: bool
-    process: subprocess.Popen | None = None
+    process: RankProcess | None = None
     pid: int = 0
     peer_endpoint: str = ""
     tp_port: int = 0               # lead of a TP group: the port it reserved for the rendezvous
@@ -47,7 +87,7 @@ class WorkerSet:
 
     def __init__(self, plan_path: str, endpoint: str, num_ranks: int, remote: set[int],
                  weights: WeightOptions, log_level: str, key_files: dict[int, str] | None = None,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", launcher: RankLauncher | None = None) -> None:
         self.plan_path = plan_path
         self.host = host   # the server's --host: where local workers bind and what they advertise
         self.key_files = key_files or {}   # rank -> its 0600 key file (the path travels in argv, not the key)
@@ -55,6 +95,7 @@ class WorkerSet:
         self.weights = weights
         self.log_level = log_level
         self.ranks = {r: RankStatus(r, is_local=r not in remote) for r in range(num_ranks)}
+        self.launcher = launcher
 
     def start_local(self) -> None:
         for status in self.ranks.values():
@@ -62,13 +103,13 @@ class WorkerSet:
                 self._spawn(status)
 
     def _spawn(self, status: RankStatus) -> None:
-        cmd = [sys.executable, "-m", "runtime.cli", "worker", "--conductor", self.endpoint,
-               "--rank", str(status.rank), "--host", self.host, "--log-level", self.log_level, self.plan_path]
-        cmd += self.weights.cli_args()
-        if status.rank in self.key_files:
-            cmd += ["--key", self.key_files[status.rank]]
-        cmd += ["--threads", str(self.threads_per_worker())]
-        status.process = subprocess.Popen(cmd)
+        launch = RankLaunch(status.rank, self.endpoint, self.plan_path, self.key_files.get(status.rank), self.weights,
+                            self.log_level, self.threads_per_worker())
+        if self.launcher is not None:
+            status.process = self.launcher.start(launch)   # the launcher's worker advertises its own node's address
+        else:
+            status.process = subprocess.Popen([sys.executable, "-m", "runtime.cli", "worker",
+                                               *launch.argv(host=self.host)])
         status.is_ready = False
         status.last_seen = time.monotonic()
 
@@ -98,6 +139,16 @@ class WorkerSet:
             log.warning("restarting worker of rank %d (restart %d)", rank, status.restarts)
             self._spawn(status)
 
+    def placement(self) -> dict[str, Any] | None:
+        """Where the launcher put each rank, with the inbox address the rank advertises to its peers
+        (None without a launcher)."""
+        if self.launcher is None:
+            return None
+        out = self.launcher.describe()
+        for rank, info in out["ranks"].items():
+            info["inbox"] = self.ranks[int(rank)].peer_endpoint
+        return out
+
     def ready_ranks(self) -> set[int]:
         return {r for r, s in self.ranks.items() if s.is_ready}
 
@@ -109,6 +160,8 @@ class WorkerSet:
                 except subprocess.TimeoutExpired:
                     status.process.kill()
                     status.process.wait()
+        if self.launcher is not None:
+            self.launcher.close()
 
 
 def threads_per_local_worker(num_local: int) -> int:

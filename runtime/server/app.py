@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from aiohttp import web
 
 from mstar_compiler.plan import Plan, load_plan
+from runtime.cluster.ray_launcher import RayLauncher, RayOptions
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import Request
 from runtime.conductor.scheduler import SchedulerConfig
@@ -60,6 +61,7 @@ class ServerConfig:
     prefix_cache: bool = True            # reuse the KV blocks of equal prompt prefixes across requests
     prefill_chunk_tokens: int = 256      # prompt tokens per prefill chunk (0: whole prompts)
     drain_timeout_s: float = 30.0
+    ray: RayOptions | None = None        # --ray: the ranks run as actors on a Ray cluster
 
 
 class MstarServer:
@@ -76,9 +78,11 @@ class MstarServer:
         self.random_nodes = sorted(name for name, w in self.weights.items() if w.kind == "random")
         if self.random_nodes:
             log.warning("RANDOM WEIGHTS (seeded, not a checkpoint) for nodes: %s", ", ".join(self.random_nodes))
+        self.launcher = RayLauncher(config.ray, self.plan, config.plan_path) if config.ray else None
         self.conductor = Conductor(self.plan, ConductorConfig(
-            plan_path=config.plan_path, endpoint=config.worker_endpoint, worker_host=config.host,
-            remote_ranks=config.remote_ranks,
+            plan_path=config.plan_path, worker_host=config.host, remote_ranks=config.remote_ranks,
+            launcher=self.launcher,
+            endpoint=self.launcher.conductor_endpoint(config.worker_endpoint) if self.launcher else config.worker_endpoint,
             keys_dir=config.keys_dir, max_queue=config.max_queue,
             weights=config.weights, log_level=config.log_level,
             scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant,
@@ -181,6 +185,8 @@ class MstarServer:
                 "dtype": {n.name: n.dtype for n in self.plan.nodes},
                 "ranks": {str(r): {n.name: {"params": n.num_params} for n in s.nodes}
                           for r, s in sorted(self.conductor.workers.ranks.items())}}
+        if self.launcher is not None:    # where the cluster manager put each rank
+            card["cluster"] = self.conductor.workers.placement()
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics_route(self, request: web.Request) -> web.Response:
