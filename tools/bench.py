@@ -4,7 +4,7 @@
     python tools/bench.py --list            # suites and what they compare
     python tools/bench.py --render          # re-render table and plots from saved JSON
 
-Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix (default: all). Each run writes
+Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound (default: all). Each run writes
 bench-results/<suite>-<time>.json; then bench-results/latest.md (the markdown table of
 the newest run of every suite) and bench-results/plots/*.png are rendered from the saved
 JSON. Sides alternate A B A B...; figures are medians with [min-max] over the rounds.
@@ -33,6 +33,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results", help="results directory")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of in-process sides (default: torch's; 1 on a busy shared machine)")
+    parser.add_argument("--vllm", type=Path, default=None,
+                        help="vLLM CPU peer: its venv's bin/vllm (or bin/python, or the venv) "
+                             "(default: .bench/vllm-venv of tools/setup_vllm_cpu.sh)")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     parser.add_argument("--render", action="store_true", help="only re-render table and plots")
     return parser.parse_args(argv)
@@ -44,7 +47,7 @@ def run_suite(name: str, args: argparse.Namespace, command: str) -> results.RunR
     if args.threads is not None:
         import torch
         torch.set_num_threads(args.threads)
-    ctx = Context(rounds=args.rounds, quick=args.quick, root=ROOT, threads=args.threads)
+    ctx = Context(rounds=args.rounds, quick=args.quick, root=ROOT, threads=args.threads, vllm=args.vllm)
     record = results.RunRecord(name, suite.title, command, args.rounds, results.now(),
                                machine=results.machine_info(ROOT))
     try:
