@@ -4,7 +4,7 @@
     python tools/bench.py --list            # suites and what they compare
     python tools/bench.py --render          # re-render table and plots from saved JSON
 
-Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound (default: all). Each run writes
+Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound, threads (default: all). Each run writes
 bench-results/<suite>-<time>.json; then bench-results/latest.md (the markdown table of
 the newest run of every suite) and bench-results/plots/*.png are rendered from the saved
 JSON. Sides alternate A B A B...; figures are medians with [min-max] over the rounds.
