@@ -13,16 +13,23 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import shlex
 import signal
 import sys
 import traceback
 from pathlib import Path
 
-from bench import plots, report, results
-from bench.registry import Context, Needs, suites
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from runtime.worker.openmp import passive_waits  # noqa: E402
+
+# in-process sides (bare decode loops, HF generate) get the OpenMP settings of a worker, so
+# they are not the ones a neighbour's load stalls (runtime/worker/openmp.py)
+passive_waits(os.environ)
+
+from bench import plots, report, results  # noqa: E402
+from bench.registry import Context, Needs, suites  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
