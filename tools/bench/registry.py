@@ -16,7 +16,8 @@ from tqdm import tqdm
 from bench.abab import Measure, Samples, alternate
 from bench.results import Row
 
-SUITE_ORDER = ("chat", "rollout", "cfg", "tts", "stack", "sched", "linear", "speech", "prefix", "bound", "threads")  # the order, then ours
+# the order, then ours
+SUITE_ORDER = ("chat", "rollout", "cfg", "tts", "stack", "sched", "linear", "speech", "prefix", "bound", "threads")
 
 
 class Needs(Exception):
