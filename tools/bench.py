@@ -3,6 +3,7 @@
     python tools/bench.py [suite ...] [--rounds N] [--quick] [--out bench-results]
     python tools/bench.py --list            # suites and what they compare
     python tools/bench.py --render          # re-render table and plots from saved JSON
+    python tools/bench.py chat --vllm /work/vllm-venv/bin/vllm   # the vLLM peer from its own venv
 
 Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound, threads (default: all). Each run writes
 bench-results/<suite>-<time>.json; then bench-results/latest.md (the markdown table of
