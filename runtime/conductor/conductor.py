@@ -210,7 +210,9 @@ class Conductor:
         tensors = {}
         for e in batch.entries:
             req = e.request
-            for rank in batch.group:
+            # every rank this Run reaches is opened first: a worker refuses anything of a request it was not opened for
+            pushed_to = {r.rank for r in e.item.routes} | {s.rank for s in e.item.stream_out}
+            for rank in sorted(set(batch.group) | pushed_to):
                 if rank not in req.ranks_opened:
                     self._send(rank, OpenRequest(request_id=req.request_id, params=_scalars(req.params)))
                     req.ranks_opened.add(rank)

@@ -3,8 +3,10 @@ by `mstar-run`, streams read with the official `openai` client): the request tha
 fails alone with an OpenAI error, its batch neighbours finish with their outputs as alone, and the
 server goes on serving from the same worker process.
 
-The trigger is genuine, not planted: `/v1/tasks/chat` admits a request with no input tokens, and
-the LM node's attention metadata refuses a query of length 0 while the batch runs on the worker.
+The triggers are genuine, not planted: `/v1/tasks/chat` admits a request with no input tokens,
+and the LM node's attention metadata refuses a query of length 0 while the batch runs on the
+worker; it admits `top_p: 0` (the graph's bound), which the LM executor's sampling params refuse
+when the worker opens the request (that used to kill the worker, and every request on it).
 """
 from __future__ import annotations
 
@@ -18,8 +20,12 @@ from tests.runtime.serving.conftest import Server, compile_plan, http, serve
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = ["Tell me about ships.", "Count to ten.", "Name a colour."]
-MAX_TOKENS = 160     # long enough that the broken request arrives while all three decode
-EMPTY_PROMPT = {"params": {"max_tokens": 4}, "inputs": []}
+MAX_TOKENS = 96     # long enough that the broken request arrives while all three decode
+BAD = {  # request body -> what its error message says
+    "empty prompt": ({"params": {"max_tokens": 4}, "inputs": []}, "query length 0"),
+    "top_p 0": ({"params": {"max_tokens": 4, "temperature": 1.0, "top_p": 0.0},
+                 "inputs": [{"type": "tokens", "ids": [1, 2, 3]}]}, "top_p"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -58,21 +64,27 @@ async def _goods_beside_a_bad(server: Server, bad: dict) -> tuple[list[str], tup
     return goods, answer
 
 
-def _alone(server: Server) -> list[str]:
+def _alone(server: Server, prompts: list[str] = PROMPTS) -> list[str]:
     async def run() -> list[str]:
         client = _client(server)
-        return [await _stream(client, p, {}) for p in PROMPTS]
+        return [await _stream(client, p, {}) for p in prompts]
     return asyncio.run(run())
 
 
-def test_a_node_raising_for_one_request_fails_it_alone(server: Server) -> None:
-    alone = _alone(server)
+@pytest.fixture(scope="module")
+def alone(server: Server) -> list[str]:
+    return _alone(server)
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_a_node_raising_for_one_request_fails_it_alone(server: Server, alone: list[str], name: str) -> None:
+    bad, says = BAD[name]
     pid = http("GET", f"{server.url}/health")[1]["worker_pids"]["0"]
     split_before = server.metric("mstar_split_batches")
-    goods, (status, body) = asyncio.run(_goods_beside_a_bad(server, EMPTY_PROMPT))
+    goods, (status, body) = asyncio.run(_goods_beside_a_bad(server, bad))
     assert status == 500 and body["error"]["code"] == "worker_failed", (status, body)
-    assert "query length 0" in body["error"]["message"], body
+    assert says in body["error"]["message"] and set(body["error"]) == {"message", "type", "param", "code"}, body
     assert server.metric("mstar_split_batches") > split_before, "the broken request never shared a batch"
     assert goods == alone
     assert http("GET", f"{server.url}/health")[1]["worker_pids"]["0"] == pid     # the same worker process
-    assert _alone(server) == alone
+    assert _alone(server, PROMPTS[:1]) == alone[:1]                               # and serves on
