@@ -86,6 +86,7 @@ class Conductor:
         self.live = LiveState()                        # batch counters for /v1/state
         self.worker_stats: dict[int, Heartbeat] = {}   # latest heartbeat numbers per rank
         self.replies = ReplyCheck()                     # drops replies that answer nothing sent
+        self.split_batches = 0                          # shared batches that failed: their requests retried alone
         self.requests: dict[int, Request] = {}
         self.scheduler = Scheduler(self.index, self.ledger, config.scheduler, self._preempt, self.requests.__getitem__,
                                    self.streams)
@@ -220,7 +221,9 @@ class Conductor:
         tensors = {}
         for e in batch.entries:
             req = e.request
-            for rank in batch.group:
+            # every rank this Run reaches is opened first: a worker refuses anything of a request it was not opened for
+            pushed_to = {r.rank for r in e.item.routes} | {s.rank for s in e.item.stream_out}
+            for rank in sorted(set(batch.group) | pushed_to):
                 if rank not in req.ranks_opened:
                     self._send(rank, OpenRequest(request_id=req.request_id, params=req.params))
                     req.ranks_opened.add(rank)
@@ -403,6 +406,7 @@ class Conductor:
         if len(flight.batch.entries) > 1 and all(can_retry_alone(e) for e in entries):
             log.warning("a batch of %d on %s failed (%s): its requests retry one by one",
                         len(entries), flight.batch.node, msg.message)
+            self.split_batches += 1
             for entry in entries:
                 retry_alone(entry)
                 self._preempt(entry.request)
@@ -489,4 +493,4 @@ class Conductor:
         dropped = {"conductor": self.replies.dropped,
                    **{f"rank-{r}": beat.dropped_messages for r, beat in self.worker_stats.items()}}
         return {"waiting": len(self.waiting), "running": len(self.running), "kv_usage": self.ledger.usage(),
-                "dropped": dropped, **self.scheduler.stats()}
+                "dropped": dropped, "split_batches": self.split_batches, **self.scheduler.stats()}

@@ -10,8 +10,10 @@ it runs its own `KVBlockManager` with prefix caching over the same token ids, in
 order as the worker (grows in batch order, `commit` once the pass's batches are formed:
 the worker commits after their forward, before any later batch of that pool or any close
 sent after them), so both hold the same cached chains. `grow` returns the prompt tokens the
-worker will reuse (`WorkItem.cached`); a worker that does not hold them fails the batch
-loudly (`PrefixOutOfStep`) instead of computing on the wrong blocks.
+worker will reuse (`WorkItem.cached`), for a request's first Run and for each later chunk of
+its prompt; `cached_prefix` says beforehand how many of them a Run of `tokens` would reuse.
+A worker that does not hold them fails the batch loudly (`PrefixOutOfStep`) instead of
+computing on the wrong blocks.
 """
 from __future__ import annotations
 
@@ -53,6 +55,10 @@ class KVPoolLedger:
         self.peak_blocks = max(self.peak_blocks, self.used_blocks)
         return 0
 
+    def cached_prefix(self, request_id: int, tokens: Sequence[int]) -> int:
+        """Leading `tokens` (the request's next ones) a Run would reuse from the cache: none here."""
+        return 0
+
     def commit(self) -> None:
         return None
 
@@ -86,12 +92,15 @@ class PrefixPoolLedger(KVPoolLedger):
         return self.mirror.allocator.stats
 
     def _reuse(self, request_id: int, tokens: Sequence[int] | None) -> int:
-        if request_id in self.mirror or tokens is None:
+        if tokens is None:
             return 0
-        return self.mirror.prefix_hit(tokens)
+        return self.mirror.prefix_hit(tokens, after=request_id if request_id in self.mirror else None)
+
+    def cached_prefix(self, request_id: int, tokens: Sequence[int]) -> int:
+        return self._reuse(request_id, tokens)
 
     def needed(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
-        if request_id in self.mirror:
+        if request_id in self.mirror:    # an upper bound when a later chunk reuses cached blocks
             return super().needed(request_id, n_new)
         return self.mirror.blocks_needed(n_new, tokens, self._reuse(request_id, tokens))
 
@@ -101,7 +110,7 @@ class PrefixPoolLedger(KVPoolLedger):
     def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
         reuse = self._reuse(request_id, tokens)
         if request_id in self.mirror:
-            self.mirror.append(request_id, n_new, tokens)
+            self.mirror.append(request_id, n_new, tokens, reuse)
         else:
             self.mirror.allocate(request_id, n_new, tokens, reuse)
         self._grown.add(request_id)

@@ -52,7 +52,7 @@ class PlannedBatch:
     node: str
     entries: list[Entry] = field(default_factory=list)
     group: list[int] = field(default_factory=list)     # every rank that runs it, lead first ([rank] without TP)
-    num_tokens: int = 0                                # new tokens of all its entries
+    num_tokens: int = 0                                # tokens its entries compute (cached ones are reused)
 
     def __post_init__(self) -> None:
         self.group = self.group or [self.rank]
@@ -157,7 +157,7 @@ class Scheduler:
                 self.admitted.append(req)
                 admitting = False
             batch.entries.append(entry)
-            batch.num_tokens += len(entry.item.tokens)
+            batch.num_tokens += len(entry.item.tokens) - entry.item.cached
             if len(batch.entries) >= self._max_batch(pending.run.node):
                 self._open.discard(key)
             if self.streams is not None:
@@ -175,12 +175,13 @@ class Scheduler:
         """Room in the pool for the item's tokens (and `moved` tokens of a cache moving here)."""
         pool = self.ledger.pool(rank, batch.node)
         n_new = len(entry.item.tokens)
-        if n_new + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
-            return False
+        tokens = entry.item.tokens if not moved else None    # a moved cache's contents are not hashed
+        cached = pool.cached_prefix(req.request_id, tokens) if pool is not None and tokens is not None else 0
+        if n_new - cached + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
+            return False    # only computed tokens count: cached ones cost the forward nothing
         if pool is None:
             return True
         n_new += moved
-        tokens = entry.item.tokens if not moved else None    # a moved cache's contents are not hashed
         if not pool.fits_alone(req.request_id, n_new):
             self._reject(req, pool.tokens.get(req.request_id, 0) + n_new, batch, pool)
             return False
@@ -199,12 +200,18 @@ class Scheduler:
     def _chunk(self, req: Request, entry: Entry, rank: int) -> None:
         """Cut the entry's prompt to its next chunk when it is prefilled in chunks."""
         node, item, size = entry.pending.run.node, entry.item, self.config.prefill_chunk_tokens
-        if node not in req.prefill_rest:
+        is_first = node not in req.prefill_rest
+        if is_first:
             is_recompute = req.kv_fed.get(node, 0) == 0 and bool(req.kv_history.get(node))
             if (size <= 0 or len(item.tokens) <= size or (rank, node) not in self.chunked_prefill or is_recompute
                     or item.inputs or entry.tensors or item.routes or item.emit or entry.kv_from is not None
                     or not self.index.can_chunk_prefill(node)):
                 return
+        pool = self.ledger.pool(rank, node)
+        if pool is not None:     # cached tokens cost no compute: a chunk takes them on top of its size
+            size += pool.cached_prefix(req.request_id, req.prefill_rest.get(node, item.tokens))
+        if is_first and len(item.tokens) <= size:
+            return
         item.tokens, item.partial = req.next_prefill_chunk(node, item.tokens, size)
 
     def _is_waiting(self, request_id: int) -> bool:

@@ -18,6 +18,9 @@ Prefix caching (`prefix_root` given; runtime/kv/prefix_cache.py): `allocate` and
 cached in full blocks, `allocate(..., reuse=n)` shares those blocks instead of computing
 them, and `commit(req)` after the forward makes the request's newly filled blocks
 findable. A table whose tokens are unknown (given without ids) never caches a block.
+A request's later prompt chunks look up too: `prefix_hit(tokens, after=req)` continues the
+chain of a request whose tokens so far all sit in keyed full blocks (its chunks so far ended
+on block boundaries and were committed), and `append(req, n, tokens, reuse=k)` shares those.
 
 Invariant: a block's reference count equals the number of block tables that hold it;
 full shared blocks are never written (tokens are only appended), so only a partly
@@ -72,25 +75,36 @@ class KVBlockManager:
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def prefix_hit(self, tokens: Sequence[int]) -> int:
+    def _chain_end(self, after: RequestId | None) -> Key | None:
+        """The key `tokens` chain from: the root for a new request; for `after`, its last block's
+        key when every token it holds sits in a keyed full block, else None (no lookup)."""
+        if self.prefix_root is None or after is None:
+            return self.prefix_root
+        table = self._tables[after]
+        if table.pending != [] or len(table.keys) != len(table.blocks):
+            return None
+        return table.keys[-1] if table.keys else self.prefix_root
+
+    def prefix_hit(self, tokens: Sequence[int], after: RequestId | None = None) -> int:
         """Leading tokens of `tokens` held in cached full blocks, leaving at least one to compute
-        (the forward must produce the last token's logits); 0 without prefix caching."""
-        if self.prefix_root is None or not tokens:
+        (the forward must produce the last token's logits); 0 without prefix caching. `after`: a
+        request that holds tokens already, which `tokens` continue."""
+        parent = self._chain_end(after)
+        if parent is None or not tokens:
             return 0
         usable = (len(tokens) - 1) // self.block_size
-        keys = chain_keys(self.prefix_root, tokens[:usable * self.block_size], self.block_size)
+        keys = chain_keys(parent, tokens[:usable * self.block_size], self.block_size)
         return len(self.allocator.cached(keys)) * self.block_size
 
-    def _reused(self, tokens: Sequence[int] | None, reuse: int) -> list[int]:
+    def _reused(self, tokens: Sequence[int] | None, reuse: int, after: RequestId | None = None) -> list[int]:
         """The cached blocks holding the first `reuse` tokens; PrefixOutOfStep if they are not all here."""
         if reuse == 0:
             return []
-        if tokens is None or reuse % self.block_size or reuse > self.prefix_hit(tokens):
-            raise PrefixOutOfStep(f"asked to reuse {reuse} cached tokens, but this KV cache holds "
-                                  f"{self.prefix_hit(tokens) if tokens is not None else 0} of them "
+        hit = self.prefix_hit(tokens, after) if tokens is not None else 0
+        if reuse % self.block_size or reuse > hit:
+            raise PrefixOutOfStep(f"asked to reuse {reuse} cached tokens, but this KV cache holds {hit} of them "
                                   "(the conductor's ledger and the worker's cache are out of step)")
-        keys = chain_keys(self.prefix_root, tokens[:reuse], self.block_size)
-        return self.allocator.cached(keys)
+        return self.allocator.cached(chain_keys(self._chain_end(after), tokens[:reuse], self.block_size))
 
     def blocks_needed(self, num_tokens: int, tokens: Sequence[int] | None = None, reuse: int = 0) -> int:
         """Blocks a new request takes from the free (or evictable) ones: all but the reused blocks
@@ -135,9 +149,10 @@ class KVBlockManager:
         del table.pending[:len(new) * self.block_size]
         return table.blocks[len(table.keys) - len(new):len(table.keys)]
 
-    def _append_needs(self, table: BlockTable, n: int) -> tuple[int, bool]:
-        """(fresh blocks needed, whether the shared last block must be copied first)."""
-        fresh = self._blocks_for(table.num_tokens + n) - len(table.blocks)
+    def _append_needs(self, table: BlockTable, n: int, reused: Sequence[int] = ()) -> tuple[int, bool]:
+        """(fresh blocks needed, whether the shared last block must be copied first); `reused`
+        cached blocks hold the first of the `n` tokens."""
+        fresh = self._blocks_for(table.num_tokens + n) - len(table.blocks) - len(reused)
         last_partial = table.num_tokens % self.block_size != 0
         cow = last_partial and self.allocator.ref_count(table.blocks[-1]) > 1
         return fresh + int(cow), cow
@@ -145,14 +160,25 @@ class KVBlockManager:
     def can_append(self, req: RequestId, n: int) -> bool:
         return self.allocator.can_allocate(self._append_needs(self._tables[req], n)[0])
 
-    def append(self, req: RequestId, n: int, tokens: Sequence[int] | None = None) -> list[tuple[int, int]]:
-        """Room for `n` more tokens (ids `tokens`, if known); returns (src, dst) block copies to
-        apply before writing."""
+    def append(self, req: RequestId, n: int, tokens: Sequence[int] | None = None,
+               reuse: int = 0) -> list[tuple[int, int]]:
+        """Room for `n` more tokens (ids `tokens`, if known), the first `reuse` of them in cached
+        blocks (`prefix_hit(tokens, after=req)`); returns (src, dst) block copies to apply before writing."""
         table = self._tables[req]
-        needed, cow = self._append_needs(table, n)
+        reused = self._reused(tokens, reuse, after=req)
+        needed, cow = self._append_needs(table, n, reused)
+        evictable = sum(1 for b in reused if self.allocator.ref_count(b) == 0)
+        if not self.allocator.can_allocate(needed + evictable):
+            raise OutOfBlocks(needed + evictable, self.allocator.num_free)
+        if tokens is not None and len(tokens) > self.block_size and self._chain_end(req) is not None:
+            self.allocator.note_query(len(tokens), reuse)    # a later prompt chunk: a lookup too
+        if reused:
+            self.allocator.claim(reused)     # first: allocating fresh blocks must not evict these
+            table.keys.extend(chain_keys(self._chain_end(req), tokens[:reuse], self.block_size))
+            table.blocks.extend(reused)
         fresh = self.allocator.allocate(needed)
         if table.pending is not None:
-            table.pending = None if tokens is None else [*table.pending, *tokens]
+            table.pending = None if tokens is None else [*table.pending, *tokens[reuse:]]
         copies = []
         if cow:
             src, dst = table.blocks[-1], fresh.pop()

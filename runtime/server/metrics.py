@@ -35,6 +35,8 @@ class Metrics:
         self.worker_restarts = Gauge("mstar_worker_restarts", "restarts of local worker processes", registry=r)
         self.dropped = Gauge("mstar_dropped_messages", "control/data-plane messages dropped as malformed or forged",
                              ["receiver"], registry=r)
+        self.split_batches = Gauge("mstar_split_batches", "shared batches that failed; their requests retried "
+                                   "one by one, so only the one that broke the batch fails", registry=r)
         self.refused = Gauge("mstar_refused_peers", "ZeroMQ handshakes refused (no or unknown CURVE key)",
                              registry=r)
 
@@ -51,6 +53,7 @@ class Metrics:
         self.kv_holds.set(stats.get("kv_holds", 0))
         self.worker_restarts.set(stats.get("restarts", 0))
         self.refused.set(stats.get("refused_peers", 0))
+        self.split_batches.set(stats.get("split_batches", 0))
         for receiver, count in stats.get("dropped", {}).items():
             self.dropped.labels(receiver).set(count)
         return generate_latest(self.registry)

@@ -26,6 +26,9 @@ IMAGE_TASK = "i2t"
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")   # what PIL may open; nothing that runs a helper program
 MAX_IMAGE_PIXELS = 1 << 27                # ~134 MP per image, checked before decoding
 MAX_IMAGES_PER_REQUEST = 16
+# PIL's own bomb check (a warning past its limit, which decode_image makes an error) must agree:
+# its default, ~89 MP, would refuse images under ours with a message naming a limit we do not state
+Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
 
 
 def decode_image(data: bytes, field: str) -> Image.Image:

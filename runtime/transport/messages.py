@@ -202,6 +202,7 @@ class Heartbeat(_Msg, tag="heartbeat"):
     rank: int
     kv_used_blocks: dict[str, int] = {}   # node -> KV blocks its requests hold on this rank
     stream_buffers: int = 0               # consumer-side stream buffers held (one per request and stream)
+    value_stores: int = 0                 # requests whose values (inputs, outputs) this rank stores
     dropped_messages: int = 0             # messages this rank dropped as malformed or naming nothing it holds
     refused_peers: int = 0                # handshakes this rank's inbox refused (no or unknown CURVE key)
 

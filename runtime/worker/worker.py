@@ -16,6 +16,9 @@ it before loading, at the rendezvous the Welcome names (the group lead's address
 lead reserved, decided once by the conductor); a RunBatch marked `follower`
 runs in step with the lead but pushes and emits nothing. Disaggregation: MoveKV sends a
 request's KV cache of a node to another rank (KVState); a Run with `kv_in` waits for it.
+Only requests the conductor opened here are served (runtime/worker/opened.py): a Run of any
+other request is answered BatchFailed, tensors for one are dropped (both counted), and a
+request whose params an executor refuses at open fails its own Runs, not the worker.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from runtime.transport.queues import (
 )
 from runtime.weights.sources import WeightOptions
 from runtime.worker.loader import load_rank, tensor_parallel_group, tp_ranks
+from runtime.worker.opened import OpenedRequests
 from runtime.worker.streams import WorkerStreams
 
 log = logging.getLogger(__name__)
@@ -77,9 +81,10 @@ class Worker:
         self.executors: dict[str, Executor] = {
             name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
         self.values: dict[int, dict[str, torch.Tensor]] = {}
-        self.opened: set[int] = set()   # requests an OpenRequest registered (dropped on Rejoin)
         self.kv_incoming: dict[tuple[int, str], Envelope] = {}   # (request, node) -> KVState from another rank
         self.streams = WorkerStreams(self.plan, rank)
+        self.requests = OpenedRequests()
+        self.backlog: list[Envelope] = []   # control messages read early, while looking for an OpenRequest
         self.dropped = 0      # malformed or misaddressed messages dropped (each logged)
         self.ready = Ready(rank=rank, nodes=[
             NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
@@ -120,6 +125,7 @@ class Worker:
             return Heartbeat(rank=self.rank, kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items()
                                                               if ex.kv_blocks},
                              stream_buffers=streams.num_buffers if streams else 0,
+                             value_stores=len(getattr(self, "values", {})),
                              dropped_messages=getattr(self, "dropped", 0),
                              refused_peers=self.guard.admission.refused if getattr(self, "guard", None) else 0)
         except RuntimeError:   # a table changed size under us: this beat goes without numbers
@@ -132,10 +138,10 @@ class Worker:
         poller.register(self.control.socket, zmq.POLLIN)
         poller.register(self.inbox.socket, zmq.POLLIN)
         while True:
-            ready = dict(poller.poll())
+            ready = dict(poller.poll(0 if self.backlog else None))
             if self.inbox.socket in ready:
                 self._receive_edge()
-            if self.control.socket in ready and not self._handle_queued(self._drain_control()):
+            if (self.backlog or self.control.socket in ready) and not self._handle_queued(self._drain_control()):
                 return
 
     def _drop(self, what: str) -> None:
@@ -157,11 +163,24 @@ class Worker:
             self._store_edge(env)
 
     def _drain_control(self) -> list[Envelope]:
-        """The next control message and every one already queued behind it (malformed ones dropped)."""
-        envs = [self._recv(self.control)]
+        """The backlog and every control message queued behind it (malformed ones dropped)."""
+        envs: list[Envelope | None] = [*self.backlog]
+        self.backlog = []
         while self.control.socket.poll(0):
             envs.append(self._recv(self.control))
         return [env for env in envs if env is not None]
+
+    def _read_opens(self) -> None:
+        """Handle the OpenRequests already queued on the control channel, keeping the rest for
+        the loop: the conductor opens a request here before another rank can push to it, but
+        that rank's push may be read first (this loop reads the inbox first, and `_pump`
+        reads only the inbox)."""
+        while self.control.socket.poll(0):
+            env = self._recv(self.control)
+            if env is not None and isinstance(env.msg, OpenRequest):
+                self._open_request(env.msg)
+            elif env is not None:
+                self.backlog.append(env)
 
     def _handle_queued(self, envs: list[Envelope]) -> bool:
         """Handle messages in order, except that consecutive RunBatches wait for each other so
@@ -169,10 +188,9 @@ class Worker:
         only sends a batch whose inputs are ready). An OpenRequest only registers params."""
         runs: list[Envelope] = []
         for env in envs:
-            if isinstance(env.msg, RunBatch) and env.msg.node not in self.executors:
-                self._drop(f"a RunBatch of node {env.msg.node!r}, which rank {self.rank} does not run")
-                self.control.send(BatchFailed(batch_id=env.msg.batch_id, rank=self.rank,
-                                              message=f"node {env.msg.node!r} is not on rank {self.rank}"))
+            refusal = self._refusal(env) if isinstance(env.msg, RunBatch) else None
+            if refusal is not None:
+                self.control.send(BatchFailed(batch_id=env.msg.batch_id, rank=self.rank, message=refusal))
             elif isinstance(env.msg, RunBatch):
                 runs.append(env)
             elif isinstance(env.msg, OpenRequest):
@@ -184,6 +202,20 @@ class Worker:
                     return False
         self._run_batches(runs)
         return True
+
+    def _refusal(self, env: Envelope) -> str | None:
+        """Why this rank cannot run the RunBatch (None: it can); a misaddressed one is counted as dropped."""
+        msg = env.msg
+        if msg.node not in self.executors:
+            found: tuple[str, bool] | None = (f"node {msg.node!r} is not on rank {self.rank}", True)
+        else:
+            found = self.requests.batch_problem([i.request_id for i in msg.items], list(env.tensors), self.rank)
+        if found is None:
+            return None
+        problem, misaddressed = found
+        if misaddressed:
+            self._drop(f"a RunBatch on {msg.node}: {problem}")
+        return problem
 
     def _run_batches(self, envs: list[Envelope]) -> None:
         """Run queued batches; those whose executors share a `group` as one call."""
@@ -197,9 +229,7 @@ class Worker:
     def _handle(self, env: Envelope) -> bool:
         msg = env.msg
         if isinstance(msg, OpenRequest):
-            self.opened.add(msg.request_id)
-            for ex in self.executors.values():
-                ex.open(msg.request_id, msg.params)
+            self._open_request(msg)
         elif isinstance(msg, CloseRequest):
             self._close(msg)
         elif isinstance(msg, Peers):
@@ -235,12 +265,25 @@ class Worker:
                       "exiting (restart this worker and its group)", self.rank)
             return False
         log.warning("rank %d: the conductor had given this rank up; dropping %d requests and rejoining",
-                    self.rank, len(self.opened | set(self.values)))
-        self._close(CloseRequest(request_ids=sorted(self.opened | set(self.values))))
-        self.opened.clear()
+                    self.rank, len(self.requests.ids() | set(self.values)))
+        self._close(CloseRequest(request_ids=sorted(self.requests.ids() | set(self.values))))
         self.control.send(Hello(rank=self.rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint))
         self.control.send(self.ready)
         return True
+
+    def _open_request(self, msg: OpenRequest) -> None:
+        """Register the request with every executor; one that refuses its params fails the request."""
+        try:
+            for ex in self.executors.values():
+                ex.open(msg.request_id, msg.params)
+        except Exception as exc:   # a bad param fails its request's Runs, not this worker
+            why = f"rank {self.rank} could not open request {msg.request_id}: {type(exc).__name__}: {exc}"
+            log.warning("%s", why)
+            for ex in self.executors.values():
+                ex.close(msg.request_id, kv_only=False)
+            self.requests.fail(msg.request_id, why)
+            return
+        self.requests.open(msg.request_id)
 
     def _close(self, msg: CloseRequest) -> None:
         for rid in msg.request_ids:
@@ -248,7 +291,7 @@ class Worker:
                 if not msg.nodes or name in msg.nodes:
                     ex.close(rid, kv_only=msg.kv_only)
             if not msg.kv_only:
-                self.opened.discard(rid)
+                self.requests.close(rid)
                 self.values.pop(rid, None)
                 self.streams.free(rid)
                 self.kv_incoming = {k: e for k, e in self.kv_incoming.items() if k[0] != rid}
@@ -301,6 +344,14 @@ class Worker:
 
     def _edge_problem(self, msg: object, tensors: dict[str, torch.Tensor]) -> str:
         """Why a worker-to-worker message cannot be stored here ("" when it can)."""
+        problem = self._edge_shape_problem(msg, tensors)
+        if not problem and msg.request_id not in self.requests:
+            self._read_opens()
+            if msg.request_id not in self.requests:
+                problem = f"request {msg.request_id} is not open on rank {self.rank} (never opened, or closed)"
+        return problem
+
+    def _edge_shape_problem(self, msg: object, tensors: dict[str, torch.Tensor]) -> str:
         if isinstance(msg, EdgeTensors):
             bad = [k for k in tensors if "#" not in k or "." not in k.split("#", 1)[0]]
             return f"value keys {bad} are not '<node>.<port>#<n>'" if bad else ""

@@ -220,13 +220,10 @@ class DecoderLMExecutor:
             if rid not in self.blocks:
                 self.blocks.allocate(rid, len(item.tokens), item.tokens, reuse=item.cached)
                 starts.append(item.cached)
-            else:
-                if item.cached:
-                    raise ValueError(f"request {rid} already has a KV cache on {self.node.name}: "
-                                     "only a new request can reuse cached blocks")
-                starts.append(self.blocks.num_tokens(rid))
+            else:     # a later prompt chunk may continue in cached blocks too
+                starts.append(self.blocks.num_tokens(rid) + item.cached)
                 # copied at once: an OutOfBlocks for a later item must not leave a table without its copy
-                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens), item.tokens))
+                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens), item.tokens, reuse=item.cached))
         return starts
 
     def _state(self, item: WorkItem) -> SamplingState:

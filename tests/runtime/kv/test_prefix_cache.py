@@ -159,3 +159,53 @@ def test_randomised_allocate_reuse_decode_evict_abort_keeps_every_invariant() ->
     for req in list(live):
         kv.free(req)
     assert kv.allocator.num_free == 24 and kv.allocator.stats.evictions > 0 and kv.allocator.stats.hits > 0
+
+
+def test_a_later_prompt_chunk_continues_in_cached_blocks() -> None:
+    """Chunked prefill: B's first chunk was computed before A's prompt was cached; B's next chunk
+    looks up again, continuing B's chain, and shares A's blocks (mirror and worker alike)."""
+    kv = KVBlockManager(16, BS, ROOT)
+    prompt = list(range(200, 216))                       # 4 full blocks
+    kv.allocate("b", 4, prompt[:4], reuse=0)
+    kv.commit("b")                                       # B's first chunk: 1 block, computed
+    assert prefill(kv, "a", prompt) == 4                 # A reuses it and computes the rest
+    hit = kv.prefix_hit(prompt[4:], after="b")
+    assert hit == 8                                      # 2 of the 3 remaining blocks: the last computes
+    kv.append("b", 12, prompt[4:], reuse=hit)
+    assert kv.table("b").blocks[:3] == kv.table("a").blocks[:3]
+    kv.commit("b")
+    assert kv.allocator.stats.queries == 3 and kv.allocator.stats.hit_tokens == 4 + 8
+    with pytest.raises(PrefixOutOfStep):                 # nothing follows B's last block in the cache
+        kv.append("b", 8, list(range(300, 308)), reuse=4)
+    kv.append("b", 1, [5])                               # decode steps look up nothing
+    assert kv.allocator.stats.queries == 3
+    kv.free("a")
+    kv.free("b")
+    assert kv.allocator.num_free == 16
+
+
+def test_a_chunk_after_a_partly_filled_block_looks_up_nothing() -> None:
+    kv = KVBlockManager(16, BS, ROOT)
+    prompt = list(range(200, 216))
+    prefill(kv, "a", prompt)
+    kv.allocate("b", 6, prompt[:6], reuse=4)             # ends mid-block: its chain cannot continue
+    kv.commit("b")
+    assert kv.prefix_hit(prompt[6:], after="b") == 0
+
+
+def test_the_ledger_reuses_later_chunks_like_the_worker() -> None:
+    pool = PrefixPoolLedger(16, BS, ROOT)
+    worker = KVBlockManager(16, BS, ROOT)
+    prompt = list(range(400, 416))
+    for kv in (pool.mirror, worker):
+        prefill(kv, "a", prompt)
+    chunks = [prompt[:8], prompt[8:]]
+    assert pool.cached_prefix("b", prompt) == 12         # a Run of the whole rest would reuse 3 blocks
+    reuse = [pool.grow("b", len(chunks[0]), tokens=chunks[0])]
+    pool.commit()
+    reuse.append(pool.grow("b", len(chunks[1]), tokens=chunks[1]))
+    assert reuse == [4, 4]                               # each chunk leaves its last block to compute
+    worker.allocate("b", 8, chunks[0], reuse=reuse[0])
+    worker.commit("b")
+    worker.append("b", 8, chunks[1], reuse=reuse[1])     # what the conductor counted is there
+    assert len(worker.table("b").blocks) == len(pool.mirror.table("b").blocks) == 4

@@ -51,3 +51,12 @@ def test_the_bomb_is_refused_from_its_header() -> None:
     assert len(bomb) < 200 and 20000 * 20000 > MAX_IMAGE_PIXELS
     with pytest.raises(ApiError, match="pixels"):
         decode_image(bomb, "image")
+
+
+def test_the_limit_is_ours_not_pils() -> None:
+    """100 MP is under MAX_IMAGE_PIXELS but over PIL's default bomb limit (~89 MP): the header
+    passes, and this truncated file fails as truncated, not as a decompression bomb."""
+    assert Image.MAX_IMAGE_PIXELS == MAX_IMAGE_PIXELS and 10_000 * 10_000 < MAX_IMAGE_PIXELS
+    with pytest.raises(ApiError) as err:
+        decode_image(png_claiming(10_000, 10_000), "image")
+    assert "truncated" in str(err.value) and "bomb" not in str(err.value), err.value

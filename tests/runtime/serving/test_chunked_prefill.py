@@ -24,6 +24,9 @@ MODEL = "smollm2-135m-instruct"
 CHUNK = 64
 # ~600 prompt tokens
 LONG_PROMPT = "Summarise these notes. " + " ".join(f"Note {i}: the shipment {i} left the port on time." for i in range(45))
+# the same length, sharing no cached block with LONG_PROMPT (which an earlier test prefilled): a
+# cached prompt is reused whole, chunk after chunk, and would leave nothing to interleave
+FRESH_PROMPT = "Notes to summarise. " + " ".join(f"Note {i}: the shipment {i} left the port on time." for i in range(45))
 # a 64-token chunk's forward costs 3-4 decode steps of this model (one thread); the whole
 # 600-token prefill in one forward costs ~30, so the bound separates the two both ways
 MAX_GAP_MEDIANS = 12
@@ -80,7 +83,7 @@ async def _gaps_around_a_long_prefill(server: Server) -> tuple[list[float], list
             await asyncio.sleep(0.005)
         marks["sent"] = time.perf_counter()
         stream = await client.chat.completions.create(model=MODEL, temperature=0, max_tokens=2, stream=True,
-                                                      messages=[{"role": "user", "content": LONG_PROMPT}])
+                                                      messages=[{"role": "user", "content": FRESH_PROMPT}])
         async for chunk in stream:
             if "first" not in marks and chunk.choices and chunk.choices[0].delta.content:
                 marks["first"], marks["count"] = time.perf_counter(), len(arrivals)

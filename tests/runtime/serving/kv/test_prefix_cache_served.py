@@ -109,3 +109,25 @@ def test_after_eviction_and_recomputation_answers_are_unchanged(small: Server, u
     again = ask(small, chat(systems[0], QUESTIONS[0]))                # just recomputed: cached again
     assert again == expected[0]
     assert counters(small)["hit_tokens"] > seen["hit_tokens"]
+
+
+# ~700 tokens: prefilled in three chunks of the default --prefill-chunk 256
+LONG_SYSTEM = "You are a careful archivist. " + " ".join(
+    f"Record {i}: parcel {i} was filed on shelf {i % 7} in room {i % 3}." for i in range(40))
+
+
+def test_a_prompt_prefilled_in_chunks_reuses_every_cached_block(cached: Server, uncached: Server) -> None:
+    """The second chat shares the first one's whole system prompt, past its first chunk: it
+    reuses every full block of it (not only those of its first chunk), and answers as uncached."""
+    client = openai.OpenAI(base_url=f"{cached.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    first = client.chat.completions.create(model=MODEL, messages=chat(LONG_SYSTEM, QUESTIONS[0]), max_tokens=16,
+                                           temperature=0)
+    assert first.usage.prompt_tokens > 2 * 256, "the prompt must span several chunks"
+    before = counters(cached)
+    second = client.chat.completions.create(model=MODEL, messages=chat(LONG_SYSTEM, QUESTIONS[1]), max_tokens=16,
+                                            temperature=0)
+    reused = counters(cached)["hit_tokens"] - before["hit_tokens"]
+    # the questions differ in their last ~10 tokens; every full 16-token block before them is reused
+    assert reused >= (first.usage.prompt_tokens - 12) // 16 * 16, reused
+    answers = [first.choices[0].message.content, second.choices[0].message.content]
+    assert answers == [ask(uncached, chat(LONG_SYSTEM, q)) for q in QUESTIONS[:2]]
