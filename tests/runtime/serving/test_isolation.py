@@ -5,8 +5,8 @@ server goes on serving from the same worker process.
 
 The triggers are genuine, not planted: `/v1/tasks/chat` admits a request with no input tokens,
 and the LM node's attention metadata refuses a query of length 0 while the batch runs on the
-worker; it admits `top_p: 0` (the graph's bound), which the LM executor's sampling params refuse
-when the worker opens the request (that used to kill the worker, and every request on it).
+worker. (`top_p: 0`, within the graph's bound but refused by the sampler, used to reach the worker
+and kill it; params are now resolved once by the server, so it is a 400 there: tested below.)
 """
 from __future__ import annotations
 
@@ -23,8 +23,6 @@ PROMPTS = ["Tell me about ships.", "Count to ten.", "Name a colour."]
 MAX_TOKENS = 96     # long enough that the broken request arrives while all three decode
 BAD = {  # request body -> what its error message says
     "empty prompt": ({"params": {"max_tokens": 4}, "inputs": []}, "query length 0"),
-    "top_p 0": ({"params": {"max_tokens": 4, "temperature": 1.0, "top_p": 0.0},
-                 "inputs": [{"type": "tokens", "ids": [1, 2, 3]}]}, "top_p"),
 }
 
 
@@ -88,3 +86,11 @@ def test_a_node_raising_for_one_request_fails_it_alone(server: Server, alone: li
     assert goods == alone
     assert http("GET", f"{server.url}/health")[1]["worker_pids"]["0"] == pid     # the same worker process
     assert _alone(server, PROMPTS[:1]) == alone[:1]                               # and serves on
+
+
+def test_params_the_sampler_refuses_are_a_400_before_any_worker(server: Server) -> None:
+    pid = http("GET", f"{server.url}/health")[1]["worker_pids"]["0"]
+    status, body = http("POST", f"{server.url}/v1/tasks/chat", {
+        "params": {"max_tokens": 4, "temperature": 1.0, "top_p": 0.0}, "inputs": [{"type": "tokens", "ids": [1, 2, 3]}]})
+    assert status == 400 and body["error"]["param"] == "top_p", (status, body)
+    assert http("GET", f"{server.url}/health")[1]["worker_pids"]["0"] == pid
