@@ -15,6 +15,7 @@ from runtime.executors import ExecResult
 from runtime.models.bagel.roles import cfg_consumer, segment_kinds
 from runtime.transport.messages import BatchDone, RunBatch, WorkItem
 from runtime.transport.queues import Envelope
+from runtime.worker.opened import OpenedRequests
 from runtime.worker.worker import Worker
 from tests.runtime.models.bagel.bagel_harness import LMS, Driver, Oracle, rank_executors, tiny_plan
 
@@ -139,6 +140,8 @@ def test_worker_runs_queued_batches_of_one_group_as_one_call() -> None:
     shared = _Recorder(calls)
     worker = object.__new__(Worker)
     worker.rank, worker.values, worker.control = 0, {}, _FakeControl()
+    worker.requests, worker.backlog = OpenedRequests(), []
+    worker.requests.open(1)      # the conductor opened request 1 here: its Runs are served
     worker.executors = {"a": _Recorder(calls, shared), "b": _Recorder(calls, shared), "c": _Recorder(calls)}
     envs = [Envelope(RunBatch(batch_id=i, node=n, items=[WorkItem(1)])) for i, n in enumerate("acb", 1)]
     assert worker._handle_queued(envs)
