@@ -108,7 +108,8 @@ class WorkerSet:
         if self.launcher is not None:
             status.process = self.launcher.start(launch)   # the launcher's worker advertises its own node's address
         else:
-            status.process = subprocess.Popen([sys.executable, "-m", "runtime.cli", "worker",
+            # -P: a folder named runtime/ in the server's working directory must not shadow the package
+            status.process = subprocess.Popen([sys.executable, "-P", "-m", "runtime.cli", "worker",
                                                *launch.argv(host=self.host)])
         status.is_ready = False
         status.last_seen = time.monotonic()

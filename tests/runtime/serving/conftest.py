@@ -51,12 +51,13 @@ def http(method: str, url: str, body: object | bytes | None = None, timeout: flo
 class Server:
     """A real `mstar-run` process on a free port."""
 
-    def __init__(self, plan: str, *extra: str, env: dict | None = None) -> None:
+    def __init__(self, plan: str, *extra: str, env: dict | None = None, command: list[str] | None = None,
+                 cwd: str | Path = REPO) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", plan, "--port", str(self.port),
+        self.proc = subprocess.Popen([*(command or [sys.executable, "-m", "runtime.cli"]), plan, "--port", str(self.port),
                                       "--log-level", "warning", *extra],
-                                     cwd=REPO, env={**os.environ, **(env or {})})
+                                     cwd=cwd, env={**os.environ, **(env or {})})
 
     def wait_ready(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
