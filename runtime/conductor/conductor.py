@@ -33,6 +33,7 @@ from runtime.conductor.running import RunningSet
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import RankLauncher, WorkerSet
+from runtime.worker.loader import tp_ranks
 from runtime.weights.sources import WeightOptions
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKV, OpenRequest, PeerUnreachable, Peers, Ready,
@@ -459,7 +460,10 @@ class Conductor:
     # ---- workers -------------------------------------------------------------------
 
     def _check_workers(self) -> None:
-        for rank in self.workers.dead_ranks():
+        dead = set(self.workers.dead_ranks())
+        for rank in list(dead):   # a tensor-parallel group dies whole: its survivors hold a broken collective group
+            dead.update(tp_ranks(self.plan, rank) or ())
+        for rank in sorted(dead):
             self._rank_died(rank)
 
     def _rank_died(self, rank: int) -> None:
