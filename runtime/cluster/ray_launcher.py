@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import subprocess
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +47,12 @@ class RayOptions:
 
 @dataclass
 class _Group:
-    """One placement group and, for a tensor-parallel group, the ranks started in its generation."""
+    """One placement group (a tensor-parallel group is restarted whole by the conductor)."""
 
     ranks: tuple[int, ...]
     pg: Any                        # ray.util.placement_group.PlacementGroup
     strategy: str
     is_tensor_parallel: bool
-    started: set[int] = field(default_factory=set)   # ranks started in this generation
 
 
 def _import_ray() -> Any:
@@ -174,23 +173,9 @@ class RayLauncher:
         where = actor.where.remote()   # before run: an actor runs its calls in order, and run never returns early
         key = Path(launch.key_file).read_text() if launch.key_file else None
         launch = replace(launch, threads=max(1, int(res.num_cpus)))
-        self._begin_generation(group, launch.rank)
         self.ranks[launch.rank] = rank = RayRank(self.ray, launch.rank, actor,
                                                  actor.run.remote(launch, self.plan_bytes, key), where)
         return rank
-
-    def _begin_generation(self, group: _Group, rank: int) -> None:
-        """A tensor-parallel member that starts again ends the others, so the group forms anew (the
-        survivors are still in the old gloo group); the conductor's Welcome names the new rendezvous."""
-        if not group.is_tensor_parallel:
-            return
-        if rank in group.started:
-            group.started = set()
-            for other in group.ranks:
-                if other != rank and other in self.ranks and self.ranks[other].poll() is None:
-                    log.warning("rank %d: restarting with rank %d, its tensor-parallel group", other, rank)
-                    self.ranks[other].kill()
-        group.started.add(rank)
 
     def describe(self) -> dict[str, Any]:
         """Where each rank runs, for /v1/models."""

@@ -225,7 +225,7 @@ class EdgeOutbox:
             self._socks[rank].send_multipart(_pack(msg, tensors), copy=False)
         except zmq.Again:
             raise PeerUnreachableError(f"rank {rank} at {self._endpoints[rank]} took no connection within "
-                                       f"{PUSH_TIMEOUT_S:.0f} s (is that address reachable from this host? "
+                                       f"{PUSH_TIMEOUT_S:g} s (is that address reachable from this host? "
                                        f"`mstar-run worker --advertise` sets what a rank announces)") from None
 
     def close(self) -> None:

@@ -3,7 +3,6 @@ errors a rank gets when a peer's address does not answer."""
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 import zmq
@@ -48,9 +47,8 @@ def test_a_push_to_a_peer_that_never_answers_fails_naming_it(monkeypatch) -> Non
     ctx = zmq.Context()
     outbox = queues.EdgeOutbox(ctx)
     outbox.set_peers({3: dead})
-    start = time.monotonic()
-    with pytest.raises(queues.PeerUnreachableError, match=f"rank 3 at {dead} took no connection within"):
+    # the send gives up after PUSH_TIMEOUT_S (the socket's send timeout), and says so: not a 30 s input wait
+    with pytest.raises(queues.PeerUnreachableError, match=f"rank 3 at {dead} took no connection within 0.5 s"):
         outbox.send(3, EdgeTensors(request_id=1, tensors=[]))
-    assert time.monotonic() - start < 30, "bounded by PUSH_TIMEOUT_S, not a 30 s input wait"
     outbox.close()
     ctx.term()
