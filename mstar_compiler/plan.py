@@ -161,7 +161,8 @@ class WeightMap(Base):
     rename: list[Rename] = []
     split: list[Split] = []
     reshape: list[str] = []             # regexes (mapped names): view as the module's shape (1x1 conv -> linear)
-    config: dict[str, str] = {}         # dotted key in the repository's config.json -> node dim it must equal
+    config: dict[str, str] = {}         # dotted key in the repository's `config_file` -> node dim it must equal
+    config_file: str = "config.json"    # the repository's JSON config `config` reads (BAGEL: llm_config.json, ...)
 
 
 class Node(Base):

@@ -42,7 +42,8 @@ def resolve(ir: IR, node: NodeIR, raw: dict[str, Any], path: Path) -> plan.Weigh
         index_remap=[plan.IndexRemap(r["match"], r["count"]) for r in raw.get("index_remap", [])],
         rename=[plan.Rename(r["match"], r["to"]) for r in raw.get("rename", [])],
         split=[plan.Split(r["match"], list(r["into"]), r.get("dim", 0)) for r in raw.get("split", [])],
-        reshape=list(raw.get("reshape", [])), config=dict(raw.get("config", {})))
+        reshape=list(raw.get("reshape", [])), config=dict(raw.get("config", {})),
+        config_file=raw.get("config_file", "config.json"))
 
 
 def _regex(ir: IR, pattern: str, path: Path) -> re.Pattern[str]:

@@ -107,16 +107,21 @@ def node_tensors(cmap: CompiledMap, infos: Mapping[str, TensorInfo]) -> Iterator
 
 
 def config_mismatches(node: Node, config: Mapping[str, Any]) -> list[str]:
-    """Each disagreement between the repository's config.json and the node's preset dims."""
+    """Each disagreement between the repository's config file and the node's preset dims."""
     assert node.weight_map is not None
-    problems = []
+    problems, file = [], node.weight_map.config_file
     for key, dim in node.weight_map.config.items():
         value: Any = config
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
         if value is None:
-            problems.append(f"config.json has no `{key}` (the graph checks it against dim {dim})")
-        elif value != node.dims.get(dim):
-            problems.append(f"config.json `{key}` = {value!r} but preset '{node.preset}' of node '{node.name}' has "
+            problems.append(f"{file} has no `{key}` (the graph checks it against dim {dim})")
+        elif _as_json(value) != _as_json(node.dims.get(dim)):
+            problems.append(f"{file} `{key}` = {value!r} but preset '{node.preset}' of node '{node.name}' has "
                             f"{dim} = {node.dims.get(dim)!r}")
     return problems
+
+
+def _as_json(value: Any) -> Any:
+    """A dim as JSON reads it: a preset's tuples (decoder_rates) compare equal to the config's lists."""
+    return [_as_json(v) for v in value] if isinstance(value, (list, tuple)) else value

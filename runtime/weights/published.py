@@ -51,13 +51,15 @@ def mismatch_fix(node: Node, report: MatchReport) -> str:
 
 
 def check_config(node: Node, root: Path) -> None:
-    """Raise ConfigMismatch when config.json disagrees with the node's dims (the mapping's `config:`)."""
+    """Raise ConfigMismatch when the repository's config (the mapping's `config_file`) disagrees with the
+    node's dims on a value the mapping's `config:` names."""
     assert node.weight_map is not None
     if not node.weight_map.config:
         return
-    problems = config_mismatches(node, read_config(root))
+    name = node.weight_map.config_file
+    problems = config_mismatches(node, read_config(root, name))
     if problems:
-        raise ConfigMismatch(f"node '{node.name}' ({node.kind}): {root / 'config.json'} disagrees with the graph:\n"
+        raise ConfigMismatch(f"node '{node.name}' ({node.kind}): {root / name} disagrees with the graph:\n"
                              + "\n".join(f"  {p}" for p in problems)
                              + "\n  fix: compile the preset that matches this checkpoint, or download the "
                                f"repository the graph names ({node.weight_map.source})")

@@ -59,9 +59,9 @@ def tensor_infos(paths: list[Path]) -> dict[str, TensorInfo]:
     return out
 
 
-def read_config(root: Path) -> dict[str, Any]:
-    """The repository's config.json."""
-    path = root / "config.json"
+def read_config(root: Path, name: str = "config.json") -> dict[str, Any]:
+    """The repository's JSON config `name` (config.json; BAGEL also ships llm_config.json, vit_config.json)."""
+    path = root / name
     if not path.is_file():
         raise RepositoryError(f"{path} not found (the graph checks the preset against it)")
     return json.loads(path.read_text())

@@ -14,11 +14,25 @@ import torch
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.kv import KVBlockManager
+from runtime.weights import ConfigMismatch
 from runtime.weights.commands import check_plan
+from runtime.weights.published import check_config
 from runtime.weights.sources import WeightOptions
 from runtime.worker.loader import load_rank
 from tests.runtime.models.qwen3_omni.omni_reference import hf_model, omni_config, preset, randomize
 from tests.runtime.serving.published_layouts import PRESET, published_preset, write_omni_repository
+
+# one wrong shape-deciding value per part: (node, config.json key, the node's dim)
+WRONG_PART_VALUES = [
+    ("thinker", "thinker_config.text_config.num_attention_heads", "num_attention_heads"),
+    ("audio_enc", "thinker_config.audio_config.encoder_attention_heads", "encoder_attention_heads"),
+    ("vision_enc", "thinker_config.vision_config.spatial_merge_size", "spatial_merge_size"),
+    ("talker", "talker_config.text_config.num_experts_per_tok", "num_experts_per_tok"),
+    ("talker", "talker_config.accept_hidden_layer", "accept_hidden_layer"),
+    ("code_predictor", "talker_config.code_predictor_config.num_key_value_heads", "num_key_value_heads"),
+    ("code2wav", "code2wav_config.upsample_rates", "upsample_rates"),
+]
+
 
 @pytest.fixture(scope="module")
 def omni(tmp_path_factory: pytest.TempPathFactory):
@@ -69,3 +83,22 @@ def test_thinker_logits_equal_transformers(omni) -> None:
         want = reference.thinker(input_ids=ids[None]).logits[0]
     # fp32; the experts and attention sum in other orders: relative to the largest logit
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+@pytest.mark.parametrize("node,key,dim", WRONG_PART_VALUES, ids=[f"{n}-{d}" for n, _, d in WRONG_PART_VALUES])
+def test_a_wrong_config_value_names_the_part_the_field_and_both_values(omni, tmp_path: Path, node: str, key: str,
+                                                                       dim: str) -> None:
+    plan, _, root = omni
+    config = json.loads((root / "Qwen3-Omni-30B-A3B-Instruct" / "config.json").read_text())
+    *parents, field = key.split(".")
+    section = config
+    for part in parents:
+        section = section[part]
+    ours = plan.node(node).dims[dim]
+    section[field] = wrong = [r + 1 for r in ours] if isinstance(ours, list) else ours + 1
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigMismatch) as err:
+        check_config(plan.node(node), tmp_path)
+    assert f"node '{node}' (" in str(err.value)
+    assert f"config.json `{key}` = {wrong!r} but preset '{plan.node(node).preset}' of node '{node}' has " \
+           f"{dim} = {ours!r}" in str(err.value)
