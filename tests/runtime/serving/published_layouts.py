@@ -44,6 +44,21 @@ def write_word_tokenizer(directory: Path, words: list[str], eos: str = "<|end|>"
     (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos}))
 
 
+def write_bagel_configs(repo: Path, llm: dict[str, Any], vit: dict[str, Any]) -> None:
+    """llm_config.json (Qwen2's fields) and vit_config.json (SigLIP's) as BAGEL-7B-MoT publishes them, from
+    `bagel_mot_lm` / `siglip_vit` dims; SigLIP's layer count is one more than the node's (BAGEL drops one)."""
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "rope_theta", "rms_norm_eps")
+    (repo / "llm_config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "tie_word_embeddings": False,
+        **{k: llm[k] for k in keys}}))
+    (repo / "vit_config.json").write_text(json.dumps({
+        "model_type": "siglip_vision_model", "num_hidden_layers": vit["num_hidden_layers"] + 1,
+        "image_size": vit["patch_size"] * vit["max_num_patch_per_side"],
+        **{k: vit[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "patch_size",
+                                "layer_norm_eps")}}))
+
+
 def flux_layout(diffusers_state: dict[str, torch.Tensor], levels: int) -> dict[str, torch.Tensor]:
     """diffusers AutoencoderKL names -> the original FLUX / LDM names BAGEL publishes in ae.safetensors."""
     out = {}

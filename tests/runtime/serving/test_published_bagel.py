@@ -27,7 +27,7 @@ from tests.runtime.models.bagel.bagel_lm_helpers import RefSequence, bagel_weigh
 from tests.runtime.models.bagel.bagel_reference import DenseBagel
 from tests.runtime.serving.conftest import http, serve
 from tests.runtime.serving.published_layouts import (PRESET, diffusers_vae, flux_layout, published_preset,
-                                                     write_word_tokenizer)
+                                                     write_bagel_configs, write_word_tokenizer)
 
 PROMPT, MAX_TOKENS = [7, 40, 41, 300], 6
 WORDS = ["a", "red", "cat"]                 # the repository tokenizer's words, ids 2, 3, 4 (write_word_tokenizer)
@@ -57,7 +57,8 @@ def bagel(tmp_path_factory: pytest.TempPathFactory):
     save_file(ema, str(repo / "ema.safetensors"))
     save_file(flux_layout(diffusers_vae(vae.dims, vae.args).state_dict(), len(vae.dims["block_out_channels"])),
               str(repo / "ae.safetensors"))
-    write_word_tokenizer(repo, WORDS)               # the repository ships its tokenizer
+    write_word_tokenizer(repo, WORDS)                             # the repository ships its tokenizer
+    write_bagel_configs(repo, llm_dims, plan.node("vit").dims)    # and the configs BAGEL's loader reads
     plan_path = tmp / "plan.bin"
     plan_path.write_bytes(compiled.data)
     for srv in serve(str(plan_path), "--weights", str(tmp / "weights")):

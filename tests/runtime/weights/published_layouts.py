@@ -21,6 +21,13 @@ from runtime.weights.match import MatchReport, match_node
 from runtime.weights.slots import Slot, module_slots
 
 HERE = Path(__file__).parent / "published"
+
+# BAGEL-7B-MoT's llm_config.json (Qwen2.5-7B-Instruct's) and vit_config.json (SigLIP so400m/14 at 980 px) as
+# the node dims write_bagel_configs takes: the ViT's 26 layers are published as 27 (BAGEL drops the last)
+BAGEL_LLM = {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+             "num_attention_heads": 28, "num_key_value_heads": 4, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06}
+BAGEL_VIT = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 26, "num_attention_heads": 16,
+             "patch_size": 14, "max_num_patch_per_side": 70, "layer_norm_eps": 1e-06}
 _DTYPE_BYTES = {"BF16": 2, "F32": 4}
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.serving.conftest import REPO, compile_plan
-from tests.runtime.weights.published_layouts import repository, write_header_only
+from tests.runtime.serving.published_layouts import write_bagel_configs
+from tests.runtime.weights.published_layouts import BAGEL_LLM, BAGEL_VIT, repository, write_header_only
 
 ORPHEUS_CONFIG = {"architectures": ["LlamaForCausalLM"], "vocab_size": 156940, "num_hidden_layers": 28,
                   "hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 8,
@@ -107,6 +108,7 @@ def write_full_root(root: Path, graph: str) -> None:
     if graph == "bagel":
         for file, tensors in repository("bagel-7b-mot").items():
             write_header_only(root / "BAGEL-7B-MoT" / file, tensors)
+        write_bagel_configs(root / "BAGEL-7B-MoT", BAGEL_LLM, BAGEL_VIT)
     else:
         lists = repository("vjepa2-vitg")
         tensors = {f"{part}.module.backbone.{k}": v for part in ("encoder", "predictor")
@@ -123,3 +125,4 @@ def test_check_weights_on_full_size_presets(tmp_path: Path, graph: str, preset: 
     out = mstar_run("check-weights", plan, "--weights", str(tmp_path / "root"), timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all weights match" in out.stdout and "missing 0, unexpected 0, wrong shape 0" in out.stdout
+

@@ -15,10 +15,13 @@ import pytest
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from mstar_compiler.plan import Plan
+from runtime.weights import ConfigMismatch
 from runtime.weights.headers import TensorInfo
 from runtime.weights.match import MatchReport
+from runtime.weights.published import check_config
 from runtime.weights.slots import Slot
-from tests.runtime.weights.published_layouts import infos, meta_report, meta_slots, repository
+from tests.runtime.serving.published_layouts import write_bagel_configs
+from tests.runtime.weights.published_layouts import BAGEL_LLM, BAGEL_VIT, infos, meta_report, meta_slots, repository
 
 GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
 QWEN_SHARDS = "model-000NN-of-00015.safetensors (see model.safetensors.index.json)"
@@ -116,3 +119,23 @@ def test_a_wrong_shape_fails_naming_it() -> None:
     tensors["thinker.lm_head.weight"] = TensorInfo(info.file, info.dtype, (151936, 2048), info.nbytes)
     result = report("qwen3_omni", "qwen3-omni-30b-a3b", "thinker", tensors)
     assert result.misshaped == ["thinker.lm_head.weight (151936, 2048) != expected (152064, 2048) for lm_head.weight"]
+
+
+def test_bagel_presets_agree_with_the_published_configs(tmp_path: Path) -> None:
+    write_bagel_configs(tmp_path, BAGEL_LLM, BAGEL_VIT)
+    for node in ("llm", "vit"):
+        check_config(full_plan("bagel", "bagel-7b").node(node), tmp_path)
+
+
+@pytest.mark.parametrize("node,file,dim,wrong", [("llm", "llm_config.json", "num_key_value_heads", 8),
+                                                 ("vit", "vit_config.json", "num_attention_heads", 12)])
+def test_a_wrong_bagel_config_value_names_the_part_the_field_and_both_values(tmp_path: Path, node: str, file: str,
+                                                                             dim: str, wrong: int) -> None:
+    llm, vit = dict(BAGEL_LLM), dict(BAGEL_VIT)
+    (llm if node == "llm" else vit)[dim] = wrong
+    write_bagel_configs(tmp_path, llm, vit)
+    plan_node = full_plan("bagel", "bagel-7b").node(node)
+    with pytest.raises(ConfigMismatch) as err:
+        check_config(plan_node, tmp_path)
+    assert (f"{file} `{dim}` = {wrong} but preset 'bagel-7b' of node '{node}' has "
+            f"{dim} = {plan_node.dims[dim]}") in str(err.value)
