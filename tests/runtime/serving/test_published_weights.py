@@ -47,14 +47,18 @@ def write_orpheus_lm(root: Path, dims: dict) -> transformers.PreTrainedModel:
 
 def write_snac(root: Path, dims: dict) -> SNAC:
     """ROOT/snac_24khz: `pytorch_model.bin` (a torch pickle, as published) + config.json."""
-    torch.manual_seed(4)
-    ref = SNAC(latent_dim=dims["latent_dim"], encoder_dim=4, encoder_rates=[2, 2], decoder_dim=dims["decoder_dim"],
-               decoder_rates=list(dims["decoder_rates"]), attn_window_size=None, codebook_size=dims["codebook_size"],
-               codebook_dim=dims["codebook_dim"], vq_strides=list(dims["vq_strides"]), noise=True).eval()
     directory = root / "snac_24khz"
     directory.mkdir(parents=True)
+    # SNAC's constructor arguments, as published (SNAC.from_config reads them)
+    config = {"sampling_rate": dims["sampling_rate"], "encoder_dim": 4, "encoder_rates": [2, 2],
+              "latent_dim": dims["latent_dim"], "decoder_dim": dims["decoder_dim"],
+              "decoder_rates": list(dims["decoder_rates"]), "attn_window_size": None,
+              "codebook_size": dims["codebook_size"], "codebook_dim": dims["codebook_dim"],
+              "vq_strides": list(dims["vq_strides"]), "noise": True, "depthwise": True}
+    (directory / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(4)
+    ref = SNAC.from_config(str(directory / "config.json")).eval()
     torch.save(ref.state_dict(), directory / "pytorch_model.bin")
-    (directory / "config.json").write_text(json.dumps({"sampling_rate": 24000, "latent_dim": dims["latent_dim"]}))
     return ref
 
 

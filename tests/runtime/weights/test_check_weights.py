@@ -17,9 +17,14 @@ ORPHEUS_CONFIG = {"architectures": ["LlamaForCausalLM"], "vocab_size": 156940, "
                   "hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 8,
                   "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
 
+# hubertsiuzdak/snac_24khz's config.json: SNAC's constructor arguments
+SNAC_24KHZ_CONFIG = {"sampling_rate": 24000, "encoder_dim": 48, "encoder_rates": [2, 4, 8, 8], "decoder_dim": 1024,
+                     "decoder_rates": [8, 8, 4, 2], "attn_window_size": None, "codebook_size": 4096,
+                     "codebook_dim": 8, "vq_strides": [4, 2, 1], "noise": True, "depthwise": True}
+
 
 def write_orpheus_root(root: Path, config: dict = ORPHEUS_CONFIG, rename: tuple[str, str] | None = None,
-                       convert_snac: bool = True) -> Path:
+                       convert_snac: bool = True, snac_config: dict = SNAC_24KHZ_CONFIG) -> Path:
     """ROOT/orpheus-3b-0.1-ft (two shards + index + config.json) and ROOT/snac_24khz (the .bin and,
     unless `convert_snac` is False, its converted .safetensors), laid out as published."""
     lm = root / "orpheus-3b-0.1-ft"
@@ -36,7 +41,7 @@ def write_orpheus_root(root: Path, config: dict = ORPHEUS_CONFIG, rename: tuple[
     snac = root / "snac_24khz"
     snac.mkdir(parents=True)
     (snac / "pytorch_model.bin").write_bytes(b"not read: serving never unpickles")
-    (snac / "config.json").write_text(json.dumps({"sampling_rate": 24000}))
+    (snac / "config.json").write_text(json.dumps(snac_config))
     if convert_snac:
         write_header_only(snac / "pytorch_model.safetensors", repository("snac_24khz")["pytorch_model.bin"], "F32")
     return root
@@ -74,12 +79,15 @@ def test_check_weights_names_a_renamed_key_and_the_fix(orpheus_plan: str, tmp_pa
 
 
 def test_check_weights_fails_on_a_config_that_disagrees(orpheus_plan: str, tmp_path: Path) -> None:
-    root = write_orpheus_root(tmp_path, config={**ORPHEUS_CONFIG, "vocab_size": 128256, "tie_word_embeddings": False})
+    root = write_orpheus_root(tmp_path, config={**ORPHEUS_CONFIG, "vocab_size": 128256, "tie_word_embeddings": False},
+                              snac_config={**SNAC_24KHZ_CONFIG, "decoder_rates": [8, 4, 4, 2]})
     out = mstar_run("check-weights", orpheus_plan, "--weights", str(root))
     assert out.returncode == 1
     node = "preset 'orpheus-3b' of node 'lm'"
     assert f"config.json `vocab_size` = 128256 but {node} has vocab_size = 156940" in out.stdout
     assert f"`tie_word_embeddings` = False but {node} has tie_word_embeddings = True" in out.stdout
+    assert ("config.json `decoder_rates` = [8, 4, 4, 2] but preset '24khz' of node 'snac' has "
+            "decoder_rates = [8, 8, 4, 2]") in out.stdout
 
 
 def test_a_pickle_without_its_conversion_names_convert_weights(orpheus_plan: str, tmp_path: Path) -> None:
