@@ -69,20 +69,46 @@ def test_a_config_with_another_vocabulary_fails_before_loading(omni, tmp_path: P
             "has vocab_size = 512") in out.getvalue()
 
 
-def test_thinker_logits_equal_transformers(omni) -> None:
-    plan, reference, root = omni
+@pytest.fixture(scope="module")
+def loaded(omni) -> dict[str, torch.nn.Module]:
+    """Rank 0's modules, loaded by the worker's loader from the repository through the graph's mappings."""
+    plan, _, root = omni
     modules = load_rank(plan, 0, WeightOptions((str(root),)))
     assert {name: source for name, (_, source) in modules.items()} == {
         name: str(root / "Qwen3-Omni-30B-A3B-Instruct") for name in modules}
-    thinker = modules["thinker"][0]
+    return {name: module.eval() for name, (module, _) in modules.items()}
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    # fp32; the experts, attention and convolutions sum in other orders: relative to the largest value
+    return bool((got - want).abs().max() <= 1e-4 * want.abs().max())
+
+
+def test_thinker_logits_equal_transformers(omni, loaded) -> None:
+    _, reference, _ = omni
+    thinker = loaded["thinker"]
     ids = torch.tensor([5, 17, 200, 3, 99, 42, 7])
     manager, cache = KVBlockManager(8, 8), thinker.make_kv_cache(8, 8)
     manager.allocate(0, len(ids))
     with torch.no_grad():
         got = thinker.compute_logits(thinker(ids, torch.arange(len(ids)), manager.metadata([(0, len(ids))]), cache))
         want = reference.thinker(input_ids=ids[None]).logits[0]
-    # fp32; the experts and attention sum in other orders: relative to the largest logit
-    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    assert _close(got, want)
+
+
+@torch.no_grad()
+def test_audio_encoder_and_code2wav_equal_transformers(omni, loaded) -> None:
+    plan, reference, _ = omni
+    audio, code2wav = loaded["audio_enc"], loaded["code2wav"]
+    mels = [torch.randn(plan.node("audio_enc").dims["num_mel_bins"], n, generator=torch.Generator().manual_seed(n)) for n in (230, 60)]
+    want = reference.thinker.model.audio_tower(input_features=torch.cat(mels, dim=1),
+                                         feature_lens=torch.tensor([m.shape[1] for m in mels])).last_hidden_state
+    assert _close(torch.cat(audio(mels)), want)
+    dims = plan.node("code2wav").dims
+    codes = torch.randint(0, dims["codebook_size"], (1, dims["num_quantizers"], 12),
+                          generator=torch.Generator().manual_seed(1))
+    want = reference.code2wav(codes).squeeze(1)
+    assert want.std() > 1e-3 and _close(code2wav(codes), want)
 
 
 @pytest.mark.parametrize("node,key,dim", WRONG_PART_VALUES, ids=[f"{n}-{d}" for n, _, d in WRONG_PART_VALUES])
