@@ -97,13 +97,21 @@ def test_thinker_logits_equal_transformers(omni, loaded) -> None:
 
 
 @torch.no_grad()
-def test_audio_encoder_and_code2wav_equal_transformers(omni, loaded) -> None:
+def test_encoders_and_code2wav_equal_transformers(omni, loaded) -> None:
     plan, reference, _ = omni
     audio, code2wav = loaded["audio_enc"], loaded["code2wav"]
     mels = [torch.randn(plan.node("audio_enc").dims["num_mel_bins"], n, generator=torch.Generator().manual_seed(n)) for n in (230, 60)]
     want = reference.thinker.model.audio_tower(input_features=torch.cat(mels, dim=1),
                                          feature_lens=torch.tensor([m.shape[1] for m in mels])).last_hidden_state
     assert _close(torch.cat(audio(mels)), want)
+    d = plan.node("vision_enc").dims
+    grids = torch.tensor([(1, 4, 4), (2, 4, 2)])            # an image and a two-frame video, packed
+    patches = torch.randn(32, d["in_channels"] * d["temporal_patch_size"] * d["patch_size"] ** 2,
+                          generator=torch.Generator().manual_seed(4))
+    want_vision = reference.thinker.model.visual(hidden_states=patches, grid_thw=grids)
+    hidden, deepstack = loaded["vision_enc"].encode_patches(patches, grids)
+    assert _close(hidden, want_vision.pooler_output)
+    assert all(_close(g, w) for g, w in zip(deepstack, want_vision.deepstack_features, strict=True))
     dims = plan.node("code2wav").dims
     codes = torch.randint(0, dims["codebook_size"], (1, dims["num_quantizers"], 12),
                           generator=torch.Generator().manual_seed(1))
