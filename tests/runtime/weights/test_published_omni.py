@@ -136,3 +136,19 @@ def test_a_wrong_config_value_names_the_part_the_field_and_both_values(omni, tmp
     assert f"node '{node}' (" in str(err.value)
     assert f"config.json `{key}` = {wrong!r} but preset '{plan.node(node).preset}' of node '{node}' has " \
            f"{dim} = {ours!r}" in str(err.value)
+
+
+@torch.no_grad()
+def test_code_predictor_frames_equal_transformers_generate(omni, loaded) -> None:
+    plan, reference, _ = omni
+    d = plan.node("code_predictor").dims
+    groups = d["num_code_groups"]
+    prefix = torch.randn(2, 2, d["hidden_size"], generator=torch.Generator().manual_seed(8))
+    want = reference.talker.code_predictor.generate(inputs_embeds=prefix, max_new_tokens=groups - 1, do_sample=False,
+                                                    output_logits=True, return_dict_in_generate=True)
+    logits: list[torch.Tensor] = []
+    codes, _ = loaded["code_predictor"].predict_frames(prefix, torch.tensor([5, 17]),
+                                                       sample=lambda x: logits.append(x) or x.argmax(dim=-1))
+    assert torch.equal(codes[:, 1:], want.sequences[:, -(groups - 1):])
+    assert len(logits) == len(want.logits) == groups - 1
+    assert all(_close(g, w) for g, w in zip(logits, want.logits))
