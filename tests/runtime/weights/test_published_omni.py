@@ -1,7 +1,9 @@
 """A tiny Qwen3-Omni in the published layout (one repository: `thinker.`, `talker.` with
 `talker.code_predictor.` inside, `code2wav.`; sharded safetensors + model.safetensors.index.json +
 config.json) read by `check-weights` and the worker's loader through the seed graph's mappings;
-the thinker's logits equal transformers' Qwen3-Omni thinker fed the same files."""
+every part loaded so (thinker, audio and vision encoders, talker, code predictor, code2wav) equals
+transformers' Qwen3-Omni fed the same files, and config.json's shape-deciding values are checked
+per part before loading."""
 from __future__ import annotations
 
 import io
@@ -152,3 +154,17 @@ def test_code_predictor_frames_equal_transformers_generate(omni, loaded) -> None
     assert torch.equal(codes[:, 1:], want.sequences[:, -(groups - 1):])
     assert len(logits) == len(want.logits) == groups - 1
     assert all(_close(g, w) for g, w in zip(logits, want.logits))
+
+
+@torch.no_grad()
+def test_talker_logits_and_projections_equal_transformers(omni, loaded) -> None:
+    plan, reference, _ = omni
+    d, talker = plan.node("talker").dims, loaded["talker"]
+    embeds = torch.randn(7, d["hidden_size"], generator=torch.Generator().manual_seed(4))
+    manager, cache = KVBlockManager(8, 8), talker.make_kv_cache(8, 8)
+    manager.allocate(0, len(embeds))
+    got = talker.compute_logits(talker(embeds, torch.arange(len(embeds)), manager.metadata([(0, len(embeds))]), cache))
+    assert _close(got, reference.talker(inputs_embeds=embeds[None], use_cache=False).logits[0])
+    x = torch.randn(3, d["thinker_hidden_size"], generator=torch.Generator().manual_seed(6))
+    assert _close(talker.project_text(x), reference.talker.text_projection(x))
+    assert _close(talker.project_hidden(x), reference.talker.hidden_projection(x))
