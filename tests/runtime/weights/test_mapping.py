@@ -70,6 +70,7 @@ tasks:
     ("config: {vocab_size: vocab}", "unknown dim 'vocab' of node 'lm'"),
     ("split: [{match: 'a', into: [x, x]}]", "split names repeat"),
     ("renames: []", "renames"),
+    ("config_file: llm_config.yaml", "config_file"),
 ])
 def test_the_compiler_checks_every_rule(rule: str, message: str) -> None:
     with pytest.raises(CompileError, match=message):
@@ -81,6 +82,9 @@ def test_the_plan_carries_the_mapping() -> None:
     node = plan.node("lm")
     assert node.weight_map == WeightMap(source="o/r", prefix="m.", exclude=["^x"])
     assert not node.random_weights and node.weights is None
+    other = compile_text(GRAPH % "config_file: llm_config.json, config: {vocab_size: vocab_size}", "g.yaml",
+                         Options(preset="p")).plan.node("lm").weight_map
+    assert other.config_file == "llm_config.json" and other.config == {"vocab_size": "vocab_size"}
 
 
 @pytest.mark.parametrize("wrapper", ["module.backbone.", "module.", "backbone.", ""])
