@@ -7,7 +7,7 @@ import pytest
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.weights.sources import MissingWeights, WeightOptions, resolve
+from runtime.weights.sources import MissingWeights, WeightOptions, resolve, resolve_all
 
 GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
 
@@ -27,6 +27,21 @@ def test_a_full_size_preset_without_weights_is_an_error_naming_the_node() -> Non
     with pytest.raises(MissingWeights, match=r"node 'vit' \(siglip_vit, bagel.yaml:\d+:\d+\) reads its weights "
                                              r"from ByteDance-Seed/BAGEL-7B-MoT"):
         resolve(plan, plan.node("vit"), WeightOptions())
+
+
+@pytest.mark.parametrize("graph,preset,nodes", [
+    ("orpheus", "orpheus-3b", ["lm", "snac"]),
+    ("bagel", "bagel-7b", ["vit", "vae_enc", "llm", "vae_dec"]),
+    ("qwen3_omni", "qwen3-omni-30b-a3b", ["audio_enc", "vision_enc", "thinker", "talker", "code_predictor",
+                                          "code2wav"]),
+    ("vjepa2_ac", "vitg", ["encoder", "predictor"]),
+])
+def test_every_full_size_preset_with_an_empty_weights_dir_names_every_node(tmp_path: Path, graph: str, preset: str,
+                                                                           nodes: list[str]) -> None:
+    with pytest.raises(MissingWeights) as err:
+        resolve_all(plan_of(graph, preset), WeightOptions((str(tmp_path),)))
+    assert f"{len(nodes)} node(s) have no weights: {', '.join(nodes)}" in str(err.value)
+    assert f"tried:\n    {tmp_path}/" in str(err.value)
 
 
 def test_random_weights_on_request_and_none_for_nodes_without_parameters() -> None:
