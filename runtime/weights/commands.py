@@ -2,7 +2,7 @@
 
     mstar-run check-weights plan.bin --weights ROOT [--weights REPO=DIR]
         per node: tensors matched / missing / unexpected / mis-shaped and bytes per rank, from
-        safetensors headers and config.json only (modules built on the meta device); exit 1 on
+        safetensors headers and the config files only (modules built on the meta device); exit 1 on
         any mismatch, naming the first offending keys and the fix.
     mstar-run convert-weights DIR
         every .bin/.pt under DIR once into .safetensors beside it (torch.load(weights_only=True):

@@ -1,10 +1,10 @@
 """Loading a node from a published repository through the graph's mapping, checked first.
 
-    report = check_published(node, root, slots)   # headers + config.json only: no tensor data
+    report = check_published(node, root, slots)   # headers + the config file only: no tensor data
     load_published(module, node, root)            # the same check, then the copy
     check_plan_sources(plan, sources)             # every mapped node, before any worker starts
 
-All raise for people: a config.json that disagrees with the preset names both values
+All raise for people: a config file (config.json, ...) that disagrees with the preset names both values
 (ConfigMismatch), a mapping that does not cover the module names the first offending keys
 and the fix (WeightMismatch).
 """
@@ -25,7 +25,7 @@ from runtime.weights.sources import NodeWeights
 
 
 class ConfigMismatch(ValueError):
-    """The repository's config.json disagrees with the preset on a shape-deciding value."""
+    """The repository's config file disagrees with the preset on a shape-deciding value."""
 
 
 class WeightMismatch(ValueError):
@@ -43,8 +43,8 @@ def mismatch_fix(node: Node, report: MatchReport) -> str:
     rule = f"the preset's `weights: {node.name}:` in {node.source.split(':')[0]}"
     files = ", ".join(node.weight_map.files) or "the index's shards / every .safetensors"
     if report.misshaped:
-        return (f"the preset's dims disagree with the checkpoint (compare its config.json), or the mapping lacks "
-                f"a `reshape:`/`split:` rule ({rule})")
+        return (f"the preset's dims disagree with the checkpoint (compare its {node.weight_map.config_file}), or "
+                f"the mapping lacks a `reshape:`/`split:` rule ({rule})")
     if report.unexpected:
         return f"another repository or revision? else add an `exclude:` or `rename:` rule to {rule}"
     return f"incomplete download? the files read ({files}) lack these tensors; or a `rename:` rule in {rule} is wrong"
