@@ -102,7 +102,8 @@ def test_thinker_logits_equal_transformers(omni, loaded) -> None:
 def test_encoders_and_code2wav_equal_transformers(omni, loaded) -> None:
     plan, reference, _ = omni
     audio, code2wav = loaded["audio_enc"], loaded["code2wav"]
-    mels = [torch.randn(plan.node("audio_enc").dims["num_mel_bins"], n, generator=torch.Generator().manual_seed(n)) for n in (230, 60)]
+    bins = plan.node("audio_enc").dims["num_mel_bins"]
+    mels = [torch.randn(bins, n, generator=torch.Generator().manual_seed(n)) for n in (230, 60)]
     want = reference.thinker.model.audio_tower(input_features=torch.cat(mels, dim=1),
                                          feature_lens=torch.tensor([m.shape[1] for m in mels])).last_hidden_state
     assert _close(torch.cat(audio(mels)), want)
