@@ -2,7 +2,7 @@
 
 A long prompt is cut into chunks (`--prefill-chunk 64` here, so a ~600-token prompt makes
 ten of them; the default is 256) that ride in the same batches as the running decodes: a
-stream that is decoding keeps its pace while the prompt prefills, and the prompt's greedy
+stream that is decoding gets tokens while the prompt prefills, and the prompt's greedy
 answer is the one a whole-prompt prefill gives (`--prefill-chunk 0`). Workers run one
 torch thread: on a shared 2-core machine a second one spin-waits against other processes.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import statistics
 import time
 from typing import Iterator
 
@@ -27,10 +26,6 @@ LONG_PROMPT = "Summarise these notes. " + " ".join(f"Note {i}: the shipment {i} 
 # the same length, sharing no cached block with LONG_PROMPT (which an earlier test prefilled): a
 # cached prompt is reused whole, chunk after chunk, and would leave nothing to interleave
 FRESH_PROMPT = "Notes to summarise. " + " ".join(f"Note {i}: the shipment {i} left the port on time." for i in range(45))
-# a 64-token chunk's forward costs 3-4 decode steps of this model (one thread); the whole
-# 600-token prefill in one forward costs ~30, so the bound separates the two both ways
-MAX_GAP_MEDIANS = 12
-
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +57,8 @@ def test_chunked_prompt_gives_the_whole_prompt_greedy_answer(chunked: Server, wh
     assert got == answer(whole)[0]
 
 
-async def _gaps_around_a_long_prefill(server: Server) -> tuple[list[float], list[float], float]:
-    """A decoding stream's token gaps before, and while, a long prompt prefills; the prompt's TTFT."""
+async def _tokens_during_a_long_prefill(server: Server) -> tuple[int, int]:
+    """How many tokens a decoding stream received while a long prompt prefilled; the prompt's length."""
     client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
     arrivals: list[float] = []
     marks: dict[str, float] = {}
@@ -76,30 +71,33 @@ async def _gaps_around_a_long_prefill(server: Server) -> tuple[list[float], list
             if chunk.choices and chunk.choices[0].delta.content:
                 arrivals.append(time.perf_counter())
             if "first" in marks and len(arrivals) > marks["count"] + 5:
-                break              # five more tokens after the prompt's first: the stall is over
+                break              # five more tokens after the prompt's first: the prefill is over
 
     async def long_prompt() -> None:
         while len(arrivals) < 20:                      # the stream is flowing
             await asyncio.sleep(0.005)
         marks["sent"] = time.perf_counter()
         stream = await client.chat.completions.create(model=MODEL, temperature=0, max_tokens=2, stream=True,
+                                                      stream_options={"include_usage": True},
                                                       messages=[{"role": "user", "content": FRESH_PROMPT}])
         async for chunk in stream:
             if "first" not in marks and chunk.choices and chunk.choices[0].delta.content:
                 marks["first"], marks["count"] = time.perf_counter(), len(arrivals)
+            if chunk.usage is not None:
+                marks["prompt_tokens"] = chunk.usage.prompt_tokens
 
     await asyncio.gather(decoding(), long_prompt())
-    gaps = [(b - a, b) for a, b in zip(arrivals, arrivals[1:])]
-    before = [g for g, at in gaps if at <= marks["sent"]]
-    during = [g for g, at in gaps if marks["sent"] < at <= marks["first"] + 0.001] or [0.0]
-    return before, during, marks["first"] - marks["sent"]
+    during = sum(marks["sent"] < at <= marks["first"] for at in arrivals)
+    return during, int(marks["prompt_tokens"])
 
 
 def test_decoding_stream_keeps_flowing_while_a_long_prompt_prefills(chunked: Server) -> None:
-    before, during, ttft = asyncio.run(_gaps_around_a_long_prefill(chunked))
-    median = statistics.median(before)
-    assert max(during) <= MAX_GAP_MEDIANS * median, (
-        f"a decoding stream stalled {max(during) * 1e3:.0f} ms (its median gap: {median * 1e3:.0f} ms) "
-        f"while a prompt prefilled in {ttft * 1e3:.0f} ms")
-    assert len(during) >= 3, "the prompt prefilled between two tokens of the stream: nothing was interleaved"
-
+    # Counted, not timed (a loaded machine slows both sides alike): each of the prompt's chunks rides in
+    # a batch with the stream's decode, so the stream gets about one token per chunk before the prompt's
+    # first; a whole-prompt prefill is one step, and the stream gets at most one token during it. Half
+    # the chunks leaves room for steps whose tokens reach the client after the prompt's first token.
+    during, prompt_tokens = asyncio.run(_tokens_during_a_long_prefill(chunked))
+    chunks = -(-prompt_tokens // CHUNK)
+    assert chunks >= 8, "the prompt must span several chunks"
+    assert during >= chunks // 2, (
+        f"the decoding stream got {during} tokens while a {prompt_tokens}-token prompt prefilled in {chunks} chunks")
