@@ -30,6 +30,8 @@ class RealtimeMetrics:
         self.windows = Counter("mstar_realtime_audio_windows", "audio encoder windows run per phase: "
                                "streamed (before the commit, while the user spoke) or commit (the tail)",
                                ["phase"], registry=registry)
+        for phase in ("streamed", "commit"):     # exported at 0 from the start
+            self.windows.labels(phase)
         self.cancelled = Counter("mstar_realtime_responses_cancelled", "responses cancelled (response.cancel "
                                  "or barge-in)", registry=registry)
         self.errors = Counter("mstar_realtime_error_events", "error events sent, by code", ["code"],
@@ -66,7 +68,8 @@ async def realtime(request: web.Request) -> web.WebSocketResponse:
             if msg.type == WSMsgType.TEXT:
                 await session.handle(msg.data)
             elif msg.type == WSMsgType.BINARY:
-                await session.handle("binary frame")     # answered with an invalid_json error event
+                await session.refuse(ApiError(400, "client events are JSON text frames, not binary ones",
+                                              code="invalid_event"))
             else:
                 break
     finally:

@@ -26,6 +26,7 @@ import asyncio
 import base64
 import binascii
 import json
+import logging
 import uuid
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from runtime.server.app import MstarServer
     from runtime.server.realtime import RealtimeMetrics
 
+log = logging.getLogger(__name__)
 MIN_COMMIT_S = 0.1          # OpenAI refuses a commit of less than 100 ms of audio
 MODALITIES = (["text"], ["audio", "text"], ["text", "audio"])
 
@@ -78,7 +80,7 @@ class RealtimeSession:
                                        "max_response_output_tokens": "inf"}
         self.audio = listener.stream()
         self.heard: list[asyncio.Task[torch.Tensor]] = []     # the buffer's windows, in order
-        self.hearing: set[Any] = set()                         # their conductor requests
+        self.hearing: dict[int, Any] = {}                      # their conductor requests by id
         self.item: tuple[str, torch.Tensor] | None = None      # the last committed utterance: (id, rows)
         self.response: asyncio.Task[None] | None = None
         self.response_id = ""
@@ -111,6 +113,14 @@ class RealtimeSession:
             await self._error(ApiError(400, f"the event is not valid JSON: {exc}", code="invalid_json"), None)
         except ApiError as err:
             await self._error(err, event.get("event_id") if isinstance(event, dict) else None)
+        except Exception:       # a bug here must not drop the socket: the client hears of it, the log has it
+            log.exception("realtime session %s failed on an event", self.id)
+            await self._error(ApiError(500, "the server failed on this event (see its log)", code="server_error"),
+                              event.get("event_id") if isinstance(event, dict) else None)
+
+    async def refuse(self, err: ApiError) -> None:
+        """A frame that is no event at all (a binary frame)."""
+        await self._error(err, None)
 
     async def _error(self, err: ApiError, event_id: Any) -> None:
         self.metrics.errors.labels(err.code or "invalid_request").inc()
@@ -150,7 +160,7 @@ class RealtimeSession:
         items, family = self.listener.hear_items(window)
         req = self.server.conductor.submit(self.listener.hear_task, speech_params(self.server, {}, family), items,
                                            timeout_s=self.server.config.request_timeout_s)
-        self.hearing.add(req)
+        self.hearing[req.request_id] = req
         rows: list[torch.Tensor] = []
         try:
             while True:
@@ -161,7 +171,7 @@ class RealtimeSession:
                 if event.finish_reason is not None:
                     break
         finally:
-            self.hearing.discard(req)
+            self.hearing.pop(req.request_id, None)
             self.server.conductor.abort(req)
         self.metrics.windows.labels(phase).inc()
         return torch.cat(rows)
@@ -187,7 +197,7 @@ class RealtimeSession:
     def _drop_buffer(self) -> None:
         for task in self.heard:
             task.cancel()
-        for req in list(self.hearing):
+        for req in list(self.hearing.values()):
             self.server.conductor.abort(req)
         self.heard, self.audio = [], self.listener.stream()
 
