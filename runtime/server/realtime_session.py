@@ -83,6 +83,7 @@ class RealtimeSession:
         self.hearing: dict[int, Any] = {}                      # their conductor requests by id
         self.item: tuple[str, torch.Tensor] | None = None      # the last committed utterance: (id, rows)
         self.response: asyncio.Task[None] | None = None
+        self.answering: Any = None                             # the response's conductor request
         self.response_id = ""
 
     async def send(self, event_type: str, **fields: Any) -> None:
@@ -226,14 +227,18 @@ class RealtimeSession:
         await self.send("response.done", response=self._response("cancelled", []))
 
     async def close(self) -> None:
-        """The socket closed: abort the response and every window still being heard."""
+        """The socket closed: abort the response and every window still being heard. The aborts are
+        synchronous (the conductor frees KV and buffers at once), so a handler cancelled while it
+        waits here for the response task to unwind has still freed everything."""
+        self.metrics.sessions.dec()
         task, self.response = self.response, None
+        if self.answering is not None:
+            self.server.conductor.abort(self.answering)
+        self._drop_buffer()
+        self.item = None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        self._drop_buffer()
-        self.item = None
-        self.metrics.sessions.dec()
 
     # ---- the response ---------------------------------------------------------------------
 
@@ -253,6 +258,7 @@ class RealtimeSession:
         req = server.conductor.submit(task, speech_params(server, {k: v for k, v in body.items() if v is not None},
                                                           family), items, server.stop_token_ids(),
                                       server.config.request_timeout_s)
+        self.answering = req
         try:
             text = await self._deltas(AudioEvents(server, req, model), speaks)
         except ApiError as err:
@@ -262,6 +268,7 @@ class RealtimeSession:
             return
         finally:
             server.conductor.abort(req)
+            self.answering = None
         self.response = None
         content = {"type": "audio" if speaks else "text", ("transcript" if speaks else "text"): text}
         usage = {"output_tokens": len(req.output_ids)}
