@@ -228,8 +228,8 @@ class RealtimeSession:
 
     async def close(self) -> None:
         """The socket closed: abort the response and every window still being heard. The aborts are
-        synchronous (the conductor frees KV and buffers at once), so a handler cancelled while it
-        waits here for the response task to unwind has still freed everything."""
+        synchronous (the conductor frees KV and buffers at once) and come first: aiohttp cancels
+        the handler when the peer's connection drops, at the first await below."""
         self.metrics.sessions.dec()
         task, self.response = self.response, None
         if self.answering is not None:
