@@ -182,6 +182,9 @@ def test_cancel_barge_in_and_disconnect_stop_the_answer_and_free_kv(omni_single)
     ("not json", "invalid_json"),
     ({"type": "no.such.event"}, "unknown_event"),
     ({"type": "input_audio_buffer.append", "audio": "%%%"}, "invalid_audio"),
+    ({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x00" * 3).decode()}, "invalid_audio"),
+    ({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(2 * PCM_RATE * 9)).decode()},
+     "audio_too_long"),                                       # 9 s: the tiny graph's max_audio_seconds is 8
     ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty"),
     ({"type": "response.create"}, "no_committed_audio"),
     ({"type": "response.cancel"}, "response_cancel_not_active"),
