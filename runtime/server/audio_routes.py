@@ -4,6 +4,7 @@
   POST /v1/audio/speech        runtime/server/speech.py (plans that speak)
   POST /v1/chat/completions    runtime/server/audio_chat.py routes `modalities: [..., "audio"]`
                                to the audio chat, the rest to the text chat
+  GET  /v1/realtime            runtime/server/realtime.py (plans that speak and whose family hears)
 and registers the audio metrics and the rank gauges (runtime/server/audio_metrics.py).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from runtime.server.audio_chat import chat_or_audio
 from runtime.server.speech import audio_speech
 from runtime.server.speech_model import speech_model
 from runtime.server.audio_metrics import AudioMetrics, RuntimeCollector
+from runtime.server.realtime import install_realtime
 
 if TYPE_CHECKING:
     from runtime.server.app import MstarServer
@@ -29,3 +31,4 @@ def install_audio_routes(server: MstarServer, app: web.Application) -> None:
         server.metrics.registry.register(RuntimeCollector(server.conductor))
     app.router.add_post("/v1/audio/speech", audio_speech)
     app.router.add_post("/v1/chat/completions", chat_or_audio)
+    install_realtime(server, app)

@@ -55,6 +55,8 @@ class FamilyServing:
     prepare_image: Callable[[Plan, Any], Any] | None = None
     # the reader of non-text chat parts (runtime/server/chat_inputs.py's ChatInputs) for a plan
     chat_inputs: Callable[[Plan], Any] | None = None
+    # how a /v1/realtime session's audio is heard (runtime/server/realtime_session.py's Listener)
+    realtime: Callable[[Plan], Any] | None = None
 
 
 _FAMILIES: dict[str, FamilyServing] = {}

@@ -46,16 +46,42 @@ DEFAULT_SPEAKER = "ethan"
 
 
 class AudioEncoderExecutor(CachelessExecutor):
-    """The `qwen3_omni_audio_encoder` node: each request's waveform (S,) -> hidden (T, output_dim)."""
+    """The `qwen3_omni_audio_encoder` node: each request's waveform (S,) -> hidden (T, output_dim).
+
+    A realtime session (runtime/server/realtime_session.py) encodes its audio window by window while
+    it arrives and says so in the family param `audio_input` (AUDIO_INPUTS): "mel" — the item is one
+    window's log-mel frames (num_mel_bins, F), encoded as they are; "rows" — the item is encoder rows
+    (T, output_dim) this node computed for the session's earlier windows, passed on to the thinker.
+    """
 
     def __init__(self, node: Node, encoder: nn.Module) -> None:
         self.encoder = encoder
         self.device = next(encoder.parameters()).device
+        self._inputs: dict[int, str] = {}
+
+    def open(self, request_id: int, params: RequestParams) -> None:
+        kind = str(params.family.get("audio_input", "waveform"))
+        if kind not in AUDIO_INPUTS:
+            raise ValueError(f"family param audio_input must be one of {AUDIO_INPUTS}, got {kind!r}")
+        self._inputs[request_id] = kind
+
+    def close(self, request_id: int, kv_only: bool) -> None:
+        if not kv_only:
+            self._inputs.pop(request_id, None)
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
-        hidden = self.encoder.encode([ins["audio"].to(self.device, torch.float32) for ins in inputs])
-        return [ExecResult(outputs={"hidden": h}) for h in hidden]
+        kinds = [self._inputs.get(item.request_id, "waveform") for item in items]
+        values = [ins["audio"].to(self.device, torch.float32) for ins in inputs]
+        out: list[torch.Tensor | None] = [v if k == "rows" else None for k, v in zip(kinds, values)]
+        for kind, encode in (("waveform", self.encoder.encode), ("mel", self.encoder)):
+            todo = [i for i, k in enumerate(kinds) if k == kind]
+            for i, h in zip(todo, encode([values[i] for i in todo]) if todo else []):
+                out[i] = h
+        return [ExecResult(outputs={"hidden": h}) for h in out]
+
+
+AUDIO_INPUTS = ("waveform", "mel", "rows")
 
 
 class VisionEncoderExecutor(CachelessExecutor):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from runtime.models.qwen3_omni.chat_inputs import omni_chat_inputs
+from runtime.models.qwen3_omni.realtime_listener import omni_listener
 from runtime.server.audio_io import voice_for
 from runtime.server.errors import ApiError
 from runtime.server.families import FamilyServing, register_family_serving
@@ -62,4 +63,5 @@ class OmniSpeaker:
 
 
 SERVING = register_family_serving(FamilyServing("qwen3_omni", frozenset({"qwen3_omni_code2wav", "qwen3_omni_audio_encoder"}),
-                                                speaker=OmniSpeaker(), chat_inputs=omni_chat_inputs))
+                                                speaker=OmniSpeaker(), chat_inputs=omni_chat_inputs,
+                                                realtime=omni_listener))

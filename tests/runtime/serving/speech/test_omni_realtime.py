@@ -1,0 +1,207 @@
+"""/v1/realtime against a real Qwen3-Omni tiny server: the OpenAI Realtime core events over a real WebSocket.
+
+The client is aiohttp's WebSocket client; the server is the package's shared `omni_single`
+(no server start of its own). Heard windows are read from /metrics: the tiny encoder attends
+in 2 s windows, so a 3 s utterance streamed in 100 ms chunks has one window heard before the
+commit and the 1 s tail at it. KV blocks and stream buffers are read from /metrics after a
+cancel, a barge-in and a disconnect mid-answer.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from runtime.models.qwen3_omni.audio_stream import PCM_RATE
+from runtime.server.audio_io import wav
+from tests.runtime.models.qwen3_omni.test_audio_stream import chunks, utterance
+from tests.runtime.serving.speech.conftest import OMNI
+
+WINDOWS = 'mstar_realtime_audio_windows_total{phase="%s"}'
+KV_NODES = ("thinker", "talker")
+MAX_TOKENS = 12
+
+
+class Client:
+    """One realtime session: send events, read server events in order."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+
+    async def send(self, event_type: str, **fields: Any) -> None:
+        await self.ws.send_str(json.dumps({"type": event_type, **fields}))
+
+    async def recv(self, timeout: float = 60) -> dict:
+        msg = await self.ws.receive(timeout=timeout)
+        assert msg.type == aiohttp.WSMsgType.TEXT, msg
+        return json.loads(msg.data)
+
+    async def until(self, event_type: str) -> list[dict]:
+        """Every event up to and including the first of `event_type`."""
+        seen = []
+        while not seen or seen[-1]["type"] != event_type:
+            seen.append(await self.recv())
+        return seen
+
+    async def speak(self, pcm: bytes) -> None:
+        for piece in chunks(pcm):
+            await self.send("input_audio_buffer.append", audio=base64.b64encode(piece).decode())
+
+
+def session(server, body) -> Any:
+    async def run() -> Any:
+        async with aiohttp.ClientSession() as http, http.ws_connect(f"{server.url.replace('http', 'ws')}/v1/realtime") as ws:
+            client = Client(ws)
+            created = await client.recv()
+            assert created["type"] == "session.created" and created["session"]["input_audio_format"] == "pcm16"
+            return await body(client)
+    return asyncio.run(run())
+
+
+def _kv(server) -> float:
+    return sum(server.metric(f'mstar_worker_kv_used_blocks{{node="{n}",rank="0"}}') or 0 for n in KV_NODES)
+
+
+def _wait_freed(server) -> None:
+    """Until the sessions have closed on the server and the workers report their KV and buffers freed."""
+    deadline = time.monotonic() + 20            # heartbeats carry the workers' view: give them a few beats
+    while time.monotonic() < deadline and (_kv(server) or server.metric('mstar_stream_buffers{where="workers"}')
+                                           or server.metric("mstar_realtime_sessions")):
+        time.sleep(0.2)
+
+
+def _heard(server, phase: str) -> float:
+    return server.metric(WINDOWS % phase)
+
+
+async def _until_heard(server, phase: str, count: float) -> None:
+    """Wait (generously: a loaded machine) until `count` windows of `phase` have been heard."""
+    deadline = time.monotonic() + 60
+    while _heard(server, phase) < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+def test_streamed_utterance_is_heard_while_spoken_and_answered_in_speech(omni_single):
+    server = omni_single
+    before = {p: _heard(server, p) for p in ("streamed", "commit")}
+
+    async def body(client: Client) -> tuple[float, list[dict]]:
+        await client.send("session.update", session={"instructions": "Answer briefly.", "voice": "ethan",
+                                                     "modalities": ["audio", "text"]})
+        assert (await client.recv())["type"] == "session.updated"
+        await client.speak(utterance(3.0))
+        await _until_heard(server, "streamed", before["streamed"] + 1)
+        heard_before_commit = _heard(server, "streamed")      # nothing committed yet: heard while arriving
+        await client.send("input_audio_buffer.commit")
+        committed = await client.until("conversation.item.created")
+        await client.send("response.create")
+        return heard_before_commit, committed + await client.until("response.done")
+
+    heard_before_commit, events = session(server, body)
+    types = [e["type"] for e in events]
+    assert types[:2] == ["input_audio_buffer.committed", "conversation.item.created"]
+    assert "response.created" in types and types[-1] == "response.done"
+    assert events[-1]["response"]["status"] == "completed"
+    transcript = "".join(e["delta"] for e in events if e["type"] == "response.audio_transcript.delta")
+    audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.audio.delta")
+    assert transcript and len(audio) > 0 and len(audio) % 2 == 0
+    assert events[-1]["response"]["output"][0]["content"][0]["transcript"] == transcript
+    assert heard_before_commit - before["streamed"] == 1      # 3 s: the one complete 2 s window, before commit
+    assert _heard(server, "streamed") - before["streamed"] == 1
+    assert _heard(server, "commit") - before["commit"] == 1   # and the 1 s tail at it
+    _wait_freed(server)
+    assert _kv(server) == 0
+
+
+def test_realtime_answer_equals_chat_with_the_same_audio_as_a_file(omni_single):
+    """The rows heard window by window reach the thinker as the whole file's do: same greedy text."""
+    pcm = utterance(3.0, seed=2)
+
+    async def body(client: Client) -> str:
+        await client.send("session.update", session={"modalities": ["text"], "temperature": 0,
+                                                     "max_response_output_tokens": MAX_TOKENS})
+        await client.until("session.updated")
+        await client.speak(pcm)
+        await client.send("input_audio_buffer.commit")
+        await client.until("conversation.item.created")
+        await client.send("response.create")
+        events = await client.until("response.done")
+        assert not any(e["type"].startswith("response.audio") for e in events)   # text only
+        return next(e["text"] for e in events if e["type"] == "response.text.done")
+
+    text = session(omni_single, body)
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav(pcm, PCM_RATE)).decode(),
+                                                   "format": "wav"}}
+    client = openai.OpenAI(base_url=f"{omni_single.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    out = client.chat.completions.create(model=OMNI, messages=[{"role": "user", "content": [part]}],
+                                         max_tokens=MAX_TOKENS, temperature=0.0)
+    assert text and text == out.choices[0].message.content
+
+
+def test_cancel_barge_in_and_disconnect_stop_the_answer_and_free_kv(omni_single):
+    server = omni_single
+    cancelled = server.metric("mstar_realtime_responses_cancelled_total")
+
+    async def answering(client: Client) -> None:
+        await client.send("response.create")
+        await client.until("response.audio_transcript.delta")
+
+    async def body(client: Client) -> list[list[dict]]:
+        await client.speak(utterance(1.0, seed=1))
+        await client.send("input_audio_buffer.commit")
+        await client.until("conversation.item.created")
+        await answering(client)
+        await client.send("response.cancel")
+        by_cancel = await client.until("response.done")
+        await client.send("input_audio_buffer.clear")             # nothing of the cancelled answer follows
+        after_cancel = await client.until("input_audio_buffer.cleared")
+        await answering(client)
+        await client.speak(utterance(0.1, seed=3))                 # the user speaks over the answer
+        by_barge_in = await client.until("response.done")
+        await answering(client)
+        return [by_cancel, after_cancel, by_barge_in]              # the socket closes mid-answer
+
+    by_cancel, after_cancel, by_barge_in = session(server, body)
+    assert by_cancel[-1]["response"]["status"] == by_barge_in[-1]["response"]["status"] == "cancelled"
+    assert [e["type"] for e in after_cancel] == ["input_audio_buffer.cleared"]
+    assert server.metric("mstar_realtime_responses_cancelled_total") - cancelled == 2
+    _wait_freed(server)
+    assert _kv(server) == 0
+    assert server.metric('mstar_stream_buffers{where="workers"}') == 0
+    assert server.metric('mstar_stream_buffers{where="conductor"}') == 0
+    assert server.metric("mstar_realtime_sessions") == 0
+
+
+@pytest.mark.parametrize("event, code", [
+    ("not json", "invalid_json"),
+    ({"type": "no.such.event"}, "unknown_event"),
+    ({"type": "input_audio_buffer.append", "audio": "%%%"}, "invalid_audio"),
+    ({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x00" * 3).decode()}, "invalid_audio"),
+    ({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(2 * PCM_RATE * 9)).decode()},
+     "audio_too_long"),                                       # 9 s: the tiny graph's max_audio_seconds is 8
+    ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty"),
+    ({"type": "response.create"}, "no_committed_audio"),
+    ({"type": "response.cancel"}, "response_cancel_not_active"),
+    ({"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}, None),
+])
+def test_bad_events_get_error_events_and_the_session_keeps_serving(omni_single, event, code):
+    async def body(client: Client) -> tuple[dict, dict]:
+        await client.ws.send_str(event if isinstance(event, str) else json.dumps({**event, "event_id": "ev_1"}))
+        error = await client.recv()
+        await client.send("session.update", session={"voice": "chelsie", "modalities": ["text"]})
+        return error, await client.recv()
+
+    error, updated = session(omni_single, body)
+    assert error["type"] == "error" and error["error"]["message"]
+    assert error["error"]["type"] == "invalid_request_error"
+    if code is not None:
+        assert error["error"]["code"] == code
+    if not isinstance(event, str):
+        assert error["error"]["event_id"] == "ev_1"
+    assert updated["type"] == "session.updated" and updated["session"]["modalities"] == ["text"]
