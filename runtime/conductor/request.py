@@ -10,9 +10,10 @@ import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from runtime.conductor.cursor import TrackCursor
+from runtime.transport.messages import TokenLogprob
 from runtime.transport.request_params import RequestParams
 
 
@@ -62,6 +63,7 @@ class OutputEvent:
     """What the conductor tells the server about a request: new tokens, tensors, or the end."""
 
     token_ids: list[int] = field(default_factory=list)    # tokens produced since the last event
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, when the request asked
     tensors: dict[str, Any] = field(default_factory=dict)  # "<node>.<port>" -> torch.Tensor (final values)
     finish_reason: str | None = None                     # set on the last event: stop|length|abort|error
     error: str | None = None                             # message when finish_reason == "error"
@@ -200,11 +202,11 @@ class Request:
 
     # ---- output --------------------------------------------------------------------
 
-    def emit_tokens(self, token_ids: list[int]) -> None:
+    def emit_tokens(self, token_ids: list[int], logprobs: Sequence[TokenLogprob] = ()) -> None:
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
         self.output_ids.extend(token_ids)
-        self.events.put_nowait(OutputEvent(token_ids=list(token_ids)))
+        self.events.put_nowait(OutputEvent(token_ids=list(token_ids), logprobs=list(logprobs)))
 
     def emit_tensors(self, tensors: dict[str, Any]) -> None:
         self.events.put_nowait(OutputEvent(tensors=tensors))

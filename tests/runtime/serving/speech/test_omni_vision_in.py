@@ -39,22 +39,23 @@ def reference():
 
 
 @torch.no_grad()
-def greedy(reference, image) -> tuple[list[int], list[int]]:
-    """(prompt ids, greedy answer ids) of transformers' thinker for [image, QUESTION]."""
+def greedy(reference, image) -> tuple[list[int], list[int], list[float]]:
+    """(prompt ids, greedy answer ids, their log-probabilities) of transformers' thinker for [image, QUESTION]."""
     pixels = hf_image_processor()(image, return_tensors="pt")
     ids = chat_ids(image_ids(int(pixels["image_grid_thw"].prod()) // VISION["spatial_merge_size"] ** 2),
                    list(QUESTION))
-    sequence = torch.tensor([ids])
+    sequence, logprobs = torch.tensor([ids]), []
     for _ in range(MAX_TOKENS):
         logits = reference(input_ids=sequence, attention_mask=torch.ones_like(sequence), **pixels).logits
         sequence = torch.cat([sequence, logits[:, -1:].argmax(-1)], dim=1)
-    return ids, sequence[0, len(ids):].tolist()
+        logprobs.append(float(logits[0, -1].log_softmax(-1).max()))
+    return ids, sequence[0, len(ids):].tolist(), logprobs
 
 
 def ask(server, image) -> openai.types.chat.ChatCompletion:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
     return client.chat.completions.create(
-        model=OMNI, max_tokens=MAX_TOKENS, temperature=0.0,
+        model=OMNI, max_tokens=MAX_TOKENS, temperature=0.0, logprobs=True,
         messages=[{"role": "user", "content": [image_part(image), {"type": "text", "text": QUESTION.decode()}]}])
 
 
@@ -62,11 +63,14 @@ def test_chat_with_an_image_answers_as_transformers_thinker(single, reference) -
     answers = []
     for seed in (1, 2):
         image = picture(40, 56, seed)
-        ids, expected = greedy(reference, image)
+        ids, expected, logprobs = greedy(reference, image)
         reply = ask(single, image)
         assert reply.usage.prompt_tokens == len(ids)
         assert reply.usage.completion_tokens == MAX_TOKENS
         assert reply.choices[0].message.content == ByteTokenizer().decode(expected)
+        # fp32 both sides, as the thinker parity tests compare logits
+        got = [e.logprob for e in reply.choices[0].logprobs.content]
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), rtol=1e-4, atol=1e-4)
         answers.append(expected)
     assert answers[0] != answers[1]         # the picture is read: another one, another answer
 
