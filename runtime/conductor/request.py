@@ -63,12 +63,12 @@ class OutputEvent:
     """What the conductor tells the server about a request: new tokens, tensors, or the end."""
 
     token_ids: list[int] = field(default_factory=list)    # tokens produced since the last event
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, when the request asked
     tensors: dict[str, Any] = field(default_factory=dict)  # "<node>.<port>" -> torch.Tensor (final values)
     finish_reason: str | None = None                     # set on the last event: stop|length|abort|error
     error: str | None = None                             # message when finish_reason == "error"
     status: int = 500                                    # HTTP status of the error (504 timeout, 503 shutdown)
     code: str = "worker_failed"                          # OpenAI-style error code of the error
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, when the request asked
 
 
 @dataclass
