@@ -3,7 +3,8 @@
 What the published processor does (transformers' `Qwen2VLImageProcessor`, which Qwen3-Omni's
 processor uses for images and, frame by frame, for videos), written here without it:
   * `smart_resize`: both sides rounded to multiples of patch·merge, the area kept within
-    [min_pixels, max_pixels] at the same aspect ratio (the vision preset's dims);
+    [min_pixels, max_pixels] at the same aspect ratio (the vision preset's dims; video frames
+    within [video_min_pixels, video_max_pixels], the processor's `videos_kwargs` size);
   * bicubic resize (PIL), rescale by 1/255, normalise with mean = std = 0.5 per channel;
   * a still image is one temporal patch (the encoder repeats it `temporal_patch_size` times);
     a video's frames are padded to a multiple of `temporal_patch_size` by repeating the last
@@ -81,6 +82,7 @@ class VisionProcessor:
         self.patch, self.merge = int(vision["patch_size"]), int(vision["spatial_merge_size"])
         self.temporal = int(vision["temporal_patch_size"])
         self.min_pixels, self.max_pixels = int(vision["min_pixels"]), int(vision["max_pixels"])
+        self.video_pixels = int(vision["video_min_pixels"]), int(vision["video_max_pixels"])
         self.position_id_per_seconds = float(vision["position_id_per_seconds"])
         self.image_pad, self.video_pad = pad_ids
 
@@ -95,7 +97,7 @@ class VisionProcessor:
             raise ApiError(400, f"{field_name}.fps = {fps}: temporal patches of {self.temporal} frames would sit "
                                 f"{step:g} positions apart; use an fps that makes this whole (e.g. 1 or 2)",
                            f"{field_name}.fps")
-        size = self._size(frames[0])
+        size = self._size(frames[0], *self.video_pixels)
         frames = frames + [frames[-1]] * (-len(frames) % self.temporal)
         pixels = torch.stack([_pixels(f, size) for f in frames])                        # (F, 3, H, W)
         grid = VisualGrid(len(frames) // self.temporal, size[0] // self.patch, size[1] // self.patch, round(step))
@@ -114,8 +116,11 @@ class VisionProcessor:
                                 f"({t} frames)", field_name, "invalid_video")
         return torch.arange(0, num_frames, num_frames / count).int().tolist()
 
-    def _size(self, picture: Image.Image) -> tuple[int, int]:
-        return smart_resize(picture.height, picture.width, self.patch * self.merge, self.min_pixels, self.max_pixels)
+    def _size(self, picture: Image.Image, min_pixels: int | None = None, max_pixels: int | None = None
+              ) -> tuple[int, int]:
+        """Its resized (H, W): an image's bounds, or those given (a video's frames)."""
+        return smart_resize(picture.height, picture.width, self.patch * self.merge,
+                            min_pixels or self.min_pixels, max_pixels or self.max_pixels)
 
 
 def _pixels(picture: Image.Image, size: tuple[int, int]) -> torch.Tensor:
