@@ -90,14 +90,18 @@ _VISION_TINY: dict[str, Any] = {
     "depth": 3, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "in_channels": 3,
     "patch_size": 8, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 64,
     "num_position_embeddings": 64, "deepstack_visual_indexes": (0, 1), "rope_theta": 10000.0,
-    # the processor's (runtime/models/qwen3_omni/vision_inputs.py): resized pixel bounds, M-RoPE time scale
-    "min_pixels": 256, "max_pixels": 4096, "position_id_per_seconds": 13,
+    # the processor's (runtime/models/qwen3_omni/vision_inputs.py): resized pixel bounds (images, video
+    # frames), M-RoPE time scale
+    "min_pixels": 256, "max_pixels": 4096, "video_min_pixels": 256, "video_max_pixels": 4096,
+    "position_id_per_seconds": 13,
 }
 _VISION_FULL: dict[str, Any] = {
     "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "in_channels": 3,
     "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 2048,
     "num_position_embeddings": 2304, "deepstack_visual_indexes": (8, 16, 24), "rope_theta": 10000.0,
     "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280, "position_id_per_seconds": 13,
+    # Qwen3OmniMoeProcessor's videos_kwargs size: shortest_edge / longest_edge per frame
+    "video_min_pixels": 128 * 32 * 32, "video_max_pixels": 768 * 32 * 32,
 }
 
 

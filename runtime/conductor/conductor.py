@@ -36,8 +36,8 @@ from runtime.conductor.workers import RankLauncher, WorkerSet
 from runtime.worker.loader import tp_ranks
 from runtime.weights.sources import WeightOptions
 from runtime.transport.messages import (
-    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, MoveKV, OpenRequest, PeerUnreachable, Peers, Ready,
-    RunBatch, Shutdown,
+    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, ItemResult, MoveKV, OpenRequest, PeerUnreachable, Peers,
+    Ready, RunBatch, Shutdown,
 )
 from runtime.transport.keys import cluster_keys, start_guard
 from runtime.transport.queues import ConductorQueue, Envelope, is_worth_logging
@@ -366,7 +366,7 @@ class Conductor:
                 if is_tokens:
                     values.extend(result.tokens)
                     req.last_values[key] = list(result.tokens)
-            self._client_output(req, entry, result.tokens, env)
+            self._client_output(req, entry, result, env)
             for cursor in req.tracks:
                 if cursor.index == entry.pending.track and not cursor.is_done:
                     if result.finished:    # the node ends this track's loop (e.g. the talker's codec EOS)
@@ -377,11 +377,11 @@ class Conductor:
             if req.is_done and not self._is_in_flight(req):
                 self._finish(req)
 
-    def _client_output(self, req: Request, entry: Any, tokens: list[int], env: Envelope) -> None:
+    def _client_output(self, req: Request, entry: Any, result: ItemResult, env: Envelope) -> None:
         walk, node = entry.pending.walk, entry.pending.run.node
         # a prompt read in pieces (for_each): a token sampled after a middle piece predicts prompt text
-        if tokens and self.index.client_tokens(walk, node) and req.tracks[entry.pending.track].is_on_last_item:
-            req.emit_tokens(tokens)
+        if result.tokens and self.index.client_tokens(walk, node) and req.tracks[entry.pending.track].is_on_last_item:
+            req.emit_tokens(result.tokens, result.logprobs)
             budget = self.index.token_budgets.get(node)
             if budget is not None and len(req.output_ids) >= resolve_count(budget, req.params):
                 for cursor in req.tracks:

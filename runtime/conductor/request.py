@@ -10,9 +10,10 @@ import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from runtime.conductor.cursor import TrackCursor
+from runtime.transport.messages import TokenLogprob
 from runtime.transport.request_params import RequestParams
 
 
@@ -67,6 +68,7 @@ class OutputEvent:
     error: str | None = None                             # message when finish_reason == "error"
     status: int = 500                                    # HTTP status of the error (504 timeout, 503 shutdown)
     code: str = "worker_failed"                          # OpenAI-style error code of the error
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, when the request asked
 
 
 @dataclass
@@ -200,11 +202,11 @@ class Request:
 
     # ---- output --------------------------------------------------------------------
 
-    def emit_tokens(self, token_ids: list[int]) -> None:
+    def emit_tokens(self, token_ids: list[int], logprobs: Sequence[TokenLogprob] = ()) -> None:
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
         self.output_ids.extend(token_ids)
-        self.events.put_nowait(OutputEvent(token_ids=list(token_ids)))
+        self.events.put_nowait(OutputEvent(token_ids=list(token_ids), logprobs=list(logprobs)))
 
     def emit_tensors(self, tensors: dict[str, Any]) -> None:
         self.events.put_nowait(OutputEvent(tensors=tensors))

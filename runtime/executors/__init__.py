@@ -26,7 +26,8 @@ import torch
 
 from mstar_compiler.catalogue import BUILTIN_FAMILIES
 from mstar_compiler.plan import Node, Plan
-from runtime.transport.messages import WorkItem
+from runtime.sampling import SamplerOutput, SamplingState
+from runtime.transport.messages import TokenLogprob, WorkItem
 from runtime.transport.request_params import RequestParams
 
 
@@ -37,6 +38,13 @@ class ExecResult:
     tokens: list[int] = field(default_factory=list)            # sampled token ids
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # output port -> tensor
     finished: str = ""                                         # the node ends the request's loop ("eos")
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when the request asked
+
+
+def token_logprobs(sampled: SamplerOutput, row: int, state: SamplingState) -> list[TokenLogprob]:
+    """An ExecResult's `logprobs` for the token sampled at `row`: [] unless its request asked."""
+    found = sampled.row_logprobs(row, state.params.logprobs)
+    return [] if found is None else [TokenLogprob(*found)]
 
 
 class Executor(Protocol):

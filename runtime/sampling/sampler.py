@@ -29,6 +29,16 @@ class SamplerOutput:
     top_ids: torch.Tensor | None = None     # (B, N) int64, N = largest `logprobs` asked in the batch;
     top_logprobs: torch.Tensor | None = None  # (B, N) float32; row i uses its first params.logprobs
 
+    def row_logprobs(self, row: int, num_top: int | None) -> tuple[float, list[int], list[float]] | None:
+        """Row `row`'s (log p(chosen), top ids, top log-probs) for a request asking `num_top`
+        alternatives; None when it asked for none (num_top None)."""
+        if num_top is None or self.logprobs is None:
+            return None
+        if num_top == 0 or self.top_ids is None:
+            return float(self.logprobs[row]), [], []
+        return (float(self.logprobs[row]), self.top_ids[row, :num_top].tolist(),
+                self.top_logprobs[row, :num_top].tolist())
+
 
 class Sampler:
     """Stateless across steps: all per-request memory lives in `SamplingState`."""

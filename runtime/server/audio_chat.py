@@ -24,6 +24,7 @@ from aiohttp import web
 from runtime.server.audio_io import pcm16, wav
 from runtime.server.chat import chat_completions, item_tokens
 from runtime.server.errors import ApiError, error_body
+from runtime.server.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
 from runtime.server.params import openai_field
 from runtime.server.speech import speech_params
 from runtime.server.speech_model import AudioEvents
@@ -104,8 +105,8 @@ async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
     (items, family, stops), fmt, stream = await asyncio.to_thread(_parse, server, body)
     model = server.speech_model
     body = {**body, "max_tokens": openai_field(body, "max_tokens")}
-    req = server.conductor.submit(model.task, speech_params(server, body, family), items, stops,
-                                  server.config.request_timeout_s)
+    params = speech_params(server, body, family, requested_logprobs(body))
+    req = server.conductor.submit(model.task, params, items, stops, server.config.request_timeout_s)
     events = AudioEvents(server, req, model)
     ctx = _Reply(server, events, len(item_tokens(items)))
     try:
@@ -123,13 +124,25 @@ class _Reply:
     def __init__(self, server: MstarServer, events: AudioEvents, num_prompt: int) -> None:
         self.server, self.events, self.num_prompt = server, events, num_prompt
         self.decoder = IncrementalDetokenizer(server.tokenizer)
+        asked = events.req.params.sampling.logprobs is not None
+        self.logprobs = LogprobsContent(server.tokenizer) if asked else None
         self.cid, self.aid, self.created = f"chatcmpl-{uuid.uuid4().hex}", f"audio_{uuid.uuid4().hex}", int(time.time())
 
     async def next(self) -> tuple[str, list[Any], bool]:
         ids, audio, done = await self.events.next()
         req = self.events.req
+        if self.logprobs is not None:
+            why = missing_logprobs(ids, self.events.logprobs)
+            if why is not None:     # the handler's `finally` aborts the request
+                raise ApiError(400, f"this model cannot answer 'logprobs': {why}", "logprobs")
+            for token, logprob in zip(ids, self.events.logprobs):
+                if token not in req.stop_token_ids:
+                    self.logprobs.add(token, logprob)
         text = "".join(self.decoder.push(t) for t in ids if t not in req.stop_token_ids)
         return (text + self.decoder.flush() if done else text), audio, done
+
+    def take_logprobs(self) -> dict[str, Any] | None:
+        return self.logprobs.take() if self.logprobs is not None else None
 
     def finish_reason(self) -> str:
         req = self.events.req
@@ -140,9 +153,10 @@ class _Reply:
         done = len(self.events.req.output_ids)
         return {"prompt_tokens": self.num_prompt, "completion_tokens": done, "total_tokens": self.num_prompt + done}
 
-    def _chunk(self, delta: dict, finish: str | None) -> bytes:
+    def _chunk(self, delta: dict, finish: str | None, logprobs: dict[str, Any] | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         body = {"id": self.cid, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.server.model_id, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                "model": self.server.model_id, "choices": [choice]}
         return f"data: {json.dumps(body)}\n\n".encode()
 
     async def stream(self, request: web.Request, include_usage: bool) -> web.StreamResponse:
@@ -154,14 +168,15 @@ class _Reply:
             while not done:
                 text, audio, done = await self.next()
                 if text:
-                    await resp.write(self._chunk({"audio": {"id": self.aid, "transcript": text}}, None))
+                    await resp.write(self._chunk({"audio": {"id": self.aid, "transcript": text}}, None,
+                                                 self.take_logprobs()))
                 for piece in audio:
                     data = base64.b64encode(pcm16(piece)).decode()
                     await resp.write(self._chunk({"audio": {"id": self.aid, "data": data}}, None))
                     self.events.sent(piece)
             self.events.observe()
             await resp.write(self._chunk({"audio": {"id": self.aid, "expires_at": int(time.time()) + EXPIRES_S}},
-                                         self.finish_reason()))
+                                         self.finish_reason(), self.take_logprobs()))
             if include_usage:
                 usage = {"id": self.cid, "object": "chat.completion.chunk", "created": self.created,
                          "model": self.server.model_id, "choices": [], "usage": self.usage()}
@@ -187,5 +202,5 @@ class _Reply:
             "id": self.cid, "object": "chat.completion", "created": self.created, "model": self.server.model_id,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": None,
                                                  "audio": audio}, "finish_reason": self.finish_reason(),
-                         "logprobs": None}],
+                         "logprobs": self.take_logprobs()}],
             "usage": self.usage()})

@@ -20,6 +20,7 @@ from runtime.conductor.request import OutputEvent, Request
 from runtime.sampling import SamplingParams
 from runtime.server.errors import ApiError, error_body, event_error
 from runtime.server.limits import check_roles, check_top_k, vocab_size
+from runtime.server.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
 from runtime.server.multimodal import IMAGE_TASK, has_image_parts, image_chat_items
 from runtime.server.params import openai_field, resolve_params
 from runtime.text import TextOutput
@@ -104,6 +105,7 @@ def _given(body: dict) -> dict[str, Any]:
     given["stop"] = body.get("stop") or None
     given["stop_token_ids"] = body.get("stop_token_ids") or None   # vLLM's extension
     given["ignore_eos"] = body.get("ignore_eos")   # vLLM's extension: forced lengths for benchmarks
+    given["logprobs"] = requested_logprobs(body)
     return given
 
 
@@ -114,6 +116,8 @@ class ChatStream:
         self.server, self.req = server, req
         self.text = TextOutput(server.tokenizer, SamplingParams(stop=stop), prompt_ids, stop_ids=req.stop_token_ids)
         self.finish_reason: str | None = None
+        asked = req.params.sampling.logprobs is not None
+        self.logprobs = LogprobsContent(server.tokenizer) if asked else None
 
     async def next(self) -> tuple[str, bool]:
         """(text delta, whether this was the last event)."""
@@ -121,11 +125,14 @@ class ChatStream:
         if event.finish_reason == "error":
             raise event_error(event)
         text = ""
-        for token in event.token_ids:
+        self._check_logprobs(event)
+        for i, token in enumerate(event.token_ids):
             if self.text.finished:      # tokens of a step already in flight when a stop string matched
                 break
             delta = self.text.push(token)
             text += delta.text
+            if self.logprobs is not None and not isinstance(delta.stop_reason, int):
+                self.logprobs.add(token, event.logprobs[i])
             if delta.finished and isinstance(delta.stop_reason, str) and self.finish_reason is None:
                 self.finish_reason = "stop"
                 self.server.conductor.end_early(self.req, "stop")
@@ -133,6 +140,15 @@ class ChatStream:
             text += self.text.finish()
             self.finish_reason = self.finish_reason or event.finish_reason
         return text, event.finish_reason is not None
+
+    def _check_logprobs(self, event: OutputEvent) -> None:
+        why = missing_logprobs(event.token_ids, event.logprobs) if self.logprobs is not None else None
+        if why is not None:    # the handler's `finally` aborts the request
+            raise ApiError(400, f"this model cannot answer 'logprobs': {why}", "logprobs")
+
+    def take_logprobs(self) -> dict[str, Any] | None:
+        """The `logprobs` of the tokens since the last call (None when the request did not ask)."""
+        return self.logprobs.take() if self.logprobs is not None else None
 
     def usage(self, prompt_tokens: int) -> dict[str, int]:
         done = len(self.req.output_ids)
@@ -161,7 +177,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return web.json_response({
             "id": cid, "object": "chat.completion", "created": created, "model": server.model_id,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": stream.finish_reason, "logprobs": None}],
+                         "finish_reason": stream.finish_reason, "logprobs": stream.take_logprobs()}],
             "usage": stream.usage(len(chat.prompt_ids))})
     finally:
         server.conductor.abort(req)   # no-op when finished; frees everything on disconnect
@@ -174,7 +190,7 @@ async def _stream(request: web.Request, server: MstarServer, chat: ChatRequest, 
 
     def chunk(delta: dict, finish: str | None, usage: dict | None = None) -> bytes:
         body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": server.model_id,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": stream.take_logprobs()}]}
         if usage is not None:
             body = {**body, "choices": [], "usage": usage}
         return f"data: {json.dumps(body)}\n\n".encode()

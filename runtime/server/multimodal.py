@@ -31,17 +31,20 @@ MAX_IMAGES_PER_REQUEST = 16
 Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
 
 
-def decode_image(data: bytes, field: str) -> Image.Image:
+def decode_image(data: bytes, field: str, max_pixels: int = MAX_IMAGE_PIXELS, limit: str = "") -> Image.Image:
     """PNG, JPEG or WebP bytes -> RGB image; 400 for any other format (PIL would open EPS through
-    Ghostscript), for more than MAX_IMAGE_PIXELS (read from the header, before decoding: a
-    decompression bomb never allocates) and for anything that does not decode."""
+    Ghostscript), for more than `max_pixels` (at most MAX_IMAGE_PIXELS; read from the header, before
+    decoding: a decompression bomb never allocates; `limit` names the graph param that set it) and
+    for anything that does not decode."""
+    max_pixels = min(max_pixels, MAX_IMAGE_PIXELS)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
-            if image.width * image.height > MAX_IMAGE_PIXELS:
-                raise ApiError(400, f"{field}: {image.width}x{image.height} is more than {MAX_IMAGE_PIXELS} pixels",
-                               field, "image_too_large")
+            if image.width * image.height > max_pixels:
+                why = f" (param {limit})" if limit else ""
+                raise ApiError(400, f"{field}: {image.width}x{image.height} is more than this model's limit of "
+                                    f"{max_pixels} pixels{why}; send a smaller picture", field, "image_too_large")
             return image.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError,
             Image.DecompressionBombWarning) as exc:

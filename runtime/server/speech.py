@@ -42,11 +42,14 @@ def _field(body: dict, name: str, kind: type, default: Any = None) -> Any:
     return value
 
 
-def speech_params(server: MstarServer, body: dict, family: dict[str, Any]) -> RequestParams:
-    """The params of a speaking request, checked (ApiError 400); `family`: what its speaker sets."""
+def speech_params(server: MstarServer, body: dict, family: dict[str, Any],
+                  logprobs: int | None = None) -> RequestParams:
+    """The params of a speaking request, checked (ApiError 400); `family`: what its speaker sets;
+    `logprobs`: an audio chat's request for its transcript's (runtime.server.logprobs)."""
     specs = {p.name for p in server.plan.params}
     given = {k: body.get(k) for k in ("max_tokens", "max_audio_frames") if k in specs}
     given.update({k: body.get(k) for k in ("temperature", "top_p", "seed")})
+    given["logprobs"] = logprobs
     return resolve_params(server.plan, given, family)
 
 

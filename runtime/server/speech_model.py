@@ -19,6 +19,7 @@ from runtime.conductor.streams import track_nodes
 from runtime.server.errors import ApiError, event_error
 from runtime.server.families import Speaker, families_of
 from runtime.streams.deadline import PlaybackClock
+from runtime.transport.messages import TokenLogprob
 
 if TYPE_CHECKING:
     from runtime.server.app import MstarServer
@@ -58,11 +59,13 @@ class AudioEvents:
         self.clock = PlaybackClock(req.arrival)
         self.num_samples = 0
         self.last_audio_at: float | None = None
+        self.logprobs: list[TokenLogprob] = []    # the last event's, one per text id (when asked)
 
     async def next(self) -> tuple[list[int], list[torch.Tensor], bool]:
         event = await self.req.events.get()
         if event.finish_reason == "error":
             raise event_error(event)
+        self.logprobs = event.logprobs
         audio = [t for key, t in event.tensors.items() if key == self.model.audio_key and t.numel()]
         return event.token_ids, audio, event.finish_reason is not None
 

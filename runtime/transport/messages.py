@@ -153,11 +153,20 @@ class RunBatch(_Msg, tag="run"):
     alone: bool = False             # run as its own call, never merged with other queued batches
 
 
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """The model's log-probabilities at one sampled token (a request that asked for `logprobs`)."""
+
+    logprob: float                  # log p(the sampled token), of the raw distribution
+    top_ids: list[int] = []         # the request's top_logprobs most likely ids, most likely first
+    top_logprobs: list[float] = []  # their log-probabilities, in the same order
+
+
 class ItemResult(msgspec.Struct, omit_defaults=True):
     """One request's outcome of a batch."""
 
     request_id: int
     tokens: list[int] = []      # token ids produced (sampled) this step
+    logprobs: list[TokenLogprob] = []   # one per token when the request asked for logprobs, else empty
     finished: str = ""          # the node says this request's loop may stop ("eos"), else ""
     streamed: list[str] = []    # streams this Run pushed an item onto (0 or 1 item each)
 

@@ -394,7 +394,8 @@ class Worker:
                 self.control.send(BatchFailed(batch_id=m.batch_id, rank=self.rank, message=message))
             return
         for m, batch_results, tensors, fed in zip(msgs, results, emitted, streamed):
-            items = [ItemResult(request_id=item.request_id, tokens=r.tokens, finished=r.finished, streamed=s)
+            items = [ItemResult(request_id=item.request_id, tokens=r.tokens, logprobs=r.logprobs,
+                                 finished=r.finished, streamed=s)
                      for item, r, s in zip(m.items, batch_results, fed)]
             self.control.send(BatchDone(batch_id=m.batch_id, rank=self.rank, items=items, run_ms=run_ms), tensors)
 

@@ -27,7 +27,7 @@ import torch
 from mstar_compiler.plan import Node, Plan
 from runtime.models.bagel.generation import Generation, GuidanceUse
 from runtime.models.bagel.segments import Segment, SegmentKind
-from runtime.executors import ExecResult
+from runtime.executors import ExecResult, token_logprobs
 from runtime.models.bagel.roles import cfg_consumer, segment_kinds
 from runtime.kv import KVBlockManager
 from runtime.sampling import Sampler, SamplingState
@@ -202,9 +202,11 @@ class BagelLMEngine:
         if decodes:
             states = [self._sampling_state(specs[i].seq[0]) for i in decodes]
             logits = torch.stack([outputs[i] for i in decodes])                 # (B, vocab)
-            for i, state, token in zip(decodes, states, self.sampler(logits, states).token_ids.tolist()):
+            sampled = self.sampler(logits, states)
+            for row, (i, state, token) in enumerate(zip(decodes, states, sampled.token_ids.tolist())):
                 state.append(token)
-                results[i] = ExecResult([token], {"token": torch.tensor([token])})
+                results[i] = ExecResult([token], {"token": torch.tensor([token])},
+                                        logprobs=token_logprobs(sampled, row, state))
         for i, spec in enumerate(specs):
             if spec.kind is SegmentKind.GEN:
                 velocity = torch.empty(0) if spec.skip else outputs[i]

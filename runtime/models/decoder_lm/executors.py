@@ -36,7 +36,7 @@ import torch
 
 from mstar_compiler.plan import DynamicLoopBegin, LoopBegin, Node, Plan
 from runtime.cuda_graphs import DecodeGraphs, capture_buckets
-from runtime.executors import ExecResult, register_executor
+from runtime.executors import ExecResult, register_executor, token_logprobs
 from runtime.kv import KVBlockManager, prefix_root
 from runtime.sampling import Sampler, SamplingParams, SamplingState
 from runtime.transport.messages import KVState, WorkItem
@@ -146,12 +146,14 @@ class DecoderLMExecutor:
             if item.partial and item.request_id not in self._states:
                 self._prompt_parts.setdefault(item.request_id, []).extend(item.tokens)
         states = [self._state(items[b]) for b in sampling]
-        tokens = self.sampler(logits, states).token_ids.tolist() if sampling else []
+        sampled = self.sampler(logits, states) if sampling else None
+        tokens = sampled.token_ids.tolist() if sampled is not None else []
         rows = list(accumulate((len(item.tokens) - item.cached for item in items), initial=0))
         results = [ExecResult() for _ in items]
-        for b, state, token in zip(sampling, states, tokens):
+        for i, (b, state, token) in enumerate(zip(sampling, states, tokens)):
             state.append(token)
-            results[b] = ExecResult([token], {"token": torch.tensor([token]), "hidden": hidden[rows[b]:rows[b + 1]]})
+            results[b] = ExecResult([token], {"token": torch.tensor([token]), "hidden": hidden[rows[b]:rows[b + 1]]},
+                                    logprobs=token_logprobs(sampled, i, state))
         return results
 
     def _is_graph_step(self, items: list[WorkItem]) -> bool:

@@ -11,7 +11,8 @@ writes them for text.
 
 An `image_url` part (a data URL, decoded by `runtime.server.multimodal.decode_image` with its
 format and pixel limits) is `<|vision_start|><|image_pad|><|vision_end|>`, a `video` part (a list
-of frame data URLs, runtime/models/qwen3_omni/vision_inputs.py) the same with `<|video_pad|>`;
+of frame data URLs) or `video_url` part (an MP4 / WebM data URL whose frames are sampled as the
+published processor samples them, runtime/models/qwen3_omni/vision_inputs.py) the same with `<|video_pad|>`;
 the processor repeats the pad once per merged vision token.
 
 The prompt becomes interleaved input items for the graph's `for_each` state, in the order of
@@ -22,9 +23,11 @@ of their 3-D M-RoPE positions, which reach the thinker as the request param `mro
 (`request_params`). Audio positions are sequential (transformers' `get_rope_index` gives audio
 t = h = w = the running index), as text's.
 
-Limits come from the graph's params: `max_audio_seconds` (checked from the file header,
-before decoding), `max_video_frames` and `max_parts_per_message`; image pixels are capped by
-`decode_image` (read from the header, before decoding). Audio inside a video is refused.
+Limits come from the graph's params, each checked before the work it bounds: `max_audio_seconds`
+(from the audio file's header), `max_image_pixels` and `max_video_frame_pixels` (from the image or
+video header), `max_video_frames` (the frames listed, or those sampled from a file's frame count)
+and `max_parts_per_message`. Audio inside a video is refused when asked for (`use_audio_in_video`,
+as the published processor's default, reads only the pictures of a video file).
 """
 from __future__ import annotations
 
@@ -41,12 +44,14 @@ from runtime.models.qwen3_omni.vision_inputs import VisionProcessor, VisualInput
 from runtime.server.audio_decode import decode_audio
 from runtime.server.errors import ApiError
 from runtime.server.multimodal import data_url_bytes, decode_image
+from runtime.server.video_decode import VideoHeader, decode_video, video_type
 from runtime.text import ByteTokenizer
 
 AUDIO_FORMATS = ("wav", "mp3")
 ASR_PROMPT = "Transcribe the audio into text."
 ASR_PROMPT_LANGUAGE = "Transcribe the {language} audio into text."
-LIMIT_PARAMS = ("max_audio_seconds", "max_parts_per_message", "max_video_frames")
+LIMIT_PARAMS = ("max_audio_seconds", "max_parts_per_message", "max_video_frames", "max_image_pixels",
+                "max_video_frame_pixels")
 DEFAULT_FPS = 2.0      # the rate the published video processor samples frames at
 LANGUAGES = {"en": "English", "zh": "Chinese", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian",
              "ja": "Japanese", "ko": "Korean", "pt": "Portuguese", "ru": "Russian"}
@@ -61,11 +66,13 @@ class OmniChatInputs:
         missing = [k for k in LIMIT_PARAMS if k not in params]
         if missing:
             raise ValueError(f"graph '{plan.source}' serves Qwen3-Omni chat inputs but declares no param(s) "
-                             f"{missing}: add them under params: (the limits of audio, video frames and parts "
-                             f"per request)")
+                             f"{missing}: add them under params: (the limits of audio, pictures, video frames "
+                             f"and parts per request)")
         self.max_audio_seconds = float(params["max_audio_seconds"])
         self.max_parts = int(params["max_parts_per_message"])
         self.max_frames = int(params["max_video_frames"])
+        self.max_image_pixels = int(params["max_image_pixels"])
+        self.max_frame_pixels = int(params["max_video_frame_pixels"])
         self.model = plan.model
         self.ids = talker
         self.vision = None if vision is None else VisionProcessor(
@@ -139,28 +146,52 @@ class OmniChatInputs:
         if kind == "image_url":
             url = part.get("image_url")
             url = url.get("url") if isinstance(url, dict) else url
-            media.append(self.vision.image(decode_image(data_url_bytes(url, f"{field}.image_url"), field)))
+            data = data_url_bytes(url, f"{field}.image_url")
+            media.append(self.vision.image(decode_image(data, field, self.max_image_pixels, "max_image_pixels")))
             return IMAGE_MARKER
-        if kind == "video":
-            media.append(self._video(part, field))
+        if kind in ("video", "video_url"):
+            media.append(self._video(part, field) if kind == "video" else self._video_file(part, field))
             return VIDEO_MARKER
-        raise ApiError(400, f"{field}: a content part must be of type text, input_audio, image_url or video", field)
+        raise ApiError(400, f"{field}: a content part must be of type text, input_audio, image_url, video or "
+                            f"video_url", field)
 
     def _video(self, part: dict, field: str) -> VisualInput:
-        frames, fps = part.get("video"), part.get("fps", DEFAULT_FPS)
+        frames, fps = part.get("video"), self._fps(part, field)
+        if not isinstance(frames, list) or not frames or not all(isinstance(f, str) for f in frames):
+            raise ApiError(400, f"{field}.video must be a non-empty list of frame data URLs", f"{field}.video")
+        self._check_frames(len(frames), f"{field}.video")
+        pictures = [decode_image(data_url_bytes(f, f"{field}.video[{k}]"), f"{field}.video[{k}]",
+                                 self.max_frame_pixels, "max_video_frame_pixels") for k, f in enumerate(frames)]
+        return self.vision.video(pictures, fps, field)
+
+    def _video_file(self, part: dict, field: str) -> VisualInput:
+        """A video_url part: the file's frames sampled at `fps` as the published processor samples them."""
+        url, fps = part.get("video_url"), self._fps(part, field)
+        url = url.get("url") if isinstance(url, dict) else url
+        where = f"{field}.video_url"
+        demuxer = video_type(url if isinstance(url, str) else "", where)
+
+        def pick(header: VideoHeader) -> list[int]:
+            indices = self.vision.sample_frames(header.num_frames, header.fps, fps, where)
+            self._check_frames(len(indices), where)
+            return indices
+
+        frames = decode_video(data_url_bytes(url, where), demuxer, where, self.max_frame_pixels, pick)
+        return self.vision.video(frames, fps, field)
+
+    def _fps(self, part: dict, field: str) -> float:
         if "audio" in part or part.get("use_audio_in_video"):
             raise ApiError(400, f"{field}: audio inside a video is not supported; send the sound as its own "
                                 f"input_audio part", field, "unsupported_input")
-        if not isinstance(frames, list) or not frames or not all(isinstance(f, str) for f in frames):
-            raise ApiError(400, f"{field}.video must be a non-empty list of frame data URLs", f"{field}.video")
-        if len(frames) > self.max_frames:
-            raise ApiError(413, f"{field}.video has {len(frames)} frames, more than this model's limit of "
-                                f"{self.max_frames} (param max_video_frames)", f"{field}.video", "video_too_long")
+        fps = part.get("fps", DEFAULT_FPS)
         if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 60:
             raise ApiError(400, f"{field}.fps must be a number in (0, 60]", f"{field}.fps")
-        pictures = [decode_image(data_url_bytes(f, f"{field}.video[{k}]"), f"{field}.video[{k}]")
-                    for k, f in enumerate(frames)]
-        return self.vision.video(pictures, float(fps), field)
+        return float(fps)
+
+    def _check_frames(self, num_frames: int, field: str) -> None:
+        if num_frames > self.max_frames:
+            raise ApiError(413, f"{field} has {num_frames} frames, more than this model's limit of "
+                                f"{self.max_frames} (param max_video_frames)", field, "video_too_long")
 
     def _audio(self, spec: Any, field: str) -> Any:
         if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):

@@ -64,6 +64,28 @@ def test_first_chunk_carries_the_role_and_the_first_token(client) -> None:
     assert all(c.choices[0].delta.role is None for c in chunks[1:])
 
 
+def test_logprobs_streamed_and_not(client) -> None:
+    args = {"model": MODEL, "messages": QUESTION, "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    full = client.chat.completions.create(**args)
+    entries = full.choices[0].logprobs.content
+    assert len(entries) == full.usage.completion_tokens == 6
+    assert "".join(e.token for e in entries) == full.choices[0].message.content
+    for e in entries:
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token    # greedy: the most likely
+        assert e.logprob == e.top_logprobs[0].logprob <= 0 and bytes(e.bytes).decode() == e.token
+    chunks = list(client.chat.completions.create(**args, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    # the second request reuses the first one's cached prompt blocks: fewer prefill rows, other GEMM kernels
+    assert all(abs(a.logprob - b.logprob) < 1e-3 for a, b in zip(streamed, entries))
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, top_logprobs=2)
+    assert info.value.body["param"] == "top_logprobs"
+
+
 def test_stop_string_is_cut(client) -> None:
     out = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0, stop=["Paris"])
     assert "Paris" not in out.choices[0].message.content and out.choices[0].finish_reason == "stop"

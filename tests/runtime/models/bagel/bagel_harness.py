@@ -20,6 +20,7 @@ from runtime.kv import KVBlockManager
 from runtime.sampling import SamplingParams
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
+from runtime.weights.sources import WeightOptions
 from runtime.worker.loader import load_rank
 from tests.runtime.serving.conftest import REPO
 
@@ -39,9 +40,11 @@ def tiny_plan(placement: str = "single"):
     return compile_file(str(REPO / "graphs" / "bagel.yaml"), Options(preset="tiny", placement=placement)).plan
 
 
-def rank_executors(plan, rank: int = 0) -> tuple[dict[str, Any], dict[str, torch.nn.Module]]:
-    """name -> executor and name -> module of one rank, as the worker builds them."""
-    modules = load_rank(plan, rank, None)
+def rank_executors(plan, rank: int = 0, options: WeightOptions | None = None
+                   ) -> tuple[dict[str, Any], dict[str, torch.nn.Module]]:
+    """name -> executor and name -> module of one rank, as the worker builds them (weights loaded
+    before the worker packs its linears: loading into a built module would not reach them)."""
+    modules = load_rank(plan, rank, options)
     executors = {name: executor_for(plan.node(name), module, rank, plan) for name, (module, _) in modules.items()}
     return executors, {name: module for name, (module, _) in modules.items()}
 

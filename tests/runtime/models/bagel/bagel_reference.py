@@ -129,3 +129,34 @@ class DenseBagel:
         p, c = self.d["latent_patch_size"], self.d["latent_channels"]
         v = F.linear(rows, self.W["llm2vae.weight"], self.W["llm2vae.bias"])
         return torch.einsum("hwpqc->chpwq", v.reshape(h // p, w // p, p, p, c)).reshape(c, h, w)
+
+
+def siglip_twin(vit_state: dict, dims: dict):
+    """transformers' SiglipVisionModel holding a `siglip_vit` tower's weights (full grid images only:
+    its learned positions are looked up for every patch of the max_num_patch_per_side square)."""
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+
+    side, p = dims["max_num_patch_per_side"], dims["patch_size"]
+    config = SiglipVisionConfig(
+        hidden_size=dims["hidden_size"], intermediate_size=dims["intermediate_size"],
+        num_hidden_layers=dims["num_hidden_layers"], num_attention_heads=dims["num_attention_heads"],
+        image_size=side * p, patch_size=p, layer_norm_eps=dims["layer_norm_eps"], attn_implementation="eager")
+    hf = SiglipVisionModel(config).eval()
+    prefix = "vit_model.vision_model."
+    tower = {k.removeprefix(prefix): v for k, v in vit_state.items() if k.startswith(prefix)}
+    linear = tower["embeddings.patch_embedding.weight"]        # BAGEL's (D, p*p*C) Linear form
+    tower["embeddings.patch_embedding.weight"] = linear.reshape(len(linear), p, p, -1).permute(0, 3, 1, 2)
+    hf.load_state_dict({**hf.state_dict(), **tower})
+    return hf
+
+
+def vit_context_rows(vit_state: dict, dims: dict, pixels: torch.Tensor) -> torch.Tensor:
+    """BAGEL's ViT tokens for one full-grid image (3, H, W) in [-1, 1]: SigLIP, then the connector
+    (fc1, GELU-tanh, fc2), plus the 2-D sin-cos table at each patch's flattened (row, col) id."""
+    with torch.no_grad():
+        hidden = siglip_twin(vit_state, dims)(pixel_values=pixels[None]).last_hidden_state[0]
+    h = F.gelu(F.linear(hidden, vit_state["connector.fc1.weight"], vit_state["connector.fc1.bias"]),
+               approximate="tanh")
+    rows = F.linear(h, vit_state["connector.fc2.weight"], vit_state["connector.fc2.bias"])
+    side = dims["max_num_patch_per_side"]
+    return rows + bagel_sincos_table(dims["llm_hidden_size"], side)[torch.arange(side * side)]

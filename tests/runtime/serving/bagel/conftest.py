@@ -72,11 +72,11 @@ def edit(client: openai.OpenAI, image: bytes, prompt: str = "make it blue", **kw
     return client.images.edit(model=MODEL, image=("in.png", image, "image/png"), prompt=prompt, extra_body=extra, **kw)
 
 
-def chat_with_image(client: openai.OpenAI, image: bytes, question: str = "what is in the picture?"):
+def chat_with_image(client: openai.OpenAI, image: bytes, question: str = "what is in the picture?", **extra):
     url = "data:image/png;base64," + base64.b64encode(image).decode()
     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                          max_tokens=6, temperature=0)
+                                          max_tokens=6, temperature=0, **extra)
 
 
 def alone_and_together(client: openai.OpenAI) -> list[tuple[np.ndarray, np.ndarray]]:

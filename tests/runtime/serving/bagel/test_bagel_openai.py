@@ -78,16 +78,30 @@ def test_bad_edits_are_openai_errors(client) -> None:
     assert info.value.body["param"] == "mask"
 
 
+def _first_top(out) -> list[tuple[str, float]]:
+    return [(t.token, t.logprob) for t in out.choices[0].logprobs.content[0].top_logprobs]
+
+
 def test_chat_with_an_image_and_without(client) -> None:
-    out = chat_with_image(client, png(40, 40))
+    asked = {"logprobs": True, "top_logprobs": 5}
+    out = chat_with_image(client, png(40, 40), **asked)
     assert isinstance(out.choices[0].message.content, str)
     assert out.choices[0].finish_reason in ("stop", "length")
     assert 0 < out.usage.completion_tokens <= 6
     assert out.usage.prompt_tokens == len("what is in the picture?".encode())   # byte tokenizer: its text
-    assert chat_with_image(client, png(40, 40)).choices[0].message.content == out.choices[0].message.content
+    again = chat_with_image(client, png(40, 40), **asked)
+    assert again.choices[0].message.content == out.choices[0].message.content
+    assert _first_top(again) == _first_top(out)                   # the same image: the same distribution
+    other = chat_with_image(client, png(40, 40, seed=5), **asked)
+    assert _first_top(other) != _first_top(out)                   # another image: another distribution
+    assert len(out.choices[0].logprobs.content) == out.usage.completion_tokens - (out.choices[0].finish_reason == "stop")
+    chunks = list(chat_with_image(client, png(40, 40), stream=True, **asked))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in out.choices[0].logprobs.content]
     text_only = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                               max_tokens=4, temperature=0)
+                                               max_tokens=4, temperature=0, logprobs=True)
     assert text_only.usage.completion_tokens <= 4
+    assert len(text_only.choices[0].logprobs.content[0].top_logprobs) == 0 and text_only.choices[0].logprobs.content
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])

@@ -46,33 +46,39 @@ def speech_pcm(server, **extra) -> bytes:
         return b"".join(resp.iter_bytes())
 
 
-def audio_chat_stream(server) -> tuple[str, bytes, list[str], str]:
-    """(transcript, pcm, order of delta kinds, finish reason) of a streamed audio chat."""
-    text, pcm, kinds, finish = "", b"", [], ""
+def audio_chat_stream(server, **extra) -> tuple[str, bytes, list[str], str, list]:
+    """(transcript, pcm, order of delta kinds, finish reason, logprobs entries) of a streamed audio chat."""
+    text, pcm, kinds, finish, logprobs = "", b"", [], "", []
     for chunk in client_of(server).chat.completions.create(
             model=OMNI, messages=MESSAGES, modalities=["text", "audio"], audio={"voice": "chelsie", "format": "pcm16"},
-            stream=True, seed=4):
+            stream=True, seed=4, **extra):
         choice = chunk.choices[0]
+        logprobs += choice.logprobs.content if choice.logprobs else []
         audio = choice.delta.audio
         if audio is not None and getattr(audio, "transcript", None):
             text, kinds = text + audio.transcript, kinds + ["text"]
         if audio is not None and getattr(audio, "data", None):
             pcm, kinds = pcm + base64.b64decode(audio.data), kinds + ["audio"]
         finish = choice.finish_reason or finish
-    return text, pcm, kinds, finish
+    return text, pcm, kinds, finish, logprobs
 
 
 def test_chat_with_audio_streams_text_and_audio_together(single) -> None:
-    text, pcm, kinds, finish = audio_chat_stream(single)
+    asked = {"logprobs": True, "top_logprobs": 2}
+    text, pcm, kinds, finish, logprobs = audio_chat_stream(single, **asked)
     assert text and pcm and "text" in kinds and "audio" in kinds
     assert finish == "length"                       # random weights never say <|im_end|>: max_tokens (16)
     whole = client_of(single).chat.completions.create(model=OMNI, messages=MESSAGES, modalities=["text", "audio"],
-                                                      audio={"voice": "chelsie", "format": "wav"}, seed=4)
+                                                      audio={"voice": "chelsie", "format": "wav"}, seed=4, **asked)
     message = whole.choices[0].message
     assert message.content is None and message.audio.transcript == text
     with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as w:
         assert w.getframerate() == 24000 and w.readframes(w.getnframes()) == pcm
     assert whole.usage.completion_tokens == 16
+    entries = whole.choices[0].logprobs.content     # the transcript's tokens, as a text chat's
+    assert len(entries) == 16 and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
+    # the same seeded request, one thinker step at a time both ways: the same float ops
+    assert [(e.token, e.logprob) for e in logprobs] == [(e.token, e.logprob) for e in entries]
 
 
 def test_speech_streams_code2wav_chunks_while_the_talker_speaks(single) -> None:
@@ -116,5 +122,7 @@ def test_32_concurrent_streams_all_complete_with_batched_talker_steps(single) ->
 
 
 def test_text_chat_still_answers_with_text(single) -> None:
-    out = client_of(single).chat.completions.create(model=OMNI, messages=MESSAGES, max_tokens=5, seed=1)
+    out = client_of(single).chat.completions.create(model=OMNI, messages=MESSAGES, max_tokens=5, seed=1,
+                                                    logprobs=True, top_logprobs=1)
     assert isinstance(out.choices[0].message.content, str) and out.usage.completion_tokens == 5
+    assert [len(e.top_logprobs) for e in out.choices[0].logprobs.content] == [1] * 5

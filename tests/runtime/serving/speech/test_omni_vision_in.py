@@ -19,6 +19,7 @@ from runtime.worker.loader import build_module
 from tests.runtime.models.qwen3_omni.omni_reference import thinker_reference
 from tests.runtime.models.qwen3_omni.test_image_chat_parity import (VISION, chat_ids, hf_image_processor, image_ids,
                                                                       image_part, picture)
+from tests.runtime.models.qwen3_omni.test_video_file import video_file, video_url_part
 from tests.runtime.serving.conftest import http as request_json
 from tests.runtime.serving.speech.conftest import OMNI
 
@@ -39,34 +40,46 @@ def reference():
 
 
 @torch.no_grad()
-def greedy(reference, image) -> tuple[list[int], list[int]]:
-    """(prompt ids, greedy answer ids) of transformers' thinker for [image, QUESTION]."""
+def greedy(reference, image) -> tuple[list[int], list[int], list[float]]:
+    """(prompt ids, greedy answer ids, their log-probabilities) of transformers' thinker for [image, QUESTION]."""
     pixels = hf_image_processor()(image, return_tensors="pt")
     ids = chat_ids(image_ids(int(pixels["image_grid_thw"].prod()) // VISION["spatial_merge_size"] ** 2),
                    list(QUESTION))
-    sequence = torch.tensor([ids])
+    sequence, logprobs = torch.tensor([ids]), []
     for _ in range(MAX_TOKENS):
         logits = reference(input_ids=sequence, attention_mask=torch.ones_like(sequence), **pixels).logits
         sequence = torch.cat([sequence, logits[:, -1:].argmax(-1)], dim=1)
-    return ids, sequence[0, len(ids):].tolist()
+        logprobs.append(float(logits[0, -1].log_softmax(-1).max()))
+    return ids, sequence[0, len(ids):].tolist(), logprobs
 
 
 def ask(server, image) -> openai.types.chat.ChatCompletion:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
     return client.chat.completions.create(
-        model=OMNI, max_tokens=MAX_TOKENS, temperature=0.0,
+        model=OMNI, max_tokens=MAX_TOKENS, temperature=0.0, logprobs=True,
         messages=[{"role": "user", "content": [image_part(image), {"type": "text", "text": QUESTION.decode()}]}])
+
+
+def test_chat_with_a_video_file_answers(single) -> None:
+    client = openai.OpenAI(base_url=f"{single.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(model=OMNI, max_tokens=2, temperature=0.0, messages=[{"role": "user", "content": [
+        video_url_part(video_file(10, 5, 32, 48, "webm"), "webm"), {"type": "text", "text": "?"}]}])
+    # 4 sampled frames of 32 x 48 in 8-pixel patches: 2 temporal x 4 x 6 patches, 2 x 2 merged -> 12 pads
+    assert reply.usage.completion_tokens == 2 and reply.usage.prompt_tokens == len(chat_ids([0] * 14, [0]))
 
 
 def test_chat_with_an_image_answers_as_transformers_thinker(single, reference) -> None:
     answers = []
     for seed in (1, 2):
         image = picture(40, 56, seed)
-        ids, expected = greedy(reference, image)
+        ids, expected, logprobs = greedy(reference, image)
         reply = ask(single, image)
         assert reply.usage.prompt_tokens == len(ids)
         assert reply.usage.completion_tokens == MAX_TOKENS
         assert reply.choices[0].message.content == ByteTokenizer().decode(expected)
+        # fp32 both sides, as the thinker parity tests compare logits
+        got = [e.logprob for e in reply.choices[0].logprobs.content]
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), rtol=1e-4, atol=1e-4)
         answers.append(expected)
     assert answers[0] != answers[1]         # the picture is read: another one, another answer
 
@@ -82,6 +95,11 @@ def _frames(n: int) -> list[str]:
     ({"type": "video", "video": _frames(9)}, 413, "video_too_long"),                  # tiny: max_video_frames 8
     ({"type": "video", "video": _frames(2), "audio": "in"}, 400, "unsupported_input"),
     ({"type": "video", "video": _frames(2), "fps": 3}, 400, None),                    # 2/3 s per patch x 13
+    (image_part(picture(300, 300, 0)), 400, "image_too_large"),                       # tiny: max_image_pixels 65536
+    ({"type": "video", "video": [image_part(picture(160, 160, 0))["image_url"]["url"]] * 2}, 400, "image_too_large"),
+    (video_url_part(video_file(4, 5, 144, 128), "mp4"), 413, "video_too_large"),      # max_video_frame_pixels 16384
+    (video_url_part(video_file(45, 5, 32, 32, "webm"), "webm"), 413, "video_too_long"),       # 18 frames sampled at 2 fps
+    (video_url_part(b"\x1aE\xdf\xa3 not a webm", "webm"), 400, "invalid_video"),
 ])
 def test_bad_pictures_get_a_4xx_and_the_server_goes_on(single, part, status, code) -> None:
     got, body = request_json("POST", f"{single.url}/v1/chat/completions",
