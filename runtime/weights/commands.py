@@ -21,7 +21,6 @@ import torch
 from mstar_compiler.plan import Plan, load_plan
 from runtime.weights.published import check_published, mismatch_fix
 from runtime.weights.repository import PICKLE_SUFFIXES
-from runtime.weights.slots import module_slots
 from runtime.weights.sources import WeightOptions, resolve
 
 GIB = 2**30
@@ -42,7 +41,7 @@ def main(argv: list[str]) -> int:
 
 def check_plan(plan: Plan, options: WeightOptions, out=sys.stdout) -> bool:
     """Print the report of every weight group of `plan`; True when everything matches."""
-    from runtime.worker.loader import build_module
+    from runtime.worker.loader import meta_slots
     ok, per_rank = True, defaultdict(int)
     read: dict[str, set[str]] = defaultdict(set)
     published: dict[str, set[str]] = defaultdict(set)
@@ -57,9 +56,7 @@ def check_plan(plan: Plan, options: WeightOptions, out=sys.stdout) -> bool:
         root = Path(source.path)
         print(f"node {node.name} ({node.kind}) <- {node.weight_map.source} at {root}", file=out)
         try:
-            with torch.device("meta"):
-                slots = module_slots(build_module(node, None))
-            report = check_published(node, root, slots)
+            report = check_published(node, root, meta_slots(node))
         except (ValueError, FileNotFoundError) as exc:
             print(f"  ERROR {exc}", file=out)
             ok = False

@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-import torch
 from torch import nn
 
 from mstar_compiler.plan import Node, Plan
@@ -87,13 +86,11 @@ def load_published(module: nn.Module, node: Node, root: Path) -> MatchReport:
 def check_plan_sources(plan: Plan, sources: Mapping[str, NodeWeights]) -> None:
     """Raise for the first mapped weight group whose repository does not match (headers only, the
     modules built on the meta device): a worker that cannot load would otherwise die and be restarted."""
-    from runtime.worker.loader import build_module   # the worker's own constructor (imports the components)
+    from runtime.worker.loader import meta_slots   # the worker's own constructor (imports the components)
     for node in plan.nodes:
         source = sources[node.name]
         if node.weight_key != node.name or source.kind != "mapped" or source.path is None:
             continue
-        with torch.device("meta"):
-            slots = module_slots(build_module(node, None))
-        report = check_published(node, Path(source.path), slots)
+        report = check_published(node, Path(source.path), meta_slots(node))
         if not report.is_ok:
             raise WeightMismatch(node, Path(source.path), report)

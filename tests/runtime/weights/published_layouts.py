@@ -12,13 +12,12 @@ import json
 import struct
 from pathlib import Path
 
-import torch
-
 from mstar_compiler.plan import Node
 from runtime.weights.headers import TensorInfo
 from runtime.weights.mapping import CompiledMap
 from runtime.weights.match import MatchReport, match_node
-from runtime.weights.slots import Slot, module_slots
+from runtime.weights.slots import Slot
+from runtime.worker.loader import meta_slots
 
 HERE = Path(__file__).parent / "published"
 
@@ -40,13 +39,6 @@ def infos(tensors: dict[str, list[int]], file: str = "model.safetensors", dtype:
     """TensorInfos as a header would give them."""
     size = _DTYPE_BYTES[dtype]
     return {n: TensorInfo(Path(file), dtype, tuple(s), size * _numel(s)) for n, s in tensors.items()}
-
-
-def meta_slots(node: Node) -> dict[str, Slot]:
-    """The slots of the node's module built on the meta device (no memory, no data)."""
-    from runtime.worker.loader import build_module
-    with torch.device("meta"):
-        return module_slots(build_module(node, None))
 
 
 def meta_report(node: Node, published: dict[str, TensorInfo], slots: dict[str, Slot] | None = None) -> MatchReport:
