@@ -113,7 +113,7 @@ class Conductor:
         self.workers = WorkerSet(self.config.plan_path, self.queue.endpoint, len(self.plan.ranks),
                                  set(self.config.remote_ranks), self.config.weights, self.config.log_level,
                                  key_files, self.config.worker_host, self.config.launcher)
-        self.joining = Joining(self.plan, self.workers, self._send)
+        self.joining = Joining(self.plan, self.workers, self._send, self.config.prefix_cache)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]
         self.workers.start_local()

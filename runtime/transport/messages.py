@@ -45,6 +45,7 @@ class Welcome(_Msg, tag="welcome"):
     """The conductor's answer to Hello; the worker loads its nodes only after it."""
 
     tp_init: str = ""       # tcp://LEAD_HOST:PORT where the rank's TP group meets ("" : no group)
+    prefix_cache: bool = True  # executors that decide prefix reuse themselves may cache (mstar-run --no-prefix-cache)
 
 
 class Rejoin(_Msg, tag="rejoin"):

@@ -80,6 +80,9 @@ class Worker:
         modules = load_rank(self.plan, rank, weights, tp)
         self.executors: dict[str, Executor] = {
             name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
+        if not welcome.prefix_cache:   # executors that reuse prefixes on their own (the others follow WorkItem.cached)
+            for ex in self.executors.values():
+                getattr(ex, "drop_prefix_cache", lambda: None)()
         self.values: dict[int, dict[str, torch.Tensor]] = {}
         self.kv_incoming: dict[tuple[int, str], Envelope] = {}   # (request, node) -> KVState from another rank
         self.streams = WorkerStreams(self.plan, rank)
