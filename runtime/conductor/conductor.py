@@ -351,6 +351,7 @@ class Conductor:
         if len(batch.entries) == 1:
             batch.entries[0].request.isolated = False   # it ran alone and passed: it may share batches again
         self.on_batch(batch.node, len(batch.entries), msg.run_ms)
+        self.ledger.note_reported(msg.rank, msg.prefix)
         self.live.observe_batch(batch.group, batch.node, len(batch.entries), msg.run_ms)
         token_ports = self.index.token_outputs(batch.node)
         keys = [(f"{batch.node}.{port.name}", port.name in token_ports) for port in self.index.nodes[batch.node].outputs]

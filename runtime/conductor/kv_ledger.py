@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from runtime.kv import KVBlockManager, PrefixStats
+from runtime.transport.messages import PrefixCounts
 
 
 @dataclass
@@ -156,6 +157,13 @@ class KVLedger:
 
     def __init__(self) -> None:
         self.pools: dict[tuple[int, str], KVPoolLedger] = {}
+        self.reported: dict[tuple[int, str], PrefixStats] = {}   # caches workers decide on their own
+
+    def note_reported(self, rank: int, counts: Sequence[PrefixCounts]) -> None:
+        """A worker's totals for the prefix caches it decides itself (BatchDone.prefix)."""
+        for c in counts:
+            self.reported[(rank, c.node)] = PrefixStats(queries=c.queries, hits=c.hits, hit_tokens=c.hit_tokens,
+                                                       query_tokens=c.query_tokens, evictions=c.evictions)
 
     def add_pool(self, rank: int, node: str, num_blocks: int, block_size: int,
                  prefix_root: bytes | None = None) -> None:
@@ -172,7 +180,8 @@ class KVLedger:
 
     def prefix_stats(self) -> dict[tuple[int, str], PrefixStats]:
         """(rank, node) -> prefix-cache counters of every pool that caches prefixes."""
-        return {key: pool.stats for key, pool in self.pools.items() if isinstance(pool, PrefixPoolLedger)}
+        mirrored = {key: pool.stats for key, pool in self.pools.items() if isinstance(pool, PrefixPoolLedger)}
+        return {**self.reported, **mirrored}
 
     def free_request(self, request_id: int) -> None:
         for pool in self.pools.values():

@@ -163,6 +163,18 @@ class ItemResult(msgspec.Struct, omit_defaults=True):
     streamed: list[str] = []    # streams this Run pushed an item onto (0 or 1 item each)
 
 
+class PrefixCounts(msgspec.Struct, omit_defaults=True):
+    """Running prefix-cache totals of a node whose worker decides reuse itself (the conductor
+    mirrors the others' caches and counts them there)."""
+
+    node: str
+    queries: int = 0            # inputs looked up
+    hits: int = 0               # lookups that reused cached blocks
+    query_tokens: int = 0       # KV rows looked up
+    hit_tokens: int = 0         # KV rows reused, not computed
+    evictions: int = 0          # cached blocks evicted to make room
+
+
 class BatchDone(_Msg, tag="done"):
     """A batch ran; emitted tensors follow as frames named "<request_id>/<port>"."""
 
@@ -171,6 +183,7 @@ class BatchDone(_Msg, tag="done"):
     items: list[ItemResult]
     tensors: list[TensorMeta] = []
     run_ms: float = 0.0         # wall time of the node's forward, milliseconds
+    prefix: list[PrefixCounts] = []   # this rank's self-deciding prefix caches, totals so far
 
 
 class BatchFailed(_Msg, tag="failed"):

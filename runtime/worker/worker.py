@@ -22,6 +22,7 @@ request whose params an executor refuses at open fails its own Runs, not the wor
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -36,7 +37,8 @@ from runtime.executors import ExecResult, Executor, executor_for
 from runtime.transport.addresses import free_port, pin_collectives_to, probe, worker_addresses
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KVState, MoveKV, NodeInfo,
-    OpenRequest, PeerUnreachable, Peers, Ready, Rejoin, RunBatch, Shutdown, StreamItems, Welcome, WorkItem, encode,
+    OpenRequest, PeerUnreachable, Peers, PrefixCounts, Ready, Rejoin, RunBatch, Shutdown, StreamItems, Welcome,
+    WorkItem, encode,
 )
 from runtime.transport.keys import ClusterKeys, start_guard
 from runtime.transport.queues import (
@@ -396,10 +398,21 @@ class Worker:
             for m in msgs:
                 self.control.send(BatchFailed(batch_id=m.batch_id, rank=self.rank, message=message))
             return
+        prefix = self._prefix_counts()
         for m, batch_results, tensors, fed in zip(msgs, results, emitted, streamed):
             items = [ItemResult(request_id=item.request_id, tokens=r.tokens, finished=r.finished, streamed=s)
                      for item, r, s in zip(m.items, batch_results, fed)]
-            self.control.send(BatchDone(batch_id=m.batch_id, rank=self.rank, items=items, run_ms=run_ms), tensors)
+            self.control.send(BatchDone(batch_id=m.batch_id, rank=self.rank, items=items, run_ms=run_ms,
+                                        prefix=prefix), tensors)
+
+    def _prefix_counts(self) -> list[PrefixCounts]:
+        """Totals of the executors that reuse prefixes on their own (`prefix_stats()`; /metrics)."""
+        counts = []
+        for name, ex in self.executors.items():
+            stats = getattr(ex, "prefix_stats", lambda: None)()
+            if stats is not None:
+                counts.append(PrefixCounts(node=name, **dataclasses.asdict(stats)))
+        return counts
 
     def _inputs(self, item: WorkItem) -> dict[str, torch.Tensor]:
         """Input tensors by port; waits for ones still travelling from another rank."""

@@ -37,7 +37,7 @@ from runtime.models.bagel.generation import Generation, GuidanceUse
 from runtime.models.bagel.segments import Segment, SegmentKind
 from runtime.executors import ExecResult
 from runtime.models.bagel.roles import cfg_consumer, segment_kinds
-from runtime.kv import KVBlockManager, prefix_root
+from runtime.kv import KVBlockManager, PrefixCachingAllocator, PrefixStats, prefix_root
 from runtime.models.bagel.row_keys import decode_rows, image_rows, text_rows
 from runtime.sampling import Sampler, SamplingState
 from runtime.transport.messages import WorkItem
@@ -289,6 +289,11 @@ class BagelLMExecutor:
 
     def drop_prefix_cache(self) -> None:
         self.engine.drop_prefix_cache()
+
+    def prefix_stats(self) -> PrefixStats | None:
+        """The shared engine's prefix-cache counters, reported once (by the full branch's node)."""
+        allocator = self.engine.blocks.allocator
+        return allocator.stats if self.role == "full" and isinstance(allocator, PrefixCachingAllocator) else None
 
     def kv_used_blocks(self) -> int:
         return self.engine.used_blocks() if self.role == "full" else 0
