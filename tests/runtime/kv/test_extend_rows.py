@@ -74,7 +74,7 @@ def test_randomised_extend_fork_free_abort_reads_back_exactly_what_was_written()
     content: dict[int, list] = {}
     truth: dict[int, list] = {}
     next_id, hits = 0, 0
-    for _ in range(2500):
+    for _ in range(1500):
         op = rng.random()
         if op < 0.35 or not truth:
             req, next_id = next_id, next_id + 1
