@@ -311,7 +311,8 @@ class Conductor:
         status.nodes, status.is_ready = msg.nodes, True
         for info in msg.nodes:
             if info.kv_blocks:
-                self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, self._prefix_root(info))
+                self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, self._prefix_root(info),
+                                     frozenset(info.kv_prefix_stop_ids))
             if info.prefill_chunks:
                 self.scheduler.chunked_prefill.add((rank, info.name))
         self._cap_tp_pools()

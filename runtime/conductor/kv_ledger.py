@@ -81,10 +81,11 @@ class KVPoolLedger:
 class PrefixPoolLedger(KVPoolLedger):
     """A pool whose worker caches full blocks by content: counted by a mirror of its block tables."""
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes,
+                 stop_ids: frozenset[int] = frozenset()) -> None:
         super().__init__(num_blocks, block_size)
-        self.prefix_root = prefix_root
-        self.mirror = KVBlockManager(num_blocks, block_size, prefix_root)
+        self.prefix_root, self.stop_ids = prefix_root, stop_ids
+        self.mirror = KVBlockManager(num_blocks, block_size, prefix_root, stop_ids)
         self._grown: set[int] = set()                 # requests grown since the last commit
         self._committed: dict[int, list[int]] = {}    # request -> blocks its last commit keyed
 
@@ -142,7 +143,7 @@ class PrefixPoolLedger(KVPoolLedger):
         """The worker restarted with an empty cache: so does the mirror (the counters go on)."""
         stats = self.stats
         super().clear()
-        self.mirror = KVBlockManager(self.num_blocks, self.block_size, self.prefix_root)
+        self.mirror = KVBlockManager(self.num_blocks, self.block_size, self.prefix_root, self.stop_ids)
         self.mirror.allocator.stats = stats
         self._grown.clear()
         self._committed.clear()
@@ -166,9 +167,9 @@ class KVLedger:
                                                        query_tokens=c.query_tokens, evictions=c.evictions)
 
     def add_pool(self, rank: int, node: str, num_blocks: int, block_size: int,
-                 prefix_root: bytes | None = None) -> None:
+                 prefix_root: bytes | None = None, stop_ids: frozenset[int] = frozenset()) -> None:
         self.pools[(rank, node)] = (KVPoolLedger(num_blocks, block_size) if prefix_root is None
-                                    else PrefixPoolLedger(num_blocks, block_size, prefix_root))
+                                    else PrefixPoolLedger(num_blocks, block_size, prefix_root, stop_ids))
 
     def pool(self, rank: int, node: str) -> KVPoolLedger | None:
         return self.pools.get((rank, node))

@@ -17,7 +17,9 @@ Prefix caching (`prefix_root` given; runtime/kv/prefix_cache.py): `allocate` and
 `append` take the token ids too, `prefix_hit(tokens)` says how many leading tokens are
 cached in full blocks, `allocate(..., reuse=n)` shares those blocks instead of computing
 them, and `commit(req)` after the forward makes the request's newly filled blocks
-findable. A table whose tokens are unknown (given without ids) never caches a block.
+findable. A table whose tokens are unknown (given without ids) never caches a block, nor does one
+past a `stop_ids` token (a placeholder whose rows an encoder's embeddings replace: its id
+does not say what is there): a prompt holding one is neither looked up nor cached from it on.
 A request's later prompt chunks look up too: `prefix_hit(tokens, after=req)` continues the
 chain of a request whose tokens so far all sit in keyed full blocks (its chunks so far ended
 on block boundaries and were committed), and `append(req, n, tokens, reuse=k)` shares those.
@@ -63,9 +65,11 @@ class PrefixOutOfStep(ValueError):
 class KVBlockManager:
     """Block tables of every request on one paged KV cache."""
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_root: Key | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_root: Key | None = None,
+                 stop_ids: frozenset[int] = frozenset()) -> None:
         self.block_size = block_size
         self.prefix_root = prefix_root
+        self.stop_ids = stop_ids
         self.allocator = BlockAllocator(num_blocks) if prefix_root is None else PrefixCachingAllocator(num_blocks)
         self._tables: dict[RequestId, BlockTable] = {}
 
@@ -96,11 +100,14 @@ class KVBlockManager:
         (the forward must produce the last token's logits); 0 without prefix caching. `after`: a
         request that holds tokens already, which `tokens` continue."""
         parent = self._chain_end(after)
-        if parent is None or not tokens:
+        if parent is None or not tokens or self._stops(tokens):
             return 0
         usable = (len(tokens) - 1) // self.block_size
         keys = chain_keys(parent, tokens[:usable * self.block_size], self.block_size)
         return len(self.allocator.cached(keys)) * self.block_size
+
+    def _stops(self, tokens: Sequence[int]) -> bool:
+        return bool(self.stop_ids) and any(t in self.stop_ids for t in tokens)
 
     def _reused(self, tokens: Sequence[int] | None, reuse: int, after: RequestId | None = None) -> list[int]:
         """The cached blocks holding the first `reuse` tokens; PrefixOutOfStep if they are not all here."""
@@ -137,7 +144,7 @@ class KVBlockManager:
         table = BlockTable(blocks, num_tokens)
         if self.prefix_root is not None and tokens is not None:
             table.keys = chain_keys(self.prefix_root, tokens[:reuse], self.block_size)
-            table.pending = list(tokens[reuse:])
+            table.pending = None if self._stops(tokens) else list(tokens[reuse:])
             self.allocator.note_query(len(tokens), reuse)
         self._tables[req] = table
 
@@ -250,7 +257,7 @@ class KVBlockManager:
             table.blocks.extend(reused)
         fresh = self.allocator.allocate(needed)
         if table.pending is not None:
-            table.pending = None if tokens is None else [*table.pending, *tokens[reuse:]]
+            table.pending = None if tokens is None or self._stops(tokens) else [*table.pending, *tokens[reuse:]]
         copies = []
         if cow:
             src, dst = table.blocks[-1], fresh.pop()

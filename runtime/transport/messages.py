@@ -73,6 +73,7 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     kv_block_size: int = 0  # tokens per KV block
     num_params: int = 0     # parameters this rank holds for the node (a tensor-parallel shard holds a part)
     kv_prefix_key: str = ""  # hex root key of the node's prefix cache ("": it caches no prefixes)
+    kv_prefix_stop_ids: list[int] = []  # placeholder ids: a prompt holding one is not cached from it on
     prefill_chunks: bool = False  # its executor takes a prompt in chunks (`WorkItem.partial`)
 
 

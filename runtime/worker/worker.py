@@ -96,6 +96,7 @@ class Worker:
                      kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size,
                      num_params=sum(p.numel() for p in module.parameters()),
                      kv_prefix_key=getattr(self.executors[name], "kv_prefix_key", ""),
+                     kv_prefix_stop_ids=sorted(getattr(self.executors[name], "kv_prefix_stop_ids", ())),
                      prefill_chunks=getattr(self.executors[name], "chunks_prefill", False))
             for name, (module, source) in modules.items()])
         self.control.send(self.ready)
