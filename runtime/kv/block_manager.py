@@ -175,7 +175,8 @@ class KVBlockManager:
                                                                table.pending))
         return table.blocks[len(table.keys) - len(new):len(table.keys)]
 
-    def _cached_extension(self, table: BlockTable, rows: Sequence[Row]) -> tuple[list[Key], list[int], int | None] | None:
+    def _cached_extension(self, table: BlockTable,
+                          rows: Sequence[Row]) -> tuple[list[Key], list[int], int | None] | None:
         """(full-block keys, their cached blocks, cached tail block or None) holding the table's
         pending rows followed by `rows`; None unless all of them are cached."""
         if self.prefix_root is None or table.pending is None:

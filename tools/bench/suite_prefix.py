@@ -78,9 +78,9 @@ def _burst_rows(samples: dict, n: int, rules: int, labels: dict[str, str]) -> li
                                       ("warm_ttft", "TTFT alone, warm", "s", LOWER),
                                       ("ttft_p50", "TTFT p50", "s", LOWER), ("ttft_p95", "TTFT p95", "s", LOWER),
                                       ("tok_s", "total throughput", "tok/s", HIGHER)):
-        out.append(Row(case, metric, unit, better, _side(samples, "on", key, labels), _side(samples, "off", key, labels),
-                       names=("cache on", "cache off"), plot=f"burst-{key}", x="on vs off",
-                       note="burst after a cold and a warm chat with the same prompt"))
+        out.append(Row(case, metric, unit, better, _side(samples, "on", key, labels),
+                       _side(samples, "off", key, labels), names=("cache on", "cache off"), plot=f"burst-{key}",
+                       x="on vs off", note="burst after a cold and a warm chat with the same prompt"))
     if "vllm" in samples:
         for key, metric, unit, better in (("cold_over_warm", "TTFT cold / warm", "x", HIGHER),
                                           ("ttft_p50", "TTFT p50", "s", LOWER),
@@ -124,8 +124,8 @@ def _edit_rows(ctx: Context, edits: int) -> list[Row]:
     prompts = [f"edit {i}: make the {TOPICS[i % len(TOPICS)]} brighter" for i in range(edits)]
     pictures = itertools.count(1)
     with contextlib.ExitStack() as stack:
-        urls = {"on": stack.enter_context(mstar_run(plan, logs / "prefix-bagel-on.log", "mstar-run bagel (prefix cache)",
-                                                    ctx.threads)).url,
+        urls = {"on": stack.enter_context(mstar_run(plan, logs / "prefix-bagel-on.log",
+                                                    "mstar-run bagel (prefix cache)", ctx.threads)).url,
                 "off": stack.enter_context(mstar_run(plan, logs / "prefix-bagel-off.log",
                                                      "mstar-run bagel (no prefix cache)", ctx.threads,
                                                      "--no-prefix-cache")).url}

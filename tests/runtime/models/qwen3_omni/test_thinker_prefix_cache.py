@@ -62,8 +62,8 @@ def test_chats_sharing_a_system_prompt_and_one_with_an_image_answer_as_without_t
     reader, tokenizer = chat_inputs_for(plan), ByteTokenizer()
     chats = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
              for q in ("Capital of France?", "Capital of Peru?")]
-    chats.append([{"role": "system", "content": SYSTEM},
-                  {"role": "user", "content": [image_part(picture(56, 84, seed=4)), {"type": "text", "text": "What?"}]}])
+    question = [image_part(picture(56, 84, seed=4)), {"type": "text", "text": "What?"}]
+    chats.append([{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
     stats = on.blocks.allocator.stats
     for rid, messages in enumerate(chats, start=1):
         # a text-only chat is one text item, laid out as the reader lays out a chat with media
