@@ -55,7 +55,9 @@ def _sides(ctx: Context, stack: contextlib.ExitStack) -> dict[str, str]:
                                         "--no-prefix-cache"))
     urls = {"on": on.url, "off": off.url}
     try:
-        urls["vllm"] = stack.enter_context(vllm_server(ctx, "float32", "--enable-prefix-caching")).url
+        # its CPU warm-up compiles for minutes, far longer on a loaded machine
+        urls["vllm"] = stack.enter_context(vllm_server(ctx, "float32", "--enable-prefix-caching",
+                                                       start_timeout_s=1800.0)).url
     except Needs as exc:
         ctx.record_needs("prefix: the vLLM peer", exc)
     return urls
