@@ -13,7 +13,12 @@ sent after them), so both hold the same cached chains. `grow` returns the prompt
 worker will reuse (`WorkItem.cached`), for a request's first Run and for each later chunk of
 its prompt; `cached_prefix` says beforehand how many of them a Run of `tokens` would reuse.
 A worker that does not hold them fails the batch loudly (`PrefixOutOfStep`) instead of
-computing on the wrong blocks.
+computing on the wrong blocks. Placeholder ids (`NodeInfo.kv_prefix_stop_ids`) stop caching
+in the mirror as in the worker.
+
+A pool whose worker decides reuse itself (BAGEL: rows named by image digests) is counted
+as a plain pool, an upper bound (cached blocks nobody holds are free to the worker), and its
+prefix counters come from the worker (`note_reported`).
 """
 from __future__ import annotations
 
