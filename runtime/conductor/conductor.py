@@ -113,7 +113,7 @@ class Conductor:
         self.workers = WorkerSet(self.config.plan_path, self.queue.endpoint, len(self.plan.ranks),
                                  set(self.config.remote_ranks), self.config.weights, self.config.log_level,
                                  key_files, self.config.worker_host, self.config.launcher)
-        self.joining = Joining(self.plan, self.workers, self._send)
+        self.joining = Joining(self.plan, self.workers, self._send, self.config.prefix_cache)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]
         self.workers.start_local()
@@ -311,7 +311,8 @@ class Conductor:
         status.nodes, status.is_ready = msg.nodes, True
         for info in msg.nodes:
             if info.kv_blocks:
-                self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, self._prefix_root(info))
+                self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, self._prefix_root(info),
+                                     frozenset(info.kv_prefix_stop_ids))
             if info.prefill_chunks:
                 self.scheduler.chunked_prefill.add((rank, info.name))
         self._cap_tp_pools()
@@ -351,6 +352,7 @@ class Conductor:
         if len(batch.entries) == 1:
             batch.entries[0].request.isolated = False   # it ran alone and passed: it may share batches again
         self.on_batch(batch.node, len(batch.entries), msg.run_ms)
+        self.ledger.note_reported(msg.rank, msg.prefix)
         self.live.observe_batch(batch.group, batch.node, len(batch.entries), msg.run_ms)
         token_ports = self.index.token_outputs(batch.node)
         keys = [(f"{batch.node}.{port.name}", port.name in token_ports) for port in self.index.nodes[batch.node].outputs]

@@ -13,7 +13,12 @@ sent after them), so both hold the same cached chains. `grow` returns the prompt
 worker will reuse (`WorkItem.cached`), for a request's first Run and for each later chunk of
 its prompt; `cached_prefix` says beforehand how many of them a Run of `tokens` would reuse.
 A worker that does not hold them fails the batch loudly (`PrefixOutOfStep`) instead of
-computing on the wrong blocks.
+computing on the wrong blocks. Placeholder ids (`NodeInfo.kv_prefix_stop_ids`) stop caching
+in the mirror as in the worker.
+
+A pool whose worker decides reuse itself (BAGEL: rows named by image digests) is counted
+as a plain pool, an upper bound (cached blocks nobody holds are free to the worker), and its
+prefix counters come from the worker (`note_reported`).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from runtime.kv import KVBlockManager, PrefixStats
+from runtime.transport.messages import PrefixCounts
 
 
 @dataclass
@@ -80,10 +86,11 @@ class KVPoolLedger:
 class PrefixPoolLedger(KVPoolLedger):
     """A pool whose worker caches full blocks by content: counted by a mirror of its block tables."""
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes,
+                 stop_ids: frozenset[int] = frozenset()) -> None:
         super().__init__(num_blocks, block_size)
-        self.prefix_root = prefix_root
-        self.mirror = KVBlockManager(num_blocks, block_size, prefix_root)
+        self.prefix_root, self.stop_ids = prefix_root, stop_ids
+        self.mirror = KVBlockManager(num_blocks, block_size, prefix_root, stop_ids)
         self._grown: set[int] = set()                 # requests grown since the last commit
         self._committed: dict[int, list[int]] = {}    # request -> blocks its last commit keyed
 
@@ -141,7 +148,7 @@ class PrefixPoolLedger(KVPoolLedger):
         """The worker restarted with an empty cache: so does the mirror (the counters go on)."""
         stats = self.stats
         super().clear()
-        self.mirror = KVBlockManager(self.num_blocks, self.block_size, self.prefix_root)
+        self.mirror = KVBlockManager(self.num_blocks, self.block_size, self.prefix_root, self.stop_ids)
         self.mirror.allocator.stats = stats
         self._grown.clear()
         self._committed.clear()
@@ -156,11 +163,18 @@ class KVLedger:
 
     def __init__(self) -> None:
         self.pools: dict[tuple[int, str], KVPoolLedger] = {}
+        self.reported: dict[tuple[int, str], PrefixStats] = {}   # caches workers decide on their own
+
+    def note_reported(self, rank: int, counts: Sequence[PrefixCounts]) -> None:
+        """A worker's totals for the prefix caches it decides itself (BatchDone.prefix)."""
+        for c in counts:
+            self.reported[(rank, c.node)] = PrefixStats(queries=c.queries, hits=c.hits, hit_tokens=c.hit_tokens,
+                                                       query_tokens=c.query_tokens, evictions=c.evictions)
 
     def add_pool(self, rank: int, node: str, num_blocks: int, block_size: int,
-                 prefix_root: bytes | None = None) -> None:
+                 prefix_root: bytes | None = None, stop_ids: frozenset[int] = frozenset()) -> None:
         self.pools[(rank, node)] = (KVPoolLedger(num_blocks, block_size) if prefix_root is None
-                                    else PrefixPoolLedger(num_blocks, block_size, prefix_root))
+                                    else PrefixPoolLedger(num_blocks, block_size, prefix_root, stop_ids))
 
     def pool(self, rank: int, node: str) -> KVPoolLedger | None:
         return self.pools.get((rank, node))
@@ -172,7 +186,8 @@ class KVLedger:
 
     def prefix_stats(self) -> dict[tuple[int, str], PrefixStats]:
         """(rank, node) -> prefix-cache counters of every pool that caches prefixes."""
-        return {key: pool.stats for key, pool in self.pools.items() if isinstance(pool, PrefixPoolLedger)}
+        mirrored = {key: pool.stats for key, pool in self.pools.items() if isinstance(pool, PrefixPoolLedger)}
+        return {**self.reported, **mirrored}
 
     def free_request(self, request_id: int) -> None:
         for pool in self.pools.values():

@@ -17,10 +17,18 @@ Prefix caching (`prefix_root` given; runtime/kv/prefix_cache.py): `allocate` and
 `append` take the token ids too, `prefix_hit(tokens)` says how many leading tokens are
 cached in full blocks, `allocate(..., reuse=n)` shares those blocks instead of computing
 them, and `commit(req)` after the forward makes the request's newly filled blocks
-findable. A table whose tokens are unknown (given without ids) never caches a block.
+findable. A table whose tokens are unknown (given without ids) never caches a block, nor does one
+past a `stop_ids` token (a placeholder whose rows an encoder's embeddings replace: its id
+does not say what is there): a prompt holding one is neither looked up nor cached from it on.
 A request's later prompt chunks look up too: `prefix_hit(tokens, after=req)` continues the
 chain of a request whose tokens so far all sit in keyed full blocks (its chunks so far ended
 on block boundaries and were committed), and `append(req, n, tokens, reuse=k)` shares those.
+
+Whole-input reuse (`extend(req, rows)`, BAGEL): rows that can only be computed together (an
+image's rows attend to each other) are reused whole or computed whole. `extend` looks up the
+full blocks the rows end and the tail key of the partly filled block after them; on a hit the
+request takes the cached full blocks and a copy of the tail block, else room to compute them.
+`commit(req, tails=True)` also keys the request's partly filled last block by its rows so far.
 
 Invariant: a block's reference count equals the number of block tables that hold it;
 full shared blocks are never written (tokens are only appended), so only a partly
@@ -35,7 +43,7 @@ import torch
 
 from runtime.attention.metadata import AttentionMetadata
 from runtime.kv.block_allocator import BlockAllocator, OutOfBlocks
-from runtime.kv.prefix_cache import Key, PrefixCachingAllocator, chain_keys
+from runtime.kv.prefix_cache import Key, PrefixCachingAllocator, Row, chain_keys, tail_key
 
 RequestId = Hashable
 
@@ -57,9 +65,11 @@ class PrefixOutOfStep(ValueError):
 class KVBlockManager:
     """Block tables of every request on one paged KV cache."""
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_root: Key | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_root: Key | None = None,
+                 stop_ids: frozenset[int] = frozenset()) -> None:
         self.block_size = block_size
         self.prefix_root = prefix_root
+        self.stop_ids = stop_ids
         self.allocator = BlockAllocator(num_blocks) if prefix_root is None else PrefixCachingAllocator(num_blocks)
         self._tables: dict[RequestId, BlockTable] = {}
 
@@ -90,11 +100,14 @@ class KVBlockManager:
         (the forward must produce the last token's logits); 0 without prefix caching. `after`: a
         request that holds tokens already, which `tokens` continue."""
         parent = self._chain_end(after)
-        if parent is None or not tokens:
+        if parent is None or not tokens or self._stops(tokens):
             return 0
         usable = (len(tokens) - 1) // self.block_size
         keys = chain_keys(parent, tokens[:usable * self.block_size], self.block_size)
         return len(self.allocator.cached(keys)) * self.block_size
+
+    def _stops(self, tokens: Sequence[int]) -> bool:
+        return bool(self.stop_ids) and any(t in self.stop_ids for t in tokens)
 
     def _reused(self, tokens: Sequence[int] | None, reuse: int, after: RequestId | None = None) -> list[int]:
         """The cached blocks holding the first `reuse` tokens; PrefixOutOfStep if they are not all here."""
@@ -131,13 +144,23 @@ class KVBlockManager:
         table = BlockTable(blocks, num_tokens)
         if self.prefix_root is not None and tokens is not None:
             table.keys = chain_keys(self.prefix_root, tokens[:reuse], self.block_size)
-            table.pending = list(tokens[reuse:])
+            table.pending = None if self._stops(tokens) else list(tokens[reuse:])
             self.allocator.note_query(len(tokens), reuse)
         self._tables[req] = table
 
-    def commit(self, req: RequestId) -> list[int]:
+    def open(self, req: RequestId) -> None:
+        """An empty table whose rows will be known (`extend`, `append` with rows), so its blocks are cached."""
+        if req in self._tables:
+            raise ValueError(f"request {req!r} already has a KV block table")
+        self._tables[req] = BlockTable(pending=[] if self.prefix_root is not None else None)
+
+    def uncache(self, req: RequestId) -> None:
+        """The forward that was to write the request's uncommitted rows failed: never key its blocks."""
+        self._tables[req].pending = None
+
+    def commit(self, req: RequestId, tails: bool = False) -> list[int]:
         """Make the request's full, written blocks findable (call after the forward that wrote them);
-        returns the blocks newly keyed."""
+        returns the blocks newly keyed. `tails`: key the partly filled last block by its rows too."""
         table = self._tables[req]
         if self.prefix_root is None or table.pending is None:
             return []
@@ -147,7 +170,59 @@ class KVBlockManager:
             self.allocator.register(table.blocks[i], key)
         table.keys.extend(new)
         del table.pending[:len(new) * self.block_size]
+        if tails and table.pending:
+            self.allocator.register(table.blocks[-1], tail_key(table.keys[-1] if table.keys else self.prefix_root,
+                                                               table.pending))
         return table.blocks[len(table.keys) - len(new):len(table.keys)]
+
+    def _cached_extension(self, table: BlockTable,
+                          rows: Sequence[Row]) -> tuple[list[Key], list[int], int | None] | None:
+        """(full-block keys, their cached blocks, cached tail block or None) holding the table's
+        pending rows followed by `rows`; None unless all of them are cached."""
+        if self.prefix_root is None or table.pending is None:
+            return None
+        parent = table.keys[-1] if table.keys else self.prefix_root
+        pending = [*table.pending, *rows]
+        keys = chain_keys(parent, pending, self.block_size)
+        blocks = self.allocator.cached(keys)
+        if len(blocks) < len(keys):
+            return None
+        rest = pending[len(keys) * self.block_size:]
+        if not rest:
+            return keys, blocks, None
+        tail = self.allocator.lookup(tail_key(keys[-1] if keys else parent, rest))
+        return (keys, blocks, tail) if tail is not None else None
+
+    def extend(self, req: RequestId, rows: Sequence[Row]) -> tuple[bool, list[tuple[int, int]]]:
+        """Room for `rows` after the request's rows so far, reused whole from the cache when every
+        block of them is cached: (reused, (src, dst) block copies to apply before the next
+        allocation or forward). A miss is `append(req, len(rows), rows)`; both count one query."""
+        table = self._tables[req]
+        hit = self._cached_extension(table, rows)
+        if hit is None:
+            copies = self._grow(req, len(rows), list(rows), 0) if rows else []
+            self.allocator.note_query(len(rows), 0)
+            return False, copies
+        keys, blocks, tail = hit
+        claimed = [*blocks, *([tail] if tail is not None else [])]
+        needed = self._blocks_for(table.num_tokens + len(rows)) - len(table.keys) - len(blocks)
+        old = table.blocks[len(table.keys):]      # the partly filled last block: its rows are in `claimed`
+        taken = sum(1 for b in claimed if self.allocator.ref_count(b) == 0)
+        released = sum(1 for b in old if self.allocator.ref_count(b) == 1 and b not in claimed)
+        if not self.allocator.can_allocate(needed + taken - released):
+            raise OutOfBlocks(needed + taken - released, self.allocator.num_free)
+        self.allocator.claim(claimed)             # first: allocating must not evict them
+        self.allocator.free(old)
+        fresh = self.allocator.allocate(needed)
+        copies = [(tail, fresh[0])] if tail is not None else []
+        if tail is not None:
+            self.allocator.free([tail])           # its rows stay until an allocation reuses the block
+        table.blocks[len(table.keys):] = [*blocks, *fresh]
+        table.keys.extend(keys)
+        table.num_tokens += len(rows)
+        table.pending = [*table.pending, *rows][len(keys) * self.block_size:]
+        self.allocator.note_query(len(rows), len(rows))
+        return True, copies
 
     def _append_needs(self, table: BlockTable, n: int, reused: Sequence[int] = ()) -> tuple[int, bool]:
         """(fresh blocks needed, whether the shared last block must be copied first); `reused`
@@ -164,21 +239,26 @@ class KVBlockManager:
                reuse: int = 0) -> list[tuple[int, int]]:
         """Room for `n` more tokens (ids `tokens`, if known), the first `reuse` of them in cached
         blocks (`prefix_hit(tokens, after=req)`); returns (src, dst) block copies to apply before writing."""
+        is_lookup = tokens is not None and len(tokens) > self.block_size and self._chain_end(req) is not None
+        copies = self._grow(req, n, tokens, reuse)
+        if is_lookup:
+            self.allocator.note_query(len(tokens), reuse)    # a later prompt chunk: a lookup too
+        return copies
+
+    def _grow(self, req: RequestId, n: int, tokens: Sequence[int] | None, reuse: int) -> list[tuple[int, int]]:
         table = self._tables[req]
         reused = self._reused(tokens, reuse, after=req)
         needed, cow = self._append_needs(table, n, reused)
         evictable = sum(1 for b in reused if self.allocator.ref_count(b) == 0)
         if not self.allocator.can_allocate(needed + evictable):
             raise OutOfBlocks(needed + evictable, self.allocator.num_free)
-        if tokens is not None and len(tokens) > self.block_size and self._chain_end(req) is not None:
-            self.allocator.note_query(len(tokens), reuse)    # a later prompt chunk: a lookup too
         if reused:
             self.allocator.claim(reused)     # first: allocating fresh blocks must not evict these
             table.keys.extend(chain_keys(self._chain_end(req), tokens[:reuse], self.block_size))
             table.blocks.extend(reused)
         fresh = self.allocator.allocate(needed)
         if table.pending is not None:
-            table.pending = None if tokens is None else [*table.pending, *tokens[reuse:]]
+            table.pending = None if tokens is None or self._stops(tokens) else [*table.pending, *tokens[reuse:]]
         copies = []
         if cow:
             src, dst = table.blocks[-1], fresh.pop()

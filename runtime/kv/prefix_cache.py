@@ -1,12 +1,17 @@
 """Content-addressed KV blocks: a `BlockAllocator` that keeps full blocks findable by their tokens.
 
-A full block's key is a hash of its tokens chained with the previous block's key; the
+A full block's key is a hash of its rows chained with the previous block's key; the
 first block chains with a root key naming the model (plan model, node, weights source,
 dtype, block size), so equal keys mean equal KV contents. `prefix_root` builds that root,
-`chain_keys` the keys of a token sequence's full blocks.
+`chain_keys` the keys of a row sequence's full blocks. A row is a token id (int) or, for
+models whose rows are not all tokens (BAGEL's image rows), a self-delimiting byte string
+naming its content (runtime/models/bagel/row_keys.py). `tail_key` names the first rows of a
+partly filled block: a model whose inputs cannot be computed from the middle (an image's
+rows attend to each other) reuses a cached input whole, its last partial block copied.
 
 Block life cycle, on top of the reference counts of `BlockAllocator`:
-  * `register(block, key)` after the forward that wrote it: the block is now cached;
+  * `register(block, key)` after the forward that wrote it: the block is now cached (a
+    block may hold several keys: a full-block key and tail keys of its first rows);
   * `claim(keys)` takes the longest cached chain for a new request (one reference each);
   * `free` of the last reference puts a cached block on the evictable LRU list instead of
     the free list: it keeps its contents and stays findable;
@@ -27,6 +32,7 @@ from typing import Iterable, Sequence
 from runtime.kv.block_allocator import BlockAllocator, OutOfBlocks
 
 Key = bytes
+Row = int | bytes
 
 
 def prefix_root(*identity: object) -> Key:
@@ -34,15 +40,28 @@ def prefix_root(*identity: object) -> Key:
     return hashlib.blake2b("\x1f".join(map(str, identity)).encode(), digest_size=16).digest()
 
 
-def chain_keys(parent: Key, tokens: Sequence[int], block_size: int) -> list[Key]:
-    """Keys of each full block of `tokens`, the first chained with `parent`."""
+def _row_bytes(rows: Sequence[Row]) -> bytes:
+    return b"".join(r if isinstance(r, bytes) else int(r).to_bytes(4, "little", signed=True) for r in rows)
+
+
+def chain_keys(parent: Key, tokens: Sequence[Row], block_size: int) -> list[Key]:
+    """Keys of each full block of `tokens` (rows), the first chained with `parent`."""
     keys = []
     for start in range(0, len(tokens) - block_size + 1, block_size):
         h = hashlib.blake2b(parent, digest_size=16)
-        h.update(b"".join(int(t).to_bytes(4, "little", signed=True) for t in tokens[start:start + block_size]))
+        h.update(_row_bytes(tokens[start:start + block_size]))
         parent = h.digest()
         keys.append(parent)
     return keys
+
+
+def tail_key(parent: Key, rows: Sequence[Row]) -> Key:
+    """The key of a partly filled block holding `rows` after the chain ending in `parent`
+    (a domain of its own, apart from full-block keys: the "tail" tag and the row count)."""
+    h = hashlib.blake2b(b"tail" + len(rows).to_bytes(4, "little"), digest_size=16)
+    h.update(parent)
+    h.update(_row_bytes(rows))
+    return h.digest()
 
 
 @dataclass
@@ -62,7 +81,7 @@ class PrefixCachingAllocator(BlockAllocator):
     def __init__(self, num_blocks: int) -> None:
         super().__init__(num_blocks)
         self._blocks: dict[Key, int] = {}                       # key -> cached block
-        self._keys: dict[int, Key] = {}                         # cached block -> its key
+        self._keys: dict[int, list[Key]] = {}                   # cached block -> its keys
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, no owner; oldest first
         self.stats = PrefixStats()
 
@@ -95,7 +114,8 @@ class PrefixCachingAllocator(BlockAllocator):
 
     def _evict(self) -> int:
         block, _ = self._evictable.popitem(last=False)
-        del self._blocks[self._keys.pop(block)]
+        for key in self._keys.pop(block):
+            del self._blocks[key]
         self.stats.evictions += 1
         return block
 
@@ -109,6 +129,10 @@ class PrefixCachingAllocator(BlockAllocator):
                     self._evictable[b] = None
                 else:
                     self._free.append(b)
+
+    def lookup(self, key: Key) -> int | None:
+        """The block cached under `key`, if any (nothing changes)."""
+        return self._blocks.get(key)
 
     def cached(self, keys: Sequence[Key]) -> list[int]:
         """The blocks of the longest cached chain that `keys` starts with (nothing changes)."""
@@ -129,21 +153,22 @@ class PrefixCachingAllocator(BlockAllocator):
             self._refs[b] += 1
 
     def register(self, block: int, key: Key) -> None:
-        """`block` (allocated, fully written) now holds the contents `key` names. A key already
+        """`block` (allocated, written) now holds the contents `key` names. A key already
         cached in another block (two requests computed it at once) keeps that block."""
         if self._refs[block] == 0:
             raise ValueError(f"block {block} is free; only a written, held block can be cached")
-        if key in self._blocks or block in self._keys:
+        if key in self._blocks:
             return
         self._blocks[key] = block
-        self._keys[block] = key
+        self._keys.setdefault(block, []).append(key)
 
     def forget(self, block: int) -> None:
         """`block`'s contents are not what its key says (the forward that wrote them failed)."""
-        key = self._keys.pop(block, None)
-        if key is None:
+        keys = self._keys.pop(block, None)
+        if keys is None:
             return
-        del self._blocks[key]
+        for key in keys:
+            del self._blocks[key]
         if block in self._evictable:
             del self._evictable[block]
             self._free.append(block)
@@ -155,4 +180,4 @@ class PrefixCachingAllocator(BlockAllocator):
         self.stats.hit_tokens += hit_tokens
 
 
-__all__ = ["Key", "PrefixCachingAllocator", "PrefixStats", "chain_keys", "prefix_root"]
+__all__ = ["Key", "PrefixCachingAllocator", "PrefixStats", "Row", "chain_keys", "prefix_root", "tail_key"]

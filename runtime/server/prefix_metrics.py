@@ -3,7 +3,9 @@
 The ledger's mirror of each worker's cache makes the same reuse decisions as the worker
 (runtime/conductor/kv_ledger.py), so its counts are the worker's: lookups of a new
 request's prompt, lookups that reused at least one block, prompt tokens looked up and
-reused, and cached blocks evicted to make room.
+reused, and cached blocks evicted to make room. Caches a worker decides on its own (BAGEL's
+LM, whose rows are named by image digests the conductor never sees) are counted by the
+worker and reported with each BatchDone (`KVLedger.note_reported`).
 """
 from __future__ import annotations
 

@@ -45,6 +45,7 @@ class Welcome(_Msg, tag="welcome"):
     """The conductor's answer to Hello; the worker loads its nodes only after it."""
 
     tp_init: str = ""       # tcp://LEAD_HOST:PORT where the rank's TP group meets ("" : no group)
+    prefix_cache: bool = True  # executors that decide prefix reuse themselves may cache (mstar-run --no-prefix-cache)
 
 
 class Rejoin(_Msg, tag="rejoin"):
@@ -72,6 +73,7 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     kv_block_size: int = 0  # tokens per KV block
     num_params: int = 0     # parameters this rank holds for the node (a tensor-parallel shard holds a part)
     kv_prefix_key: str = ""  # hex root key of the node's prefix cache ("": it caches no prefixes)
+    kv_prefix_stop_ids: list[int] = []  # placeholder ids: a prompt holding one is not cached from it on
     prefill_chunks: bool = False  # its executor takes a prompt in chunks (`WorkItem.partial`)
 
 
@@ -171,6 +173,18 @@ class ItemResult(msgspec.Struct, omit_defaults=True):
     streamed: list[str] = []    # streams this Run pushed an item onto (0 or 1 item each)
 
 
+class PrefixCounts(msgspec.Struct, omit_defaults=True):
+    """Running prefix-cache totals of a node whose worker decides reuse itself (the conductor
+    mirrors the others' caches and counts them there)."""
+
+    node: str
+    queries: int = 0            # inputs looked up
+    hits: int = 0               # lookups that reused cached blocks
+    query_tokens: int = 0       # KV rows looked up
+    hit_tokens: int = 0         # KV rows reused, not computed
+    evictions: int = 0          # cached blocks evicted to make room
+
+
 class BatchDone(_Msg, tag="done"):
     """A batch ran; emitted tensors follow as frames named "<request_id>/<port>"."""
 
@@ -179,6 +193,7 @@ class BatchDone(_Msg, tag="done"):
     items: list[ItemResult]
     tensors: list[TensorMeta] = []
     run_ms: float = 0.0         # wall time of the node's forward, milliseconds
+    prefix: list[PrefixCounts] = []   # this rank's self-deciding prefix caches, totals so far
 
 
 class BatchFailed(_Msg, tag="failed"):

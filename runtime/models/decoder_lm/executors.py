@@ -26,7 +26,10 @@ Prefix caching (`prefix_cache=True`, the registered executor's default): full bl
 cached by content (runtime/kv/prefix_cache.py) and committed after the forward that wrote
 them; a new request's `item.cached` leading tokens (the conductor's count, from its mirror
 of this cache) reuse cached blocks and are not computed. Off when the plan reads the node's
-hidden states (a cached token has none), and for subclasses unless they ask for it.
+hidden states (a cached token has none) unless the executor says its state outputs need no
+forward of the cached rows (`states_need_forward = False`), and for subclasses unless they ask
+for it. A node fed embeddings caches only with declared `placeholder_ids`, which stop caching
+(`kv_prefix_stop_ids`): their ids do not say what was embedded there.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ class DecoderLMExecutor:
     """A decoder LM node on one rank: model, paged cache, block tables, per-request samplers."""
 
     placeholder_ids: frozenset[int] = frozenset()    # token ids whose rows `embeds` replace (module docstring)
+    states_need_forward: bool = True                 # its state outputs come from the forward of every row
 
     def __init__(self, node: Node, model: torch.nn.Module, rank: int, plan: Plan | None = None,
                  prefix_cache: bool = False) -> None:
@@ -56,12 +60,14 @@ class DecoderLMExecutor:
         self.cache = model.make_kv_cache(pool.num_blocks, pool.block_tokens)
         self.device = self.cache.k[0].device
         root = None
-        if prefix_cache and plan is not None and not reads_states(plan, node) and not takes_embeds(plan, node):
+        if prefix_cache and plan is not None and (not takes_embeds(plan, node) or self.placeholder_ids) \
+                and (not self.states_need_forward or not reads_states(plan, node)):
             # the model's identity: equal keys must mean equal KV contents
             root = prefix_root(plan.model, plan.preset, node.name, node.kind, node.preset, node.weights,
                                node.dtype, pool.block_tokens)
         self.kv_prefix_key = root.hex() if root is not None else ""
-        self.blocks = KVBlockManager(pool.num_blocks, pool.block_tokens, root)
+        self.kv_prefix_stop_ids = self.placeholder_ids if root is not None else frozenset()
+        self.blocks = KVBlockManager(pool.num_blocks, pool.block_tokens, root, self.kv_prefix_stop_ids)
         self.sampler = Sampler()
         self._params: dict[int, SamplingParams] = {}
         self._states: dict[int, SamplingState] = {}

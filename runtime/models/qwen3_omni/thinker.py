@@ -65,14 +65,21 @@ class DeepStackLM:
 
 
 class ThinkerExecutor(DecoderLMExecutor):
-    """A `qwen3_moe_lm` thinker whose `hidden` stream feeds a talker (module docstring)."""
+    """A `qwen3_moe_lm` thinker whose `hidden` stream feeds a talker (module docstring).
+
+    Prefix caching: a chat's text before its first audio, image or video placeholder reuses
+    cached blocks (`WorkItem.cached`); a prompt piece holding a placeholder is neither looked
+    up nor cached (its ids do not say what was embedded). The `hidden` stream is the fed
+    tokens' input embeddings, so cached rows need no forward for it."""
+
+    states_need_forward = False
 
     def __init__(self, node: Node, model: nn.Module, rank: int, tts_ids: tuple[int, int, int],
                  placeholder_ids: tuple[int, ...] = (), plan: Plan | None = None,
                  vision: Mapping[str, Any] | None = None, picture_pads: tuple[int, int] = (-1, -1),
                  tap_layer: int = 0) -> None:
-        super().__init__(node, model, rank, plan)
-        self.placeholder_ids = frozenset(placeholder_ids)
+        self.placeholder_ids = frozenset(placeholder_ids)   # first: the prefix cache stops at them
+        super().__init__(node, model, rank, plan, prefix_cache=True)
         self.tts_ids = torch.tensor(tts_ids, dtype=torch.long, device=self.device)
         self._num_fed: dict[int, int] = {}              # request -> rows whose embeddings were taken
         self._num_prompt_items: dict[int, int] = {}     # request -> thinker Runs its prompt takes
@@ -107,6 +114,8 @@ class ThinkerExecutor(DecoderLMExecutor):
     def positions(self, item: WorkItem, start: int) -> torch.Tensor:
         if self.mrope is None:
             return super().positions(item, start)
+        if item.cached:      # reused rows (text before any picture) still take their positions
+            self.mrope.positions(item.request_id, item.tokens[:item.cached], start - item.cached)
         return self.mrope.positions(item.request_id, item.tokens[item.cached:], start).to(self.device)
 
     @torch.inference_mode()
@@ -146,8 +155,8 @@ class ThinkerExecutor(DecoderLMExecutor):
         """(n, hidden) tapped states of these ids at multimodal placeholders (rows ending at batch row
         `end`), zeros elsewhere."""
         rows = torch.zeros(len(ids), self.node.dims["hidden_size"], device=self.device)
-        if tapped is not None and len(ids):
-            is_mm = torch.isin(ids, torch.tensor(sorted(self.placeholder_ids), device=self.device))
+        is_mm = torch.isin(ids, torch.tensor(sorted(self.placeholder_ids), device=self.device))
+        if tapped is not None and is_mm.any():   # such a piece is never cached: all its rows were computed
             rows[is_mm] = tapped[end - len(ids):end][is_mm].to(rows.dtype)
         return rows
 

@@ -209,3 +209,20 @@ def test_the_ledger_reuses_later_chunks_like_the_worker() -> None:
     worker.commit("b")
     worker.append("b", 8, chunks[1], reuse=reuse[1])     # what the conductor counted is there
     assert len(worker.table("b").blocks) == len(pool.mirror.table("b").blocks) == 4
+
+
+def test_a_piece_holding_a_placeholder_is_neither_looked_up_nor_cached() -> None:
+    """Placeholder ids (an encoder's rows go there) stop caching, in the worker's cache and the
+    ledger's mirror alike: the text before them is reused, nothing from them on."""
+    pad = 99
+    kv = KVBlockManager(16, BS, ROOT, frozenset({pad}))
+    ledger = PrefixPoolLedger(16, BS, ROOT, frozenset({pad}))
+    text, picture = list(range(10)), [pad] * 6 + [7, 8, 9, 10, 11]
+    for cache in (kv, ledger.mirror):
+        prefill(cache, 1, text)
+        assert cache.prefix_hit(text + [50]) == 8
+        assert cache.prefix_hit(picture) == 0 and cache.prefix_hit(text[:8] + picture) == 0
+        cache.allocate(2, len(text[:8] + picture), text[:8] + picture)
+        cache.commit(2)
+        cache.free(2)
+    assert ledger.cached_prefix(3, text[:8] + picture) == 0 and kv.allocator.num_cached == 2

@@ -45,3 +45,15 @@ def test_placement_changes_no_bit(one_rank, three_ranks) -> None:
 def test_load_changes_no_bit(one_rank) -> None:
     for a, b in alone_and_together(client_of(one_rank)):
         assert np.array_equal(a, b)
+
+
+def test_an_edit_of_an_image_seen_before_reuses_its_kv_and_changes_no_bit(one_rank) -> None:
+    """The second, equal edit takes the image's VAE and ViT rows and the prompt from the prefix
+    cache (counted on /metrics) and draws the very image the first computed."""
+    client, image = client_of(one_rank), png(48, 48, seed=9)
+    hits = 'mstar_prefix_cache_hit_tokens_total{node="llm",rank="0"}'
+    cold = pixels(edit(client, image, prompt="a cached edit", extra={"seed": 4}).data[0].b64_json)
+    before = one_rank.metric(hits)
+    warm = pixels(edit(client, image, prompt="a cached edit", extra={"seed": 4}).data[0].b64_json)
+    assert cold.std() > 5 and np.array_equal(cold, warm)
+    assert one_rank.metric(hits) - before > 2 * (48 // 16) ** 2   # more than the image's latent rows

@@ -81,20 +81,25 @@ def test_chats_sharing_a_system_prompt_answer_as_without_the_cache(cached: Serve
 
 def test_a_multi_turn_chat_reuses_its_earlier_turns_and_answers_as_without_the_cache(
         cached: Server, uncached: Server) -> None:
-    answers = {}
+    """An 8-turn session: the conversation itself names it (the client resends its history), and each
+    turn reuses the blocks of every turn before it, so the reused tokens grow turn by turn."""
+    answers, reused = {}, []
     for name, server in (("on", cached), ("off", uncached)):
         messages = [{"role": "system", "content": "You are a friendly assistant who answers briefly."}]
         said = []
-        for turn in ("Hi! My name is Ada.", "Which planet is the largest?", "And the smallest?", "What is my name?"):
+        for turn in ("Hi! My name is Ada.", "Which planet is the largest?", "And the smallest?", "What is my name?",
+                     "Name a red fruit.", "And a yellow one?", "How many legs has a cat?", "Thank you, bye!"):
             messages.append({"role": "user", "content": turn})
             before = counters(server) if name == "on" else None
-            reply = ask(server, messages, max_tokens=24)
-            if before is not None and len(said) > 0:      # every later turn reuses the conversation so far
-                assert counters(server)["hit_tokens"] - before["hit_tokens"] >= 16 * len(said)
+            reply = ask(server, messages, max_tokens=10)
+            if before is not None:
+                reused.append(counters(server)["hit_tokens"] - before["hit_tokens"])
             said.append(reply)
             messages.append({"role": "assistant", "content": reply})
         answers[name] = said
     assert answers["on"] == answers["off"]
+    assert len(reused) == 8 and all(later > earlier for earlier, later in zip(reused[1:], reused[2:])), reused
+    assert all(hit >= 16 * turn for turn, hit in enumerate(reused)), reused   # at least a block per earlier turn
 
 
 def test_after_eviction_and_recomputation_answers_are_unchanged(small: Server, uncached: Server) -> None:
