@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mstar_compiler.plan import Plan, load_plan
 from tests.runtime.serving.conftest import REPO, compile_plan
 from tests.runtime.serving.published_layouts import write_bagel_configs
 from tests.runtime.weights.published_layouts import BAGEL_LLM, BAGEL_VIT, repository, write_header_only
@@ -111,9 +112,34 @@ def test_serving_a_full_size_plan_without_weights_fails_at_start(orpheus_plan: s
     assert "huggingface-cli download canopylabs/orpheus-3b-0.1-ft --local-dir ROOT/orpheus-3b-0.1-ft" in out.stderr
 
 
-def write_full_root(root: Path, graph: str) -> None:
+def write_omni_root(repo: Path, plan: Plan) -> None:
+    """Qwen3-Omni's 15 shards (the published tensors, split in name order), their index, and a config.json
+    holding the preset's own values at every key the mappings check (the values themselves are checked by
+    test_published_omni against a config transformers writes)."""
+    tensors = sorted(next(iter(repository("qwen3-omni-30b-a3b-instruct").values())).items())
+    index: dict[str, str] = {}
+    for shard in range(15):
+        name = f"model-{shard + 1:05d}-of-00015.safetensors"
+        part = dict(tensors[shard::15])
+        write_header_only(repo / name, part)
+        index.update({k: name for k in part})
+    (repo / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+    config: dict = {}
+    for node in plan.nodes:
+        for key, dim in (node.weight_map.config.items() if node.weight_map else ()):
+            *parents, field = key.split(".")
+            section = config
+            for part_name in parents:
+                section = section.setdefault(part_name, {})
+            section[field] = json.loads(json.dumps(node.dims[dim]))
+    (repo / "config.json").write_text(json.dumps(config))
+
+
+def write_full_root(root: Path, graph: str, plan: Plan) -> None:
     """The published directories of `graph`'s full-size preset: real headers, sparse data."""
-    if graph == "bagel":
+    if graph == "qwen3_omni":
+        write_omni_root(root / "Qwen3-Omni-30B-A3B-Instruct", plan)
+    elif graph == "bagel":
         for file, tensors in repository("bagel-7b-mot").items():
             write_header_only(root / "BAGEL-7B-MoT" / file, tensors)
         write_bagel_configs(root / "BAGEL-7B-MoT", BAGEL_LLM, BAGEL_VIT)
@@ -125,11 +151,11 @@ def write_full_root(root: Path, graph: str) -> None:
         (root / "vjepa2" / "vjepa2-ac-vitg.pt").write_bytes(b"not read")
 
 
-# Qwen3-Omni's 15 shards: the meta-device mapping test and test_published_omni's real files cover them
-@pytest.mark.parametrize("graph,preset", [("bagel", "bagel-7b"), ("vjepa2_ac", "vitg")])
+@pytest.mark.parametrize("graph,preset", [("bagel", "bagel-7b"), ("vjepa2_ac", "vitg"),
+                                          ("qwen3_omni", "qwen3-omni-30b-a3b")])
 def test_check_weights_on_full_size_presets(tmp_path: Path, graph: str, preset: str) -> None:
     plan = compile_plan(tmp_path, graph, preset=preset)
-    write_full_root(tmp_path / "root", graph)
+    write_full_root(tmp_path / "root", graph, load_plan(plan))
     out = mstar_run("check-weights", plan, "--weights", str(tmp_path / "root"), timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all weights match" in out.stdout and "missing 0, unexpected 0, wrong shape 0" in out.stdout
