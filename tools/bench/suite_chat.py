@@ -63,7 +63,9 @@ def vllm_server(ctx: Context, dtype: str, max_model_len: int = 2048) -> Server:
     cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
            "smollm2", "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", dtype]
     env = {"VLLM_CPU_KVCACHE_SPACE": "4", "HF_HUB_OFFLINE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    return Server(f"vLLM ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"vllm-{dtype}.log", env)
+    # its first start compiles the model (torch.compile, minutes on a busy 2-core machine; cached after)
+    return Server(f"vLLM ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"vllm-{dtype}.log", env,
+                  start_timeout_s=1500.0)
 
 
 def mstar_plan(ctx: Context, dtype: str) -> Path:
