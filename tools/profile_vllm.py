@@ -12,8 +12,10 @@ trace. From the trace: each `ProfilerStep#` range is one engine step (its wall t
 and scheduling included); the self time of the ops inside it goes to a category by op name
 and shape: linears (mm/addmm/linear and vLLM's oneDNN GEMMs), the LM head (the GEMM whose
 weight has the vocabulary's rows), attention (vLLM's CPU attention ops and the KV cache
-write), RoPE/norms, sampling; "other ops" is every other op, and "outside ops" the rest of
-the step (Python, scheduling, waiting between ops).
+write), RoPE/norms, sampling; "other ops" is every other op. vLLM runs its model
+torch.compile'd: inductor's fused kernels (RMSNorms, RoPE, SiLU*up, residual adds) are no
+profiled ops, so the time inside its compiled graph that no op accounts for is "fused
+kernels"; "outside ops" is the rest of the step (Python, scheduling, waiting between ops).
 """
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ from bench.registry import Context  # noqa: E402
 from bench.servers import Server, free_port  # noqa: E402
 from bench.suite_chat import bench_dir, vllm_python  # noqa: E402
 
-CATEGORIES = ("linears", "lm_head", "attention", "rope_norms", "sampling", "other ops", "outside ops")
+CATEGORIES = ("linears", "lm_head", "attention", "rope_norms", "sampling", "other ops", "fused kernels",
+              "outside ops")
+GRAPH = "## Call CompiledFxGraph"   # vLLM's torch.compile'd model: its inductor kernels are no profiled ops
 VOCAB = 49152   # SmolLM2's vocabulary: the LM head's GEMM has this many output columns
 
 
@@ -60,21 +64,28 @@ def _dims(shapes: Any) -> set[int]:
 
 def breakdown(trace: dict) -> dict[str, float]:
     """ms per engine step in each category, from a chrome trace of whole ProfilerStep ranges."""
-    events = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"), key=lambda e: (e["tid"], e["ts"]))
+    events = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"), key=lambda e: (str(e["tid"]), e["ts"]))
     steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
     if not steps:
         raise SystemExit("the trace holds no ProfilerStep ranges: was the profiler schedule set?")
+    graphs = [e for e in events if e["name"].startswith(GRAPH) and _inside(e, steps)]
     totals = dict.fromkeys(CATEGORIES, 0.0)
+    totals["fused kernels"] = sum(g["dur"] for g in graphs)    # less the ops inside them, below
     for tid in {e["tid"] for e in steps}:
-        ops = [e for e in events if e["tid"] == tid and e.get("cat") == "cpu_op"]
+        ops = [e for e in events if e["tid"] == tid and e.get("cat") == "cpu_op"]   # one thread's, by start
         for op, self_us in _self_times(ops):
-            if any(s["ts"] <= op["ts"] < s["ts"] + s["dur"] for s in steps):
+            if _inside(op, steps):
                 totals[category(op["name"], op.get("args", {}).get("Input Dims"))] += self_us
+                totals["fused kernels"] -= self_us if _inside(op, graphs) else 0.0
     step_us = sum(s["dur"] for s in steps)
     totals["outside ops"] = max(step_us - sum(totals.values()), 0.0)
     out = {c: v / 1e3 / len(steps) for c, v in totals.items()}
     out["step"] = step_us / 1e3 / len(steps)
     return out
+
+
+def _inside(event: dict, ranges: list[dict]) -> bool:
+    return any(r["ts"] <= event["ts"] < r["ts"] + r["dur"] for r in ranges)
 
 
 def _self_times(ops: list[dict]) -> list[tuple[dict, float]]:

@@ -24,6 +24,7 @@ def test_ops_count_their_self_time_in_the_steps_that_hold_them() -> None:
         _op("_C::rms_norm", 70, 10), _op("_C_cpu::cpu_attention_with_kv_cache", 110, 40),
         _op("aten::argmax", 160, 5), _op("aten::add", 170, 5),
         _op("aten::mm", 300, 50),        # after the last step: not counted
+        {"ph": "X", "cat": "user_annotation", "name": "## Call CompiledFxGraph x ##", "ts": 0, "dur": 90, "tid": 1},
     ]}
     got = profile_vllm.breakdown(trace)
     assert got["step"] == pytest.approx(0.1)                     # 2 steps of 100 µs: 0.1 ms per step
@@ -32,4 +33,5 @@ def test_ops_count_their_self_time_in_the_steps_that_hold_them() -> None:
     assert per_step["lm_head"] == pytest.approx(18)
     assert per_step["rope_norms"] == pytest.approx(10) and per_step["attention"] == pytest.approx(40)
     assert per_step["sampling"] == pytest.approx(5) and per_step["other ops"] == pytest.approx(5)
-    assert per_step["outside ops"] == pytest.approx(200 - 110)
+    assert per_step["fused kernels"] == pytest.approx(90 - 60)  # the graph's time no op inside it accounts for
+    assert per_step["outside ops"] == pytest.approx(200 - 110 - 30)
