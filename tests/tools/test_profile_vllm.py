@@ -29,7 +29,7 @@ def test_ops_count_their_self_time_in_the_steps_that_hold_them() -> None:
     got = profile_vllm.breakdown(trace)
     assert got["step"] == pytest.approx(0.1)                     # 2 steps of 100 µs: 0.1 ms per step
     per_step = {c: v * 1e3 * 2 for c, v in got.items()}         # back to µs over both steps
-    assert per_step["linears"] == pytest.approx(10 + 20 + 2)     # the outer linear's own time of the LM head stays a linear
+    assert per_step["linears"] == pytest.approx(10 + 20 + 2)     # the LM head's outer linear: its own 2 µs
     assert per_step["lm_head"] == pytest.approx(18)
     assert per_step["rope_norms"] == pytest.approx(10) and per_step["attention"] == pytest.approx(40)
     assert per_step["sampling"] == pytest.approx(5) and per_step["other ops"] == pytest.approx(5)
