@@ -5,8 +5,8 @@
     python tools/bench.py --render          # re-render table and plots from saved JSON
     python tools/bench.py chat --vllm VENV/bin/vllm   # the vLLM peer from its own venv (README)
 
-Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound, threads, network, realtime
-(default: all).
+Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound, threads, network, realtime,
+prefill (default: all).
 Each run writes bench-results/<suite>-<time>.json; then bench-results/latest.md (the markdown table of
 the newest run of every suite) and bench-results/plots/*.png are rendered from the saved
 JSON. Sides alternate A B A B...; figures are medians with [min-max] over the rounds.

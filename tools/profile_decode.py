@@ -16,15 +16,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import torch
-from torch import nn
-from torch.profiler import ProfilerActivity, profile, record_function
-from runtime.sampling import SamplingParams
-from runtime.transport.request_params import RequestParams
+from runtime.worker.openmp import passive_waits
+
+# the OpenMP settings of a worker, before torch loads: with libgomp's spinning threads a busy
+# neighbour stalls every op of the step, and the profile would time the neighbour
+passive_waits(os.environ)
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+from runtime.sampling import SamplingParams  # noqa: E402
+from runtime.transport.request_params import RequestParams  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("linears", "lm_head", "attention", "rope_norms", "sampling", "other")

@@ -223,11 +223,9 @@ class Conductor:
         for e in batch.entries:
             req = e.request
             # every rank this Run reaches is opened first: a worker refuses anything of a request it was not opened for
-            pushed_to = {r.rank for r in e.item.routes} | {s.rank for s in e.item.stream_out}
-            for rank in sorted(set(batch.group) | pushed_to):
-                if rank not in req.ranks_opened:
-                    self._send(rank, OpenRequest(request_id=req.request_id, params=req.params))
-                    req.ranks_opened.add(rank)
+            if e.item.routes or e.item.stream_out or not req.ranks_opened.issuperset(batch.group):
+                self._open_ranks(req, set(batch.group) | {r.rank for r in e.item.routes}
+                                 | {s.rank for s in e.item.stream_out})
             if e.kv_from is not None:
                 self._send(e.kv_from, MoveKV(request_id=req.request_id, node=batch.node, dst_rank=batch.rank))
             e.kv_added = self._note_kv(req, batch.node, e.item.tokens)
@@ -237,6 +235,11 @@ class Conductor:
         for rank in batch.group:
             self._send(rank, RunBatch(batch_id=batch_id, node=batch.node, items=items, follower=rank != batch.rank,
                                       alone=self.config.scheduler.batch_invariant), tensors)
+
+    def _open_ranks(self, req: Request, ranks: set[int]) -> None:
+        for rank in sorted(ranks - req.ranks_opened):
+            self._send(rank, OpenRequest(request_id=req.request_id, params=req.params))
+            req.ranks_opened.add(rank)
 
     def _note_kv(self, req: Request, node: str, tokens: list[int]) -> int:
         """Count the Run's tokens into the request's KV history; how many were added."""
@@ -358,10 +361,11 @@ class Conductor:
         keys = [(f"{batch.node}.{port.name}", port.name in token_ports) for port in self.index.nodes[batch.node].outputs]
         for entry, result in zip(batch.entries, msg.items):
             req = entry.request
-            if req.state.is_final:
+            if req.state >= RequestState.FINISHED:    # final (is_final, without the property call per row)
                 continue
+            cursor = req.tracks[entry.pending.track]
             if entry.item.partial:      # a prompt chunk: its Run is ready again for the next one
-                req.tracks[entry.pending.track].requeue(entry.pending)
+                cursor.requeue(entry.pending)
                 continue
             for key, is_tokens in keys:
                 values = req.values.setdefault(key, [])
@@ -369,13 +373,13 @@ class Conductor:
                     values.extend(result.tokens)
                     req.last_values[key] = list(result.tokens)
             self._client_output(req, entry, result, env)
-            for cursor in req.tracks:
-                if cursor.index == entry.pending.track and not cursor.is_done:
-                    if result.finished:    # the node ends this track's loop (e.g. the talker's codec EOS)
-                        cursor.forced_exit = result.finished
-                    cursor.complete(entry.pending, req)
-            self.streams.on_result(req, result.streamed)
-            self.streams.settle(req)
+            if not cursor.is_done:
+                if result.finished:    # the node ends this track's loop (e.g. the talker's codec EOS)
+                    cursor.forced_exit = result.finished
+                cursor.complete(entry.pending, req)
+            if self.streams.has_edges(req):
+                self.streams.on_result(req, result.streamed)
+                self.streams.settle(req)
             if req.is_done and not self._is_in_flight(req):
                 self._finish(req)
 
@@ -389,6 +393,8 @@ class Conductor:
                 for cursor in req.tracks:
                     if cursor.index == entry.pending.track:   # other tracks (a vocoder) still drain
                         cursor.force_exit("max")
+        if not env.tensors:
+            return
         prefix = f"{req.request_id}/"
         tensors = {k[len(prefix):]: t for k, t in env.tensors.items() if k.startswith(prefix)}
         if tensors:

@@ -10,7 +10,7 @@ or the track is done.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from mstar_compiler.plan import (
     DONE, Cond, Count, DynamicLoopBegin, DynamicLoopEnd, ExitCond, LoopBegin, LoopEnd,
@@ -29,9 +29,8 @@ class RequestView(Protocol):
     def last_token(self, key: str) -> int | None: ...  # last id of token value "<node>.<port>"
 
 
-@dataclass(frozen=True)
-class PendingRun:
-    """One `Run` a request is ready to do."""
+class PendingRun(NamedTuple):
+    """One `Run` a request is ready to do (a named tuple: one is built per Run per step)."""
 
     track: int          # track index in the task
     branch: int         # Parallel branch index, -1 outside a Parallel
@@ -74,12 +73,13 @@ class TrackCursor:
 
     def ready(self) -> list[PendingRun]:
         """Runs that can be dispatched now (none while the current one is in flight)."""
-        if self.is_done or self.walk is None:
+        walk = self.walk
+        if walk is None or self.state == DONE:
             return []
-        op = self.walk.program[self.pc]
-        step = self._step()
+        op = walk.program[self.pc]
+        step = self.loops[max(self.loops)].counter if self.loops else 0    # the innermost loop's
         if isinstance(op, Run):
-            return [] if -1 in self.in_flight else [PendingRun(self.index, -1, op, self.walk.name, step, self.item)]
+            return [] if -1 in self.in_flight else [PendingRun(self.index, -1, op, walk.name, step, self.item)]
         return [PendingRun(self.index, b, op.branches[b][pos], self.walk.name, step, self.item)
                 for b, pos in enumerate(self.branch_pos)
                 if pos < len(op.branches[b]) and b not in self.in_flight]
@@ -102,10 +102,6 @@ class TrackCursor:
     def requeue(self, pending: PendingRun) -> None:
         """A dispatched Run did not happen (its worker restarted, or it was preempted)."""
         self.in_flight.discard(pending.branch)
-
-    def _step(self) -> int:
-        inner = max(self.loops, default=None)
-        return 0 if inner is None else self.loops[inner].counter
 
     # ---- control flow ------------------------------------------------------------
 
@@ -144,7 +140,8 @@ class TrackCursor:
                 self.exit_reason = reason or "max"
                 del self.loops[op.loop]
                 self.pc += 1
-        self.branch_pos = []
+        if self.branch_pos:      # a Parallel's positions end with it
+            self.branch_pos = []
 
     def _exit_reason(self, op: LoopBegin | DynamicLoopBegin, req: RequestView) -> str:
         if self.forced_exit:
@@ -212,9 +209,10 @@ def _holds(cond: ExitCond, counter: int, req: RequestView) -> bool:
         return False
     if cond.kind == "eos":
         return last in req.stop_token_ids
+    if last in cond.tokens:
+        return True
     value = req.params.declared[cond.param] if cond.param else ()
-    stops = set(cond.tokens) | ({value} if isinstance(value, int) else set(value))   # a param holds one id or a list
-    return last in stops
+    return last == value if isinstance(value, int) else last in value   # a param holds one id or a list
 
 
 def _cond_holds(cond: Cond, exit_reason: str, req: RequestView) -> bool:

@@ -44,7 +44,7 @@ class KVPoolLedger:
 
     def needed(self, request_id: int, n_new: int) -> int:
         held = self.tokens.get(request_id, 0)
-        return self._blocks(held + n_new) - self._blocks(held)
+        return (-held // self.block_size) - (-(held + n_new) // self.block_size)   # ceil(after) - ceil(before)
 
     def fits_alone(self, request_id: int, n_new: int) -> bool:
         """Whether the request's cache after growing fits the pool at all (with nobody else in it)."""
@@ -56,9 +56,11 @@ class KVPoolLedger:
     def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
         """Count `n_new` more tokens (ids `tokens` if known); returns the cached prompt tokens
         the worker reuses (always 0 here: this pool caches no prefixes)."""
-        self.used_blocks += self.needed(request_id, n_new)
-        self.tokens[request_id] = self.tokens.get(request_id, 0) + n_new
-        self.peak_blocks = max(self.peak_blocks, self.used_blocks)
+        held = self.tokens.get(request_id, 0)
+        self.used_blocks += (-held // self.block_size) - (-(held + n_new) // self.block_size)
+        self.tokens[request_id] = held + n_new
+        if self.used_blocks > self.peak_blocks:
+            self.peak_blocks = self.used_blocks
         return 0
 
     def cached_prefix(self, request_id: int, tokens: Sequence[int]) -> int:

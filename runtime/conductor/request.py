@@ -213,4 +213,7 @@ class Request:
 
     @property
     def is_done(self) -> bool:
-        return all(t.is_done for t in self.tracks)
+        for t in self.tracks:
+            if not t.is_done:
+                return False
+        return True

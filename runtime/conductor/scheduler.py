@@ -89,6 +89,10 @@ class Scheduler:
         self.admitted: list[Request] = []              # requests the last schedule admitted or resumed
         self._open: set[tuple[int, str]] = set()       # (rank, node) batches not yet full this step
         self.chunked_prefill: set[tuple[int, str]] = set()   # (rank, node) whose worker takes prompt chunks
+        # per-node facts asked for every placed Run, read once from the plan
+        self._batch_limit = {n: 1 if config.batch_invariant else node.max_batch for n, node in index.nodes.items()}
+        self._tp = {n: node.placement.tp_size > 1 for n, node in index.nodes.items()}
+        self._has_kv = {n: node.has_kv_cache for n, node in index.nodes.items()}
 
     def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
                  ready_ranks: set[int]) -> list[PlannedBatch]:
@@ -108,12 +112,14 @@ class Scheduler:
                 break            # suspects were running, so PREEMPTED: the queue's front (Conductor._preempt)
             if req.isolated:
                 self._place(req, batches, busy, ready_ranks, placed, admitting=True)
-        for req in sorted(running, key=lambda r: not r.isolated):   # stable: suspects first, else in order
+        num_admitted = len(running) + len(placed)     # so far `placed` holds only those suspects
+        if any(r.isolated for r in running):          # stable: suspects first, else in order
+            running = sorted(running, key=lambda r: not r.isolated)
+        for req in running:
             if not self._open:                        # every batch is full or in flight: the rest wait
                 break
             if req.state == RequestState.RUNNING:     # not one preempted earlier in this loop
                 self._place(req, batches, busy, ready_ranks, placed, admitting=False)
-        num_admitted = len(running) + sum(1 for r in waiting if r.request_id in placed)
         for req in waiting:
             if num_admitted >= self.config.max_running or not self._open:
                 break
@@ -130,27 +136,30 @@ class Scheduler:
     def _place(self, req: Request, batches: dict, busy: set, ready_ranks: set, placed: set, *, admitting: bool) -> bool:
         """Add the request's ready runs to batches; False if it must wait for KV room."""
         runs = [p for cursor in req.tracks for p in cursor.ready()]
+        streams = self.streams if self.streams is not None and self.streams.has_edges(req) else None
         for pending in runs:
+            node = pending.run.node
             rank = self._rank(pending, req, ready_ranks)
-            group = list(pending.run.ranks) if self._is_tp(pending) else [rank]
-            key = (rank, pending.run.node)
-            if key in busy or not ready_ranks.issuperset(group):
+            group = list(pending.run.ranks) if self._tp[node] else [rank]
+            key = (rank, node)
+            if key in busy or (rank not in ready_ranks if len(group) == 1 else not ready_ranks.issuperset(group)):
                 continue
-            if self.streams is not None and not self.streams.can_run(req, pending):
+            if streams is not None and not streams.can_run(req, pending):
                 continue
-            batch = batches.get(key) or batches.setdefault(key, PlannedBatch(rank, pending.run.node, group=group))
-            if len(batch.entries) >= self._max_batch(pending.run.node):
+            batch = batches.get(key) or batches.setdefault(key, PlannedBatch(rank, node, group=group))
+            limit = self._batch_limit[node]
+            if len(batch.entries) >= limit:
                 continue
             if batch.entries and (req.isolated or batch.entries[0].request.isolated):
                 continue    # a suspect of a failed batch runs alone (Conductor._batch_failed)
             entry = self._entry(req, pending, rank)
-            entry.kv_from = self._kv_holder(req, pending.run.node, rank)
+            entry.kv_from = self._kv_holder(req, node, rank)
             self._chunk(req, entry, rank)
-            moved = req.kv_fed.get(pending.run.node, 0) if entry.kv_from is not None else 0
+            moved = req.kv_fed.get(node, 0) if entry.kv_from is not None else 0
             if not self._reserve(req, entry, rank, batch, placed, admitting, moved):
                 return False
             if entry.kv_from is not None:
-                self._moved(req, entry, pending.run.node)
+                self._moved(req, entry, node)
             if admitting:
                 req.resume() if req.state == RequestState.PREEMPTED else req.admit()
                 self._held.discard(req.request_id)
@@ -158,16 +167,15 @@ class Scheduler:
                 admitting = False
             batch.entries.append(entry)
             batch.num_tokens += len(entry.item.tokens) - entry.item.cached
-            if len(batch.entries) >= self._max_batch(pending.run.node):
+            if len(batch.entries) >= limit:
                 self._open.discard(key)
-            if self.streams is not None:
-                self.streams.bind(req, pending, entry.item)
-            req.note_dispatch(pending.run.node, rank, entry.version, entry.read, self._reader(req, pending))
+            if streams is not None:
+                streams.bind(req, pending, entry.item)
+            req.note_dispatch(node, rank, entry.version, entry.read, self._reader(req, pending))
             placed.add(req.request_id)
-            self._stick(req, pending, rank)
-            for cursor in req.tracks:
-                if cursor.index == pending.track:
-                    cursor.start(pending)
+            if node in self.index.replicated:
+                self._stick(req, pending, rank)
+            req.tracks[pending.track].start(pending)     # tracks are indexed by their position
         return True
 
     def _reserve(self, req: Request, entry: Entry, rank: int, batch: PlannedBatch, placed: set, admitting: bool,
@@ -176,9 +184,11 @@ class Scheduler:
         pool = self.ledger.pool(rank, batch.node)
         n_new = len(entry.item.tokens)
         tokens = entry.item.tokens if not moved else None    # a moved cache's contents are not hashed
-        cached = pool.cached_prefix(req.request_id, tokens) if pool is not None and tokens is not None else 0
-        if n_new - cached + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
-            return False    # only computed tokens count: cached ones cost the forward nothing
+        if n_new + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
+            # only computed tokens count: cached ones cost the forward nothing (asked only when it matters)
+            cached = pool.cached_prefix(req.request_id, tokens) if pool is not None and tokens is not None else 0
+            if n_new - cached + batch.num_tokens > self.config.max_batch_tokens:
+                return False
         if pool is None:
             return True
         n_new += moved
@@ -220,9 +230,6 @@ class Scheduler:
         except KeyError:     # released: it ended while it waited
             return False
 
-    def _max_batch(self, node: str) -> int:
-        return 1 if self.config.batch_invariant else self.index.nodes[node].max_batch
-
     def stats(self) -> dict[str, float]:
         """KV pressure numbers for /metrics."""
         return {"kv_peak_usage": self.ledger.peak_usage(), "kv_preemptions": self.preemptions, "kv_holds": self.holds}
@@ -240,14 +247,11 @@ class Scheduler:
                       and r.state == RequestState.RUNNING and not any(c.in_flight for c in r.tracks)]
         return max(candidates, key=lambda r: r.arrival, default=None)
 
-    def _is_tp(self, pending: PendingRun) -> bool:
-        return self.index.nodes[pending.run.node].placement.tp_size > 1
-
     def _rank(self, pending: PendingRun, req: Request, ready_ranks: set[int]) -> int:
         """The rank whose results count: a TP group's lead, else the request's replica of the node
         (chosen on its first Run: fewest requests bound there, then most free KV blocks, then rank)."""
         ranks, node = pending.run.ranks, pending.run.node
-        if self._is_tp(pending) or len(ranks) == 1:
+        if len(ranks) == 1 or self._tp[node]:
             return ranks[0]
         if node in req.replicas:
             return req.replicas[node]
@@ -261,7 +265,7 @@ class Scheduler:
     def _stick(self, req: Request, pending: PendingRun, rank: int) -> None:
         """Bind the request to the replica its Run was placed on (counted in that replica's load)."""
         node = pending.run.node
-        if len(pending.run.ranks) > 1 and not self._is_tp(pending) and node not in req.replicas:
+        if len(pending.run.ranks) > 1 and not self._tp[node] and node not in req.replicas:
             req.replicas[node] = rank
             self._load[(rank, node)] = self._load.get((rank, node), 0) + 1
 
@@ -276,7 +280,7 @@ class Scheduler:
 
     def _kv_holder(self, req: Request, node: str, rank: int) -> int | None:
         """The rank holding the request's KV cache of `node` when that is not `rank`, else None."""
-        if not self.index.nodes[node].has_kv_cache or req.kv_fed.get(node, 0) == 0:
+        if not self._has_kv[node] or req.kv_fed.get(node, 0) == 0:
             return None
         held = req.produced.get(node, (rank, 0))[0]
         return held if held != rank else None
@@ -294,12 +298,13 @@ class Scheduler:
         entry = Entry(req, pending, item, version=req.runs_of(node) + 1)
         for port, sources in self.index.sources(pending.walk, node).items():
             self._bind(entry, rank, port, sources)
-        if self.index.nodes[node].has_kv_cache and req.kv_fed.get(node, 0) == 0 and req.kv_history.get(node):
+        if self._has_kv[node] and req.kv_fed.get(node, 0) == 0 and req.kv_history.get(node):
             item.tokens = [*req.kv_history[node], *item.tokens]   # recompute after preemption
-        # another rank keeps every value it receives under a versioned key: never a stale one
-        item.routes = [Route(port, dst, f"{node}.{port}#{entry.version}")
-                       for port, dst in self.index.routes(pending.walk, node, rank)]
-        item.emit = self.index.client_tensors(pending.walk, node)
+        routes = self.index.routes(pending.walk, node, rank)
+        if routes:   # another rank keeps every value it receives under a versioned key: never a stale one
+            item.routes = [Route(port, dst, f"{node}.{port}#{entry.version}") for port, dst in routes]
+        if self.index.has_client_tensors(pending.walk, node):
+            item.emit = self.index.client_tensors(pending.walk, node)
         return entry
 
     @staticmethod

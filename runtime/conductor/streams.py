@@ -122,6 +122,10 @@ class StreamLedger:
     def free(self, request_id: int) -> None:
         self._edges.pop(request_id, None)
 
+    def has_edges(self, req: Request) -> bool:
+        """Whether the request's task joins any stream (else no Run of it is held or bound here)."""
+        return req.request_id in self._edges
+
     def consumer_ranks(self, request_id: int) -> set[int]:
         """Ranks that may hold buffers of this request (they must hear of its end)."""
         return {e.stream.dst_rank for e in self._edges.get(request_id, {}).values()}

@@ -1,10 +1,15 @@
-"""The chat bench's load client against a real tiny `mstar-run`: forced lengths, TTFT at the first content token."""
+"""The chat and prefill benches' load clients against a real tiny `mstar-run`: forced lengths, TTFT at the
+first content token, a long prompt beside decoding streams."""
 from __future__ import annotations
 
+import json
+import time
+import urllib.request
 from typing import Iterator
 
 import pytest
 
+from bench import prefill_load
 from bench.openai_load import ChatJob, chat_burst, model_card
 from tests.runtime.serving.conftest import Server, serve_tiny
 
@@ -21,3 +26,31 @@ def test_burst_streams_forced_lengths_and_times_the_first_content_token(server: 
     assert got.ttft_s is not None and all(0 < t < e for t, e in zip(got.ttft_s, got.e2e_s))
     metrics = got.metrics()
     assert set(metrics) == {"tok_s", "p50_e2e", "p95_e2e", "p50_ttft"} and metrics["tok_s"] > 0
+
+
+def test_prefill_load_times_a_prompt_beside_decoding_streams_then_cuts_them(server: Server) -> None:
+    model = model_card(server.url)["id"]
+    words = ["apple", "river", "stone", "house"] * 5
+    got, gaps = prefill_load.loaded(server.url, model, prefill_load.prompt_words(words, 200, nonce=1),
+                                    [prefill_load.prompt_words(words, 8, nonce=i) for i in (2, 3)], 1000,
+                                    max_tokens=16)   # random weights: a token's text may be empty
+    assert got.completion_tokens == 16 and got.prompt_tokens > 200 and got.ttft_s > 0
+    assert len(gaps) == 2 and all(g > 0 for g in gaps)
+    deadline = time.monotonic() + 10     # the cut streams are aborted: the server holds no request
+    while _num_requests(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _num_requests(server) == 0
+
+
+def _num_requests(server: Server) -> int:
+    with urllib.request.urlopen(server.url + "/v1/state") as resp:
+        return json.load(resp)["num_requests"]
+
+
+def test_decode_gap_runs_from_the_last_chunk_before_to_the_first_after() -> None:
+    stream = prefill_load.Background(arrivals=[1.0, 1.1, 2.5, 2.6, 4.0])
+    assert stream.max_gap(start=2.0, end=3.0, now=9.0) == pytest.approx(1.4)     # 1.1 -> 2.5
+    assert stream.max_gap(start=2.7, end=3.0, now=9.0) == pytest.approx(1.4)     # 2.6 -> 4.0
+    assert stream.max_gap(start=4.5, end=5.0, now=9.0) == pytest.approx(5.0)     # 4.0 -> nothing yet (now)
+    assert prefill_load.prompt_words(["a", "b"], 3, nonce=7).startswith("Words: ")
+    assert len(prefill_load.prompt_words(["a", "b"], 3, nonce=7).split()) == 4

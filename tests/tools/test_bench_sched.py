@@ -19,16 +19,18 @@ def test_null_workers_answer_every_row_and_keep_requests_live() -> None:
         harness.close()
     assert got["rows"] == min(40, harness.batch)            # one full batch per step, the busy node's limit
     assert sum(after) - sum(before) == got["rows"] * 200     # every answered row is one token of a live request
-    assert got["us"] > 0 and abs(got["per_req"] * 40 - got["us"]) < 1e-6 * got["us"]
+    assert got["us"] > 0 and got["cpu_us"] > 0
+    assert abs(got["per_req"] * 40 - got["cpu_us"]) < 1e-6 * got["cpu_us"]
     assert got["advanced"] == sum(1 for a, b in zip(after, before) if a > b) >= harness.batch
     assert set().union(*(r.output_ids for r in harness.reqs)) == {7}
 
 
 def test_quick_suite_reports_plain_rows_with_no_baseline() -> None:
     rows = run(Context(rounds=1, quick=True, root=ROOT))
-    assert [(r.case, r.metric) for r in rows][::3] == [("1 live", "conductor time per step"),
-                                                    ("8 live", "conductor time per step")]
-    assert rows[2].metric.startswith("one /v1/state snapshot")
+    cpu = "conductor CPU time per step (thread time)"
+    assert [(r.case, r.metric) for r in rows][::4] == [("1 live", cpu), ("8 live", cpu)]
+    assert rows[1].metric.startswith("conductor wall time per step")
+    assert rows[3].metric.startswith("one /v1/state snapshot")
     assert all(r.b is None and len(r.a.samples) == 1 and r.a.samples[0] > 0 for r in rows)
 
 

