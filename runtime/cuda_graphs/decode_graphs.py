@@ -60,7 +60,7 @@ class DecodeGraphs:
             raise ValueError("a decode step is either CUDA-graph captured or compiled for the CPU, not both")
         self.compiled = compiled
         if (self.use_graphs or compiled) and not model.is_graph_capturable:
-            raise ValueError(f"{type(model).__name__} cannot be captured or compiled as one step (MoE or tensor parallel)")
+            raise ValueError(f"{type(model).__name__} cannot be CUDA-graph captured or compiled as one step (MoE or tensor parallel)")
         self.buckets = tuple(sorted(set(buckets)))
         self.inputs = DecodeInputs(cache, self.buckets[-1], max_blocks)
         self.shape = model.attention_shape(cache.dtype)
@@ -89,7 +89,8 @@ class DecodeGraphs:
         batch = self.inputs.fill(bucket, tokens, block_tables, seq_lens)
         step.backend.plan(batch, self.shape)
         if step.compiled is not None:
-            hidden, logits = step.compiled(bucket, step.backend, batch)
+            with torch.inference_mode():
+                hidden, logits = step.compiled(bucket, step.backend, batch)
         elif step.graph is None:
             hidden, logits = self._forward(bucket, step.backend, batch)
         else:
@@ -131,6 +132,11 @@ class DecodeGraphs:
     @torch.inference_mode()
     def _forward(self, bucket: int, backend: AttentionBackend,
                  batch: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._step(bucket, backend, batch)
+
+    def _step(self, bucket: int, backend: AttentionBackend,
+              batch: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        # what inductor compiles: an inference_mode inside the traced code would break it
         hidden = self.model.forward_planned(self.inputs.input_ids(bucket), self.inputs.positions(bucket), batch,
                                             self.cache, backend)                        # (bucket, hidden)
         return hidden, self.model.compute_logits(hidden)                                # (bucket, vocab)
@@ -138,11 +144,12 @@ class DecodeGraphs:
     def _compile(self, bucket: int, backend: AttentionBackend) -> _BucketStep:
         """The bucket's step compiled, and compiled now: run once on padding rows only (they write
         only the padding slot), so no request waits for inductor."""
-        step = compile_step(self._forward, len(self.buckets))
+        step = compile_step(self._step, len(self.buckets))
         batch = self.inputs.fill(bucket, (), (), ())
         backend.plan(batch, self.shape)
         start = time.perf_counter()
-        step(bucket, backend, batch)
+        with torch.inference_mode():
+            step(bucket, backend, batch)
         log.warning("compiled the CPU decode step for batches of %d in %.1f s (inductor C++)", bucket,
                     time.perf_counter() - start)
         return _BucketStep(backend, None, compiled=step)
