@@ -73,6 +73,7 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     num_params: int = 0     # parameters this rank holds for the node (a tensor-parallel shard holds a part)
     kv_prefix_key: str = ""  # hex root key of the node's prefix cache ("": it caches no prefixes)
     prefill_chunks: bool = False  # its executor takes a prompt in chunks (`WorkItem.partial`)
+    compiled_buckets: list[int] = []  # batch buckets of its inductor-compiled CPU decode steps ([]: eager)
 
 
 class Ready(_Msg, tag="ready"):

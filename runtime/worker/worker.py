@@ -91,7 +91,8 @@ class Worker:
                      kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size,
                      num_params=sum(p.numel() for p in module.parameters()),
                      kv_prefix_key=getattr(self.executors[name], "kv_prefix_key", ""),
-                     prefill_chunks=getattr(self.executors[name], "chunks_prefill", False))
+                     prefill_chunks=getattr(self.executors[name], "chunks_prefill", False),
+                     compiled_buckets=list(getattr(self.executors[name], "compiled_buckets", ())))
             for name, (module, source) in modules.items()])
         self.control.send(self.ready)
 
