@@ -45,6 +45,7 @@ ARGS: dict[str, Any] = {
     "weights": None,              # safetensors file or directory (HF layout); None: seeded random weights
     "seed": 0,                    # seed of the random weights when `weights` is None
     "attention_backend": "auto",  # torch | triton | flashinfer | auto (flashinfer on CUDA when importable)
+    "cpu_compile": False,         # on CPU, decode steps of its capture regions compiled by inductor per bucket
 }
 
 

@@ -4,8 +4,9 @@
   has and which one a batch of n requests runs in;
 * `DecodeInputs` — static device buffers of a decode step and the padding of a batch
   into them (padding rows write only the KV cache's padding slot);
-* `DecodeGraphs` — a decoder LM's decode step per bucket: CUDA graphs on CUDA, the same
-  padded step eagerly elsewhere.
+* `DecodeGraphs` — a decoder LM's decode step per bucket: CUDA graphs on CUDA, inductor-
+  compiled C++ on CPU when the node asks (`cpu_compile`, see cpu_compile.py), the same
+  padded step eagerly otherwise.
 """
 from __future__ import annotations
 

@@ -11,20 +11,24 @@ its output buffers. A step:
     graph.replay()                                          # forward_planned + compute_logits
 
 With `use_graphs=False` (every CPU run) the same padded step runs eagerly: that is what
-the CPU tests check against the unpadded step. Graphs are captured lazily on a bucket's
-first use, or all at once with `capture_all()` (largest first, so the smaller ones reuse
-its memory pool).
+the CPU tests check against the unpadded step. With `compiled=True` (CPU) each bucket's
+step is compiled by inductor instead (cpu_compile.py): the same regions and buckets, the
+other backend. Graphs are captured (steps compiled) lazily on a bucket's first use, or all
+at once with `capture_all()` (largest first, so the smaller ones reuse its memory pool).
 """
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from runtime.attention import AttentionBackend, AttentionMetadata, select_backend
+from runtime.attention.paged_decode import PagedDecodeAttention
 from runtime.cuda_graphs.buckets import bucket_for
+from runtime.cuda_graphs.cpu_compile import compile_step
 from runtime.cuda_graphs.decode_inputs import DecodeInputs
 from runtime.kv import PagedKVCache
 from runtime.layers import DecoderLM
@@ -39,20 +43,24 @@ class _BucketStep:
     graph: torch.cuda.CUDAGraph | None     # None: run eagerly
     hidden: torch.Tensor | None = None     # (bucket, hidden) output buffer of the graph
     logits: torch.Tensor | None = None     # (bucket, vocab) fp32 output buffer of the graph
+    compiled: Callable | None = None       # the inductor-compiled `_forward` (CPU compile), else None
 
 
 class DecodeGraphs:
     """Decode steps of `model` over `cache` for batches of up to max(buckets) requests."""
 
     def __init__(self, model: DecoderLM, cache: PagedKVCache, buckets: Sequence[int], max_blocks: int,
-                 use_graphs: bool | None = None) -> None:
+                 use_graphs: bool | None = None, compiled: bool = False) -> None:
         if not buckets:
             raise ValueError("DecodeGraphs needs at least one batch bucket")
         self.model, self.cache = model, cache
         self.device = cache.k[0].device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
-        if self.use_graphs and not model.is_graph_capturable:
-            raise ValueError(f"{type(model).__name__} cannot be CUDA-graph captured (MoE or tensor parallel)")
+        if self.use_graphs and compiled:
+            raise ValueError("a decode step is either CUDA-graph captured or compiled for the CPU, not both")
+        self.compiled = compiled
+        if (self.use_graphs or compiled) and not model.is_graph_capturable:
+            raise ValueError(f"{type(model).__name__} cannot be CUDA-graph captured or compiled as one step (MoE or tensor parallel)")
         self.buckets = tuple(sorted(set(buckets)))
         self.inputs = DecodeInputs(cache, self.buckets[-1], max_blocks)
         self.shape = model.attention_shape(cache.dtype)
@@ -80,7 +88,10 @@ class DecodeGraphs:
         step = self._steps.get(bucket) or self._prepare(bucket)
         batch = self.inputs.fill(bucket, tokens, block_tables, seq_lens)
         step.backend.plan(batch, self.shape)
-        if step.graph is None:
+        if step.compiled is not None:
+            with torch.inference_mode():
+                hidden, logits = step.compiled(bucket, step.backend, batch)
+        elif step.graph is None:
             hidden, logits = self._forward(bucket, step.backend, batch)
         else:
             step.graph.replay()
@@ -97,7 +108,9 @@ class DecodeGraphs:
         """The bucket's backend, and its graph when capturing: captured on a batch of
         padding rows only, so capture writes no request's cache."""
         backend = self._backend()
-        if not self.use_graphs:
+        if self.compiled:
+            step = self._compile(bucket, backend)
+        elif not self.use_graphs:
             step = _BucketStep(backend, None)
         else:
             batch = self.inputs.fill(bucket, (), (), ())
@@ -108,6 +121,8 @@ class DecodeGraphs:
         return step
 
     def _backend(self) -> AttentionBackend:
+        if self.compiled:
+            return PagedDecodeAttention()
         backend = select_backend(self.device, self.model.backend_name)
         if self.use_graphs and not backend.is_graph_safe:
             log.info("attention backend %s cannot run in a CUDA graph; captured steps use triton", backend.name)
@@ -117,9 +132,27 @@ class DecodeGraphs:
     @torch.inference_mode()
     def _forward(self, bucket: int, backend: AttentionBackend,
                  batch: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._step(bucket, backend, batch)
+
+    def _step(self, bucket: int, backend: AttentionBackend,
+              batch: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        # what inductor compiles: an inference_mode inside the traced code would break it
         hidden = self.model.forward_planned(self.inputs.input_ids(bucket), self.inputs.positions(bucket), batch,
                                             self.cache, backend)                        # (bucket, hidden)
         return hidden, self.model.compute_logits(hidden)                                # (bucket, vocab)
+
+    def _compile(self, bucket: int, backend: AttentionBackend) -> _BucketStep:
+        """The bucket's step compiled, and compiled now: run once on padding rows only (they write
+        only the padding slot), so no request waits for inductor."""
+        step = compile_step(self._step, len(self.buckets))
+        batch = self.inputs.fill(bucket, (), (), ())
+        backend.plan(batch, self.shape)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            step(bucket, backend, batch)
+        log.warning("compiled the CPU decode step for batches of %d in %.1f s (inductor C++)", bucket,
+                    time.perf_counter() - start)
+        return _BucketStep(backend, None, compiled=step)
 
     def _capture(self, bucket: int, backend: AttentionBackend, batch: AttentionMetadata) -> _BucketStep:
         side = torch.cuda.Stream(self.device)

@@ -13,6 +13,11 @@ oneDNN is missing, for other devices and dtypes, and when MSTAR_CPU_LINEAR=torch
 
 Results differ from MKL's in the last bits (another summation order), like any change of
 GEMM kernel; every serving test runs on the packed path.
+
+Compiled steps (runtime/cuda_graphs' CPU compile) call the packed GEMM as the custom op
+`mstar::packed_linear`: inductor's own lowering of the oneDNN op takes only weights it
+froze itself (a copy per compiled graph), so the op stays one opaque call on the weight
+packed here, once, shared by every batch bucket.
 """
 from __future__ import annotations
 
@@ -48,7 +53,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """F.linear(x, weight, bias), on the packed weight when there is one and x can use it."""
     if packed is None or x.device.type != "cpu" or x.dtype != packed.dtype:
         return F.linear(x, weight, bias)
+    if torch.compiler.is_compiling():
+        return packed_linear(x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@torch.library.custom_op("mstar::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (..., in) @ packed (out, in) weight^T (+ bias): the oneDNN GEMM as one opaque op (module doc)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))
 
 
 class PackedLinear(nn.Module):

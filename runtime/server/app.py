@@ -35,6 +35,7 @@ from runtime.server.audio_routes import install_audio_routes
 from runtime.server.tasks import run_task
 from runtime.server.transcriptions import audio_transcriptions
 from runtime.text import load_text_tokenizer
+from runtime.transport.messages import NodeInfo
 from runtime.weights.published import check_plan_sources
 from runtime.weights.sources import WeightOptions, resolve_all
 
@@ -183,7 +184,7 @@ class MstarServer:
                 "placement": self.plan.placement, "weights": nodes, "random_weights": self.random_nodes,
                 "batch_invariant": self.config.batch_invariant, "prefix_cache": self.config.prefix_cache,
                 "dtype": {n.name: n.dtype for n in self.plan.nodes},
-                "ranks": {str(r): {n.name: {"params": n.num_params} for n in s.nodes}
+                "ranks": {str(r): {n.name: {"params": n.num_params, **_compiled(n)} for n in s.nodes}
                           for r, s in sorted(self.conductor.workers.ranks.items())}}
         if self.launcher is not None:    # where the cluster manager put each rank
             card["cluster"] = self.conductor.workers.placement()
@@ -255,3 +256,8 @@ async def _serve(config: ServerConfig) -> None:
 def serve(config: ServerConfig) -> None:
     """Run the server until SIGTERM/SIGINT (`mstar-run plan.bin`)."""
     asyncio.run(_serve(config))
+
+
+def _compiled(node: NodeInfo) -> dict[str, object]:
+    """/v1/models' note of a node whose CPU decode steps are inductor-compiled (nothing when eager)."""
+    return {"cpu_compiled_buckets": node.compiled_buckets} if node.compiled_buckets else {}

@@ -75,6 +75,7 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     kv_prefix_key: str = ""  # hex root key of the node's prefix cache ("": it caches no prefixes)
     kv_prefix_stop_ids: list[int] = []  # placeholder ids: a prompt holding one is not cached from it on
     prefill_chunks: bool = False  # its executor takes a prompt in chunks (`WorkItem.partial`)
+    compiled_buckets: list[int] = []  # batch buckets of its inductor-compiled CPU decode steps ([]: eager)
 
 
 class Ready(_Msg, tag="ready"):

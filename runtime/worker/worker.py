@@ -97,7 +97,8 @@ class Worker:
                      num_params=sum(p.numel() for p in module.parameters()),
                      kv_prefix_key=getattr(self.executors[name], "kv_prefix_key", ""),
                      kv_prefix_stop_ids=sorted(getattr(self.executors[name], "kv_prefix_stop_ids", ())),
-                     prefill_chunks=getattr(self.executors[name], "chunks_prefill", False))
+                     prefill_chunks=getattr(self.executors[name], "chunks_prefill", False),
+                     compiled_buckets=list(getattr(self.executors[name], "compiled_buckets", ())))
             for name, (module, source) in modules.items()])
         self.control.send(self.ready)
 

@@ -11,7 +11,9 @@ never over-commits.
 CUDA graphs: on a CUDA device, when the plan puts the node in a capture region,
 decode-only batches (one token per request) that fit a batch bucket replay a captured
 graph (`runtime.cuda_graphs.DecodeGraphs`); everything else — prefill, mixed batches,
-batches above the largest bucket, every CPU run, tensor-parallel shards — runs eagerly.
+batches above the largest bucket, tensor-parallel shards — runs eagerly. On CPU the same
+regions and buckets run inductor-compiled steps when the graph sets the node's
+`args: {cpu_compile: true}` (compiled at load, before the rank is ready), else eagerly.
 
 Multimodal prompts: a Run whose `embeds` input is set (an encoder's output, (M, hidden))
 puts those rows in place of the token embeddings of its placeholder tokens (ids in
@@ -33,17 +35,22 @@ for it. A node fed embeddings caches only with declared `placeholder_ids`, which
 """
 from __future__ import annotations
 
+import logging
 from itertools import accumulate
 
 import torch
 
 from mstar_compiler.plan import DynamicLoopBegin, LoopBegin, Node, Plan
 from runtime.cuda_graphs import DecodeGraphs, capture_buckets
+from runtime.cuda_graphs.cpu_compile import require_cpp_compiler
 from runtime.executors import ExecResult, register_executor, token_logprobs
 from runtime.kv import KVBlockManager, prefix_root
 from runtime.sampling import Sampler, SamplingParams, SamplingState
 from runtime.transport.messages import KVState, WorkItem
 from runtime.transport.request_params import RequestParams
+
+log = logging.getLogger(__name__)
+
 
 class DecoderLMExecutor:
     """A decoder LM node on one rank: model, paged cache, block tables, per-request samplers."""
@@ -78,17 +85,36 @@ class DecoderLMExecutor:
         self.decode_graphs = self._decode_graphs(plan, rank)
 
     def _decode_graphs(self, plan: Plan | None, rank: int) -> DecodeGraphs | None:
-        """Captured decode steps when on CUDA and in a capture region of the plan, else None (eager)."""
+        """Captured decode steps when on CUDA (compiled ones on CPU with `cpu_compile`) and in a
+        capture region of the plan, else None (eager)."""
         buckets = capture_buckets(plan, self.node.name, rank) if plan is not None else ()
-        if self.device.type != "cuda" or not buckets or not getattr(self.model, "is_graph_capturable", False):
+        compiled = self.device.type == "cpu" and bool(self.node.args.get("cpu_compile", False))
+        if compiled:
+            require_cpp_compiler(self.node.name)
+        if compiled and not buckets:
+            log.warning("node '%s': cpu_compile is on but the plan has no capture region for it on rank %d "
+                        "(a decode loop of capture-safe nodes with a batch size): its steps run eagerly",
+                        self.node.name, rank)
+        if not (self.device.type == "cuda" or compiled) or not buckets:
+            return None
+        if not getattr(self.model, "is_graph_capturable", False):
+            if compiled:
+                raise ValueError(f"node '{self.node.name}': cpu_compile needs a dense, unsharded model "
+                                 f"({type(self.model).__name__} is MoE or tensor parallel); set cpu_compile: false")
             return None
         if getattr(getattr(self.model, "tp", None), "size", 1) > 1:   # a capture would run collectives alone
             return None
         max_len = int(self.node.dims.get("max_position_embeddings", self.kv_blocks * self.kv_block_size))
         max_blocks = min(self.kv_blocks, -(-max_len // self.kv_block_size))
-        graphs = DecodeGraphs(self.model, self.cache, buckets, max_blocks)
+        graphs = DecodeGraphs(self.model, self.cache, buckets, max_blocks, compiled=compiled)
         graphs.capture_all()
         return graphs
+
+    @property
+    def compiled_buckets(self) -> tuple[int, ...]:
+        """Batch buckets whose decode step is inductor-compiled (CPU compile), () when none."""
+        graphs = self.decode_graphs
+        return graphs.prepared_buckets if graphs is not None and graphs.compiled else ()
 
     def open(self, request_id: int, params: RequestParams) -> None:
         self._params[request_id] = params.sampling
