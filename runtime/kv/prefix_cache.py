@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import hashlib
 from typing import Iterable, Sequence
 
+import torch
+
 from runtime.kv.block_allocator import BlockAllocator, OutOfBlocks
 
 Key = bytes
@@ -38,6 +40,14 @@ Row = int | bytes
 def prefix_root(*identity: object) -> Key:
     """The root key of one model's cache: a digest of what makes its KV contents what they are."""
     return hashlib.blake2b("\x1f".join(map(str, identity)).encode(), digest_size=16).digest()
+
+
+def tensor_digest(t: torch.Tensor) -> bytes:
+    """16-byte digest of a tensor's dtype, shape and bytes: rows named by an encoder's output share
+    KV exactly when that output is bit-equal."""
+    h = hashlib.blake2b(f"{t.dtype}{tuple(t.shape)}".encode(), digest_size=16)
+    h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.digest()
 
 
 def _row_bytes(rows: Sequence[Row]) -> bytes:
@@ -180,4 +190,5 @@ class PrefixCachingAllocator(BlockAllocator):
         self.stats.hit_tokens += hit_tokens
 
 
-__all__ = ["Key", "PrefixCachingAllocator", "PrefixStats", "Row", "chain_keys", "prefix_root", "tail_key"]
+__all__ = ["Key", "PrefixCachingAllocator", "PrefixStats", "Row", "chain_keys", "prefix_root", "tail_key",
+           "tensor_digest"]

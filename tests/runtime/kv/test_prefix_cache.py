@@ -184,13 +184,31 @@ def test_a_later_prompt_chunk_continues_in_cached_blocks() -> None:
     assert kv.allocator.num_free == 16
 
 
-def test_a_chunk_after_a_partly_filled_block_looks_up_nothing() -> None:
+def test_a_chunk_after_a_partly_filled_block_continues_in_the_cached_block_holding_its_rows() -> None:
+    """B's first chunk ends mid-block; its next chunk's lookup chains over the partly filled block's
+    rows too, and the cached block holding them (and more) replaces B's own, which is freed."""
     kv = KVBlockManager(16, BS, ROOT)
     prompt = list(range(200, 216))
     prefill(kv, "a", prompt)
-    kv.allocate("b", 6, prompt[:6], reuse=4)             # ends mid-block: its chain cannot continue
+    kv.allocate("b", 6, prompt[:6], reuse=4)             # ends mid-block: rows 4, 5 in a block of its own
     kv.commit("b")
-    assert kv.prefix_hit(prompt[6:], after="b") == 0
+    own = kv.table("b").blocks[1]
+    free = kv.allocator.num_free
+    assert kv.prefix_hit(prompt[6:], after="b") == 6     # blocks 2 and 3 of A: rows 6..11; 12.. compute
+    assert kv.prefix_hit(prompt[6:], after="b", limit=5) == 2    # none at or past row `limit`: one block
+    kv.append("b", 10, prompt[6:], reuse=6)
+    assert kv.table("b").blocks[:3] == kv.table("a").blocks[:3] and own not in kv.table("b").blocks
+    assert kv.allocator.ref_count(own) == 0 and kv.allocator.num_free == free   # own freed, one fresh taken
+    kv.commit("b")
+    assert len(kv.table("b").keys) == 4 and kv.table("b").keys == kv.table("a").keys
+    with pytest.raises(PrefixOutOfStep):                 # a reuse not ending on a block boundary
+        kv.allocate("c", 6, prompt[:6], reuse=4)
+        kv.commit("c")
+        kv.append("c", 10, prompt[6:], reuse=5)
+    kv.free("a")
+    kv.free("b")
+    kv.free("c")
+    assert kv.allocator.num_free == 16
 
 
 def test_the_ledger_reuses_later_chunks_like_the_worker() -> None:
