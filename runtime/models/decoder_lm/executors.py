@@ -34,6 +34,7 @@ for it. A node fed embeddings caches only with declared `placeholder_ids`, which
 from __future__ import annotations
 
 from itertools import accumulate
+from typing import Sequence
 
 import torch
 
@@ -41,6 +42,7 @@ from mstar_compiler.plan import DynamicLoopBegin, LoopBegin, Node, Plan
 from runtime.cuda_graphs import DecodeGraphs, capture_buckets
 from runtime.executors import ExecResult, register_executor, token_logprobs
 from runtime.kv import KVBlockManager, prefix_root
+from runtime.kv.prefix_cache import Row
 from runtime.sampling import Sampler, SamplingParams, SamplingState
 from runtime.transport.messages import KVState, WorkItem
 from runtime.transport.request_params import RequestParams
@@ -205,10 +207,11 @@ class DecoderLMExecutor:
             if held and sum(e.shape[0] for e in held) != len(at):
                 raise ValueError(f"node '{self.node.name}': request {item.request_id} has {len(at)} placeholder "
                                  f"rows but {sum(e.shape[0] for e in held)} embedding rows to put there")
-            if held:
-                embeds += held
-                rows += [offset + i for i in at]
-            offset += len(item.tokens)
+            if held:    # placeholders among the reused rows are in the cache already
+                skip = sum(1 for i in at if i < item.cached)
+                embeds.append(torch.cat(held)[skip:])
+                rows += [offset + i - item.cached for i in at[skip:]]
+            offset += len(item.tokens) - item.cached
         if not embeds:
             return None, None
         return torch.cat(embeds), torch.tensor(rows, dtype=torch.long, device=self.device)
@@ -225,14 +228,19 @@ class DecoderLMExecutor:
         starts = []
         for item in items:
             rid = item.request_id
+            rows = self.cache_rows(item)
             if rid not in self.blocks:
-                self.blocks.allocate(rid, len(item.tokens), item.tokens, reuse=item.cached)
+                self.blocks.allocate(rid, len(item.tokens), rows, reuse=item.cached)
                 starts.append(item.cached)
             else:     # a later prompt chunk may continue in cached blocks too
                 starts.append(self.blocks.num_tokens(rid) + item.cached)
                 # copied at once: an OutOfBlocks for a later item must not leave a table without its copy
-                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens), item.tokens, reuse=item.cached))
+                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens), rows, reuse=item.cached))
         return starts
+
+    def cache_rows(self, item: WorkItem) -> Sequence[Row] | None:
+        """What the item's rows hold, as the prefix cache keys them (None: unknown, never cached): its tokens."""
+        return item.tokens
 
     def _state(self, item: WorkItem) -> SamplingState:
         rid = item.request_id
