@@ -29,7 +29,8 @@ of this cache) reuse cached blocks and are not computed. Off when the plan reads
 hidden states (a cached token has none) unless the executor says its state outputs need no
 forward of the cached rows (`states_need_forward = False`), and for subclasses unless they ask
 for it. A node fed embeddings caches only with declared `placeholder_ids`, which stop caching
-(`kv_prefix_stop_ids`): their ids do not say what was embedded there.
+(`kv_prefix_stop_ids`): their ids do not say what was embedded there. A subclass that can name
+what its embedded rows hold keys them itself (`cache_rows`) and decides reuse on the worker.
 """
 from __future__ import annotations
 
