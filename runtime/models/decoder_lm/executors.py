@@ -180,7 +180,7 @@ class DecoderLMExecutor:
         the last row of each item in `sampling` (the LM head runs for no other row), (N, hidden) states."""
         new = [item.tokens[item.cached:] for item in items]
         ids = torch.tensor([t for tokens in new for t in tokens], dtype=torch.long, device=self.device)
-        positions = torch.cat([self.positions(item, s) for s, item in zip(starts, items)])      # (N,) or (3, N)
+        positions = torch.cat([self.positions(item, s) for s, item in zip(starts, items)], dim=-1)   # (N,) or (3, N)
         batch = self.blocks.metadata([(item.request_id, len(tokens)) for item, tokens in zip(items, new)],
                                      device=self.device)
         embeds, rows = self._embeds_rows(items, starts, inputs)

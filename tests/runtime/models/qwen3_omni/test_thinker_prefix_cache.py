@@ -215,3 +215,29 @@ def test_media_rows_name_the_embeds_with_their_deepstack_columns_and_positions()
     assert media_rows(deep, positions)[0] != rows[0]
     assert media_rows(embeds, positions.flip(1))[0] != rows[0]     # another grid layout
     assert all(isinstance(r, bytes) and r[:4] == b"\xff" * 4 for r in rows)   # no token id is negative
+
+
+def test_a_batch_of_a_reused_text_piece_and_a_picture_piece_answers_as_each_alone(omni) -> None:
+    """The picture's embeds go to its rows in the batch, which start after the computed rows only
+    of the text piece before it (its reused rows are not in the forward)."""
+    plan, on, off, encoders = omni
+    text = _chat(plan, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Capital of Chile?"}])
+    pictured = _picture_chat(plan, seed=9)
+    _same_answer(omni, 60, text)                                  # the system prompt is cached now
+    logits = {}
+    for thinker in (on, off):
+        spy, got = thinker.model.compute_logits, []
+        thinker.model.compute_logits = lambda h, spy=spy, got=got: got.append(spy(h)) or got[-1]
+        for rid, items in ((61, text), (62, pictured)):
+            thinker.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0),
+                                            family=chat_inputs_for(plan).request_params(items)))
+        thinker.run([WorkItem(request_id=62, walk="read_text", tokens=pictured[0][1])], [{}])
+        batch = [WorkItem(request_id=61, walk="read_text", tokens=text[0][1]),
+                 WorkItem(request_id=62, walk="read_image", tokens=pictured[1][1].tokens)]
+        thinker.run(batch, [{}, _encode(encoders, 62, "image", pictured[1][1])])
+        assert (batch[0].cached > 0) == (thinker is on)
+        thinker.model.compute_logits = spy
+        for rid in (61, 62):
+            thinker.close(rid, kv_only=False)
+        logits[thinker is on] = got[-1]
+    torch.testing.assert_close(logits[True], logits[False], atol=ATOL, rtol=0)
