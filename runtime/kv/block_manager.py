@@ -255,7 +255,9 @@ class KVBlockManager:
                reuse: int = 0) -> list[tuple[int, int]]:
         """Room for `n` more tokens (ids `tokens`, if known), the first `reuse` of them in cached
         blocks (`prefix_hit(tokens, after=req)`); returns (src, dst) block copies to apply before writing."""
-        is_lookup = tokens is not None and len(tokens) > self.block_size and self._chain_end(req) is not None
+        end = self._chain_end(req) if tokens is not None else None
+        # a lookup when a full block could be found: rows after the partly filled last block's reach it
+        is_lookup = end is not None and len(end[1]) + len(tokens) > self.block_size
         copies = self._grow(req, n, tokens, reuse)
         if is_lookup:
             self.allocator.note_query(len(tokens), reuse)    # a later prompt chunk: a lookup too

@@ -83,11 +83,13 @@ def _answer(thinker, encoders, rid: int, items, params: dict, stream: bool = Fal
 
 
 def _same_answer(omni, rid: int, items, stream: bool = False) -> tuple[list[int], list[int]]:
-    """Answer with the cache on and off: equal tokens, logits within ATOL (and `hidden:mm`); the
-    tokens and what each piece reused."""
+    """Answer with the cache on and off: equal tokens, logits within ATOL (and `hidden:mm`), the
+    reused rows counted; the tokens and what each piece reused."""
     plan, on, off, encoders = omni
     params = chat_inputs_for(plan).request_params(items)
+    hit_tokens = on.blocks.allocator.stats.hit_tokens
     got, got_logits, reused, got_mm = _answer(on, encoders, rid, items, params, stream)
+    assert on.blocks.allocator.stats.hit_tokens - hit_tokens == sum(reused)     # what /metrics shows
     want, want_logits, _, want_mm = _answer(off, encoders, rid, items, params, stream)
     assert got == want
     torch.testing.assert_close(got_logits, want_logits, atol=ATOL, rtol=0)
