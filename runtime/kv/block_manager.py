@@ -21,8 +21,10 @@ findable. A table whose tokens are unknown (given without ids) never caches a bl
 past a `stop_ids` token (a placeholder whose rows an encoder's embeddings replace: its id
 does not say what is there): a prompt holding one is neither looked up nor cached from it on.
 A request's later prompt chunks look up too: `prefix_hit(tokens, after=req)` continues the
-chain of a request whose tokens so far all sit in keyed full blocks (its chunks so far ended
-on block boundaries and were committed), and `append(req, n, tokens, reuse=k)` shares those.
+chain of a request whose full blocks are all keyed (its chunks so far were committed), and
+`append(req, n, tokens, reuse=k)` shares those. When the request's last block is partly filled
+(a chunk or a prompt piece that ended mid-block), a cached block holding those rows and the
+next ones replaces it, so a chain continues across any chunk boundary.
 
 Whole-input reuse (`extend(req, rows)`, BAGEL): rows that can only be computed together (an
 image's rows attend to each other) are reused whole or computed whole. `extend` looks up the
@@ -55,7 +57,7 @@ class BlockTable:
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0
     keys: list[Key] = field(default_factory=list)   # content keys of the first len(keys) (full) blocks
-    pending: list[int] | None = None                # tokens after those blocks; None: unknown, never cached
+    pending: list[Row] | None = None                # rows after those blocks; None: unknown, never cached
 
 
 class PrefixOutOfStep(ValueError):
@@ -85,51 +87,63 @@ class KVBlockManager:
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _chain_end(self, after: RequestId | None) -> Key | None:
-        """The key `tokens` chain from: the root for a new request; for `after`, its last block's
-        key when every token it holds sits in a keyed full block, else None (no lookup)."""
-        if self.prefix_root is None or after is None:
-            return self.prefix_root
-        table = self._tables[after]
-        if table.pending != [] or len(table.keys) != len(table.blocks):
+    def _chain_end(self, after: RequestId | None) -> tuple[Key, list[Row]] | None:
+        """(the key `tokens` chain from, the rows before them in a partly filled block): the root and
+        none for a new request; for `after`, its last full block's key and the rows after it, when
+        every full block it holds is keyed and its partly filled last block is its own (a shared one
+        stays: replacing it would free nothing); else None (no lookup)."""
+        if self.prefix_root is None:
             return None
-        return table.keys[-1] if table.keys else self.prefix_root
+        if after is None:
+            return self.prefix_root, []
+        table = self._tables[after]
+        pending = table.pending
+        if pending is None or len(pending) >= self.block_size \
+                or len(table.keys) * self.block_size + len(pending) != table.num_tokens:
+            return None
+        if pending and self.allocator.ref_count(table.blocks[-1]) > 1:
+            return None
+        return (table.keys[-1] if table.keys else self.prefix_root), list(pending)
 
-    def prefix_hit(self, tokens: Sequence[int], after: RequestId | None = None) -> int:
-        """Leading tokens of `tokens` held in cached full blocks, leaving at least one to compute
-        (the forward must produce the last token's logits); 0 without prefix caching. `after`: a
-        request that holds tokens already, which `tokens` continue."""
-        parent = self._chain_end(after)
-        if parent is None or not tokens or self._stops(tokens):
+    def prefix_hit(self, tokens: Sequence[Row], after: RequestId | None = None, limit: int | None = None) -> int:
+        """Leading rows of `tokens` held in cached full blocks, leaving at least one to compute (the
+        forward must produce the last row's logits) and reusing none at or past row `limit`; 0
+        without prefix caching. `after`: a request that holds rows already, which `tokens` continue."""
+        end = self._chain_end(after)
+        if end is None or not tokens or self._stops(tokens):
             return 0
-        usable = (len(tokens) - 1) // self.block_size
-        keys = chain_keys(parent, tokens[:usable * self.block_size], self.block_size)
-        return len(self.allocator.cached(keys)) * self.block_size
+        parent, pending = end
+        usable = len(tokens) - 1 if limit is None else min(limit, len(tokens) - 1)
+        rows = [*pending, *tokens[:usable]]
+        keys = chain_keys(parent, rows[:len(rows) // self.block_size * self.block_size], self.block_size)
+        return max(0, len(self.allocator.cached(keys)) * self.block_size - len(pending))
 
-    def _stops(self, tokens: Sequence[int]) -> bool:
+    def _stops(self, tokens: Sequence[Row]) -> bool:
         return bool(self.stop_ids) and any(t in self.stop_ids for t in tokens)
 
-    def _reused(self, tokens: Sequence[int] | None, reuse: int, after: RequestId | None = None) -> list[int]:
-        """The cached blocks holding the first `reuse` tokens; PrefixOutOfStep if they are not all here."""
+    def _reused(self, tokens: Sequence[Row] | None, reuse: int, after: RequestId | None = None) -> list[int]:
+        """The cached blocks holding the first `reuse` tokens (and the rows before them in the request's
+        partly filled last block); PrefixOutOfStep if they are not all here."""
         if reuse == 0:
             return []
         hit = self.prefix_hit(tokens, after) if tokens is not None else 0
-        if reuse % self.block_size or reuse > hit:
+        parent, pending = self._chain_end(after) or (None, [])
+        if (len(pending) + reuse) % self.block_size or reuse > hit:
             raise PrefixOutOfStep(f"asked to reuse {reuse} cached tokens, but this KV cache holds {hit} of them "
                                   "(the conductor's ledger and the worker's cache are out of step)")
-        return self.allocator.cached(chain_keys(self._chain_end(after), tokens[:reuse], self.block_size))
+        return self.allocator.cached(chain_keys(parent, [*pending, *tokens[:reuse]], self.block_size))
 
-    def blocks_needed(self, num_tokens: int, tokens: Sequence[int] | None = None, reuse: int = 0) -> int:
+    def blocks_needed(self, num_tokens: int, tokens: Sequence[Row] | None = None, reuse: int = 0) -> int:
         """Blocks a new request takes from the free (or evictable) ones: all but the reused blocks
         that another request already holds."""
         reused = self._reused(tokens, reuse)
         held = sum(1 for b in reused if self.allocator.ref_count(b) > 0)
         return self._blocks_for(num_tokens) - held
 
-    def can_allocate(self, num_tokens: int, tokens: Sequence[int] | None = None, reuse: int = 0) -> bool:
+    def can_allocate(self, num_tokens: int, tokens: Sequence[Row] | None = None, reuse: int = 0) -> bool:
         return self.blocks_needed(num_tokens, tokens, reuse) <= self.allocator.num_free
 
-    def allocate(self, req: RequestId, num_tokens: int, tokens: Sequence[int] | None = None,
+    def allocate(self, req: RequestId, num_tokens: int, tokens: Sequence[Row] | None = None,
                  reuse: int = 0) -> None:
         """A new request with room for its first `num_tokens` tokens (ids `tokens`, if known),
         sharing the cached blocks of its first `reuse` tokens."""
@@ -224,38 +238,48 @@ class KVBlockManager:
         self.allocator.note_query(len(rows), len(rows))
         return True, copies
 
-    def _append_needs(self, table: BlockTable, n: int, reused: Sequence[int] = ()) -> tuple[int, bool]:
+    def _append_needs(self, table: BlockTable, n: int, reused: Sequence[int] = (),
+                      replaced: int = 0) -> tuple[int, bool]:
         """(fresh blocks needed, whether the shared last block must be copied first); `reused`
-        cached blocks hold the first of the `n` tokens."""
-        fresh = self._blocks_for(table.num_tokens + n) - len(table.blocks) - len(reused)
+        cached blocks hold the first of the `n` tokens, the first of them in place of the table's
+        last `replaced` (partly filled) block."""
+        fresh = self._blocks_for(table.num_tokens + n) - len(table.blocks) + replaced - len(reused)
         last_partial = table.num_tokens % self.block_size != 0
-        cow = last_partial and self.allocator.ref_count(table.blocks[-1]) > 1
+        cow = not replaced and last_partial and self.allocator.ref_count(table.blocks[-1]) > 1
         return fresh + int(cow), cow
 
     def can_append(self, req: RequestId, n: int) -> bool:
         return self.allocator.can_allocate(self._append_needs(self._tables[req], n)[0])
 
-    def append(self, req: RequestId, n: int, tokens: Sequence[int] | None = None,
+    def append(self, req: RequestId, n: int, tokens: Sequence[Row] | None = None,
                reuse: int = 0) -> list[tuple[int, int]]:
         """Room for `n` more tokens (ids `tokens`, if known), the first `reuse` of them in cached
         blocks (`prefix_hit(tokens, after=req)`); returns (src, dst) block copies to apply before writing."""
-        is_lookup = tokens is not None and len(tokens) > self.block_size and self._chain_end(req) is not None
+        end = self._chain_end(req) if tokens is not None else None
+        # a lookup when a full block could be found: rows after the partly filled last block's reach it
+        is_lookup = end is not None and len(end[1]) + len(tokens) > self.block_size
         copies = self._grow(req, n, tokens, reuse)
         if is_lookup:
             self.allocator.note_query(len(tokens), reuse)    # a later prompt chunk: a lookup too
         return copies
 
-    def _grow(self, req: RequestId, n: int, tokens: Sequence[int] | None, reuse: int) -> list[tuple[int, int]]:
+    def _grow(self, req: RequestId, n: int, tokens: Sequence[Row] | None, reuse: int) -> list[tuple[int, int]]:
         table = self._tables[req]
         reused = self._reused(tokens, reuse, after=req)
-        needed, cow = self._append_needs(table, n, reused)
+        replaced = table.blocks[len(table.keys):] if reused else []   # its rows are in reused[0]
+        needed, cow = self._append_needs(table, n, reused, len(replaced))
         evictable = sum(1 for b in reused if self.allocator.ref_count(b) == 0)
-        if not self.allocator.can_allocate(needed + evictable):
-            raise OutOfBlocks(needed + evictable, self.allocator.num_free)
+        released = sum(1 for b in replaced if self.allocator.ref_count(b) == 1)
+        if not self.allocator.can_allocate(needed + evictable - released):
+            raise OutOfBlocks(needed + evictable - released, self.allocator.num_free)
         if reused:
+            parent, pending = self._chain_end(req)
             self.allocator.claim(reused)     # first: allocating fresh blocks must not evict these
-            table.keys.extend(chain_keys(self._chain_end(req), tokens[:reuse], self.block_size))
+            self.allocator.free(replaced)
+            del table.blocks[len(table.keys):]
+            table.keys.extend(chain_keys(parent, [*pending, *tokens[:reuse]], self.block_size))
             table.blocks.extend(reused)
+            table.pending = []
         fresh = self.allocator.allocate(needed)
         if table.pending is not None:
             table.pending = None if tokens is None or self._stops(tokens) else [*table.pending, *tokens[reuse:]]

@@ -4,8 +4,9 @@ A full block's key is a hash of its rows chained with the previous block's key; 
 first block chains with a root key naming the model (plan model, node, weights source,
 dtype, block size), so equal keys mean equal KV contents. `prefix_root` builds that root,
 `chain_keys` the keys of a row sequence's full blocks. A row is a token id (int) or, for
-models whose rows are not all tokens (BAGEL's image rows), a self-delimiting byte string
-naming its content (runtime/models/bagel/row_keys.py). `tail_key` names the first rows of a
+models whose rows are not all tokens (BAGEL's image rows, the Qwen3-Omni thinker's media rows), a
+byte string naming its content, encoded so that no other row sequence spells the same bytes
+(runtime/models/bagel/row_keys.py, runtime/models/qwen3_omni/row_keys.py). `tail_key` names the first rows of a
 partly filled block: a model whose inputs cannot be computed from the middle (an image's
 rows attend to each other) reuses a cached input whole, its last partial block copied.
 
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 import hashlib
 from typing import Iterable, Sequence
 
+import torch
+
 from runtime.kv.block_allocator import BlockAllocator, OutOfBlocks
 
 Key = bytes
@@ -38,6 +41,14 @@ Row = int | bytes
 def prefix_root(*identity: object) -> Key:
     """The root key of one model's cache: a digest of what makes its KV contents what they are."""
     return hashlib.blake2b("\x1f".join(map(str, identity)).encode(), digest_size=16).digest()
+
+
+def tensor_digest(t: torch.Tensor) -> bytes:
+    """16-byte digest of a tensor's dtype, shape and bytes: rows named by an encoder's output share
+    KV exactly when that output is bit-equal."""
+    h = hashlib.blake2b(f"{t.dtype}{tuple(t.shape)}".encode(), digest_size=16)
+    h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.digest()
 
 
 def _row_bytes(rows: Sequence[Row]) -> bytes:
@@ -180,4 +191,5 @@ class PrefixCachingAllocator(BlockAllocator):
         self.stats.hit_tokens += hit_tokens
 
 
-__all__ = ["Key", "PrefixCachingAllocator", "PrefixStats", "Row", "chain_keys", "prefix_root", "tail_key"]
+__all__ = ["Key", "PrefixCachingAllocator", "PrefixStats", "Row", "chain_keys", "prefix_root", "tail_key",
+           "tensor_digest"]

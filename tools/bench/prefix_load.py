@@ -76,8 +76,10 @@ def shared_prompt_burst(url: str, model: str, system: str, questions: list[str],
     return asyncio.run(go())
 
 
-def conversation(url: str, model: str, system: str, turns: list[str], max_tokens: int) -> dict[str, float]:
-    """One conversation, turn after turn, each resending the whole history: TTFT of every turn."""
+def conversation(url: str, model: str, system: str, turns: list[str | list[dict]],
+                 max_tokens: int) -> dict[str, float]:
+    """One conversation, turn after turn, each resending the whole history: TTFT of every turn (a turn
+    is a user message's content: text, or content parts such as a picture and text)."""
     async def go() -> dict[str, float]:
         messages, out = [{"role": "system", "content": system}], {}
         async with _session() as session:

@@ -11,7 +11,10 @@ start takes minutes); the mstar sides alternated round by round:
       (with the cache it stays flat; without it grows with the history);
   (c) BAGEL tiny (graphs/bagel.yaml), two more mstar-run servers: 8 edits of one 256 x 256
       image with 8 prompts, time to image of the first edit and the mean of the other 7 (with
-      the cache they reuse the image's VAE and ViT rows).
+      the cache they reuse the image's VAE and ViT rows);
+  (d) Qwen3-Omni tiny (graphs/qwen3_omni.yaml, seeded weights), two more servers: the turns of (b)
+      about one 8-frame video sent in the first turn, TTFT per turn (with the cache the thinker
+      reuses the video's rows and the turns before; the vision encoder still runs on it every turn).
 Every measured run starts its system prompt with its own session number (and edits its own
 picture), so nothing is cached from an earlier run: what a cached side reuses is what that run
 computed. Output lengths are forced (`ignore_eos`); tok/s counts the completion tokens in `usage`.
@@ -19,6 +22,7 @@ computed. Output lengths are forced (`ignore_eos`); tok/s counts the completion 
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 from typing import Callable
@@ -39,6 +43,7 @@ TURNS = ("Hi! I am planning a trip. Can you help?", "I like mountains. Where sho
          "How many days would you plan there?", "What should I pack?", "Is it expensive?",
          "What food should I try?", "Any safety advice?", "Thanks! Can you sum up the plan?")
 EDIT_STEPS = 8
+VIDEO_FRAMES = 8           # Qwen3-Omni tiny: 4 temporal patches of 4 x 4 merged tokens, 64 rows
 
 
 def system_prompt(rules: int) -> str:
@@ -161,10 +166,42 @@ def _edit_rows(ctx: Context, edits: int) -> list[Row]:
                                 ("later_edit_s", "time to image, later edits (mean)"))]
 
 
+def _video_talk_rows(ctx: Context, turns: int, max_tokens: int) -> list[Row]:
+    plans, logs = ctx.root / "bench-results/plans", ctx.root / "bench-results/logs"
+    plan = compile_plan(ctx.root / "graphs/qwen3_omni.yaml", plans / "qwen3-omni-tiny.plan.bin", "--preset", "tiny")
+    videos = itertools.count(1)
+    with contextlib.ExitStack() as stack:
+        urls = {"on": stack.enter_context(mstar_run(plan, logs / "prefix-omni-on.log",
+                                                    "mstar-run qwen3-omni (prefix cache)", ctx.threads)).url,
+                "off": stack.enter_context(mstar_run(plan, logs / "prefix-omni-off.log",
+                                                     "mstar-run qwen3-omni (no prefix cache)", ctx.threads,
+                                                     "--no-prefix-cache")).url}
+        model = model_card(urls["on"])["id"]
+
+        def talk(url: str) -> dict[str, float]:     # each run its own video: nothing cached from an earlier one
+            first = next(videos) * VIDEO_FRAMES
+            video = {"type": "video", "fps": 2.0, "video": [
+                "data:image/png;base64," + base64.b64encode(smooth_png(64, first + k)).decode()
+                for k in range(VIDEO_FRAMES)]}
+            opening = [video, {"type": "text", "text": TURNS[0]}]
+            return conversation(url, model, "You are a friendly travel assistant. Keep answers short.",
+                                [opening, *TURNS[1:turns]], max_tokens)
+        samples = ctx.alternate("prefix video conversation", {
+            name: (lambda url=url: talk(url)) for name, url in urls.items()})
+    labels = {"on": "mstar-run qwen3-omni tiny, prefix cache on", "off": "mstar-run qwen3-omni tiny --no-prefix-cache"}
+    return [Row(f"conversation about a video, turn {i}", "TTFT", "s", LOWER,
+                _side(samples, "on", f"ttft_turn{i}", labels), _side(samples, "off", f"ttft_turn{i}", labels),
+                names=("cache on", "cache off"), plot="video-conversation-ttft", x=i, xlabel="turn",
+                note=f"Qwen3-Omni tiny; an {VIDEO_FRAMES}-frame 64x64 video in turn 1, whole history resent")
+            for i in range(1, turns + 1)]
+
+
 @register("prefix", "prefix cache on vs off (SmolLM2-135M, mstar-run) and vs vLLM CPU's: 32 chats sharing a "
-                    "1,024-token system prompt; an 8-turn conversation; 8 BAGEL edits of one image")
+                    "1,024-token system prompt; an 8-turn conversation; 8 BAGEL edits of one image; "
+                    "a Qwen3-Omni conversation about a video")
 def run(ctx: Context) -> list[Row]:
     n, rules, turns, max_tokens, edits = (8, 9, 4, 16, 4) if ctx.quick else (32, 37, 8, 32, 8)
     ctx.settings.update(chats=n, system_prompt_rules=rules, turns=turns, max_tokens=max_tokens, edits=edits,
                         edit_steps=EDIT_STEPS, mstar_omp_threads=ctx.threads)
-    return _edit_rows(ctx, edits) + _chat_rows(ctx, n, rules, turns, max_tokens)
+    return _edit_rows(ctx, edits) + _video_talk_rows(ctx, turns, max_tokens) + _chat_rows(ctx, n, rules, turns,
+                                                                                          max_tokens)

@@ -13,22 +13,14 @@ same image bytes through the same resize give the same rows, and nothing can mat
 """
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
+from runtime.kv.prefix_cache import tensor_digest
 from runtime.models.bagel.segments import SegmentKind
 
 
 def _token(t: int) -> bytes:
     return int(t).to_bytes(4, "little", signed=True)
-
-
-def tensor_digest(t: torch.Tensor) -> bytes:
-    """16-byte digest of a tensor's dtype, shape and bytes."""
-    h = hashlib.blake2b(f"{t.dtype}{tuple(t.shape)}".encode(), digest_size=16)
-    h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.digest()
 
 
 def text_rows(tokens: list[int], bos: int, eos: int) -> list[bytes]:

@@ -31,12 +31,14 @@ of this cache) reuse cached blocks and are not computed. Off when the plan reads
 hidden states (a cached token has none) unless the executor says its state outputs need no
 forward of the cached rows (`states_need_forward = False`), and for subclasses unless they ask
 for it. A node fed embeddings caches only with declared `placeholder_ids`, which stop caching
-(`kv_prefix_stop_ids`): their ids do not say what was embedded there.
+(`kv_prefix_stop_ids`): their ids do not say what was embedded there. A subclass that can name
+what its embedded rows hold keys them itself (`cache_rows`) and decides reuse on the worker.
 """
 from __future__ import annotations
 
 import logging
 from itertools import accumulate
+from typing import Sequence
 
 import torch
 
@@ -45,6 +47,7 @@ from runtime.cuda_graphs import DecodeGraphs, capture_buckets
 from runtime.cuda_graphs.cpu_compile import require_cpp_compiler
 from runtime.executors import ExecResult, register_executor, token_logprobs
 from runtime.kv import KVBlockManager, prefix_root
+from runtime.kv.prefix_cache import Row
 from runtime.sampling import Sampler, SamplingParams, SamplingState
 from runtime.transport.messages import KVState, WorkItem
 from runtime.transport.request_params import RequestParams
@@ -203,7 +206,7 @@ class DecoderLMExecutor:
         the last row of each item in `sampling` (the LM head runs for no other row), (N, hidden) states."""
         new = [item.tokens[item.cached:] for item in items]
         ids = torch.tensor([t for tokens in new for t in tokens], dtype=torch.long, device=self.device)
-        positions = torch.cat([self.positions(item, s) for s, item in zip(starts, items)])      # (N,) or (3, N)
+        positions = torch.cat([self.positions(item, s) for s, item in zip(starts, items)], dim=-1)   # (N,) or (3, N)
         batch = self.blocks.metadata([(item.request_id, len(tokens)) for item, tokens in zip(items, new)],
                                      device=self.device)
         embeds, rows = self._embeds_rows(items, starts, inputs)
@@ -231,10 +234,11 @@ class DecoderLMExecutor:
             if held and sum(e.shape[0] for e in held) != len(at):
                 raise ValueError(f"node '{self.node.name}': request {item.request_id} has {len(at)} placeholder "
                                  f"rows but {sum(e.shape[0] for e in held)} embedding rows to put there")
-            if held:
-                embeds += held
-                rows += [offset + i for i in at]
-            offset += len(item.tokens)
+            if held:    # placeholders among the reused rows are in the cache already
+                skip = sum(1 for i in at if i < item.cached)
+                embeds.append(torch.cat(held)[skip:])
+                rows += [offset + i - item.cached for i in at[skip:]]
+            offset += len(item.tokens) - item.cached
         if not embeds:
             return None, None
         return torch.cat(embeds), torch.tensor(rows, dtype=torch.long, device=self.device)
@@ -251,14 +255,19 @@ class DecoderLMExecutor:
         starts = []
         for item in items:
             rid = item.request_id
+            rows = self.cache_rows(item)
             if rid not in self.blocks:
-                self.blocks.allocate(rid, len(item.tokens), item.tokens, reuse=item.cached)
+                self.blocks.allocate(rid, len(item.tokens), rows, reuse=item.cached)
                 starts.append(item.cached)
             else:     # a later prompt chunk may continue in cached blocks too
                 starts.append(self.blocks.num_tokens(rid) + item.cached)
                 # copied at once: an OutOfBlocks for a later item must not leave a table without its copy
-                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens), item.tokens, reuse=item.cached))
+                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens), rows, reuse=item.cached))
         return starts
+
+    def cache_rows(self, item: WorkItem) -> Sequence[Row] | None:
+        """What the item's rows hold, as the prefix cache keys them (None: unknown, never cached): its tokens."""
+        return item.tokens
 
     def _state(self, item: WorkItem) -> SamplingState:
         rid = item.request_id

@@ -13,6 +13,20 @@ Beyond the decoder-LM executor (runtime/models/decoder_lm/executors.py) it
     The executor keeps them with the request's `embeds` as extra columns, (T, (1 + D)·hidden),
     zeros for audio rows (adding zero changes nothing), so a recompute after preemption
     finds them where it finds the embeds.
+
+Prefix caching: this executor decides reuse itself, as BAGEL's does. Its rows are named by content
+(row_keys.py: token ids, and at audio / image / video placeholders a digest of the embeds with their
+DeepStack columns plus the row's M-RoPE position), so a chat's pictures and the text after them are
+found again: the next turn of a conversation about a picture reuses the picture and the turns before.
+Each Run looks up the longest cached chain of its rows after the request's rows so far (a piece that
+ended mid-block continues in the cached block holding its rows) and sets `WorkItem.cached` to what
+it reuses; at least its last row is computed (its logits). A Run that feeds a talker (`stream_out`)
+reuses no row at or after a placeholder: the talker reads layer `accept_hidden_layer`'s states there
+(`hidden:mm`), which a reused row has none of. The conductor cannot compute a digest, so it counts
+this node's pool as a plain one (`kv_prefix_key` is empty): ceil(tokens / block) blocks per request,
+an upper bound on what the worker holds (shared blocks are held once, cached blocks no request holds
+are free to it), so what the conductor admits always fits; the counters reach /metrics through
+`prefix_stats`. Blocks are keyed after the forward that wrote them; a failed Run keys none of its rows.
 """
 from __future__ import annotations
 
@@ -24,9 +38,12 @@ from torch import nn
 
 from mstar_compiler.plan import Node, Plan
 from runtime.executors import ExecResult
+from runtime.kv import KVBlockManager, PrefixCachingAllocator, PrefixStats
+from runtime.kv.prefix_cache import Row
 from runtime.layers.attention import BatchContext
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.models.qwen3_omni.mrope import MropePositions
+from runtime.models.qwen3_omni.row_keys import thinker_rows
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 
@@ -67,10 +84,8 @@ class DeepStackLM:
 class ThinkerExecutor(DecoderLMExecutor):
     """A `qwen3_moe_lm` thinker whose `hidden` stream feeds a talker (module docstring).
 
-    Prefix caching: a chat's text before its first audio, image or video placeholder reuses
-    cached blocks (`WorkItem.cached`); a prompt piece holding a placeholder is neither looked
-    up nor cached (its ids do not say what was embedded). The `hidden` stream is the fed
-    tokens' input embeddings, so cached rows need no forward for it."""
+    Prefix caching (module docstring): rows keyed by content, reuse decided here. The `hidden`
+    stream is the fed tokens' input embeddings, so cached rows need no forward for it."""
 
     states_need_forward = False
 
@@ -78,8 +93,15 @@ class ThinkerExecutor(DecoderLMExecutor):
                  placeholder_ids: tuple[int, ...] = (), plan: Plan | None = None,
                  vision: Mapping[str, Any] | None = None, picture_pads: tuple[int, int] = (-1, -1),
                  tap_layer: int = 0) -> None:
-        self.placeholder_ids = frozenset(placeholder_ids)   # first: the prefix cache stops at them
+        self.placeholder_ids = frozenset(placeholder_ids)   # first: with them declared, the base class caches
         super().__init__(node, model, rank, plan, prefix_cache=True)
+        # reuse is decided here (module docstring): the conductor counts a plain pool, no placeholder stops;
+        # a tensor-parallel group's ranks would each have to decide alike, so it caches nothing
+        self.kv_prefix_key, self.kv_prefix_stop_ids = "", frozenset()
+        root = self.blocks.prefix_root if node.placement.tp_size == 1 else None
+        self.blocks = KVBlockManager(self.kv_blocks, self.kv_block_size, root)
+        self._rows: dict[int, list[Row] | None] = {}       # request -> this Run's rows as the cache keys them
+        self._positions: dict[int, torch.Tensor] = {}       # request -> this Run's positions, every row
         self.tts_ids = torch.tensor(tts_ids, dtype=torch.long, device=self.device)
         self._num_fed: dict[int, int] = {}              # request -> rows whose embeddings were taken
         self._num_prompt_items: dict[int, int] = {}     # request -> thinker Runs its prompt takes
@@ -111,21 +133,67 @@ class ThinkerExecutor(DecoderLMExecutor):
             if self.mrope is not None:
                 self.mrope.close(request_id)
 
+    def drop_prefix_cache(self) -> None:
+        """Cache no prefixes (`mstar-run --no-prefix-cache`); called before any request opens."""
+        self.blocks = KVBlockManager(self.kv_blocks, self.kv_block_size)
+
+    def prefix_stats(self) -> PrefixStats | None:
+        allocator = self.blocks.allocator
+        return allocator.stats if isinstance(allocator, PrefixCachingAllocator) else None
+
     def positions(self, item: WorkItem, start: int) -> torch.Tensor:
-        if self.mrope is None:
-            return super().positions(item, start)
-        if item.cached:      # reused rows (text before any picture) still take their positions
-            self.mrope.positions(item.request_id, item.tokens[:item.cached], start - item.cached)
-        return self.mrope.positions(item.request_id, item.tokens[item.cached:], start).to(self.device)
+        return self._positions[item.request_id][..., item.cached:]
+
+    def cache_rows(self, item: WorkItem) -> list[Row] | None:
+        return self._rows[item.request_id]
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
         starts = [self.blocks.num_tokens(i.request_id) if i.request_id in self.blocks else 0 for i in items]
-        results = super().run(items, [self._with_deepstack(ins) for ins in inputs])
+        inputs = [self._with_deepstack(ins) for ins in inputs]
+        for item, start, ins in zip(items, starts, inputs):
+            self._look_up(item, start, ins)
+        try:
+            results = super().run(items, inputs)
+        except BaseException:    # what the failed forward was to write is never keyed
+            for item in items:
+                if item.request_id in self.blocks:
+                    self.blocks.uncache(item.request_id)
+            raise
+        finally:
+            self._rows.clear()
+            self._positions.clear()
         ends = list(accumulate(len(item.tokens) - item.cached for item in items))
         for item, start, end, result in zip(items, starts, ends, results):
             self._stream_rows(item, start, result, self.model.tapped, end)
         return results
+
+    def _look_up(self, item: WorkItem, start: int, ins: dict[str, torch.Tensor]) -> None:
+        """The Run's positions and rows (module docstring), and `item.cached`: its leading rows in the cache."""
+        rid = item.request_id
+        n = len(item.tokens)
+        if self.mrope is not None:
+            positions = self.mrope.positions(rid, item.tokens, start).to(self.device)          # (3, n)
+        else:
+            positions = torch.arange(start, start + n, dtype=torch.long, device=self.device)  # (n,)
+        self._positions[rid] = positions
+        rows, media = self._key_rows(item, start, ins, positions.expand(3, -1))
+        self._rows[rid] = rows
+        limit = media[0] if media and item.stream_out else None
+        item.cached = self.blocks.prefix_hit(rows, rid if rid in self.blocks else None, limit) if rows else 0
+
+    def _key_rows(self, item: WorkItem, start: int, ins: dict[str, torch.Tensor],
+                  positions: torch.Tensor) -> tuple[list[Row] | None, list[int]]:
+        """(the Run's rows as the cache keys them, None when their content is not known here; the
+        indices of its media rows). Embeds fill the placeholders of the Run that brings them; a Run
+        at position 0 of a request given embeds before is a recompute of its history: not keyed."""
+        at = [i for i, t in enumerate(item.tokens) if t in self.placeholder_ids]
+        recompute = start == 0 and bool(self._embeds.get(item.request_id))
+        if "embeds" not in ins:
+            return (None if recompute and at else list(item.tokens)), []
+        if recompute or not at or ins["embeds"].shape[0] != len(at):
+            return None, at      # a mismatch fails the forward, with its message
+        return thinker_rows(item.tokens, at, ins["embeds"], positions), at
 
     def _stream_rows(self, item: WorkItem, start: int, result: ExecResult, tapped: torch.Tensor | None,
                      end: int) -> None:
@@ -138,7 +206,8 @@ class ThinkerExecutor(DecoderLMExecutor):
                            device=self.device)                           # a recompute re-feeds history
         self._num_fed[rid] = done + len(ids)
         pending = self._pending.setdefault(rid, [])
-        pending.append((ids, None if rid in self._streamed else self._mm_rows(ids, tapped, end)))
+        pending.append((ids, None if rid in self._streamed else self._mm_rows(item, len(item.tokens) - len(ids),
+                                                                              tapped, end)))
         if rid not in self._streamed and len(pending) < self._num_prompt_items.get(rid, 1):
             result.outputs.pop("hidden", None)          # more prompt pieces follow: no stream item yet
             return
@@ -151,14 +220,18 @@ class ThinkerExecutor(DecoderLMExecutor):
             result.outputs["hidden:mm"] = torch.cat([m for _, m in pieces])    # (n, hidden)
             self._streamed.add(rid)
 
-    def _mm_rows(self, ids: torch.Tensor, tapped: torch.Tensor | None, end: int) -> torch.Tensor:
-        """(n, hidden) tapped states of these ids at multimodal placeholders (rows ending at batch row
-        `end`), zeros elsewhere."""
-        rows = torch.zeros(len(ids), self.node.dims["hidden_size"], device=self.device)
-        is_mm = torch.isin(ids, torch.tensor(sorted(self.placeholder_ids), device=self.device))
-        if tapped is not None and is_mm.any():   # such a piece is never cached: all its rows were computed
-            rows[is_mm] = tapped[end - len(ids):end][is_mm].to(rows.dtype)
-        return rows
+    def _mm_rows(self, item: WorkItem, skip: int, tapped: torch.Tensor | None, end: int) -> torch.Tensor:
+        """(n, hidden) tapped states at the multimodal placeholders among the item's tokens from `skip`
+        on (its computed rows end at batch row `end`), zeros elsewhere and at reused rows (reused only
+        in Runs that stream nothing to a talker, module docstring)."""
+        tokens = torch.tensor(item.tokens, dtype=torch.long, device=self.device)
+        rows = torch.zeros(len(tokens), self.node.dims["hidden_size"], device=self.device)
+        is_mm = torch.isin(tokens, torch.tensor(sorted(self.placeholder_ids), device=self.device))
+        is_mm[:item.cached] = False
+        if tapped is not None and is_mm.any():
+            computed = is_mm[item.cached:]
+            rows[is_mm] = tapped[end - len(computed):end][computed].to(rows.dtype)
+        return rows[skip:]
 
     def _with_deepstack(self, ins: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`embeds` (T, hidden) widened to (T, (1 + D)·hidden) by the Run's DeepStack rows (zeros for audio)."""

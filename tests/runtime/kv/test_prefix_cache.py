@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from runtime.conductor.kv_ledger import PrefixPoolLedger
+from runtime.conductor.kv_ledger import KVPoolLedger, PrefixPoolLedger
 from runtime.kv import KVBlockManager, OutOfBlocks, PrefixOutOfStep, prefix_root
 
 BS = 4
@@ -92,20 +92,28 @@ def test_decode_tokens_fill_blocks_that_a_later_turn_reuses() -> None:
 
 
 def test_randomised_allocate_reuse_decode_evict_abort_keeps_every_invariant() -> None:
+    """Also prompts prefilled in two chunks (the second looked up after the first, which may end
+    mid-block), and a plain ledger fed the same calls: what it admits always fits the cache (the
+    count of a node that decides reuse on its worker)."""
     rng = random.Random(1234)
     kv = KVBlockManager(24, BS, ROOT)
     ledger = PrefixPoolLedger(24, BS, ROOT)             # the conductor's mirror, fed the same calls
+    plain = KVPoolLedger(24, BS)                        # a count of tokens only: an upper bound
     prefixes = [[rng.randrange(50) for _ in range(rng.randrange(4, 14))] for _ in range(5)]
     written: dict[int, tuple[int, ...]] = {}            # block -> the tokens its KV was computed from
     live: dict[int, list[int]] = {}                     # request -> its tokens so far
+    todo: dict[int, list[int]] = {}                     # request -> its prompt's second chunk
     next_id = 0
     for _ in range(4000):
         op = rng.random()
         if op < 0.35 or not live:
             tokens = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 7))]
+            rest = tokens[rng.randrange(1, len(tokens)):] if rng.random() < 0.3 else []
+            tokens = tokens[:len(tokens) - len(rest)]
             hit = kv.prefix_hit(tokens)
             if not kv.can_allocate(len(tokens), tokens, hit):
                 assert not ledger.can_grow(next_id, len(tokens), tokens=tokens)
+                assert not plain.can_grow(next_id, len(tokens))
                 continue
             assert ledger.can_grow(next_id, len(tokens), tokens=tokens)
             held_before = {b for t in live for b in kv.table(t).blocks}
@@ -124,21 +132,30 @@ def test_randomised_allocate_reuse_decode_evict_abort_keeps_every_invariant() ->
                 ledger.forget([next_id])
                 ledger.free(next_id)
             else:
+                plain.grow(next_id, len(tokens))
                 for i, b in enumerate(blocks):
                     if i >= hit // BS:
                         written[b] = tuple(tokens[i * BS:(i + 1) * BS])
                 kv.commit(next_id)
                 ledger.commit()
                 live[next_id] = list(tokens)
+                if rest:
+                    todo[next_id] = rest
             next_id += 1
+        elif op < 0.5 and todo:
+            req = rng.choice(list(todo))
+            _second_chunk(kv, ledger, plain, req, todo, live, written)
         elif op < 0.8:
             req = rng.choice(list(live))
             if not kv.can_append(req, 1):
+                assert not plain.can_grow(req, 1)
                 continue
             token = rng.randrange(50)
             kv.append(req, 1, [token])
             ledger.grow(req, 1, tokens=[token])
+            plain.grow(req, 1)
             live[req].append(token)
+            todo.pop(req, None)                            # a decode step: the prompt is over
             n = len(live[req])
             b = kv.table(req).blocks[(n - 1) // BS]
             written[b] = tuple(live[req][(n - 1) // BS * BS:n])
@@ -148,17 +165,43 @@ def test_randomised_allocate_reuse_decode_evict_abort_keeps_every_invariant() ->
             req = rng.choice(list(live))
             kv.free(req)
             ledger.free(req)
+            plain.free(req)
             del live[req]
+            todo.pop(req, None)
         owners: dict[int, int] = {}
         for req in live:
             for b in kv.table(req).blocks:
                 owners[b] = owners.get(b, 0) + 1
         assert all(kv.allocator.ref_count(b) == owners.get(b, 0) for b in range(24)), "reference counts drifted"
         assert kv.allocator.num_free == 24 - len(owners)
-        assert ledger.used_blocks == len(owners)
+        assert ledger.used_blocks == len(owners) <= plain.used_blocks
     for req in list(live):
         kv.free(req)
     assert kv.allocator.num_free == 24 and kv.allocator.stats.evictions > 0 and kv.allocator.stats.hits > 0
+
+
+def _second_chunk(kv: KVBlockManager, ledger: PrefixPoolLedger, plain: KVPoolLedger, req: int,
+                  todo: dict[int, list[int]], live: dict[int, list[int]], written: dict) -> None:
+    """The rest of `req`'s prompt, continuing in cached blocks where they hold it (the randomised test)."""
+    rest = todo[req]
+    start, hit = len(live[req]), kv.prefix_hit(rest, after=req)
+    try:
+        kv.append(req, len(rest), rest, reuse=hit)
+    except OutOfBlocks:
+        assert not plain.can_grow(req, len(rest)), "the plain count admitted what the cache cannot hold"
+        return
+    assert ledger.grow(req, len(rest), tokens=rest) == hit
+    plain.grow(req, len(rest))
+    full = live[req] + rest
+    blocks = kv.table(req).blocks
+    for i in range(start // BS, (start + hit) // BS):  # reused, the partly filled block's rows included
+        assert written[blocks[i]] == tuple(full[i * BS:(i + 1) * BS])
+    for i in range((start + hit) // BS, len(blocks)):
+        written[blocks[i]] = tuple(full[i * BS:(i + 1) * BS])
+    kv.commit(req)
+    ledger.commit()
+    live[req] = full
+    del todo[req]
 
 
 def test_a_later_prompt_chunk_continues_in_cached_blocks() -> None:
@@ -184,13 +227,31 @@ def test_a_later_prompt_chunk_continues_in_cached_blocks() -> None:
     assert kv.allocator.num_free == 16
 
 
-def test_a_chunk_after_a_partly_filled_block_looks_up_nothing() -> None:
+def test_a_chunk_after_a_partly_filled_block_continues_in_the_cached_block_holding_its_rows() -> None:
+    """B's first chunk ends mid-block; its next chunk's lookup chains over the partly filled block's
+    rows too, and the cached block holding them (and more) replaces B's own, which is freed."""
     kv = KVBlockManager(16, BS, ROOT)
     prompt = list(range(200, 216))
     prefill(kv, "a", prompt)
-    kv.allocate("b", 6, prompt[:6], reuse=4)             # ends mid-block: its chain cannot continue
+    kv.allocate("b", 6, prompt[:6], reuse=4)             # ends mid-block: rows 4, 5 in a block of its own
     kv.commit("b")
-    assert kv.prefix_hit(prompt[6:], after="b") == 0
+    own = kv.table("b").blocks[1]
+    free = kv.allocator.num_free
+    assert kv.prefix_hit(prompt[6:], after="b") == 6     # blocks 2 and 3 of A: rows 6..11; 12.. compute
+    assert kv.prefix_hit(prompt[6:], after="b", limit=5) == 2    # none at or past row `limit`: one block
+    kv.append("b", 10, prompt[6:], reuse=6)
+    assert kv.table("b").blocks[:3] == kv.table("a").blocks[:3] and own not in kv.table("b").blocks
+    assert kv.allocator.ref_count(own) == 0 and kv.allocator.num_free == free   # own freed, one fresh taken
+    kv.commit("b")
+    assert len(kv.table("b").keys) == 4 and kv.table("b").keys == kv.table("a").keys
+    with pytest.raises(PrefixOutOfStep):                 # a reuse not ending on a block boundary
+        kv.allocate("c", 6, prompt[:6], reuse=4)
+        kv.commit("c")
+        kv.append("c", 10, prompt[6:], reuse=5)
+    kv.free("a")
+    kv.free("b")
+    kv.free("c")
+    assert kv.allocator.num_free == 16
 
 
 def test_the_ledger_reuses_later_chunks_like_the_worker() -> None:

@@ -1,79 +1,245 @@
 """The Qwen3-Omni thinker with its prefix cache, in-process on the tiny preset's random weights.
 
-Chats share a system prompt; each Run reuses what `blocks.prefix_hit` finds (the count the
-conductor's mirror of this cache sends as `WorkItem.cached`), and another thinker on the same
-module is given `cached = 0` (what `--no-prefix-cache` sends). Greedy tokens must be equal.
-A message with an image: the text before the picture is reused, the picture's piece holds
-placeholders (their ids do not say which picture) and is neither looked up nor cached.
+Every Run is sent `cached = 0`, as the conductor sends it (it counts this node's pool as a plain
+one); the thinker decides what it reuses and says so in `WorkItem.cached`. Another thinker on the
+same module runs with its cache dropped (`--no-prefix-cache`). Greedy tokens must be equal, and the
+last-row logits of every Run within 1e-4 (fp32; the tolerance of the thinker's parity tests: a
+reused row's K/V came from another forward, whose packed matmuls sum in another order).
+
+What is reused is checked exactly: a Run of a prompt piece starting at row `s` with `n` rows,
+after a request that cached its first `c` rows in full blocks, reuses the rows of those blocks from
+`s` on, leaving its last row to compute (`expected_reuse`).
 """
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mstar_compiler.pipeline import Options, compile_file
 from runtime.conductor.request import MediaInput
 from runtime.executors import executor_for
-from runtime.server.chat_inputs import chat_inputs_for
+from runtime.models.qwen3_omni.row_keys import media_rows
 from runtime.sampling import SamplingParams
+from runtime.server.chat_inputs import chat_inputs_for
 from runtime.text import ByteTokenizer
-from runtime.transport.messages import WorkItem
+from runtime.transport.messages import StreamRoute, WorkItem
 from runtime.transport.request_params import RequestParams
 from runtime.worker.loader import build_module
+from tests.runtime.models.qwen3_omni.test_audio_chat_parity import audio_part, wav_bytes
 from tests.runtime.models.qwen3_omni.test_image_chat_parity import image_part, picture
 
 SYSTEM = "You are a terse assistant. Answer with one word, never explain, never apologise, always be kind."
 DECODE_STEPS = 4
+ATOL = 1e-4
+BS = 16                      # the tiny plan's KV block size (checked in the fixture)
+ENCODERS = {"image": ("vision_enc", "image", "read_image"), "audio": ("audio_enc", "audio", "read_audio")}
+TO_TALKER = [StreamRoute("thinker_hidden", "hidden", 0, 0)]   # a voice chat's thinker Runs feed the talker
 
 
 @pytest.fixture(scope="module")
 def omni():
     plan = compile_file("graphs/qwen3_omni.yaml", Options(preset="tiny", placement="single")).plan
-    modules = {n: build_module(plan.node(n), None).eval() for n in ("thinker", "vision_enc")}
+    modules = {n: build_module(plan.node(n), None).eval() for n in ("thinker", "vision_enc", "audio_enc")}
     on, off = (executor_for(plan.node("thinker"), modules["thinker"], 0, plan) for _ in range(2))
-    vision = executor_for(plan.node("vision_enc"), modules["vision_enc"], 0, plan)
-    return plan, on, off, vision
+    off.drop_prefix_cache()
+    assert on.blocks.block_size == BS and on.kv_prefix_key == ""   # the conductor counts a plain pool
+    encoders = {n: executor_for(plan.node(n), modules[n], 0, plan) for n in ("vision_enc", "audio_enc")}
+    return plan, on, off, encoders
 
 
-def _answer(thinker, vision, rid: int, items, params: dict, reuse: bool) -> tuple[list[int], list[int]]:
-    """Greedy tokens after the prompt's items, and the cached count each item was given."""
+def _encode(encoders, rid: int, dtype: str, value: MediaInput) -> dict[str, torch.Tensor]:
+    name, port, walk = ENCODERS[dtype]
+    (enc,) = encoders[name].run([WorkItem(request_id=rid, step=0, walk=walk)], [{port: value.value}])
+    return {"embeds": enc.outputs["hidden"], **({"deepstack": enc.outputs["deepstack"]}
+                                                 if "deepstack" in enc.outputs else {})}
+
+
+def _piece(dtype: str, value) -> list[int]:
+    return value.tokens if isinstance(value, MediaInput) else value
+
+
+def _answer(thinker, encoders, rid: int, items, params: dict, stream: bool = False):
+    """(greedy tokens, last-row logits of every Run, rows each prompt piece reused, the prompt's
+    `hidden:mm` when its Runs feed a talker)."""
+    logits, spy = [], thinker.model.compute_logits
+    thinker.model.compute_logits = lambda h: logits.append(spy(h)) or logits[-1]
     thinker.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0), family=dict(params)))
-    given = []
+    reused = []
+    try:
+        for dtype, value in items:
+            ins = _encode(encoders, rid, dtype, value) if isinstance(value, MediaInput) else {}
+            item = WorkItem(request_id=rid, walk=ENCODERS.get(dtype, ("", "", "read_text"))[2],
+                            tokens=_piece(dtype, value), stream_out=list(TO_TALKER) if stream else [])
+            result = thinker.run([item], [ins])
+            reused.append(item.cached)
+        mm = result[0].outputs.get("hidden:mm")
+        out = list(result[0].tokens)
+        for _ in range(DECODE_STEPS):
+            out += thinker.run([WorkItem(request_id=rid, walk="think", tokens=out[-1:])], [{}])[0].tokens
+    finally:
+        thinker.close(rid, kv_only=False)
+        thinker.model.compute_logits = spy
+    return out, torch.cat(logits), reused, mm
+
+
+def _same_answer(omni, rid: int, items, stream: bool = False) -> tuple[list[int], list[int]]:
+    """Answer with the cache on and off: equal tokens, logits within ATOL (and `hidden:mm`), the
+    reused rows counted; the tokens and what each piece reused."""
+    plan, on, off, encoders = omni
+    params = chat_inputs_for(plan).request_params(items)
+    hit_tokens = on.blocks.allocator.stats.hit_tokens
+    got, got_logits, reused, got_mm = _answer(on, encoders, rid, items, params, stream)
+    assert on.blocks.allocator.stats.hit_tokens - hit_tokens == sum(reused)     # what /metrics shows
+    want, want_logits, _, want_mm = _answer(off, encoders, rid, items, params, stream)
+    assert got == want
+    torch.testing.assert_close(got_logits, want_logits, atol=ATOL, rtol=0)
+    if stream:
+        torch.testing.assert_close(got_mm, want_mm, atol=ATOL, rtol=0)
+    return got, reused
+
+
+def expected_reuse(items, cached_rows: int) -> list[int]:
+    """Rows each piece reuses when the cache holds the chain of these pieces' first `cached_rows` rows."""
+    out, start = [], 0
     for dtype, value in items:
-        tokens = value.tokens if isinstance(value, MediaInput) else value
-        cached = thinker.blocks.prefix_hit(tokens, after=rid if rid in thinker.blocks else None) if reuse else 0
-        given.append(cached)
-        if isinstance(value, MediaInput):
-            (enc,) = vision.run([WorkItem(request_id=rid, step=0, walk="read_image")], [{"image": value.value}])
-            inputs = {"embeds": enc.outputs["hidden"], "deepstack": enc.outputs["deepstack"]}
-            result = thinker.run([WorkItem(request_id=rid, step=1, walk="read_image", tokens=tokens, cached=cached)],
-                                 [inputs])
-        else:
-            result = thinker.run([WorkItem(request_id=rid, step=0, walk="read_text", tokens=tokens, cached=cached)],
-                                 [{}])
-    out = list(result[0].tokens)
-    for _ in range(DECODE_STEPS):
-        out += thinker.run([WorkItem(request_id=rid, step=0, walk="think", tokens=out[-1:])], [{}])[0].tokens
-    thinker.close(rid, kv_only=False)
-    return out, given
+        n = len(_piece(dtype, value))
+        out.append(max(0, min((start + n - 1) // BS, cached_rows // BS) * BS - start))
+        start += n
+    return out
 
 
-def test_chats_sharing_a_system_prompt_and_one_with_an_image_answer_as_without_the_cache(omni) -> None:
-    plan, on, off, vision = omni
+def _chat(plan, messages) -> list:
     reader, tokenizer = chat_inputs_for(plan), ByteTokenizer()
-    chats = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
+    return reader.chat_items(messages, tokenizer) or [("text", reader._prompt_ids(messages, tokenizer, []))]
+
+
+def _picture_chat(plan, seed: int, frames: int = 0) -> list:
+    """A chat about a picture, or about a video of `frames` frames (many blocks of placeholders)."""
+    if frames:
+        media = {"type": "video", "fps": 2.0,
+                 "video": [image_part(picture(56, 84, seed=seed + i))["image_url"]["url"] for i in range(frames)]}
+    else:
+        media = image_part(picture(112, 168, seed=seed))
+    question = [media, {"type": "text", "text": "What is in this picture?"}]
+    return _chat(plan, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
+
+
+def _next_turn(plan, items, answer: list[int], question: str) -> list:
+    """The conversation resent with the answer and a new question (the byte tokenizer's ChatML)."""
+    tokenizer = ByteTokenizer()
+    asked = chat_inputs_for(plan)._prompt_ids([{"role": "user", "content": question}], tokenizer, [])
+    return [*items[:-1], ("text", [*items[-1][1], *answer, *tokenizer.encode("\n"), *asked])]
+
+
+def test_chats_sharing_a_system_prompt_reuse_it(omni) -> None:
+    plan = omni[0]
+    chats = [_chat(plan, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
              for q in ("Capital of France?", "Capital of Peru?")]
-    question = [image_part(picture(56, 84, seed=4)), {"type": "text", "text": "What?"}]
-    chats.append([{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
-    stats = on.blocks.allocator.stats
-    for rid, messages in enumerate(chats, start=1):
-        # a text-only chat is one text item, laid out as the reader lays out a chat with media
-        items = reader.chat_items(messages, tokenizer) or [("text", reader._prompt_ids(messages, tokenizer, []))]
-        params = reader.request_params(items)
-        hits_before = stats.hit_tokens
-        got, given = _answer(on, vision, rid, items, params, reuse=True)
-        want, _ = _answer(off, vision, rid, items, params, reuse=False)
-        assert got == want, f"chat {rid}"
-        if rid > 1:   # the system prompt's full blocks, from the first chat
-            assert given[0] >= len(SYSTEM) // 16 * 16 - 16 and stats.hit_tokens - hits_before == given[0]
-    assert [dtype for dtype, _ in items] == ["text", "image", "text"]
-    assert given[1:] == [0, 0]        # the picture's piece and the text after it reuse nothing
+    _same_answer(omni, 1, chats[0])
+    _, reused = _same_answer(omni, 2, chats[1])
+    assert reused[0] >= len(SYSTEM) // BS * BS - BS
+
+
+@pytest.mark.parametrize("frames", [0, 8], ids=["image", "video"])
+def test_a_second_turn_about_a_picture_reuses_the_picture_and_the_first_turn(omni, frames: int) -> None:
+    plan = omni[0]
+    first = _picture_chat(plan, seed=4, frames=frames)
+    assert [dtype for dtype, _ in first] == ["text", "image", "text"]
+    answer, _ = _same_answer(omni, 10, first)
+    second = _next_turn(plan, first, answer, "And its colour?")
+    _, reused = _same_answer(omni, 11, second)
+    prompt_rows = sum(len(_piece(*it)) for it in first)
+    # every full block of the first turn's rows (prompt and fed answer tokens), but each piece's last row
+    assert reused == expected_reuse(second, prompt_rows + DECODE_STEPS)
+    pads = len(first[1][1].tokens)
+    assert reused[1] > pads - BS and reused[2] > len(first[2][1]) - BS
+    if frames:
+        assert pads > 2 * BS
+
+    # a voice chat's Runs feed the talker the states at the pads: none of those rows is reused
+    _, reused = _same_answer(omni, 12, second, stream=True)
+    assert reused[1] == 0 and reused[2] > 0
+
+
+def test_another_picture_with_the_same_text_reuses_only_the_text_before_it(omni) -> None:
+    plan = omni[0]
+    _same_answer(omni, 20, _picture_chat(plan, seed=5))
+    other = _picture_chat(plan, seed=6)
+    _, reused = _same_answer(omni, 21, other)
+    assert reused == [(len(other[0][1]) - 1) // BS * BS, 0, 0]
+
+
+def test_a_chat_with_audio_reuses_the_audio_span(omni) -> None:
+    plan = omni[0]
+    content = [audio_part(wav_bytes(3.0, 16000)), {"type": "text", "text": "What do you hear?"}]
+    items = _chat(plan, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}])
+    assert [dtype for dtype, _ in items] == ["text", "audio", "text"]
+    _same_answer(omni, 30, items)
+    _, reused = _same_answer(omni, 31, items)
+    prompt_rows = sum(len(_piece(*it)) for it in items)
+    assert reused == expected_reuse(items, prompt_rows + DECODE_STEPS)
+    assert len(items[1][1].tokens) > 2 * BS and reused[1] > len(items[1][1].tokens) - BS
+
+
+def test_a_failed_forward_keys_nothing_it_was_to_write(omni) -> None:
+    """A shared batch fails (the second request's embeds do not fit its pads): the first request's
+    picture rows were reserved, never written, so none is keyed, not even once a later Run of that
+    request succeeds; run again alone, it reuses none of them."""
+    plan, on, _, encoders = omni
+    good, bad = _picture_chat(plan, seed=7), _picture_chat(plan, seed=8)
+    for rid, items in ((40, good), (41, bad)):
+        on.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0),
+                                   family=chat_inputs_for(plan).request_params(items)))
+        on.run([WorkItem(request_id=rid, walk="read_text", tokens=items[0][1])], [{}])
+    embeds = [_encode(encoders, 40, "image", good[1][1]), _encode(encoders, 41, "image", bad[1][1])]
+    embeds[1] = {k: v[..., :-1, :] for k, v in embeds[1].items()}     # one row short
+    cached = on.blocks.allocator.num_cached
+    batch = [WorkItem(request_id=rid, walk="read_image", tokens=items[1][1].tokens)
+             for rid, items in ((40, good), (41, bad))]
+    with pytest.raises(ValueError, match="placeholder rows but"):
+        on.run(batch, embeds)
+    assert on.blocks.allocator.num_cached == cached
+    on.run([WorkItem(request_id=40, walk="read_text", tokens=good[2][1])], [{}])
+    assert on.blocks.allocator.num_cached == cached
+    for rid in (40, 41):
+        on.close(rid, kv_only=False)
+    _, reused = _same_answer(omni, 42, good)
+    assert reused[1:] == [0, 0]
+
+
+def test_media_rows_name_the_embeds_with_their_deepstack_columns_and_positions() -> None:
+    embeds = torch.randn(4, 8)
+    positions = torch.arange(12).view(3, 4)
+    rows = media_rows(embeds, positions)
+    assert rows == media_rows(embeds.clone(), positions) and len(set(rows)) == 4
+    deep = embeds.clone()
+    deep[2, 7] += 1e-3                  # a DeepStack column: the same image rows, other KV
+    assert media_rows(deep, positions)[0] != rows[0]
+    assert media_rows(embeds, positions.flip(1))[0] != rows[0]     # another grid layout
+    assert all(isinstance(r, bytes) and r[:4] == b"\xff" * 4 for r in rows)   # no token id is negative
+
+
+def test_a_batch_of_a_reused_text_piece_and_a_picture_piece_answers_as_each_alone(omni) -> None:
+    """The picture's embeds go to its rows in the batch, which start after the computed rows only
+    of the text piece before it (its reused rows are not in the forward)."""
+    plan, on, off, encoders = omni
+    text = _chat(plan, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Capital of Chile?"}])
+    pictured = _picture_chat(plan, seed=9)
+    _same_answer(omni, 60, text)                                  # the system prompt is cached now
+    logits = {}
+    for thinker in (on, off):
+        spy, got = thinker.model.compute_logits, []
+        thinker.model.compute_logits = lambda h, spy=spy, got=got: got.append(spy(h)) or got[-1]
+        for rid, items in ((61, text), (62, pictured)):
+            thinker.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0),
+                                            family=chat_inputs_for(plan).request_params(items)))
+        thinker.run([WorkItem(request_id=62, walk="read_text", tokens=pictured[0][1])], [{}])
+        batch = [WorkItem(request_id=61, walk="read_text", tokens=text[0][1]),
+                 WorkItem(request_id=62, walk="read_image", tokens=pictured[1][1].tokens)]
+        thinker.run(batch, [{}, _encode(encoders, 62, "image", pictured[1][1])])
+        assert (batch[0].cached > 0) == (thinker is on)
+        thinker.model.compute_logits = spy
+        for rid in (61, 62):
+            thinker.close(rid, kv_only=False)
+        logits[thinker is on] = got[-1]
+    torch.testing.assert_close(logits[True], logits[False], atol=ATOL, rtol=0)

@@ -84,6 +84,35 @@ def test_chat_with_an_image_answers_as_transformers_thinker(single, reference) -
     assert answers[0] != answers[1]         # the picture is read: another one, another answer
 
 
+def _hit_tokens(server) -> float:
+    """The thinker's reused tokens on /metrics (its worker reports them with its first batch: 0 before)."""
+    try:
+        return server.metric("mstar_prefix_cache_hit_tokens_total")
+    except KeyError:
+        return 0.0
+
+
+def test_a_picture_asked_about_again_is_reused_from_the_prefix_cache(single) -> None:
+    """The thinker keys a picture's rows by its encoder output: the second ask reuses the system
+    prompt, the picture and the question (all but the last block of each prompt piece) and answers
+    as the first did (fp32: logprobs within 1e-4, as above)."""
+    client = openai.OpenAI(base_url=f"{single.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    system = "You describe pictures in one short sentence, plainly, for a child who cannot see them. " * 2
+    messages = [{"role": "system", "content": system},
+                {"role": "user", "content": [image_part(picture(40, 56, 3)), {"type": "text", "text": system}]}]
+    replies, hits = [], []
+    for _ in range(2):
+        before = _hit_tokens(single)
+        replies.append(client.chat.completions.create(model=OMNI, max_tokens=MAX_TOKENS, temperature=0.0,
+                                                      logprobs=True, messages=messages))
+        hits.append(_hit_tokens(single) - before)
+    assert replies[1].choices[0].message.content == replies[0].choices[0].message.content
+    torch.testing.assert_close(*(torch.tensor([e.logprob for e in r.choices[0].logprobs.content]) for r in replies),
+                               rtol=1e-4, atol=1e-4)
+    prompt = replies[0].usage.prompt_tokens
+    assert hits[1] - hits[0] > prompt - 3 * 16       # three pieces: text, picture, text
+
+
 def _frames(n: int) -> list[str]:
     return [image_part(picture(32, 32, k))["image_url"]["url"] for k in range(n)]
 

@@ -1,0 +1,40 @@
+"""What each KV row of the Qwen3-Omni thinker holds, as its prefix cache names it (runtime/kv/prefix_cache.py).
+
+A text row is its token id (an int, 4 bytes in the key, never negative). A row at an audio, image or
+video placeholder that an encoder's output fills is a byte string:
+  MEDIA  int32 -1 + digest of the Run's embeds (16) + the row's index among them (4) + its M-RoPE (t, h, w) (12)
+The leading -1 is no token id and the row's length is fixed, so a block's key bytes read back into
+one row sequence only: text can never name a media row. The digest covers the embeds as the LM
+takes them, DeepStack columns included (runtime/models/qwen3_omni/thinker.py widens them before a
+forward: DeepStack adds into the first layers' states at those rows, so it is part of their KV);
+the positions cover the picture's grid, which the row count alone does not fix. Chained from the
+prompt's first row, equal rows mean equal KV: a row's KV depends only on the rows up to it (the
+thinker is causal), and each of those is named here.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from runtime.kv.prefix_cache import Row, tensor_digest
+
+MEDIA = (-1).to_bytes(4, "little", signed=True)
+
+
+def media_rows(embeds: torch.Tensor, positions: torch.Tensor) -> list[bytes]:
+    """Rows of one Run's embeds (M, width) at M placeholders whose (3, M) positions are given."""
+    digest = tensor_digest(embeds)
+    return [MEDIA + digest + k.to_bytes(4, "little") + b"".join(int(p).to_bytes(4, "little", signed=True)
+                                                               for p in pos)
+            for k, pos in enumerate(positions.T.tolist())]
+
+
+def thinker_rows(tokens: Sequence[int], at: Sequence[int], embeds: torch.Tensor,
+                 positions: torch.Tensor) -> list[Row]:
+    """The Run's rows: its token ids, with media rows at the indices `at` that `embeds` (len(at), width)
+    fill; `positions` (3, len(tokens)) are the rows' M-RoPE positions."""
+    rows: list[Row] = list(tokens)
+    for i, row in zip(at, media_rows(embeds, positions[:, list(at)])):
+        rows[i] = row
+    return rows
