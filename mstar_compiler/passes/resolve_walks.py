@@ -194,7 +194,7 @@ def _stream(ir: IR, name: str, raw: dict[str, Any]) -> StreamIR:
         policy = plan.ChunkPolicy(kind="sliding", size=value["window"], stride=value["stride"])
     else:
         policy = plan.ChunkPolicy(kind="left_context", size=value["chunk"], context=value["context"])
-    return StreamIR(name, s_node, s_port, d_node, d_port, policy, path, policy_path)
+    return StreamIR(name, s_node, s_port, d_node, d_port, policy, path, ppath)
 
 
 def _preset_policies(ir: IR) -> dict[str, Any]:

@@ -246,6 +246,8 @@ class Worker:
             pass   # the answer to a rejoin's Hello: the TP group, if any, is the one already joined
         elif isinstance(msg, MoveKV):
             self._move_kv(msg)
+        elif isinstance(msg, StreamItems):
+            self._store_edge(env)       # a client-fed stream's item, pushed by the conductor
         elif isinstance(msg, Shutdown):
             return False
         else:
