@@ -129,7 +129,12 @@ def _check_chunk(ir: IR, s: StreamIR) -> None:
 
 
 def check_tracks(ir: IR) -> None:
-    """A per-chunk track's walk runs the stream's consumer."""
+    """A per-chunk track's walk runs the stream's consumer; a client-fed stream has such a track."""
+    read = {track.per_chunk for task in ir.tasks.values() for track in task.tracks}
+    for s in ir.streams.values():
+        if s.src_node == plan.CLIENT and s.name not in read:
+            raise ir.doc.error(f"client-fed stream '{s.name}' is read by no task", (*s.path, "from"),
+                               f"add a track `{{per_chunk: {s.name}, do: <a walk running {s.dst_node}>}}` to a task")
     for task in ir.tasks.values():
         for track in task.tracks:
             if track.per_chunk is None:

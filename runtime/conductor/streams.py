@@ -101,6 +101,8 @@ class StreamLedger:
         for s in self.plan.streams:
             producers = frozenset(i for i, ns in enumerate(nodes) if s.src_node in ns)
             consumers = frozenset(i for i, ns in enumerate(nodes) if s.dst_node in ns)
+            if s.is_client_fed:   # read only where a track runs per chunk of it (voice chat's encoder reads files)
+                consumers = frozenset(i for i, t in enumerate(tracks) if t.per_chunk == s.name)
             if (producers or s.is_client_fed) and consumers:
                 out.append((s, producers, consumers))
         return out
@@ -154,7 +156,7 @@ class StreamLedger:
         for edge in self._edges.get(req.request_id, {}).values():
             if edge.stream.src_node == node and not edge.is_orphaned and not edge.mirror.can_push():
                 return False                       # back-pressure: the consumer is behind
-            if edge.stream.dst_node == node and not self._has_input(edge):
+            if edge.stream.dst_node == node and pending.track in edge.consumer_tracks and not self._has_input(edge):
                 return False                       # waiting for the producer
         return True
 
@@ -169,7 +171,7 @@ class StreamLedger:
         node = pending.run.node
         for edge in self._edges.get(req.request_id, {}).values():
             s = edge.stream
-            if s.dst_node == node:
+            if s.dst_node == node and pending.track in edge.consumer_tracks:
                 item.stream_in.append(self._take(edge))
             if s.src_node == node and not edge.is_orphaned:
                 item.stream_out.append(StreamRoute(s.name, s.src_port, s.dst_rank, edge.num_produced))
