@@ -177,3 +177,36 @@ def test_a_take_the_producer_never_sent_fails_loudly() -> None:
     pipe.in_flight = []                                  # lost on the wire
     with pytest.raises(TimeoutError, match="never sent"):
         pipe.consume()
+
+
+def test_a_client_fed_stream_ends_only_when_closed_and_gates_only_its_per_chunk_track() -> None:
+    """Qwen3-Omni's user_audio: the server pushes frames (as Conductor.push_stream does), the encoder's
+    per-chunk track takes 200-frame windows, settling never ends the stream (it has no producer
+    track), closing it makes the tail the final chunk; voice chat's encoder (a file) is not gated."""
+    plan = plan_of("qwen3_omni")
+    ledger, worker = StreamLedger(plan), WorkerStreams(plan, 0)
+    req, chat = FakeRequest(7, "listen", [FakeTrack()]), FakeRequest(8, "voice_chat")
+    ledger.open(req)
+    ledger.open(chat)
+    assert ledger.can_run(chat, pending(plan, "audio_enc", 0))          # reads its own input, no stream
+    encoder, edge, got = pending(plan, "audio_enc", 0), ledger.client_edge(req, "user_audio"), []
+
+    def consume() -> None:
+        item = WorkItem(request_id=7)
+        ledger.bind(req, encoder, item)
+        got.extend(worker.take(item, pump=lambda: None, timeout_s=1.0)["mel"])
+
+    for frame in range(450):
+        worker.receive(7, "user_audio", ledger.push_client(edge), {"value": torch.tensor([frame])})
+        ledger.settle(req)                                               # no producer track: still open
+        if ledger.can_run(req, encoder):
+            consume()
+    assert [len(c.items) for c in got] == [200, 200] and not ledger.can_run(req, encoder)
+    ledger.close_client(edge)
+    assert ledger.can_run(req, encoder)
+    consume()
+    assert [int(it["value"]) for c in got for it in c.items] == list(range(450))
+    assert [c.is_final for c in got] == [False, False, True] and ledger.is_drained(7, "user_audio")
+    assert worker.num_buffers == 0
+    with pytest.raises(ValueError, match="no client-fed stream"):
+        ledger.client_edge(chat, "user_audio")
