@@ -227,3 +227,9 @@ def test_bad_events_get_error_events_and_the_session_keeps_serving(omni_single, 
     if not isinstance(event, str):
         assert error["error"]["event_id"] == "ev_1"
     assert updated["type"] == "session.updated" and updated["session"]["modalities"] == ["text"]
+
+
+def test_the_listen_task_is_refused_where_nothing_can_feed_its_stream(omni_single):
+    status, body = http("POST", f"{omni_single.url}/v1/tasks/listen", {"inputs": []})
+    assert status == 400 and body["error"]["code"] == "task_needs_stream"
+    assert "user_audio" in body["error"]["message"] and "/v1/realtime" in body["error"]["message"]
