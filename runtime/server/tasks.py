@@ -62,7 +62,8 @@ async def run_task(request: web.Request) -> web.Response:
            if tr.per_chunk and next(s for s in server.plan.streams if s.name == tr.per_chunk).is_client_fed]
     if fed:     # this endpoint has no way to push the stream's items: the request would wait for ever
         raise ApiError(400, f"task '{task}' reads the client-fed stream '{fed[0]}', which this endpoint cannot "
-                            "feed; its client streams it (a realtime session: GET /v1/realtime)", "task", "task_needs_stream")
+                            "feed; its client streams it (a realtime session: GET /v1/realtime)", "task",
+                       "task_needs_stream")
     body = await server.read_json(request)
     if not isinstance(body, dict) or not isinstance(body.get("params", {}), dict):
         raise ApiError(400, "the body must be an object with an optional 'params' object")
