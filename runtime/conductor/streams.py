@@ -101,7 +101,7 @@ class StreamLedger:
         for s in self.plan.streams:
             producers = frozenset(i for i, ns in enumerate(nodes) if s.src_node in ns)
             consumers = frozenset(i for i, ns in enumerate(nodes) if s.dst_node in ns)
-            if s.is_client_fed:   # read only where a track runs per chunk of it (voice chat's encoder reads files)
+            if s.is_client_fed:   # read only by its per-chunk tracks: another track may run the node on an input
                 consumers = frozenset(i for i, t in enumerate(tracks) if t.per_chunk == s.name)
             if (producers or s.is_client_fed) and consumers:
                 out.append((s, producers, consumers))
