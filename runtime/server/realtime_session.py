@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 import torch
 
+from runtime.conductor.conductor import QueueFull
 from runtime.server.audio_io import pcm16
 from runtime.server.errors import ApiError
 from runtime.server.realtime_utterance import Utterance
@@ -115,6 +116,9 @@ class RealtimeSession:
             await self._error(ApiError(400, f"the event is not valid JSON: {exc}", code="invalid_json"), None)
         except ApiError as err:
             await self._error(err, event.get("event_id") if isinstance(event, dict) else None)
+        except QueueFull as exc:    # the utterance's listen request (or the answer) found no room
+            await self._error(ApiError(429, f"the server is at capacity: {exc}; retry later", code="queue_full"),
+                              event.get("event_id") if isinstance(event, dict) else None)
         except Exception:       # a bug here must not drop the socket: the client hears of it, the log has it
             log.exception("realtime session %s failed on an event", self.id)
             await self._error(ApiError(500, "the server failed on this event (see its log)", code="server_error"),

@@ -40,6 +40,8 @@ class Utterance:
 
     async def push(self, pcm16: bytes) -> None:
         """Append audio; its complete frames go into the request's stream at once."""
+        if self.req is None:
+            self._open()          # first: a QueueFull leaves the buffer as it was
         await self._push(self.audio.push(pcm16))
 
     async def commit(self) -> torch.Tensor:
@@ -59,8 +61,6 @@ class Utterance:
             self._reader.cancel()
 
     async def _push(self, frames: torch.Tensor) -> None:
-        if self.req is None:
-            self._open()
         await self.server.conductor.push_stream(self.req, self.listener.stream_name,
                                                 self.listener.stream_items(frames))
 
