@@ -17,9 +17,14 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from mstar_compiler.plan import Plan, Run, loads_plan
 from runtime.conductor.cursor import PendingRun
+from runtime.conductor.kv_ledger import KVLedger
+from runtime.conductor.plan_index import PlanIndex
+from runtime.conductor.request import Request, RequestState
+from runtime.conductor.scheduler import Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
 from runtime.streams.chunk_policy import Sliding, StreamBuffer
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 from runtime.worker.streams import WorkerStreams
 from tests.runtime.serving.conftest import REPO
 
@@ -210,3 +215,28 @@ def test_a_client_fed_stream_ends_only_when_closed_and_gates_only_its_per_chunk_
     assert worker.num_buffers == 0
     with pytest.raises(ValueError, match="no client-fed stream"):
         ledger.client_edge(chat, "user_audio")
+
+
+def test_a_request_waiting_for_its_client_fed_stream_takes_no_admission_slot() -> None:
+    """A realtime utterance's listen request, opened before any window is complete, must not hold a
+    chat request behind it out of the last running slot."""
+    plan = plan_of("qwen3_omni")
+    ledger, streams, requests = KVLedger(), StreamLedger(plan), {}
+    for node in plan.nodes:
+        for pool in node.kv_pools:
+            ledger.add_pool(pool.rank, node.name, pool.num_blocks, pool.block_tokens)
+    scheduler = Scheduler(PlanIndex(plan), ledger, SchedulerConfig(max_running=1), lambda r: None,
+                          requests.__getitem__, streams)
+
+    def submit(rid: int, task: str, items: list) -> Request:
+        tracks = [streams.cursor(i, t, rid) for i, t in enumerate(plan.task(task).tracks)]
+        req = requests[rid] = Request(rid, task, RequestParams(declared={"max_tokens": 4}), items, tracks)
+        streams.open(req)
+        for cursor in tracks:
+            cursor.settle(req)
+        return req
+
+    listening, chat = submit(1, "listen", []), submit(2, "chat", [("text", [1, 2, 3])])
+    batches = scheduler.schedule([], [listening, chat], set(), {0})
+    assert [(b.node, [e.request.request_id for e in b.entries]) for b in batches] == [("thinker", [2])]
+    assert listening.state == RequestState.WAITING and chat.state == RequestState.RUNNING
