@@ -118,7 +118,8 @@ def _moves(p: plan.Plan) -> list[str]:
         pol = s.policy
         shape = {"fixed": f"fixed {pol.size}", "sliding": f"sliding window {pol.size} stride {pol.stride}",
                  "left_context": f"left_context chunk {pol.size} context {pol.context}"}[pol.kind]
-        out.append(f"  {s.name}: {s.src_node}.{s.src_port} @{s.src_rank} -> {s.dst_node}.{s.dst_port} "
+        src = "pushed by the server" if s.is_client_fed else f"@{s.src_rank}"
+        out.append(f"  {s.name}: {s.src_node}.{s.src_port} {src} -> {s.dst_node}.{s.dst_port} "
                    f"@{s.dst_rank}, {shape}, buffer {s.capacity} items")
     out.append("capture regions:" + ("" if p.capture_regions else " none"))
     for c in p.capture_regions:

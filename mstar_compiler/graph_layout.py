@@ -104,7 +104,8 @@ def _place(p: P.Plan, col: dict[str, int]) -> tuple[list[dict[str, Any]], list[d
 def layout(p: P.Plan) -> dict[str, Any]:
     """Everything needed to draw the plan's walk graph (JSON-ready; `mstarc graph --format json`)."""
     edges, streams = _edges(p), _streams(p)
-    col = _columns(p, [(e["src"], e["dst"]) for e in edges] + [(s["src"], s["dst"]) for s in streams])
+    col = _columns(p, [(e["src"], e["dst"]) for e in edges] +
+                   [(s["src"], s["dst"]) for s in streams if s["src"] != P.CLIENT])   # the client has no box
     nodes, ranks, width, height = _place(p, col)
     return {"model": p.model, "preset": p.preset, "placement": p.placement, "width": width, "height": height,
             "ranks": ranks, "nodes": nodes, "edges": edges, "carries": _carries(p), "streams": streams,

@@ -120,6 +120,7 @@ class StreamIR:
     dst_port: str
     policy: plan.ChunkPolicy
     path: Path
+    policy_path: Path = ()      # where the policy kind was written (in the stream, or a graph preset override)
 
 
 @dataclass

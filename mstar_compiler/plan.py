@@ -238,16 +238,23 @@ class ChunkPolicy(Base):
     context: int = 0                    # left_context: L (items of left context prepended); 0 otherwise
 
 
+CLIENT = "client"       # the producer of a client-fed stream (`from: client.<item>`): the request's client
+
+
 class Stream(Base):
     name: str                           # stream name from `streams:`
-    src_node: str
-    src_port: str                       # a stream output port
+    src_node: str                       # CLIENT for a client-fed stream (the server pushes its items)
+    src_port: str                       # a stream output port (a client-fed stream: the item's name)
     dst_node: str
     dst_port: str                       # a stream input port
     policy: ChunkPolicy
     capacity: int                       # items the consumer-side buffer holds per request
-    src_rank: int                       # producer rank (first rank of its placement)
+    src_rank: int                       # producer rank (first rank of its placement); -1 for a client-fed stream
     dst_rank: int                       # consumer rank
+
+    @property
+    def is_client_fed(self) -> bool:
+        return self.src_node == CLIENT
 
 
 # ---------------------------------------------------------------- walk programs

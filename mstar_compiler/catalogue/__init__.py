@@ -60,6 +60,8 @@ class Port:
     shape: tuple[str | int, ...]   # axis names (see module docstring)
     stream: bool = False           # input: may be the end of a streaming edge; output: emits items one by one
     optional: bool = False         # input: may be left unconnected
+    chunk: str = ""                # stream input: a dims key its chunks must hold exactly (a Fixed policy of
+                                   # that size), for kinds that compute on whole windows (an audio encoder)
 
 
 @dataclass(frozen=True)

@@ -249,7 +249,9 @@ KINDS: tuple[KindSpec, ...] = (
         kind="qwen3_omni_audio_encoder",
         executor="qwen3_omni_audio_encoder",
         doc="Qwen3-Omni AuT audio encoder: 16 kHz waveform -> log-mel -> hidden states at 12.5 Hz",
-        inputs=(Port("audio", "audio", ("S",)),),
+        # `mel`: a live utterance's log-mel frames, one item each, encoded per attention window
+        inputs=(Port("audio", "audio", ("S",)),
+                Port("mel", "audio", ("num_mel_bins",), stream=True, optional=True, chunk="n_window_infer")),
         outputs=(Port("hidden", "hidden", ("T", "output_dim")),),
         presets=_presets(_AUDIO_TINY, _AUDIO_FULL),
         num_params=audio_encoder_params,

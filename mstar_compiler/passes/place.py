@@ -134,6 +134,8 @@ def _transfers(ir: IR) -> list[plan.Transfer]:
                 add("carry", walk, c.src_node, c.src_port, c.dst_node, c.dst_port,
                     node_ranks(ir.nodes[c.src_node], walk), node_ranks(ir.nodes[c.dst_node], walk))
     for s in ir.streams.values():
+        if s.src_node == plan.CLIENT:
+            continue       # the server pushes a client-fed stream's items through the conductor
         add("stream", "", s.src_node, s.src_port, s.dst_node, s.dst_port,
             [stream_rank(ir, s.src_node)], [stream_rank(ir, s.dst_node)])
     for a, b in _walk_successions(ir):
@@ -145,7 +147,10 @@ def _transfers(ir: IR) -> list[plan.Transfer]:
 
 
 def stream_rank(ir: IR, node: str) -> int:
-    """Lead rank of `node` in the last walk that runs it (a decode loop, after its prefill)."""
+    """Lead rank of `node` in the last walk that runs it (a decode loop, after its prefill); -1 for
+    a client-fed stream's producer."""
+    if node == plan.CLIENT:
+        return -1
     walks = [w for w, seq in ir.walks.items() if node in walk_nodes(seq)]
     return node_ranks(ir.nodes[node], walks[-1])[0] if walks else ir.nodes[node].placement.ranks[0]
 

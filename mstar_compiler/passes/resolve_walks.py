@@ -176,10 +176,15 @@ def _edge(ir: IR, text: str, path: Path) -> EdgeDecl:
 
 def _stream(ir: IR, name: str, raw: dict[str, Any]) -> StreamIR:
     path: Path = ("streams", name)
-    s_node, s_port = port_ref(ir, raw["from"], (*path, "from"))
+    if raw["from"].partition(".")[0] == plan.CLIENT and plan.CLIENT not in ir.nodes:
+        s_node, s_port = raw["from"].split(".", 1)     # client-fed: the request's client pushes the items
+    else:
+        s_node, s_port = port_ref(ir, raw["from"], (*path, "from"))
     d_node, d_port = port_ref(ir, raw["to"], (*path, "to"))
-    kind, value = next(iter(raw["policy"].items()))
-    ppath = (*path, "policy", kind)
+    policies = _preset_policies(ir)
+    policy_path: Path = ("presets", ir.preset, "streams", name) if name in policies else (*path, "policy")
+    kind, value = next(iter(policies.get(name, raw["policy"]).items()))
+    ppath = (*policy_path, kind)
     if kind == "fixed":
         policy = plan.ChunkPolicy(kind="fixed", size=value)
     elif kind == "sliding":
@@ -189,4 +194,16 @@ def _stream(ir: IR, name: str, raw: dict[str, Any]) -> StreamIR:
         policy = plan.ChunkPolicy(kind="sliding", size=value["window"], stride=value["stride"])
     else:
         policy = plan.ChunkPolicy(kind="left_context", size=value["chunk"], context=value["context"])
-    return StreamIR(name, s_node, s_port, d_node, d_port, policy, path)
+    return StreamIR(name, s_node, s_port, d_node, d_port, policy, path, ppath)
+
+
+def _preset_policies(ir: IR) -> dict[str, Any]:
+    """The chosen graph preset's chunk policies by stream (a preset's sizes: an encoder's window)."""
+    policies = ir.doc.data.get("presets", {}).get(ir.preset, {}).get("streams", {})
+    for name in policies:
+        if name not in ir.doc.data.get("streams", {}):
+            raise ir.doc.error(f"preset '{ir.preset}' sets the policy of unknown stream '{name}'",
+                               ("presets", ir.preset, "streams", name),
+                               did_you_mean(name, ir.doc.data.get("streams", {})) or "this graph declares no streams",
+                               key=True)
+    return policies

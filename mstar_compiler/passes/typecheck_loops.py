@@ -101,18 +101,40 @@ def check_branches_agree(ir: IR, step: ParStep, ends: list[str]) -> None:
 
 
 def check_stream(ir: IR, s: StreamIR) -> None:
-    """A stream runs from an output to a stream input of a compatible type."""
-    src = port(ir, s.src_node, s.src_port, output=True, path=(*s.path, "from"))
+    """A stream runs from an output (or its client) to a stream input of a compatible type,
+    cut as the input's kind needs (`Port.chunk`)."""
     dst = port(ir, s.dst_node, s.dst_port, output=False, path=(*s.path, "to"))
     if not dst.stream:
         streams = [p.name for p in ir.nodes[s.dst_node].inputs if p.stream]
         raise ir.doc.error(f"stream '{s.name}' ends at {s.dst_node}.{s.dst_port}, which is not a stream port",
                            (*s.path, "to"), f"stream inputs of '{s.dst_node}': {', '.join(streams) or 'none'}")
-    check_compatible(ir, src, dst, f"{s.src_node}.{s.src_port}", f"{s.dst_node}.{s.dst_port}", s.path)
+    if s.src_node != plan.CLIENT:     # a client-fed stream's items are what its consumer's port reads
+        src = port(ir, s.src_node, s.src_port, output=True, path=(*s.path, "from"))
+        check_compatible(ir, src, dst, f"{s.src_node}.{s.src_port}", f"{s.dst_node}.{s.dst_port}", s.path)
+    _check_chunk(ir, s)
+
+
+def _check_chunk(ir: IR, s: StreamIR) -> None:
+    """A port that computes on whole windows takes exactly `fixed: <its window>` chunks."""
+    spec = next(p for p in ir.nodes[s.dst_node].spec.inputs if p.name == s.dst_port)
+    if not spec.chunk:
+        return
+    size = ir.nodes[s.dst_node].dims[spec.chunk]
+    if s.policy.kind != "fixed" or s.policy.size != size:
+        written = f"{s.policy.kind}: {s.policy.size}" if s.policy.kind == "fixed" else s.policy.kind
+        raise ir.doc.error(f"stream '{s.name}' is cut as {written}, but {s.dst_node}.{s.dst_port} "
+                           f"({ir.nodes[s.dst_node].kind}) computes on windows of {spec.chunk} = {size} items",
+                           s.policy_path or (*s.path, "policy"),
+                           f"write `fixed: {size}` (a graph preset may set it: presets.<preset>.streams)")
 
 
 def check_tracks(ir: IR) -> None:
-    """A per-chunk track's walk runs the stream's consumer."""
+    """A per-chunk track's walk runs the stream's consumer; a client-fed stream has such a track."""
+    read = {track.per_chunk for task in ir.tasks.values() for track in task.tracks}
+    for s in ir.streams.values():
+        if s.src_node == plan.CLIENT and s.name not in read:
+            raise ir.doc.error(f"client-fed stream '{s.name}' is read by no task", (*s.path, "from"),
+                               f"add a track `{{per_chunk: {s.name}, do: <a walk running {s.dst_node}>}}` to a task")
     for task in ir.tasks.values():
         for track in task.tracks:
             if track.per_chunk is None:

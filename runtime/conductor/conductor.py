@@ -37,7 +37,7 @@ from runtime.worker.loader import tp_ranks
 from runtime.weights.sources import WeightOptions
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, ItemResult, MoveKV, OpenRequest, PeerUnreachable, Peers,
-    Ready, RunBatch, Shutdown,
+    Ready, RunBatch, Shutdown, StreamItems,
 )
 from runtime.transport.keys import cluster_keys, start_guard
 from runtime.transport.queues import ConductorQueue, Envelope, is_worth_logging
@@ -175,6 +175,32 @@ class Conductor:
             return
         req.abort(reason)
         self._release(req)
+
+    async def push_stream(self, req: Request, stream: str, items: list[dict[str, Any]]) -> None:
+        """Feed items (dicts of tensors; the consumer reads "value") of a client-fed stream of a live
+        request, in order, straight to its consumer's rank; waits while that buffer is full (the
+        client is held back as any producer is). ValueError if the stream was closed."""
+        edge = self.streams.client_edge(req, stream)
+        rank = edge.stream.dst_rank
+        for item in items:
+            if edge.is_finished:
+                raise ValueError(f"request {req.request_id}: stream '{stream}' was closed")
+            while not edge.mirror.can_push() and not req.state.is_final:
+                await asyncio.sleep(TICK_S / 10)   # a consumer Run frees room within a step or two
+            if req.state.is_final or edge.is_orphaned:
+                return
+            if rank not in req.ranks_opened:      # the consumer's rank refuses items of a request it never opened
+                self._send(rank, OpenRequest(request_id=req.request_id, params=req.params))
+                req.ranks_opened.add(rank)
+            index = self.streams.push_client(edge)
+            self._send(rank, StreamItems(request_id=req.request_id, stream=stream, index=index), item)
+        self._wake()
+
+    def close_stream(self, req: Request, stream: str) -> None:
+        """The client's last item of the stream is in: its consumer takes the rest as the final chunk."""
+        if not req.state.is_final:
+            self.streams.close_client(self.streams.client_edge(req, stream))
+            self._wake()
 
     def end_early(self, req: Request, reason: str) -> None:
         """The request is complete before its walks say so (a stop string matched)."""

@@ -154,7 +154,7 @@ class PlanIndex:
     def _nodes_read_for_tensors(self) -> frozenset[str]:
         """Nodes some edge, carry or stream reads a non-token output of (anywhere in the plan)."""
         read = [(e.src_node, e.src_port) for e in self.plan.edges]
-        read += [(s.src_node, s.src_port) for s in self.plan.streams]
+        read += [(s.src_node, s.src_port) for s in self.plan.streams if not s.is_client_fed]
         read += [(c.src_node, c.src_port) for w in self.plan.walks for op in w.program
                  if isinstance(op, (LoopBegin, DynamicLoopBegin)) for c in op.carries]
         return frozenset(n for n, p in read if not self.is_token_port(n, p, output=True))

@@ -129,7 +129,8 @@ class Scheduler:
                 if any(r is req for r, _ in self.rejected):
                     continue
                 break   # FIFO: a request that does not fit holds the ones behind it
-            num_admitted += 1
+            num_admitted += req.request_id in placed   # one with nothing to run yet takes no slot (a realtime
+                                                       # utterance waiting for its stream's first window)
         self.ledger.commit()     # the workers cache these batches' full blocks once they have run
         return [b for b in batches.values() if b.entries]
 

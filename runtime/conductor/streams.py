@@ -17,7 +17,10 @@ same order — so it knows, without the data, when a chunk is due and how full a
     is finished, the next take is the flush, marked final; a `per_chunk` track
     (`ChunkCursor`) runs its walk once per chunk and ends after the final one;
   * a consumer that ends first (the talker says codec EOS while the thinker still
-    writes) orphans the stream: the producer runs on unthrottled and pushes nothing more.
+    writes) orphans the stream: the producer runs on unthrottled and pushes nothing more;
+  * a client-fed stream (`from: client.<item>`, a realtime session's audio) has no producer
+    track: the server pushes its items through `Conductor.push_stream` (the mirror counts
+    them, the conductor sends them to the consumer's rank) and ends it with `close_stream`.
 
 Invariant: for every (request, stream) the worker's buffer sees exactly the mirror's
 sequence of pushes, finish and takes, so both release identical chunks.
@@ -98,7 +101,9 @@ class StreamLedger:
         for s in self.plan.streams:
             producers = frozenset(i for i, ns in enumerate(nodes) if s.src_node in ns)
             consumers = frozenset(i for i, ns in enumerate(nodes) if s.dst_node in ns)
-            if producers and consumers:
+            if s.is_client_fed:   # read only by its per-chunk tracks: another track may run the node on an input
+                consumers = frozenset(i for i, t in enumerate(tracks) if t.per_chunk == s.name)
+            if (producers or s.is_client_fed) and consumers:
                 out.append((s, producers, consumers))
         return out
 
@@ -155,7 +160,7 @@ class StreamLedger:
         for edge in self._edges.get(req.request_id, {}).values():
             if edge.stream.src_node == node and not edge.is_orphaned and not edge.mirror.can_push():
                 return False                       # back-pressure: the consumer is behind
-            if edge.stream.dst_node == node and not self._has_input(edge):
+            if edge.stream.dst_node == node and pending.track in edge.consumer_tracks and not self._has_input(edge):
                 return False                       # waiting for the producer
         return True
 
@@ -170,7 +175,7 @@ class StreamLedger:
         node = pending.run.node
         for edge in self._edges.get(req.request_id, {}).values():
             s = edge.stream
-            if s.dst_node == node:
+            if s.dst_node == node and pending.track in edge.consumer_tracks:
                 item.stream_in.append(self._take(edge))
             if s.src_node == node and not edge.is_orphaned:
                 item.stream_out.append(StreamRoute(s.name, s.src_port, s.dst_rank, edge.num_produced))
@@ -189,6 +194,29 @@ class StreamLedger:
         s = edge.stream
         return StreamTake(s.name, s.dst_port, taken, edge.num_produced, edge.is_finished)
 
+    # ---- a client-fed stream ------------------------------------------------------------
+
+    def client_edge(self, req: Request, stream: str) -> EdgeState:
+        """The request's edge of a client-fed stream (ValueError when its task has none)."""
+        edge = self._edges.get(req.request_id, {}).get(stream)
+        if edge is None or not edge.stream.is_client_fed:
+            raise ValueError(f"task '{req.task}' has no client-fed stream '{stream}'")
+        return edge
+
+    def push_client(self, edge: EdgeState) -> int:
+        """Count one client item into the mirror; its stream index."""
+        edge.mirror.push(None)
+        edge.num_produced += 1
+        edge.version += 1
+        return edge.num_produced - 1
+
+    def close_client(self, edge: EdgeState) -> None:
+        """The client's last item is in: the next take is the flush, marked final."""
+        if not edge.is_finished:
+            edge.mirror.finish()
+            edge.is_finished = True
+            edge.version += 1
+
     # ---- results -----------------------------------------------------------------------
 
     def on_result(self, req: Request, streamed: list[str]) -> None:
@@ -204,7 +232,8 @@ class StreamLedger:
     def settle(self, req: Request) -> None:
         """Finish the streams whose producer tracks are all done; orphan those whose consumers are."""
         for edge in self._edges.get(req.request_id, {}).values():
-            if not edge.is_finished and all(req.tracks[i].is_done for i in edge.producer_tracks):
+            if not edge.is_finished and not edge.stream.is_client_fed and \
+                    all(req.tracks[i].is_done for i in edge.producer_tracks):
                 edge.mirror.finish()
                 edge.is_finished = True
                 edge.version += 1

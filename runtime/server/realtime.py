@@ -3,8 +3,8 @@
 Served for plans whose family registers a realtime Listener (FamilyServing.realtime) and that
 speak (a speech model). The socket carries JSON text frames; each client event is handled in
 order by the session (runtime/server/realtime_session.py), its answer streaming concurrently.
-Metrics (on /metrics): sessions open, encoder windows heard before the commit ("streamed") and
-at it ("commit"), responses cancelled, error events by code.
+Metrics (on /metrics): sessions open, encoder windows of the utterance's client-fed stream heard
+before the commit ("streamed") and after it ("commit"), responses cancelled, error events by code.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ MAX_MESSAGE_BYTES = 16 * 2 ** 20      # one append event; OpenAI caps an append 
 class RealtimeMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.sessions = Gauge("mstar_realtime_sessions", "realtime sessions open", registry=registry)
-        self.windows = Counter("mstar_realtime_audio_windows", "audio encoder windows run per phase: "
-                               "streamed (before the commit, while the user spoke) or commit (the tail)",
+        self.windows = Counter("mstar_realtime_audio_windows", "audio encoder windows heard per phase: "
+                               "streamed (encoded before the commit, while the user spoke) or commit (after it)",
                                ["phase"], registry=registry)
         for phase in ("streamed", "commit"):     # exported at 0 from the start
             self.windows.labels(phase)

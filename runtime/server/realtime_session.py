@@ -4,12 +4,13 @@ Client events (JSON text frames) and what they do here:
   session.update            instructions, voice, modalities (["text"] or ["audio", "text"]),
                             input/output_audio_format ("pcm16": 16-bit mono at 24 kHz), temperature,
                             max_response_output_tokens -> session.updated
-  input_audio_buffer.append base64 pcm16; each encoder window complete so far runs the family's `hear`
-                            task at once (the family's Listener cuts the windows); while a response
-                            is answering, it is cancelled first (barge-in)
-  input_audio_buffer.commit the tail window is heard, the utterance becomes a user item ->
-                            input_audio_buffer.committed, conversation.item.created
-  input_audio_buffer.clear  the buffer and its windows are dropped -> input_audio_buffer.cleared
+  input_audio_buffer.append base64 pcm16, streamed into the family's listen request at once: the
+                            encoder runs on each window as the graph's client-fed stream releases it
+                            (runtime/server/realtime_utterance.py); while a response is answering,
+                            it is cancelled first (barge-in)
+  input_audio_buffer.commit the stream is closed and its tail window heard, the utterance becomes a
+                            user item -> input_audio_buffer.committed, conversation.item.created
+  input_audio_buffer.clear  the buffer and its request are dropped -> input_audio_buffer.cleared
   response.create           answers the last committed utterance (the plan's speaking task, or its text
                             task for modalities ["text"]) -> response.created, response.audio.delta /
                             response.audio_transcript.delta (or response.text.delta), their .done, response.done
@@ -32,8 +33,10 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 import torch
 
+from runtime.conductor.conductor import QueueFull
 from runtime.server.audio_io import pcm16
-from runtime.server.errors import ApiError, event_error
+from runtime.server.errors import ApiError
+from runtime.server.realtime_utterance import Utterance
 from runtime.server.speech import speech_params
 from runtime.server.speech_model import AudioEvents
 from runtime.text import IncrementalDetokenizer
@@ -50,14 +53,15 @@ MODALITIES = (["text"], ["audio", "text"], ["text", "audio"])
 class Listener(Protocol):
     """A family's way of hearing a session (FamilyServing.realtime)."""
 
-    hear_task: str              # the plan task that encodes one window
-    rows_key: str               # "<node>.<port>" of the rows it returns
+    listen_task: str            # the plan task that encodes an utterance while it streams in
+    stream_name: str            # its client-fed stream
+    rows_key: str               # "<node>.<port>" of the rows its walk emits
     max_seconds: float          # the longest utterance (the graph's audio limit)
 
     def stream(self) -> Any:
-        """A new audio buffer: `push(pcm16 bytes)` / `finish()` return windows; `seconds`."""
+        """A new audio buffer: `push(pcm16 bytes)` / `finish()` return new features; `seconds`."""
 
-    def hear_items(self, window: torch.Tensor) -> tuple[list[tuple[str, Any]], dict[str, Any]]: ...
+    def stream_items(self, features: Any) -> list[dict[str, torch.Tensor]]: ...
 
     def answer_items(self, tokenizer: Any, rows: torch.Tensor,
                      instructions: str) -> tuple[list[tuple[str, Any]], dict[str, Any]]: ...
@@ -68,7 +72,7 @@ def _event_id() -> str:
 
 
 class RealtimeSession:
-    """A session's settings, its audio buffer with the windows being heard, and its one response."""
+    """A session's settings, the utterance being heard, and its one response."""
 
     def __init__(self, server: MstarServer, listener: Listener, metrics: RealtimeMetrics,
                  send: Callable[[dict], Awaitable[None]]) -> None:
@@ -78,9 +82,7 @@ class RealtimeSession:
                                        "input_audio_format": "pcm16", "output_audio_format": "pcm16",
                                        "turn_detection": None, "temperature": None,
                                        "max_response_output_tokens": "inf"}
-        self.audio = listener.stream()
-        self.heard: list[asyncio.Task[torch.Tensor]] = []     # the buffer's windows, in order
-        self.hearing: dict[int, Any] = {}                      # their conductor requests by id
+        self.utterance = Utterance(server, listener, metrics)  # the input audio buffer being heard
         self.item: tuple[str, torch.Tensor] | None = None      # the last committed utterance: (id, rows)
         self.response: asyncio.Task[None] | None = None
         self.answering: Any = None                             # the response's conductor request
@@ -114,6 +116,9 @@ class RealtimeSession:
             await self._error(ApiError(400, f"the event is not valid JSON: {exc}", code="invalid_json"), None)
         except ApiError as err:
             await self._error(err, event.get("event_id") if isinstance(event, dict) else None)
+        except QueueFull as exc:    # the utterance's listen request (or the answer) found no room
+            await self._error(ApiError(429, f"the server is at capacity: {exc}; retry later", code="queue_full"),
+                              event.get("event_id") if isinstance(event, dict) else None)
         except Exception:       # a bug here must not drop the socket: the client hears of it, the log has it
             log.exception("realtime session %s failed on an event", self.id)
             await self._error(ApiError(500, "the server failed on this event (see its log)", code="server_error"),
@@ -145,45 +150,20 @@ class RealtimeSession:
         if len(data) % 2:
             raise ApiError(400, "'audio' must hold whole 16-bit samples (an even number of bytes)", "audio",
                            "invalid_audio")
-        if self.audio.seconds + len(data) / 2 / 24000 > self.listener.max_seconds:
+        if self.utterance.seconds + len(data) / 2 / 24000 > self.listener.max_seconds:
             raise ApiError(413, f"the input audio buffer would exceed this model's limit of "
                                 f"{self.listener.max_seconds:g} s (param max_audio_seconds); commit sooner",
                            "audio", "audio_too_long")
         if self.response is not None:
             await self.cancel_response()                 # barge-in: the user speaks over the answer
-        self._hear(self.audio.push(data), "streamed")
-
-    def _hear(self, windows: list[torch.Tensor], phase: str) -> None:
-        for window in windows:
-            self.heard.append(asyncio.ensure_future(self._hear_one(window, phase)))
-
-    async def _hear_one(self, window: torch.Tensor, phase: str) -> torch.Tensor:
-        items, family = self.listener.hear_items(window)
-        req = self.server.conductor.submit(self.listener.hear_task, speech_params(self.server, {}, family), items,
-                                           timeout_s=self.server.config.request_timeout_s)
-        self.hearing[req.request_id] = req
-        rows: list[torch.Tensor] = []
-        try:
-            while True:
-                event = await req.events.get()
-                if event.finish_reason == "error":
-                    raise event_error(event, "audio encoding")
-                rows += [t for k, t in event.tensors.items() if k == self.listener.rows_key]
-                if event.finish_reason is not None:
-                    break
-        finally:
-            self.hearing.pop(req.request_id, None)
-            self.server.conductor.abort(req)
-        self.metrics.windows.labels(phase).inc()
-        return torch.cat(rows)
+        await self.utterance.push(data)
 
     async def commit(self, event: dict) -> None:
-        if self.audio.seconds < MIN_COMMIT_S:
-            raise ApiError(400, f"buffer too small: {self.audio.seconds * 1000:.0f} ms of audio, at least "
+        if self.utterance.seconds < MIN_COMMIT_S:
+            raise ApiError(400, f"buffer too small: {self.utterance.seconds * 1000:.0f} ms of audio, at least "
                                 f"{MIN_COMMIT_S * 1000:.0f} ms needed", "audio", "input_audio_buffer_commit_empty")
-        self._hear(self.audio.finish(), "commit")
-        heard, self.heard, self.audio = self.heard, [], self.listener.stream()
-        rows = torch.cat(await asyncio.gather(*heard))
+        utterance, self.utterance = self.utterance, Utterance(self.server, self.listener, self.metrics)
+        rows = await utterance.commit()
         previous = self.item[0] if self.item else None
         self.item = (f"item_{uuid.uuid4().hex[:20]}", rows)
         await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=self.item[0])
@@ -196,11 +176,8 @@ class RealtimeSession:
         await self.send("input_audio_buffer.cleared")
 
     def _drop_buffer(self) -> None:
-        for task in self.heard:
-            task.cancel()
-        for req in list(self.hearing.values()):
-            self.server.conductor.abort(req)
-        self.heard, self.audio = [], self.listener.stream()
+        self.utterance.drop()
+        self.utterance = Utterance(self.server, self.listener, self.metrics)
 
     async def create_response(self, event: dict) -> None:
         if self.response is not None:
@@ -227,7 +204,7 @@ class RealtimeSession:
         await self.send("response.done", response=self._response("cancelled", []))
 
     async def close(self) -> None:
-        """The socket closed: abort the response and every window still being heard. The aborts are
+        """The socket closed: abort the response and the utterance being heard. The aborts are
         synchronous (the conductor frees KV and buffers at once) and come first: aiohttp cancels
         the handler when the peer's connection drops, at the first await below."""
         self.metrics.sessions.dec()

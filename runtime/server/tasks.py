@@ -58,6 +58,12 @@ async def run_task(request: web.Request) -> web.Response:
     if task not in {t.name for t in server.plan.tasks}:
         raise ApiError(404, f"unknown task '{task}'; this model has: {', '.join(t.name for t in server.plan.tasks)}",
                        "task", "task_not_found")
+    fed = [tr.per_chunk for tr in server.plan.task(task).tracks
+           if tr.per_chunk and next(s for s in server.plan.streams if s.name == tr.per_chunk).is_client_fed]
+    if fed:     # this endpoint has no way to push the stream's items: the request would wait for ever
+        raise ApiError(400, f"task '{task}' reads the client-fed stream '{fed[0]}', which this endpoint cannot "
+                            "feed; its client streams it (a realtime session: GET /v1/realtime)", "task",
+                       "task_needs_stream")
     body = await server.read_json(request)
     if not isinstance(body, dict) or not isinstance(body.get("params", {}), dict):
         raise ApiError(400, "the body must be an object with an optional 'params' object")

@@ -8,6 +8,9 @@ through the conductor). Items carry their stream index; a buffer pushes them in 
 order, holding back any that overtook an earlier one (e.g. the first token of a prefill
 run on another rank).
 
+A client-fed stream's items (`from: client.<item>`) come from the conductor instead, on the
+control channel (`Conductor.push_stream`), in index order behind the request's OpenRequest.
+
 A consumer Run's `StreamTake`s say how many chunks to take and how many items must have
 arrived first; the worker waits for items still in flight, flushes the buffer when the
 producer has ended (`is_finished`), takes the chunks and passes them to the executor as

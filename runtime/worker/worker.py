@@ -7,7 +7,8 @@ reply BatchDone. RunBatches that arrive together for executors of one `group` (n
 share a module, e.g. BAGEL's CFG branches) run as one call. A batch that raises is
 answered with BatchFailed and the worker goes on.
 Streaming edges (runtime/worker/streams.py): a Run takes its stream chunks with its inputs
-and pushes its stream items as soon as it has run, straight to the consuming rank.
+and pushes its stream items as soon as it has run, straight to the consuming rank; a client-fed
+stream's items arrive from the conductor on the control channel.
 A heartbeat thread with its own socket tells the conductor the process is alive even
 while a long batch runs.
 Joining: Hello (with the address peers reach this rank at, runtime/transport/addresses.py) ->
@@ -247,6 +248,8 @@ class Worker:
             pass   # the answer to a rejoin's Hello: the TP group, if any, is the one already joined
         elif isinstance(msg, MoveKV):
             self._move_kv(msg)
+        elif isinstance(msg, StreamItems):
+            self._store_edge(env)       # a client-fed stream's item, pushed by the conductor
         elif isinstance(msg, Shutdown):
             return False
         else:

@@ -107,3 +107,18 @@ def test_bagel_bench_mid_preset_compiles(placement):
     assert vit.dims["llm_hidden_size"] == llm.dims["hidden_size"]
     assert p.node("vae_dec").preset == "tiny"
     assert [r.weight_bytes > 100 * 2**20 for r in p.ranks] == [True] * len(p.ranks)   # the fp32 LM on every rank
+
+
+@pytest.mark.parametrize("preset,window", [("tiny", 200), ("qwen3-omni-30b-a3b", 800)])
+def test_realtime_audio_is_a_client_fed_stream_cut_in_encoder_windows(preset, window):
+    """Qwen3-Omni's realtime input: a stream whose producer is the client, cut by `fixed: <the
+    encoder's attention window>` (the tiny preset sets its own), consumed per chunk by `listen`."""
+    plan = _compile("qwen3_omni", placement="thinker_talker", preset=preset).plan
+    stream = next(s for s in plan.streams if s.name == "user_audio")
+    assert stream.is_client_fed and (stream.src_node, stream.src_port, stream.src_rank) == ("client", "mel", -1)
+    assert (stream.dst_node, stream.dst_port, stream.dst_rank) == ("audio_enc", "mel", 0)
+    assert (stream.policy.kind, stream.policy.size, stream.capacity) == ("fixed", window, 2 * window)
+    assert window == plan.node("audio_enc").dims["n_window_infer"]
+    assert [t.per_chunk for t in plan.task("listen").tracks] == ["user_audio"]
+    assert not [t for t in plan.transfers if t.kind == "stream" and t.dst_node == "audio_enc"]   # no worker sends it
+    assert [s.name for s in plan.streams if s.is_client_fed] == ["user_audio"]

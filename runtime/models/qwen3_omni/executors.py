@@ -12,8 +12,9 @@ How the plan's tracks map onto these executors (graphs/qwen3_omni.yaml, task voi
                   video pads), with 3-D M-RoPE positions and DeepStack for pictures. The prompt's
                   item also carries the layer-`accept_hidden_layer` states at those pads
                   (`hidden:mm`), which the talker's prompt takes there.
-  audio_enc       `AudioEncoderExecutor`: 16 kHz waveforms -> (T_i, thinker hidden), batched
-                  (the encoder pads every chunk alone, so a batch equals its members alone).
+  audio_enc       `AudioEncoderExecutor`: 16 kHz waveforms, or a live utterance's windows from the
+                  `user_audio` stream -> (T_i, thinker hidden), batched (the encoder pads every
+                  chunk alone, so a batch equals its members alone).
   vision_enc      `VisionEncoderExecutor`: processed pixels (vision_inputs.py) -> hidden (T_i, thinker
                   hidden) and deepstack (D, T_i, thinker hidden), batched (attention stays per frame).
   talker track    `TalkerExecutor` (one talker step per Run: its first Run takes the
@@ -28,6 +29,7 @@ The talker and code predictor decode greedily (as `runtime.models.qwen3_omni.spe
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import torch
@@ -48,16 +50,20 @@ DEFAULT_SPEAKER = "ethan"
 class AudioEncoderExecutor(CachelessExecutor):
     """The `qwen3_omni_audio_encoder` node: each request's waveform (S,) -> hidden (T, output_dim).
 
-    A realtime session (runtime/server/realtime_session.py) encodes its audio window by window while
-    it arrives and says so in the family param `audio_input` (AUDIO_INPUTS): "mel" — the item is one
-    window's log-mel frames (num_mel_bins, F), encoded as they are; "rows" — the item is encoder rows
-    (T, output_dim) this node computed for the session's earlier windows, passed on to the thinker.
+    A realtime session's utterance arrives on the `mel` stream port (graphs/qwen3_omni.yaml's
+    `user_audio`, one unfloored log10 mel frame (num_mel_bins,) per item), one encoder attention
+    window per chunk; the floor at (loudest - 8) takes the loudest frame of the request so far
+    (runtime/models/qwen3_omni/audio_stream.py says when that differs from the whole file's).
+    The family param `audio_input` (AUDIO_INPUTS) says what the `audio` port holds: "waveform", or
+    "rows" — encoder rows (T, output_dim) this node computed for a session's windows, passed on.
     """
 
     def __init__(self, node: Node, encoder: nn.Module) -> None:
         self.encoder = encoder
         self.device = next(encoder.parameters()).device
+        self.output_dim = int(node.dims["output_dim"])
         self._inputs: dict[int, str] = {}
+        self._loudest: dict[int, float] = {}      # streamed requests: the largest log10 mel value so far
 
     def open(self, request_id: int, params: RequestParams) -> None:
         kind = str(params.family.get("audio_input", "waveform"))
@@ -68,20 +74,41 @@ class AudioEncoderExecutor(CachelessExecutor):
     def close(self, request_id: int, kv_only: bool) -> None:
         if not kv_only:
             self._inputs.pop(request_id, None)
+            self._loudest.pop(request_id, None)
 
     @torch.inference_mode()
-    def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
-        kinds = [self._inputs.get(item.request_id, "waveform") for item in items]
-        values = [ins["audio"].to(self.device, torch.float32) for ins in inputs]
-        out: list[torch.Tensor | None] = [v if k == "rows" else None for k, v in zip(kinds, values)]
-        for kind, encode in (("waveform", self.encoder.encode), ("mel", self.encoder)):
-            todo = [i for i, k in enumerate(kinds) if k == kind]
-            for i, h in zip(todo, encode([values[i] for i in todo]) if todo else []):
-                out[i] = h
+    def run(self, items: list[WorkItem], inputs: list[dict[str, Any]]) -> list[ExecResult]:
+        out: list[torch.Tensor | None] = [None] * len(items)
+        waves, windows = [], {}
+        for i, (item, ins) in enumerate(zip(items, inputs)):
+            if "mel" in ins:
+                windows[i] = self._window(item.request_id, ins["mel"])
+            elif self._inputs.get(item.request_id) == "rows":
+                out[i] = ins["audio"].to(self.device, torch.float32)
+            else:
+                waves.append(i)
+        for i, h in zip(waves, self.encoder.encode([inputs[i]["audio"].to(self.device, torch.float32)
+                                                    for i in waves]) if waves else []):
+            out[i] = h
+        full = [i for i, w in windows.items() if w.shape[1]]
+        for i, h in zip(full, self.encoder([windows[i] for i in full]) if full else []):
+            out[i] = h
+        for i in windows.keys() - set(full):   # the commit fell on a window boundary: an empty final chunk
+            out[i] = torch.zeros(0, self.output_dim, device=self.device)
         return [ExecResult(outputs={"hidden": h}) for h in out]
 
+    def _window(self, request_id: int, chunks: list[Chunk]) -> torch.Tensor:
+        """One streamed window, normalised: (num_mel_bins, F) as mel.py's log_mel ends."""
+        frames = [it["value"] for it in _items(chunks)]
+        if not frames:
+            return torch.zeros(0, 0)
+        log_mel = torch.stack(frames, dim=1).to(self.device, torch.float32)             # (bins, F)
+        loudest = max(self._loudest.get(request_id, -math.inf), float(log_mel.max()))
+        self._loudest[request_id] = loudest
+        return (torch.maximum(log_mel, torch.tensor(loudest - 8.0)) + 4.0) / 4.0
 
-AUDIO_INPUTS = ("waveform", "mel", "rows")
+
+AUDIO_INPUTS = ("waveform", "rows")
 
 
 class VisionEncoderExecutor(CachelessExecutor):

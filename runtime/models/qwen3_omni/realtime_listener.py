@@ -1,11 +1,15 @@
 """How Qwen3-Omni hears a realtime session (/v1/realtime, runtime/server/realtime_session.py).
 
-While the user speaks, each complete audio-encoder window (runtime/models/qwen3_omni/audio_stream.py)
-runs the graph's `hear` task: the `audio_enc` node on that window's log-mel frames (family param
-`audio_input: "mel"`), its rows returned. At the commit the tail window runs the same way; the
-answer is then the plan's `voice_chat` (or `chat`) over a ChatML prompt whose user turn is the
-audio placeholder, the `read_audio` walk's encoder passing the rows already computed on to the
-thinker (`audio_input: "rows"`), so the thinker sees what a whole-file `input_audio` part gives it.
+The graph declares the session's audio as a client-fed streaming edge into the encoder
+(graphs/qwen3_omni.yaml: `user_audio: {from: client.mel, to: audio_enc.mel, policy: {fixed: <window>}}`)
+and a task whose track runs the encoder per chunk of it (`listen`). When the user starts speaking
+the session opens that task's request; each append's new log-mel frames
+(runtime/models/qwen3_omni/audio_stream.py) are pushed into the stream, and the encoder runs on
+every window its policy releases, its rows coming back as the walk emits them. The commit closes
+the stream: the tail is the final chunk. The answer is then the plan's `voice_chat` (or `chat`)
+over a ChatML prompt whose user turn is the audio placeholder, the `read_audio` walk's encoder
+passing the rows already computed on to the thinker (`audio_input: "rows"`), so the thinker sees
+what a whole-file `input_audio` part gives it.
 """
 from __future__ import annotations
 
@@ -18,27 +22,24 @@ from runtime.conductor.request import MediaInput
 from runtime.models.qwen3_omni.audio_stream import AudioStream
 from runtime.models.qwen3_omni.chat_inputs import AUDIO_MARKER, OmniChatInputs, omni_chat_inputs
 
-HEAR_TASK = "hear"
-
 
 class OmniListener:
-    """The family's side of a realtime session: windows in, prompt items out."""
+    """The family's side of a realtime session: the stream and task that hear it, prompt items out."""
 
-    hear_task = HEAR_TASK
-
-    def __init__(self, plan: Plan, inputs: OmniChatInputs) -> None:
+    def __init__(self, plan: Plan, inputs: OmniChatInputs, stream: str, task: str) -> None:
         audio = next(n for n in plan.nodes if n.kind == "qwen3_omni_audio_encoder")
-        self.rows_key = f"{audio.name}.hidden"                    # the hear task's returned tensor
-        self.num_mel_bins, self.window_frames = int(audio.dims["num_mel_bins"]), int(audio.dims["n_window_infer"])
+        self.listen_task, self.stream_name = task, stream
+        self.rows_key = f"{audio.name}.hidden"                    # the rows the listen task's walk emits
+        self.num_mel_bins = int(audio.dims["num_mel_bins"])
         self.max_seconds = inputs.max_audio_seconds
         self.inputs = inputs
 
     def stream(self) -> AudioStream:
-        return AudioStream(self.num_mel_bins, self.window_frames, self.inputs.sample_rate)
+        return AudioStream(self.num_mel_bins, self.inputs.sample_rate)
 
-    def hear_items(self, window: torch.Tensor) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
-        """(input items, family params) of the `hear` request of one mel window (bins, F)."""
-        return [("audio", MediaInput(window, []))], {"audio_input": "mel"}
+    def stream_items(self, frames: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """The stream's items of new log-mel frames (bins, n): one frame each."""
+        return [{"value": f} for f in frames.unbind(dim=1)]
 
     def answer_items(self, tokenizer: Any, rows: torch.Tensor,
                      instructions: str) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
@@ -54,8 +55,12 @@ class OmniListener:
 
 
 def omni_listener(plan: Plan) -> OmniListener | None:
-    """A listener for plans with the audio encoder, a talker and the `hear` task."""
+    """A listener for plans with the chat inputs, a client-fed stream into the audio encoder and
+    a task that runs the encoder per chunk of it."""
     inputs = omni_chat_inputs(plan)
-    if inputs is None or HEAR_TASK not in {t.name for t in plan.tasks}:
+    audio = next((n.name for n in plan.nodes if n.kind == "qwen3_omni_audio_encoder"), None)
+    stream = next((s.name for s in plan.streams if s.is_client_fed and s.dst_node == audio), None)
+    task = next((t.name for t in plan.tasks if any(tr.per_chunk == stream for tr in t.tracks)), None)
+    if inputs is None or stream is None or task is None:
         return None
-    return OmniListener(plan, inputs)
+    return OmniListener(plan, inputs, stream, task)

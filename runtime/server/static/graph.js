@@ -75,7 +75,8 @@ class GraphView {
     const layer = svgEl("g", { class: "links" }, svg);
     for (const l of links) {
       const pair = l.src + ">" + l.dst, k = pairSeen[pair] = (pairSeen[pair] ?? -1) + 1;
-      const a = boxes[l.src], b = boxes[l.dst], r = route(a, b, k, pairCount[pair]);
+      const b = boxes[l.dst], a = boxes[l.src] || { x: b.x, y: b.y - 60, w: b.w, h: 0 };  // client-fed: from above
+      const r = route(a, b, k, pairCount[pair]);
       if (l.cls === "stream") r.ly = Math.max(a.y + a.h, b.y + b.h) + 30;   // under the nodes: room for policy and fill
       const path = svgEl("path", { d: r.d, class: l.cls, "data-src": l.src, "data-dst": l.dst }, layer);
       if (l.cls === "stream") path.setAttribute("data-stream", l.name);

@@ -17,9 +17,14 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from mstar_compiler.plan import Plan, Run, loads_plan
 from runtime.conductor.cursor import PendingRun
+from runtime.conductor.kv_ledger import KVLedger
+from runtime.conductor.plan_index import PlanIndex
+from runtime.conductor.request import Request, RequestState
+from runtime.conductor.scheduler import Scheduler, SchedulerConfig
 from runtime.conductor.streams import StreamLedger
 from runtime.streams.chunk_policy import Sliding, StreamBuffer
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 from runtime.worker.streams import WorkerStreams
 from tests.runtime.serving.conftest import REPO
 
@@ -177,3 +182,61 @@ def test_a_take_the_producer_never_sent_fails_loudly() -> None:
     pipe.in_flight = []                                  # lost on the wire
     with pytest.raises(TimeoutError, match="never sent"):
         pipe.consume()
+
+
+def test_a_client_fed_stream_ends_only_when_closed_and_gates_only_its_per_chunk_track() -> None:
+    """Qwen3-Omni's user_audio: the server pushes frames (as Conductor.push_stream does), the encoder's
+    per-chunk track takes 200-frame windows, settling never ends the stream (it has no producer
+    track), closing it makes the tail the final chunk; voice chat's encoder (a file) is not gated."""
+    plan = plan_of("qwen3_omni")
+    ledger, worker = StreamLedger(plan), WorkerStreams(plan, 0)
+    req, chat = FakeRequest(7, "listen", [FakeTrack()]), FakeRequest(8, "voice_chat")
+    ledger.open(req)
+    ledger.open(chat)
+    assert ledger.can_run(chat, pending(plan, "audio_enc", 0))          # reads its own input, no stream
+    encoder, edge, got = pending(plan, "audio_enc", 0), ledger.client_edge(req, "user_audio"), []
+
+    def consume() -> None:
+        item = WorkItem(request_id=7)
+        ledger.bind(req, encoder, item)
+        got.extend(worker.take(item, pump=lambda: None, timeout_s=1.0)["mel"])
+
+    for frame in range(450):
+        worker.receive(7, "user_audio", ledger.push_client(edge), {"value": torch.tensor([frame])})
+        ledger.settle(req)                                               # no producer track: still open
+        if ledger.can_run(req, encoder):
+            consume()
+    assert [len(c.items) for c in got] == [200, 200] and not ledger.can_run(req, encoder)
+    ledger.close_client(edge)
+    assert ledger.can_run(req, encoder)
+    consume()
+    assert [int(it["value"]) for c in got for it in c.items] == list(range(450))
+    assert [c.is_final for c in got] == [False, False, True] and ledger.is_drained(7, "user_audio")
+    assert worker.num_buffers == 0
+    with pytest.raises(ValueError, match="no client-fed stream"):
+        ledger.client_edge(chat, "user_audio")
+
+
+def test_a_request_waiting_for_its_client_fed_stream_takes_no_admission_slot() -> None:
+    """A realtime utterance's listen request, opened before any window is complete, must not hold a
+    chat request behind it out of the last running slot."""
+    plan = plan_of("qwen3_omni")
+    ledger, streams, requests = KVLedger(), StreamLedger(plan), {}
+    for node in plan.nodes:
+        for pool in node.kv_pools:
+            ledger.add_pool(pool.rank, node.name, pool.num_blocks, pool.block_tokens)
+    scheduler = Scheduler(PlanIndex(plan), ledger, SchedulerConfig(max_running=1), lambda r: None,
+                          requests.__getitem__, streams)
+
+    def submit(rid: int, task: str, items: list) -> Request:
+        tracks = [streams.cursor(i, t, rid) for i, t in enumerate(plan.task(task).tracks)]
+        req = requests[rid] = Request(rid, task, RequestParams(declared={"max_tokens": 4}), items, tracks)
+        streams.open(req)
+        for cursor in tracks:
+            cursor.settle(req)
+        return req
+
+    listening, chat = submit(1, "listen", []), submit(2, "chat", [("text", [1, 2, 3])])
+    batches = scheduler.schedule([], [listening, chat], set(), {0})
+    assert [(b.node, [e.request.request_id for e in b.entries]) for b in batches] == [("thinker", [2])]
+    assert listening.state == RequestState.WAITING and chat.state == RequestState.RUNNING

@@ -1,9 +1,11 @@
 """/v1/realtime against a real Qwen3-Omni tiny server: the OpenAI Realtime core events over a real WebSocket.
 
 The client is aiohttp's WebSocket client; the server is the package's shared `omni_single`
-(no server start of its own). Heard windows are read from /metrics: the tiny encoder attends
-in 2 s windows, so a 3 s utterance streamed in 100 ms chunks has one window heard before the
-commit and the 1 s tail at it. KV blocks and stream buffers are read from /metrics after a
+(no server start of its own). Heard windows are read from /metrics and the graph's client-fed
+`user_audio` stream from /v1/state: the tiny encoder attends in 2 s windows (the stream's
+`fixed: 200` frames), so a 3 s utterance streamed in 100 ms chunks has one window encoded by
+`audio_enc` before the commit, the rest of its frames waiting in the stream's buffer, and the 1 s
+tail encoded at it. KV blocks and stream buffers are read from /metrics after a
 cancel, a barge-in and a disconnect mid-answer.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 from runtime.models.qwen3_omni.audio_stream import PCM_RATE
 from runtime.server.audio_io import wav
 from tests.runtime.models.qwen3_omni.test_audio_stream import chunks, utterance
+from tests.runtime.serving.conftest import http
 from tests.runtime.serving.speech.conftest import OMNI
 
 WINDOWS = 'mstar_realtime_audio_windows_total{phase="%s"}'
@@ -87,23 +90,42 @@ async def _until_heard(server, phase: str, count: float) -> None:
         await asyncio.sleep(0.05)
 
 
+def _encoder_state(server) -> tuple[int, dict]:
+    """(audio_enc batches run, the user_audio stream's buffered frames and open requests) from /v1/state."""
+    _, state = http("GET", f"{server.url}/v1/state")
+    return state["nodes"]["audio_enc"]["batches"], state["streams"]["user_audio"]
+
+
+async def _until_state(server, batches: int) -> tuple[int, dict]:
+    """/v1/state once it shows `batches` encoder batches (a snapshot is up to 0.25 s old)."""
+    deadline = time.monotonic() + 10
+    while (seen := _encoder_state(server))[0] < batches and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return seen
+
+
 def test_streamed_utterance_is_heard_while_spoken_and_answered_in_speech(omni_single):
     server = omni_single
     before = {p: _heard(server, p) for p in ("streamed", "commit")}
+    batches_before = _encoder_state(server)[0]
 
-    async def body(client: Client) -> tuple[float, list[dict]]:
+    async def body(client: Client) -> tuple[float, tuple[int, dict], list[dict]]:
         await client.send("session.update", session={"instructions": "Answer briefly.", "voice": "ethan",
                                                      "modalities": ["audio", "text"]})
         assert (await client.recv())["type"] == "session.updated"
         await client.speak(utterance(3.0))
         await _until_heard(server, "streamed", before["streamed"] + 1)
         heard_before_commit = _heard(server, "streamed")      # nothing committed yet: heard while arriving
+        state_before_commit = await _until_state(server, batches_before + 1)
         await client.send("input_audio_buffer.commit")
         committed = await client.until("conversation.item.created")
         await client.send("response.create")
-        return heard_before_commit, committed + await client.until("response.done")
+        return heard_before_commit, state_before_commit, committed + await client.until("response.done")
 
-    heard_before_commit, events = session(server, body)
+    heard_before_commit, (batches, user_audio), events = session(server, body)
+    assert batches == batches_before + 1                      # audio_enc ran once, on the stream's first window
+    assert user_audio["num_requests"] == 1                    # the session's listen request, open before commit
+    assert 0 < user_audio["buffered"] < 200                   # the frames after it wait for the commit
     types = [e["type"] for e in events]
     assert types[:2] == ["input_audio_buffer.committed", "conversation.item.created"]
     assert "response.created" in types and types[-1] == "response.done"
@@ -205,3 +227,9 @@ def test_bad_events_get_error_events_and_the_session_keeps_serving(omni_single, 
     if not isinstance(event, str):
         assert error["error"]["event_id"] == "ev_1"
     assert updated["type"] == "session.updated" and updated["session"]["modalities"] == ["text"]
+
+
+def test_the_listen_task_is_refused_where_nothing_can_feed_its_stream(omni_single):
+    status, body = http("POST", f"{omni_single.url}/v1/tasks/listen", {"inputs": []})
+    assert status == 400 and body["error"]["code"] == "task_needs_stream"
+    assert "user_audio" in body["error"]["message"] and "/v1/realtime" in body["error"]["message"]
