@@ -175,6 +175,9 @@ def test_cancel_barge_in_and_disconnect_stop_the_answer_and_free_kv(omni_single)
         await client.until("response.audio_transcript.delta")
 
     async def body(client: Client) -> list[list[dict]]:
+        # answers far longer than the tiny preset's 16 tokens, so none ends before its cancel arrives
+        await client.send("session.update", session={"max_response_output_tokens": 2000})
+        await client.until("session.updated")
         await client.speak(utterance(1.0, seed=1))
         await client.send("input_audio_buffer.commit")
         await client.until("conversation.item.created")
