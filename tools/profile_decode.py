@@ -32,6 +32,7 @@ from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 from runtime.sampling import SamplingParams  # noqa: E402
 from runtime.transport.request_params import RequestParams  # noqa: E402
+from bench import profile_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("linears", "lm_head", "attention", "rope_norms", "sampling", "other")
@@ -125,14 +126,7 @@ def profile_steps(ex: Any, batch: int, context: int, steps: int) -> dict[str, fl
 
 def table(rows: dict[int, dict[str, float]]) -> str:
     """Markdown: one row per category, one column per batch (ms per step and share)."""
-    batches = sorted(rows)
-    head = "| category | " + " | ".join(f"batch {b}" for b in batches) + " |"
-    lines = [head, "|" + " --- |" * (len(batches) + 1)]
-    for cat in (*CATEGORIES, "step"):
-        cells = [f"{rows[b][cat]:.2f} ms ({100 * rows[b][cat] / rows[b]['step']:.0f} %)" for b in batches]
-        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
-    lines.append("| tok/s | " + " | ".join(f"{b * 1e3 / rows[b]['step']:.0f}" for b in batches) + " |")
-    return "\n".join(lines)
+    return profile_table.table(rows, CATEGORIES)
 
 
 def main(argv: list[str] | None = None) -> int:

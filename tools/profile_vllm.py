@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench import prefill_load  # noqa: E402
 from bench.registry import Context  # noqa: E402
 from bench.servers import Server, free_port  # noqa: E402
+from bench.profile_table import table  # noqa: E402
 from bench.suite_chat import bench_dir, vllm_python  # noqa: E402
 
 CATEGORIES = ("linears", "lm_head", "attention", "rope_norms", "sampling", "other ops", "fused kernels",
@@ -159,16 +160,6 @@ def profile_batch(srv: Server, batch: int, steps: int, out: Path) -> dict[str, f
     return breakdown(json.loads(text))
 
 
-def table(rows: dict[int, dict[str, float]]) -> str:
-    batches = sorted(rows)
-    lines = ["| category | " + " | ".join(f"batch {b}" for b in batches) + " |", "|" + " --- |" * (len(batches) + 1)]
-    for cat in (*CATEGORIES, "step"):
-        cells = [f"{rows[b][cat]:.2f} ms ({100 * rows[b][cat] / rows[b]['step']:.0f} %)" for b in batches]
-        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
-    lines.append("| tok/s | " + " | ".join(f"{b * 1e3 / rows[b]['step']:.0f}" for b in batches) + " |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vllm", type=Path, default=None, help="the vLLM venv's bin/vllm (default: .bench/vllm-venv)")
@@ -181,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     with vllm_profiled(ctx, args.steps, args.out) as srv:
         rows = {b: profile_batch(srv, b, args.steps, args.out) for b in map(int, args.batches.split(","))}
     print(f"vLLM CPU engine step (SmolLM2-135M fp32, served), mean of {args.steps} profiled steps")
-    print(table(rows))
+    print(table(rows, CATEGORIES))
     return 0
 
 

@@ -189,9 +189,7 @@ class Conductor:
                 await asyncio.sleep(TICK_S / 10)   # a consumer Run frees room within a step or two
             if req.state.is_final or edge.is_orphaned:
                 return
-            if rank not in req.ranks_opened:      # the consumer's rank refuses items of a request it never opened
-                self._send(rank, OpenRequest(request_id=req.request_id, params=req.params))
-                req.ranks_opened.add(rank)
+            self._open_ranks(req, {rank})    # the consumer's rank refuses items of a request it never opened
             index = self.streams.push_client(edge)
             self._send(rank, StreamItems(request_id=req.request_id, stream=stream, index=index), item)
         self._wake()
