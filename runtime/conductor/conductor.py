@@ -36,8 +36,8 @@ from runtime.conductor.workers import RankLauncher, WorkerSet
 from runtime.worker.loader import tp_ranks
 from runtime.weights.sources import WeightOptions
 from runtime.transport.messages import (
-    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, ItemResult, MoveKV, OpenRequest, PeerUnreachable, Peers,
-    Ready, RunBatch, Shutdown, StreamItems,
+    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, ItemResult, KVUsage, MoveKV, OpenRequest, PeerUnreachable,
+    Peers, Ready, RunBatch, Shutdown, StreamItems,
 )
 from runtime.transport.keys import cluster_keys, start_guard
 from runtime.transport.queues import ConductorQueue, Envelope, is_worth_logging
@@ -330,6 +330,8 @@ class Conductor:
             self._rank_ready(rank, msg)
         elif isinstance(msg, Heartbeat):
             self.worker_stats[rank] = msg
+        elif isinstance(msg, KVUsage):
+            self.ledger.note_used(rank, msg.kv_used)
         else:
             log.warning("unexpected %s from rank %d", type(msg).__name__, rank)
 
@@ -338,8 +340,10 @@ class Conductor:
         status.nodes, status.is_ready = msg.nodes, True
         for info in msg.nodes:
             if info.kv_blocks:
+                # a TP group's ranks decide alike but only the lead answers: counted as a plain pool
+                reported = info.kv_reported if self.index.nodes[info.name].placement.tp_size == 1 else ""
                 self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, self._prefix_root(info),
-                                     frozenset(info.kv_prefix_stop_ids))
+                                     frozenset(info.kv_prefix_stop_ids), reported_by=reported)
             if info.prefill_chunks:
                 self.scheduler.chunked_prefill.add((rank, info.name))
         self._cap_tp_pools()
@@ -380,6 +384,7 @@ class Conductor:
             batch.entries[0].request.isolated = False   # it ran alone and passed: it may share batches again
         self.on_batch(batch.node, len(batch.entries), msg.run_ms)
         self.ledger.note_reported(msg.rank, msg.prefix)
+        self.ledger.note_used(msg.rank, msg.kv_used, batch.node)
         self.live.observe_batch(batch.group, batch.node, len(batch.entries), msg.run_ms)
         token_ports = self.index.token_outputs(batch.node)
         keys = [(f"{batch.node}.{port.name}", port.name in token_ports) for port in self.index.nodes[batch.node].outputs]

@@ -16,9 +16,19 @@ A worker that does not hold them fails the batch loudly (`PrefixOutOfStep`) inst
 computing on the wrong blocks. Placeholder ids (`NodeInfo.kv_prefix_stop_ids`) stop caching
 in the mirror as in the worker.
 
-A pool whose worker decides reuse itself (BAGEL: rows named by image digests) is counted
-as a plain pool, an upper bound (cached blocks nobody holds are free to the worker), and its
-prefix counters come from the worker (`note_reported`).
+A pool whose worker decides reuse itself (BAGEL: rows named by digests of the encoders' output,
+the Qwen3-Omni thinker: media rows named by their embeds; runtime/kv/prefix_cache.py) is a
+`ReportedPoolLedger`: the conductor cannot know beforehand which blocks its worker will share,
+so it counts what the worker reports. Each BatchDone (and a `KVUsage` after a close) carries
+the blocks the worker's cache holds right then (`NodeInfo.kv_reported` names the node that
+reports for a cache several nodes share: BAGEL's three CFG branches). The pool's use is that
+count plus the blocks charged, in full (every block new, one more for a copy-on-write of a
+shared partly filled last block), to Runs the worker has not yet answered. That is an upper
+bound at every moment: what a report counts can only shrink by frees, and what it has not seen
+yet is charged in full. So a request reusing cached blocks (an image seen before, a CFG branch
+forked from another) costs its full blocks until its first batch is answered and only what it
+really took from then on; a free counts once the worker's next report shows it. Its prefix
+counters come from the worker too (`note_reported`).
 """
 from __future__ import annotations
 
@@ -83,6 +93,14 @@ class KVPoolLedger:
 
     def holders(self) -> list[int]:
         return list(self.tokens)
+
+    def account(self) -> KVPoolLedger | ReportedCache:
+        """What holds this pool's capacity and use (a cache several pools share, or the pool)."""
+        return self
+
+    def free_blocks(self) -> int:
+        account = self.account()
+        return account.num_blocks - account.used_blocks
 
 
 class PrefixPoolLedger(KVPoolLedger):
@@ -160,12 +178,77 @@ class PrefixPoolLedger(KVPoolLedger):
         self.peak_blocks = max(self.peak_blocks, self.used_blocks)
 
 
+@dataclass
+class ReportedCache:
+    """One worker cache that decides reuse itself, counted from its reports; the pools of the
+    nodes that share it (BAGEL's CFG branches) each charge their unanswered Runs here."""
+
+    num_blocks: int = 0                 # the cache's blocks: the sum of its nodes' pools
+    reported: int = 0                   # blocks it held at the worker's latest report
+    unsettled: int = 0                  # charges of failed batches, settled by the next report
+    peak_blocks: int = 0
+    members: dict[str, ReportedPoolLedger] = field(default_factory=dict)   # node -> its pool
+
+    @property
+    def used_blocks(self) -> int:
+        return self.reported + self.unsettled + sum(m.charged for m in self.members.values())
+
+    def note_used(self, used: int, node: str | None) -> None:
+        """The worker's count, sent after it answered `node`'s batch (None: after a close): it covers
+        that batch and every one it answered or failed before."""
+        self.reported, self.unsettled = used, 0
+        if node in self.members:
+            self.members[node].charged = 0
+        self.peak_blocks = max(self.peak_blocks, self.used_blocks)
+
+
+class ReportedPoolLedger(KVPoolLedger):
+    """A pool of a `ReportedCache`: tokens per request (for fitting and preemption) and the
+    blocks charged to its Run in flight (at most one batch per (rank, node) is)."""
+
+    def __init__(self, num_blocks: int, block_size: int, cache: ReportedCache, node: str) -> None:
+        super().__init__(num_blocks, block_size)
+        self.cache, self.charged = cache, 0
+        cache.members[node] = self
+        cache.num_blocks += num_blocks
+
+    def account(self) -> ReportedCache:
+        return self.cache
+
+    def needed(self, request_id: int, n_new: int) -> int:
+        """Every block new, and one more when the last block is partly filled: the worker may
+        have shared it (a fork) and copy it before writing."""
+        partial = n_new > 0 and self.tokens.get(request_id, 0) % self.block_size != 0
+        return super().needed(request_id, n_new) + partial
+
+    def can_grow(self, request_id: int, n_new: int, reserved: int = 0, tokens: Sequence[int] | None = None) -> bool:
+        return self.needed(request_id, n_new) + reserved <= self.cache.num_blocks - self.cache.used_blocks
+
+    def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
+        self.charged += self.needed(request_id, n_new)
+        self.used_blocks += super().needed(request_id, n_new)    # this pool's full count, for show
+        self.tokens[request_id] = self.tokens.get(request_id, 0) + n_new
+        self.cache.peak_blocks = max(self.cache.peak_blocks, self.cache.used_blocks)
+        return 0
+
+    def forget(self, request_ids: Sequence[int]) -> None:
+        """The batch failed: what it allocated before failing counts until the worker's next report."""
+        self.cache.unsettled += self.charged
+        self.charged = 0
+
+    def clear(self) -> None:
+        super().clear()
+        self.charged = 0
+        self.cache.reported = self.cache.unsettled = 0
+
+
 class KVLedger:
     """Every KV pool of the plan, keyed by (rank, node)."""
 
     def __init__(self) -> None:
         self.pools: dict[tuple[int, str], KVPoolLedger] = {}
         self.reported: dict[tuple[int, str], PrefixStats] = {}   # caches workers decide on their own
+        self.reported_caches: dict[tuple[int, str], ReportedCache] = {}   # (rank, reporting node) -> its cache
 
     def note_reported(self, rank: int, counts: Sequence[PrefixCounts]) -> None:
         """A worker's totals for the prefix caches it decides itself (BatchDone.prefix)."""
@@ -173,10 +256,29 @@ class KVLedger:
             self.reported[(rank, c.node)] = PrefixStats(queries=c.queries, hits=c.hits, hit_tokens=c.hit_tokens,
                                                        query_tokens=c.query_tokens, evictions=c.evictions)
 
+    def note_used(self, rank: int, used: dict[str, int], node: str | None = None) -> None:
+        """A worker's counts of its reported caches (by reporting node), sent after `node`'s batch
+        (BatchDone.kv_used) or after a close (KVUsage)."""
+        for reporter, blocks in used.items():
+            cache = self.reported_caches.get((rank, reporter))
+            if cache is not None:
+                cache.note_used(blocks, node)
+
     def add_pool(self, rank: int, node: str, num_blocks: int, block_size: int,
-                 prefix_root: bytes | None = None, stop_ids: frozenset[int] = frozenset()) -> None:
-        self.pools[(rank, node)] = (KVPoolLedger(num_blocks, block_size) if prefix_root is None
-                                    else PrefixPoolLedger(num_blocks, block_size, prefix_root, stop_ids))
+                 prefix_root: bytes | None = None, stop_ids: frozenset[int] = frozenset(),
+                 reported_by: str = "") -> None:
+        """`reported_by`: the node whose reports count the worker cache this pool is part of."""
+        old = self.pools.get((rank, node))
+        if isinstance(old, ReportedPoolLedger):    # a worker that joins again loads its nodes anew
+            old.cache.members.pop(node, None)
+            old.cache.num_blocks -= old.num_blocks
+        if reported_by:
+            cache = self.reported_caches.setdefault((rank, reported_by), ReportedCache())
+            self.pools[(rank, node)] = ReportedPoolLedger(num_blocks, block_size, cache, node)
+        elif prefix_root is not None:
+            self.pools[(rank, node)] = PrefixPoolLedger(num_blocks, block_size, prefix_root, stop_ids)
+        else:
+            self.pools[(rank, node)] = KVPoolLedger(num_blocks, block_size)
 
     def pool(self, rank: int, node: str) -> KVPoolLedger | None:
         return self.pools.get((rank, node))
@@ -200,11 +302,17 @@ class KVLedger:
             if r == rank:
                 pool.clear()
 
+    def accounts(self, node: str | None = None) -> list[KVPoolLedger | ReportedCache]:
+        """Each pool's capacity holder once (a shared cache counts once), of `node`'s pools or all."""
+        found = {id(a): a for (_, n), p in self.pools.items() if node in (None, n) for a in [p.account()]}
+        return list(found.values())
+
     def usage(self) -> float:
         """Fraction of all KV blocks in use."""
-        total = sum(p.num_blocks for p in self.pools.values())
-        return 0.0 if total == 0 else sum(p.used_blocks for p in self.pools.values()) / total
+        accounts = self.accounts()
+        total = sum(a.num_blocks for a in accounts)
+        return 0.0 if total == 0 else sum(a.used_blocks for a in accounts) / total
 
     def peak_usage(self) -> float:
-        """The highest fraction of its blocks any one pool ever held."""
-        return max((p.peak_blocks / p.num_blocks for p in self.pools.values() if p.num_blocks), default=0.0)
+        """The highest fraction of its blocks any one pool (or shared cache) ever held."""
+        return max((a.peak_blocks / a.num_blocks for a in self.accounts() if a.num_blocks), default=0.0)

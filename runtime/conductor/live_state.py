@@ -77,8 +77,8 @@ class LiveState:
 
 
 def _kv(conductor: Conductor, node: str) -> dict[str, int]:
-    pools = [p for (_, n), p in conductor.ledger.pools.items() if n == node]
-    return {"used_blocks": sum(p.used_blocks for p in pools), "num_blocks": sum(p.num_blocks for p in pools)}
+    accounts = conductor.ledger.accounts(node)     # a cache the node shares (BAGEL's branches) shows whole
+    return {"used_blocks": sum(a.used_blocks for a in accounts), "num_blocks": sum(a.num_blocks for a in accounts)}
 
 
 def _position(cursor: TrackCursor) -> dict[str, Any]:

@@ -261,7 +261,7 @@ class Scheduler:
 
     def _free_blocks(self, rank: int, node: str) -> int:
         pool = self.ledger.pool(rank, node)
-        return 0 if pool is None else pool.num_blocks - pool.used_blocks
+        return 0 if pool is None else pool.free_blocks()
 
     def _stick(self, req: Request, pending: PendingRun, rank: int) -> None:
         """Bind the request to the replica its Run was placed on (counted in that replica's load)."""

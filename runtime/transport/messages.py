@@ -6,7 +6,8 @@ by the message's `tensors` headers in order (see `frames`). Never pickle.
 
 Who sends what:
   worker -> conductor: Hello (joined), Ready (nodes loaded), BatchDone / BatchFailed, Heartbeat,
-      PeerUnreachable (a peer's inbox did not answer a connect)
+      PeerUnreachable (a peer's inbox did not answer a connect), KVUsage (its reported caches'
+      blocks after a close)
   conductor -> worker: Welcome (the answer to Hello: where its tensor-parallel group meets),
       Rejoin (a rank given up as dead speaks again: reset and join anew),
       Peers (where every rank listens for tensors), OpenRequest (a
@@ -76,6 +77,8 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     kv_prefix_stop_ids: list[int] = []  # placeholder ids: a prompt holding one is not cached from it on
     prefill_chunks: bool = False  # its executor takes a prompt in chunks (`WorkItem.partial`)
     compiled_buckets: list[int] = []  # batch buckets of its inductor-compiled CPU decode steps ([]: eager)
+    kv_reported: str = ""   # the node whose reports count the cache this node's KV lives in, when the
+                            # worker decides reuse itself ("": the conductor counts the pool; kv_ledger.py)
 
 
 class Ready(_Msg, tag="ready"):
@@ -195,6 +198,7 @@ class BatchDone(_Msg, tag="done"):
     tensors: list[TensorMeta] = []
     run_ms: float = 0.0         # wall time of the node's forward, milliseconds
     prefix: list[PrefixCounts] = []   # this rank's self-deciding prefix caches, totals so far
+    kv_used: dict[str, int] = {}      # reporting node -> blocks its cache holds after this batch
 
 
 class BatchFailed(_Msg, tag="failed"):
@@ -232,6 +236,14 @@ class Heartbeat(_Msg, tag="heartbeat"):
     refused_peers: int = 0                # handshakes this rank's inbox refused (no or unknown CURVE key)
 
 
+class KVUsage(_Msg, tag="kv_used"):
+    """After a close or a KV move: the blocks a rank's reported caches hold now (sent on the
+    control socket, so it arrives after every BatchDone sent before it)."""
+
+    rank: int
+    kv_used: dict[str, int]           # reporting node -> blocks its cache holds
+
+
 class Shutdown(_Msg, tag="shutdown"):
     """The worker should exit after its current batch."""
 
@@ -266,7 +278,7 @@ class KVState(_Msg, tag="kv"):
 
 Message = Union[
     Hello, Welcome, Rejoin, PeerUnreachable, Ready, Peers, OpenRequest, RunBatch, BatchDone, BatchFailed,
-    CloseRequest, MoveKV, Heartbeat, Shutdown, EdgeTensors, StreamItems, KVState,
+    CloseRequest, MoveKV, Heartbeat, KVUsage, Shutdown, EdgeTensors, StreamItems, KVState,
 ]
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -37,9 +37,9 @@ from mstar_compiler.plan import load_plan
 from runtime.executors import ExecResult, Executor, executor_for
 from runtime.transport.addresses import free_port, pin_collectives_to, probe, worker_addresses
 from runtime.transport.messages import (
-    BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KVState, MoveKV, NodeInfo,
-    OpenRequest, PeerUnreachable, Peers, PrefixCounts, Ready, Rejoin, RunBatch, Shutdown, StreamItems, Welcome,
-    WorkItem, encode,
+    BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KVState, KVUsage, MoveKV,
+    NodeInfo, OpenRequest, PeerUnreachable, Peers, PrefixCounts, Ready, Rejoin, RunBatch, Shutdown, StreamItems,
+    Welcome, WorkItem, encode,
 )
 from runtime.transport.keys import ClusterKeys, start_guard
 from runtime.transport.queues import (
@@ -92,12 +92,15 @@ class Worker:
         self.requests = OpenedRequests()
         self.backlog: list[Envelope] = []   # control messages read early, while looking for an OpenRequest
         self.dropped = 0      # malformed or misaddressed messages dropped (each logged)
+        # nodes that report their cache's blocks (kv_ledger.py: the conductor counts what they say)
+        self.reporting = [n for n, ex in self.executors.items() if getattr(ex, "kv_reported", "") == n]
         self.ready = Ready(rank=rank, nodes=[
             NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
                      kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size,
                      num_params=sum(p.numel() for p in module.parameters()),
                      kv_prefix_key=getattr(self.executors[name], "kv_prefix_key", ""),
                      kv_prefix_stop_ids=sorted(getattr(self.executors[name], "kv_prefix_stop_ids", ())),
+                     kv_reported=getattr(self.executors[name], "kv_reported", ""),
                      prefill_chunks=getattr(self.executors[name], "chunks_prefill", False),
                      compiled_buckets=list(getattr(self.executors[name], "compiled_buckets", ())))
             for name, (module, source) in modules.items()])
@@ -240,6 +243,7 @@ class Worker:
             self._open_request(msg)
         elif isinstance(msg, CloseRequest):
             self._close(msg)
+            self._report_kv()
         elif isinstance(msg, Peers):
             self._set_peers(msg.endpoints)
         elif isinstance(msg, Rejoin):
@@ -248,6 +252,7 @@ class Worker:
             pass   # the answer to a rejoin's Hello: the TP group, if any, is the one already joined
         elif isinstance(msg, MoveKV):
             self._move_kv(msg)
+            self._report_kv()
         elif isinstance(msg, StreamItems):
             self._store_edge(env)       # a client-fed stream's item, pushed by the conductor
         elif isinstance(msg, Shutdown):
@@ -305,6 +310,14 @@ class Worker:
                 self.values.pop(rid, None)
                 self.streams.free(rid)
                 self.kv_incoming = {k: e for k, e in self.kv_incoming.items() if k[0] != rid}
+
+    def _kv_used(self) -> dict[str, int]:
+        return {n: self.executors[n].kv_used_blocks() for n in self.reporting}
+
+    def _report_kv(self) -> None:
+        """The conductor credits freed blocks of the caches it cannot mirror once told (KVUsage)."""
+        if self.reporting:
+            self.control.send(KVUsage(rank=self.rank, kv_used=self._kv_used()))
 
     def _move_kv(self, msg: MoveKV) -> None:
         """Send the request's KV cache of the node to the rank that runs the node next."""
@@ -403,13 +416,13 @@ class Worker:
             for m in msgs:
                 self.control.send(BatchFailed(batch_id=m.batch_id, rank=self.rank, message=message))
             return
-        prefix = self._prefix_counts()
+        prefix, kv_used = self._prefix_counts(), self._kv_used()
         for m, batch_results, tensors, fed in zip(msgs, results, emitted, streamed):
             items = [ItemResult(request_id=item.request_id, tokens=r.tokens, logprobs=r.logprobs,
                                  finished=r.finished, streamed=s)
                      for item, r, s in zip(m.items, batch_results, fed)]
             self.control.send(BatchDone(batch_id=m.batch_id, rank=self.rank, items=items, run_ms=run_ms,
-                                        prefix=prefix), tensors)
+                                        prefix=prefix, kv_used=kv_used), tensors)
 
     def _prefix_counts(self) -> list[PrefixCounts]:
         """Totals of the executors that reuse prefixes on their own (`prefix_stats()`; /metrics)."""

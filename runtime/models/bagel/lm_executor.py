@@ -110,6 +110,10 @@ class BagelLMEngine:
             root = prefix_root("bagel rows", plan.model, plan.preset, weight_key, nodes[0].preset,
                                nodes[0].weights, nodes[0].dtype, self.block_size)
         self.blocks = KVBlockManager(self.num_blocks, self.block_size, root)
+        # the node that reports this cache's blocks to the conductor (runtime/conductor/kv_ledger.py:
+        # branches fork each other's blocks and images are shared by digest, which it cannot foresee)
+        here = [n.name for n in nodes if any(p.rank == rank for p in n.kv_pools)]
+        self.reporter = next((n for n in here if cfg_consumer(plan, n)[1] == "full"), here[0])
         self.seqs: dict[SeqId, SeqState] = {}
         self.params: dict[int, RequestParams] = {}
         self.sampler = Sampler()
@@ -282,6 +286,7 @@ class BagelLMExecutor:
         self.kinds = segment_kinds(plan, node.name)
         cfg, self.role = cfg_consumer(plan, node.name)
         self._cfg = (dict(cfg.args), dict(cfg.param_args)) if cfg is not None else None
+        self.name, self.kv_reported = node.name, engine.reporter
 
     def open(self, request_id: int, params: RequestParams) -> None:
         self.engine.open(request_id, params)
@@ -298,7 +303,8 @@ class BagelLMExecutor:
         return allocator.stats if self.role == "full" and isinstance(allocator, PrefixCachingAllocator) else None
 
     def kv_used_blocks(self) -> int:
-        return self.engine.used_blocks() if self.role == "full" else 0
+        """The shared cache's blocks, counted once (by its reporting node)."""
+        return self.engine.used_blocks() if self.name == self.kv_reported else 0
 
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
         return self.engine.run_group([(self, items, inputs)])[0]

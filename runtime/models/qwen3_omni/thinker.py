@@ -23,9 +23,10 @@ ended mid-block continues in the cached block holding its rows) and sets `WorkIt
 it reuses; at least its last row is computed (its logits). A Run that feeds a talker (`stream_out`)
 reuses no row at or after a placeholder: the talker reads layer `accept_hidden_layer`'s states there
 (`hidden:mm`), which a reused row has none of. The conductor cannot compute a digest, so it counts
-this node's pool as a plain one (`kv_prefix_key` is empty): ceil(tokens / block) blocks per request,
-an upper bound on what the worker holds (shared blocks are held once, cached blocks no request holds
-are free to it), so what the conductor admits always fits; the counters reach /metrics through
+this node's pool from the worker's reports (`kv_reported`; runtime/conductor/kv_ledger.py): the
+blocks the cache holds after each batch and close, plus ceil(tokens / block) for every Run not yet
+answered, so a request whose picture or conversation is cached costs only what it took once its
+first Run is answered, and what the conductor admits always fits; the counters reach /metrics through
 `prefix_stats`. Blocks are keyed after the forward that wrote them; a failed Run keys none of its rows.
 """
 from __future__ import annotations
@@ -95,9 +96,10 @@ class ThinkerExecutor(DecoderLMExecutor):
                  tap_layer: int = 0) -> None:
         self.placeholder_ids = frozenset(placeholder_ids)   # first: with them declared, the base class caches
         super().__init__(node, model, rank, plan, prefix_cache=True)
-        # reuse is decided here (module docstring): the conductor counts a plain pool, no placeholder stops;
+        # reuse is decided here (module docstring): the conductor counts what this reports, no placeholder stops;
         # a tensor-parallel group's ranks would each have to decide alike, so it caches nothing
         self.kv_prefix_key, self.kv_prefix_stop_ids = "", frozenset()
+        self.kv_reported = node.name     # the conductor counts this pool from the worker's reports
         root = self.blocks.prefix_root if node.placement.tp_size == 1 else None
         self.blocks = KVBlockManager(self.kv_blocks, self.kv_block_size, root)
         self._rows: dict[int, list[Row] | None] = {}       # request -> this Run's rows as the cache keys them

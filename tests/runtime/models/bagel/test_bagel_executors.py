@@ -143,6 +143,7 @@ def test_worker_runs_queued_batches_of_one_group_as_one_call() -> None:
     worker.requests, worker.backlog = OpenedRequests(), []
     worker.requests.open(1)      # the conductor opened request 1 here: its Runs are served
     worker.executors = {"a": _Recorder(calls, shared), "b": _Recorder(calls, shared), "c": _Recorder(calls)}
+    worker.reporting = []         # no node reports its cache (kv_ledger.py)
     envs = [Envelope(RunBatch(batch_id=i, node=n, items=[WorkItem(1)])) for i, n in enumerate("acb", 1)]
     assert worker._handle_queued(envs)
     assert sorted(calls) == [("group", 2), ("run", 1)]

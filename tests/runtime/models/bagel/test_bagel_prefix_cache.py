@@ -113,3 +113,20 @@ def test_a_failed_forward_leaves_no_block_of_its_rows_reachable(plan) -> None:
     assert _stats(drv).hit_tokens == 0
     want = _t2i(_driver(plan, False), 3, prompt, seed=11)
     assert torch.equal(got, want)
+
+
+def test_the_shared_cache_reports_fewer_blocks_than_its_sequences_hold_in_full(plan) -> None:
+    """What the conductor counts BAGEL's pools by (runtime/conductor/kv_ledger.py): the engine's own
+    count, reported by one node, below the full blocks of every sequence (forked CFG branches and an
+    image two edits share), which is what a ledger blind to the sharing would have to charge."""
+    gen = torch.Generator().manual_seed(4)
+    image = torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=gen)
+    drv = _driver(plan, True)
+    for rid in (1, 2):
+        _i2i(drv, rid, image, [6, 7])
+    names = ("llm", "llm_cfg_text", "llm_cfg_img")
+    assert {drv.ex[n].kv_reported for n in names} == {"llm"}
+    engine = drv.ex["llm"].engine
+    full = sum(-(-engine.blocks.num_tokens(seq) // engine.block_size) for seq in engine.seqs if seq in engine.blocks)
+    reported = [drv.ex[n].kv_used_blocks() for n in names]
+    assert reported[1:] == [0, 0] and 0 < reported[0] < full

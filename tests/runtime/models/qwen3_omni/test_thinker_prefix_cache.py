@@ -42,7 +42,7 @@ def omni():
     modules = {n: build_module(plan.node(n), None).eval() for n in ("thinker", "vision_enc", "audio_enc")}
     on, off = (executor_for(plan.node("thinker"), modules["thinker"], 0, plan) for _ in range(2))
     off.drop_prefix_cache()
-    assert on.blocks.block_size == BS and on.kv_prefix_key == ""   # the conductor counts a plain pool
+    assert on.blocks.block_size == BS and on.kv_prefix_key == "" and on.kv_reported == "thinker"   # counted from reports
     encoders = {n: executor_for(plan.node(n), modules[n], 0, plan) for n in ("vision_enc", "audio_enc")}
     return plan, on, off, encoders
 
