@@ -3,6 +3,7 @@
     python tools/profile_decode.py                               # SmolLM2-135M (graphs/smollm2.yaml), batch 1/16/64
     python tools/profile_decode.py --preset tiny --batches 1,4   # the tiny random model (a smoke run)
     python tools/profile_decode.py --threads 1 --steps 10 --context 128
+    python tools/profile_decode.py --prefill 1024,8192 --chunk 256    # one chunked prefill per length
 
 The LM node runs in this process through the executor a worker uses (no HTTP, no
 conductor, no ZeroMQ): `--batch` requests are prefilled with `--context` random tokens,
@@ -124,9 +125,31 @@ def profile_steps(ex: Any, batch: int, context: int, steps: int) -> dict[str, fl
     return out
 
 
-def table(rows: dict[int, dict[str, float]]) -> str:
-    """Markdown: one row per category, one column per batch (ms per step and share)."""
-    return profile_table.table(rows, CATEGORIES)
+def profile_prefill(ex: Any, tokens: int, chunk: int) -> dict[str, float]:
+    """ms of one request's prefill of `tokens` random tokens in chunks of `chunk` (as the conductor
+    cuts it, `--prefill-chunk-tokens`) in each category, and ms per token in "step"."""
+    from runtime.transport.messages import WorkItem
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, int(ex.node.dims["vocab_size"]), (tokens,), generator=gen).tolist()
+    ex.open(1, RequestParams(sampling=SamplingParams(temperature=0.0)))
+    ex.run([WorkItem(request_id=1, tokens=ids[:chunk], partial=True)], [{}])   # warm-up, freed below
+    ex.close(1, kv_only=False)
+    ex.open(1, RequestParams(sampling=SamplingParams(temperature=0.0)))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("step"):
+            for a in range(0, tokens, chunk):
+                ex.run([WorkItem(request_id=1, tokens=ids[a:a + chunk], partial=a + chunk < tokens)], [{}])
+    ex.close(1, kv_only=False)
+    totals = {e.key: e.cpu_time_total / 1e3 for e in prof.key_averages()}
+    out = {c: totals.get(c, 0.0) for c in CATEGORIES if c != "other"}
+    out["step"] = totals["step"]
+    out["other"] = max(out["step"] - sum(v for k, v in out.items() if k not in ("step", "other")), 0.0)
+    return out
+
+
+def table(rows: dict[int, dict[str, float]], column: str = "batch") -> str:
+    """Markdown: one row per category, one column per batch or prompt length (ms and share)."""
+    return profile_table.table(rows, CATEGORIES, column)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,11 +160,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=64, help="prompt tokens of each request before decoding")
     p.add_argument("--steps", type=int, default=5, help="profiled decode steps per batch size")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--prefill", default="", help="comma-separated prompt lengths: profile one chunked prefill "
+                                                 "of each instead of decode steps")
+    p.add_argument("--chunk", type=int, default=256, help="prefill chunk (the server's --prefill-chunk-tokens)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     ex = load_executor(args.graph, args.preset)
     instrument(ex)
+    if args.prefill:
+        rows = {n: profile_prefill(ex, n, args.chunk) for n in map(int, args.prefill.split(","))}
+        print(f"chunked prefill of {ex.node.name} ({args.graph.name}, preset {args.preset or 'default'}), "
+              f"{torch.get_num_threads()} threads, chunks of {args.chunk}, one request per prompt length (ms)")
+        print(table(rows, "tokens"))
+        return 0
     rows = {b: profile_steps(ex, b, args.context, args.steps) for b in map(int, args.batches.split(","))}
     print(f"decode step of {ex.node.name} ({args.graph.name}, preset {args.preset or 'default'}), "
           f"{torch.get_num_threads()} threads, context {args.context}, mean of {args.steps} steps")

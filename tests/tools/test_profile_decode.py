@@ -22,3 +22,14 @@ def test_categories_are_timed_once_and_add_up_to_the_step() -> None:
     assert [line.split(" |")[0] for line in text.splitlines()[2:]] == [
         f"| {c}" for c in (*profile_decode.CATEGORIES, "step", "tok/s")]
     assert ex.blocks.allocator.num_free == ex.kv_blocks, "the profiled requests' KV blocks were not freed"
+
+
+def test_a_chunked_prefill_is_profiled_chunk_by_chunk_and_frees_its_blocks() -> None:
+    ex = profile_decode.load_executor(ROOT / "graphs/smollm2.yaml", "tiny")
+    profile_decode.instrument(ex)
+    rows = {n: profile_decode.profile_prefill(ex, n, chunk=16) for n in (40, 64)}
+    for got in rows.values():
+        assert all(got[c] > 0 for c in ("linears", "attention", "rope_norms"))
+        assert sum(got[c] for c in profile_decode.CATEGORIES if c != "other") <= got["step"]
+    assert profile_decode.table(rows, "tokens").splitlines()[0] == "| category | tokens 40 | tokens 64 |"
+    assert ex.blocks.allocator.num_free == ex.kv_blocks

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.attention import AttentionShape, select_backend
+from runtime.attention import AttentionShape, select_backend, torch_backend
 from runtime.kv import KVBlockManager, PagedKVCache
 
 HQ, HKV, D, BLOCK = 4, 2, 16, 16
@@ -59,14 +59,22 @@ def test_paged_attention_equals_dense_sdpa(backend: str) -> None:
     torch.testing.assert_close(out, _dense_reference(q, keys, values), atol=1e-5, rtol=1e-5)
 
 
-def test_torch_prefill_after_context_in_several_query_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the chunk after context (18 rows) is attended 5 rows at a time: tile edges must not shift the mask
-    monkeypatch.setattr("runtime.attention.torch_backend.QUERY_TILE", 5)
-    q, cache, batch, keys, values = _fragmented_batch(torch.float32)
-    attn = select_backend("cpu", "torch")
-    attn.plan(batch, AttentionShape(HQ, HKV, D, torch.float32))
-    out = attn.attend(q, cache.k[0], cache.v[0], batch, D ** -0.5)
-    torch.testing.assert_close(out, _dense_reference(q, keys, values), atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("ctx, n", [(37, 18), (160, 64), (5, 3)])
+def test_torch_prefill_after_context_split_and_tiled_equal_dense_sdpa(monkeypatch: pytest.MonkeyPatch,
+                                                                       ctx: int, n: int) -> None:
+    """A chunk of n rows after ctx cached tokens: the CPU split (context without a mask, the chunk's own
+    rows causal, merged by log-sum-exp) and the masked tiles other devices take (5 rows per tile here,
+    so tile edges must not shift the mask) both equal masked dense SDPA."""
+    gen = torch.Generator().manual_seed(ctx)
+    q = torch.randn(1, HQ, n, D, generator=gen)
+    k, v = (torch.randn(1, HKV, ctx + n, D, generator=gen) for _ in range(2))
+    mask = torch.ones(n, ctx + n, dtype=torch.bool).tril(ctx)
+    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1),
+                                         attn_mask=mask, scale=D ** -0.5)
+    monkeypatch.setattr(torch_backend, "QUERY_TILE", 5)
+    # fp32 every way; the split sums the softmax in two parts: a few ulps on outputs of size ~1
+    for after_context in (torch_backend._after_context_cpu, torch_backend._after_context_tiled):
+        torch.testing.assert_close(after_context(q, k, v, ctx, D ** -0.5), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_triton_bf16_cache_matches_fp32_reference() -> None:
