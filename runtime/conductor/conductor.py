@@ -27,7 +27,7 @@ from runtime.conductor.kv_ledger import KVLedger
 from runtime.conductor.live_state import LiveState
 from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.playback import PlaybackBook
-from runtime.conductor.replies import ReplyCheck, can_retry_alone, retry_alone
+from runtime.conductor.replies import InFlight, ReplyCheck, can_retry_alone, retry_alone
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.running import RunningSet
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
@@ -64,14 +64,6 @@ class ConductorConfig:
 
 class QueueFull(RuntimeError):
     """The admission queue is full: the server answers 429 with Retry-After."""
-
-
-@dataclass
-class InFlight:
-    batch: PlannedBatch
-    sent_at: float
-    pending: set[int] = field(default_factory=set)   # ranks of the batch's group still running it
-    lead: tuple[BatchDone, Envelope] | None = None   # the lead rank's answer, applied once all are done
 
 
 class Conductor:
@@ -252,7 +244,7 @@ class Conductor:
                                  | {s.rank for s in e.item.stream_out})
             if e.kv_from is not None:
                 self._send(e.kv_from, MoveKV(request_id=req.request_id, node=batch.node, dst_rank=batch.rank))
-            e.kv_added = self._note_kv(req, batch.node, e.item.tokens)
+            e.kv_added = req.note_kv(batch.node, e.item.tokens) if self.index.nodes[batch.node].has_kv_cache else 0
             tensors.update(e.tensors)
         self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group))
         items = [e.item for e in batch.entries]
@@ -264,17 +256,6 @@ class Conductor:
         for rank in sorted(ranks - req.ranks_opened):
             self._send(rank, OpenRequest(request_id=req.request_id, params=req.params))
             req.ranks_opened.add(rank)
-
-    def _note_kv(self, req: Request, node: str, tokens: list[int]) -> int:
-        """Count the Run's tokens into the request's KV history; how many were added."""
-        if not self.index.nodes[node].has_kv_cache:
-            return 0
-        history = req.kv_history.setdefault(node, [])
-        if req.kv_fed.get(node, 0) == 0 and history:
-            tokens = tokens[len(history):]     # a recompute re-sends the history first
-        history.extend(tokens)
-        req.kv_fed[node] = len(history)
-        return len(tokens)
 
     # ---- events --------------------------------------------------------------------
 
@@ -338,35 +319,12 @@ class Conductor:
     def _rank_ready(self, rank: int, msg: Ready) -> None:
         status = self.workers.ranks[rank]
         status.nodes, status.is_ready = msg.nodes, True
-        for info in msg.nodes:
-            if info.kv_blocks:
-                # a TP group's ranks decide alike but only the lead answers: counted as a plain pool
-                reported = info.kv_reported if self.index.nodes[info.name].placement.tp_size == 1 else ""
-                self.ledger.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, self._prefix_root(info),
-                                     frozenset(info.kv_prefix_stop_ids), reported_by=reported)
-            if info.prefill_chunks:
-                self.scheduler.chunked_prefill.add((rank, info.name))
-        self._cap_tp_pools()
+        self.ledger.add_rank(rank, msg.nodes, self.index, self.config.prefix_cache)
+        self.scheduler.chunked_prefill.update((rank, info.name) for info in msg.nodes if info.prefill_chunks)
         peers = {r: s.peer_endpoint for r, s in self.workers.ranks.items() if s.peer_endpoint}
         for r in self.workers.ready_ranks():
             self._send(r, Peers(endpoints=peers))
         log.info("rank %d ready: %s", rank, ", ".join(f"{n.name} ({n.weight_source})" for n in msg.nodes))
-
-    def _prefix_root(self, info: NodeInfo) -> bytes | None:
-        """The root key of the node's prefix cache when it is on: the worker caches prefixes and the
-        node is whole on each rank (a TP group's ranks would each need the lead's count)."""
-        node = self.index.nodes[info.name]
-        if not (self.config.prefix_cache and info.kv_prefix_key) or node.placement.tp_size > 1:
-            return None
-        return bytes.fromhex(info.kv_prefix_key)
-
-    def _cap_tp_pools(self) -> None:
-        """A TP group's caches advance in lockstep: the lead's (counted) pool gets the smallest size."""
-        for node in self.index.kv_nodes():
-            if node.placement.tp_size > 1:
-                pools = [self.ledger.pool(r, node.name) for r in node.placement.ranks]
-                if all(pools):
-                    pools[0].num_blocks = min(p.num_blocks for p in pools)
 
     def _batch_done(self, msg: BatchDone, env: Envelope) -> None:
         flight = self.in_flight.get(msg.batch_id)

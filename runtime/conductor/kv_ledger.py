@@ -33,10 +33,13 @@ counters come from the worker too (`note_reported`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from runtime.kv import KVBlockManager, PrefixStats
-from runtime.transport.messages import PrefixCounts
+from runtime.transport.messages import NodeInfo, PrefixCounts
+
+if TYPE_CHECKING:
+    from runtime.conductor.plan_index import PlanIndex
 
 
 @dataclass
@@ -263,6 +266,25 @@ class KVLedger:
             cache = self.reported_caches.get((rank, reporter))
             if cache is not None:
                 cache.note_used(blocks, node)
+
+    def add_rank(self, rank: int, nodes: Sequence[NodeInfo], index: PlanIndex, prefix_cache: bool) -> None:
+        """The pools of a rank that reported Ready. A node's pool mirrors its worker's prefix cache
+        when that is on and the node is whole on each rank (a TP group's ranks would each need the
+        lead's count); a TP group's caches advance in lockstep, so the lead's (counted) pool gets
+        the group's smallest size."""
+        for info in nodes:
+            if not info.kv_blocks:
+                continue
+            whole = index.nodes[info.name].placement.tp_size == 1
+            root = bytes.fromhex(info.kv_prefix_key) if prefix_cache and info.kv_prefix_key and whole else None
+            # a TP group's ranks decide alike but only the lead answers: counted as a plain pool
+            self.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, root,
+                          frozenset(info.kv_prefix_stop_ids), reported_by=info.kv_reported if whole else "")
+        for node in index.kv_nodes():
+            if node.placement.tp_size > 1:
+                pools = [self.pool(r, node.name) for r in node.placement.ranks]
+                if all(pools):
+                    pools[0].num_blocks = min(p.num_blocks for p in pools)
 
     def add_pool(self, rank: int, node: str, num_blocks: int, block_size: int,
                  prefix_root: bytes | None = None, stop_ids: frozenset[int] = frozenset(),

@@ -1,6 +1,6 @@
 """What the conductor does with a worker's answer to a batch before applying it.
 
-`ReplyCheck.accept` keeps only replies that answer a batch in flight, from a rank that
+`InFlight` is a batch sent and not yet answered. `ReplyCheck.accept` keeps only replies that answer a batch in flight, from a rank that
 batch was sent to (the sender's rank is the one its socket authenticated as, not the rank
 the message names), naming exactly the requests that were sent; anything else is counted,
 logged and dropped. `retry_alone` undoes a failed Run's bookkeeping so the request can run
@@ -11,11 +11,23 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from runtime.conductor.scheduler import Entry
+from dataclasses import dataclass, field
+
+from runtime.conductor.scheduler import Entry, PlannedBatch
 from runtime.transport.messages import BatchDone, BatchFailed
-from runtime.transport.queues import is_worth_logging
+from runtime.transport.queues import Envelope, is_worth_logging
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class InFlight:
+    """A batch sent and not yet answered by every rank of its group."""
+
+    batch: PlannedBatch
+    sent_at: float
+    pending: set[int] = field(default_factory=set)   # ranks of the batch's group still running it
+    lead: tuple[BatchDone, Envelope] | None = None   # the lead rank's answer, applied once all are done
 
 
 class ReplyCheck:

@@ -168,6 +168,15 @@ class Request:
                 return i, value.tokens          # an LM reading a media item: its placeholders
         return None
 
+    def note_kv(self, node: str, tokens: list[int]) -> int:
+        """Count a Run's tokens into the KV node's history; how many were added."""
+        history = self.kv_history.setdefault(node, [])
+        if self.kv_fed.get(node, 0) == 0 and history:
+            tokens = tokens[len(history):]     # a recompute re-sends the history first
+        history.extend(tokens)
+        self.kv_fed[node] = len(history)
+        return len(tokens)
+
     def note_dispatch(self, node: str, rank: int, version: int, read: list[int], reader: tuple[int, int]) -> None:
         """A Run of `node` was placed in a batch: its run count and the input items it read."""
         self.produced[node] = (rank, version)
