@@ -312,7 +312,7 @@ class Conductor:
         elif isinstance(msg, Heartbeat):
             self.worker_stats[rank] = msg
         elif isinstance(msg, KVUsage):
-            self.ledger.note_used(rank, msg.kv_used)
+            self.ledger.note_used(rank, msg.kv_used, closed=msg.request_ids)
         else:
             log.warning("unexpected %s from rank %d", type(msg).__name__, rank)
 

@@ -27,7 +27,8 @@ shared partly filled last block), to Runs the worker has not yet answered. That 
 bound at every moment: what a report counts can only shrink by frees, and what it has not seen
 yet is charged in full. So a request reusing cached blocks (an image seen before, a CFG branch
 forked from another) costs its full blocks until its first batch is answered and only what it
-really took from then on; a free counts once the worker's next report shows it. Its prefix
+really took from then on; a free counts once the worker reports the close (so a preemption for
+room takes one victim and waits for that report before it takes another). Its prefix
 counters come from the worker too (`note_reported`).
 """
 from __future__ import annotations
@@ -100,6 +101,11 @@ class KVPoolLedger:
     def account(self) -> KVPoolLedger | ReportedCache:
         """What holds this pool's capacity and use (a cache several pools share, or the pool)."""
         return self
+
+    def frees_pending(self) -> bool:
+        """Whether blocks freed here come back later (a reported cache): a preemption for room
+        then waits for the worker's report instead of taking the next victim at once."""
+        return False
 
     def free_blocks(self) -> int:
         account = self.account()
@@ -191,6 +197,7 @@ class ReportedCache:
     unsettled: int = 0                  # charges of failed batches, settled by the next report
     peak_blocks: int = 0
     members: dict[str, ReportedPoolLedger] = field(default_factory=dict)   # node -> its pool
+    awaiting: set[int] = field(default_factory=set)   # requests freed here whose close is not reported yet
 
     @property
     def used_blocks(self) -> int:
@@ -239,10 +246,20 @@ class ReportedPoolLedger(KVPoolLedger):
         self.cache.unsettled += self.charged
         self.charged = 0
 
+    def free(self, request_id: int) -> None:
+        """The blocks come back once the worker reports the close (KVUsage naming the request)."""
+        if request_id in self.tokens:
+            self.cache.awaiting.add(request_id)
+        super().free(request_id)
+
+    def frees_pending(self) -> bool:
+        return bool(self.cache.awaiting)
+
     def clear(self) -> None:
         super().clear()
         self.charged = 0
         self.cache.reported = self.cache.unsettled = 0
+        self.cache.awaiting.clear()
 
 
 class KVLedger:
@@ -259,19 +276,22 @@ class KVLedger:
             self.reported[(rank, c.node)] = PrefixStats(queries=c.queries, hits=c.hits, hit_tokens=c.hit_tokens,
                                                        query_tokens=c.query_tokens, evictions=c.evictions)
 
-    def note_used(self, rank: int, used: dict[str, int], node: str | None = None) -> None:
+    def note_used(self, rank: int, used: dict[str, int], node: str | None = None,
+                  closed: Sequence[int] = ()) -> None:
         """A worker's counts of its reported caches (by reporting node), sent after `node`'s batch
-        (BatchDone.kv_used) or after a close (KVUsage)."""
+        (BatchDone.kv_used) or after closing the requests `closed` (KVUsage)."""
         for reporter, blocks in used.items():
             cache = self.reported_caches.get((rank, reporter))
             if cache is not None:
                 cache.note_used(blocks, node)
+                cache.awaiting.difference_update(closed)
 
     def add_rank(self, rank: int, nodes: Sequence[NodeInfo], index: PlanIndex, prefix_cache: bool) -> None:
         """The pools of a rank that reported Ready. A node's pool mirrors its worker's prefix cache
         when that is on and the node is whole on each rank (a TP group's ranks would each need the
         lead's count); a TP group's caches advance in lockstep, so the lead's (counted) pool gets
         the group's smallest size."""
+        self.reported_caches = {key: c for key, c in self.reported_caches.items() if key[0] != rank}   # anew
         for info in nodes:
             if not info.kv_blocks:
                 continue

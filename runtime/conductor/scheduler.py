@@ -203,7 +203,7 @@ class Scheduler:
             self._reject(req, pool.tokens.get(req.request_id, 0) + n_new, batch, pool)
             return False
         while not pool.can_grow(req.request_id, n_new, tokens=tokens):
-            victim = None if admitting else self._victim(pool.holders(), req, placed)
+            victim = None if admitting or pool.frees_pending() else self._victim(pool.holders(), req, placed)
             if victim is None:
                 if admitting and req.request_id not in self._held:
                     self._held.add(req.request_id)

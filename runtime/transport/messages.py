@@ -242,6 +242,7 @@ class KVUsage(_Msg, tag="kv_used"):
 
     rank: int
     kv_used: dict[str, int]           # reporting node -> blocks its cache holds
+    request_ids: list[int] = []       # the requests whose blocks the close or move just freed
 
 
 class Shutdown(_Msg, tag="shutdown"):

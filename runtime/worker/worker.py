@@ -243,7 +243,7 @@ class Worker:
             self._open_request(msg)
         elif isinstance(msg, CloseRequest):
             self._close(msg)
-            self._report_kv()
+            self._report_kv(msg.request_ids)
         elif isinstance(msg, Peers):
             self._set_peers(msg.endpoints)
         elif isinstance(msg, Rejoin):
@@ -252,7 +252,7 @@ class Worker:
             pass   # the answer to a rejoin's Hello: the TP group, if any, is the one already joined
         elif isinstance(msg, MoveKV):
             self._move_kv(msg)
-            self._report_kv()
+            self._report_kv([msg.request_id])
         elif isinstance(msg, StreamItems):
             self._store_edge(env)       # a client-fed stream's item, pushed by the conductor
         elif isinstance(msg, Shutdown):
@@ -314,10 +314,10 @@ class Worker:
     def _kv_used(self) -> dict[str, int]:
         return {n: self.executors[n].kv_used_blocks() for n in self.reporting}
 
-    def _report_kv(self) -> None:
+    def _report_kv(self, request_ids: list[int]) -> None:
         """The conductor credits freed blocks of the caches it cannot mirror once told (KVUsage)."""
         if self.reporting:
-            self.control.send(KVUsage(rank=self.rank, kv_used=self._kv_used()))
+            self.control.send(KVUsage(rank=self.rank, kv_used=self._kv_used(), request_ids=request_ids))
 
     def _move_kv(self, msg: MoveKV) -> None:
         """Send the request's KV cache of the node to the rank that runs the node next."""

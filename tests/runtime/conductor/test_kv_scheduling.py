@@ -24,10 +24,10 @@ def plan():
 class Bench:
     """Scheduler + ledger + requests; `done` answers a batch the way the conductor applies results."""
 
-    def __init__(self, plan) -> None:
+    def __init__(self, plan, reported_by: str = "") -> None:
         self.plan, self.requests = plan, {}
         self.ledger = KVLedger()
-        self.ledger.add_pool(0, "lm", 8, 16)
+        self.ledger.add_pool(0, "lm", 8, 16, reported_by=reported_by)
         self.scheduler = Scheduler(PlanIndex(plan), self.ledger, SchedulerConfig(), self.preempt,
                                    self.requests.__getitem__)
         self.waiting: list[Request] = []
@@ -118,3 +118,25 @@ def test_a_step_stops_looking_once_every_batch_is_full(plan) -> None:
     assert [r.state for r in bench.waiting[:1]] == [RequestState.WAITING]
     assert len(bench.waiting) == 2 * max_batch
     assert set(asked) == set(range(max_batch))                # the waiting ones were not even looked at
+
+
+def test_a_reported_pool_preempts_one_victim_per_worker_report(plan) -> None:
+    """A pool counted from its worker's reports (BAGEL, the Omni thinker) gets a victim's blocks back
+    only once the worker reports the close: it preempts one victim and waits, instead of taking
+    every running request while the count has not moved yet."""
+    bench = Bench(plan, reported_by="lm")
+    pool = bench.ledger.pool(0, "lm")
+    for rid, n in ((1, 48), (2, 48), (3, 16), (4, 16)):
+        bench.submit(rid, n)                        # 3 + 3 + 1 + 1 blocks: the pool is full
+    assert bench.step() == [1, 2, 3, 4]
+
+    def report(closed=()):                          # the worker's count: no sharing among these
+        held = [r for r in bench.requests.values() if r.state == RequestState.RUNNING]
+        bench.ledger.note_used(0, {"lm": sum(-(-pool.tokens[r.request_id] // 16) for r in held)}, "lm", closed)
+
+    report()
+    assert bench.step() == []                       # every next token needs a new block: one victim ...
+    assert [r.request_id for r in bench.waiting] == [4] and pool.frees_pending()
+    assert bench.step() == [] and bench.scheduler.stats()["kv_preemptions"] == 1   # ... until it is reported
+    report(closed=[4])
+    assert bench.step() == [1] and bench.scheduler.stats()["kv_preemptions"] == 2  # 1 grows; 3 goes for 2

@@ -48,9 +48,13 @@ def test_a_free_counts_once_the_worker_reports_it() -> None:
     full.grow(7, 32)
     led.note_used(0, {"full": 8}, "full")
     led.free_request(7)                    # the close is on its way: the blocks are still held
-    assert full.free_blocks() == 0 and full.holders() == []
-    led.note_used(0, {"full": 0})          # KVUsage after the close
-    assert full.free_blocks() == 8
+    assert full.free_blocks() == 0 and full.holders() == [] and full.frees_pending()
+    led.note_used(0, {"full": 8}, "full")  # a batch answered before the close: still pending
+    assert full.frees_pending()
+    led.note_used(0, {"full": 0}, closed=[7])   # KVUsage after the close
+    assert full.free_blocks() == 8 and not full.frees_pending()
+    led.free_request(9)                    # a request that held nothing here awaits nothing
+    assert not full.frees_pending()
 
 
 def test_a_failed_batch_counts_until_the_next_report() -> None:
@@ -151,14 +155,14 @@ def test_randomised_the_count_never_falls_below_the_cache_and_settles_on_it(seed
             msg = to_worker.popleft()
             if msg[0] == "run":
                 worker.run(msg[1], msg[2])                   # raises OutOfBlocks if the count was wrong
-                to_conductor.append(("done", msg[1], worker.used()))
+                to_conductor.append(("done", msg[1], worker.used(), []))
                 ran += 1
             else:
                 worker.close(msg[1])
-                to_conductor.append(("usage", None, worker.used()))
+                to_conductor.append(("usage", None, worker.used(), [msg[1]]))
         elif to_conductor:                                   # the conductor takes the worker's next one
-            kind, node, used = to_conductor.popleft()
-            led.note_used(0, {"full": used}, node)
+            kind, node, used, closed = to_conductor.popleft()
+            led.note_used(0, {"full": used}, node, closed)
             if kind == "done":
                 in_flight.discard(node)
         check()
@@ -167,14 +171,15 @@ def test_randomised_the_count_never_falls_below_the_cache_and_settles_on_it(seed
             msg = to_worker.popleft()
             if msg[0] == "run":
                 worker.run(msg[1], msg[2])
-                to_conductor.append(("done", msg[1], worker.used()))
+                to_conductor.append(("done", msg[1], worker.used(), []))
             else:
                 worker.close(msg[1])
-                to_conductor.append(("usage", None, worker.used()))
+                to_conductor.append(("usage", None, worker.used(), [msg[1]]))
             check()
-        kind, node, used = to_conductor.popleft()
-        led.note_used(0, {"full": used}, node)
+        kind, node, used, closed = to_conductor.popleft()
+        led.note_used(0, {"full": used}, node, closed)
         check()
     assert ran > 200
     assert pools[0].account().used_blocks == worker.used()   # settled: the count is the cache's
+    assert not pools[0].frees_pending()                        # every close was reported
     assert worker.blocks.allocator.stats.hit_tokens > 0       # prompts did share cached blocks
