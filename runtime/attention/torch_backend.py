@@ -6,12 +6,8 @@ request's length. Prefill chunks are attended one request at a time, which keeps
 prompts free of padding, through torch's fused (flash) SDPA kernel for CPU: it needs 4-D
 tensors and no (heads x T x T) score matrix is ever built, so a prefill's memory grows
 linearly with the prompt. A chunk with no context (a whole prompt) is plain top-left
-causal. A chunk after context (chunked prefill) is two unmasked-or-causal calls of the same
-kernel on CPU, merged by their log-sum-exps: its rows over the context (every key visible, so
-each kv head's query heads fold into one call's rows: GQA without copying the context) and
-over themselves (causal). A masked call would leave the fused kernel's fast path: a prompt's
-later chunks cost what its first ones do per key. Other devices attend QUERY_TILE rows at a
-time with an explicit (rows, keys) mask, built per tile so it too stays linear in the prompt.
+causal; a chunk after context (chunked prefill) is attended QUERY_TILE rows at a time with
+an explicit (rows, keys) mask, built per tile so it too stays linear in the prompt.
 
 Everything that depends only on the batch layout (block lists, masks, row indices) is
 built once in `plan`, from the host copies of the metadata, not once per layer.
@@ -107,12 +103,6 @@ def _attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if ctx == 0:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
         return o[0].transpose(0, 1)                                                     # (q_len, Hq, D)
-    after_context = _after_context_cpu if q.device.type == "cpu" else _after_context_tiled
-    return after_context(q, k, v, ctx, scale)[0].transpose(0, 1)                      # (q_len, Hq, D)
-
-
-def _after_context_tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int, scale: float) -> torch.Tensor:
-    """(1, Hq, n, D) rows of a chunk after `ctx` cached tokens, QUERY_TILE rows per masked call."""
     out = torch.empty_like(q)
     for a in range(0, q.shape[2], QUERY_TILE):
         b = min(a + QUERY_TILE, q.shape[2])
@@ -120,22 +110,4 @@ def _after_context_tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx:
         mask = torch.arange(end, device=q.device)[None, :] <= torch.arange(ctx + a, end, device=q.device)[:, None]
         out[:, :, a:b] = F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, :end], v[:, :, :end],
                                                          attn_mask=mask, scale=scale, enable_gqa=True)
-    return out
-
-
-def _after_context_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int, scale: float) -> torch.Tensor:
-    """(1, Hq, n, D) rows of a chunk after `ctx` cached tokens over k, v (1, Hkv, ctx + n, D): the
-    context part (no mask) and the chunk's own causal part, merged by their log-sum-exps in fp32."""
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    _, hq, n, d = q.shape
-    hkv = k.shape[1]
-    group = hq // hkv
-    folded = q.reshape(1, hkv, group * n, d)      # query head h reads kv head h // group; no mask: rows independent
-    o_ctx, lse_ctx = flash(folded, k[:, :, :ctx], v[:, :, :ctx], 0.0, False, scale=scale)
-    o_new, lse_new = flash(q, k[:, :, ctx:].repeat_interleave(group, 1), v[:, :, ctx:].repeat_interleave(group, 1),
-                           0.0, True, scale=scale)
-    lse_ctx = lse_ctx.reshape(1, hq, n)
-    lse = torch.logaddexp(lse_ctx, lse_new)
-    out = (o_ctx.reshape(1, hq, n, d).float() * (lse_ctx - lse).exp()[..., None]
-           + o_new.float() * (lse_new - lse).exp()[..., None])
-    return out.to(q.dtype)
+    return out[0].transpose(0, 1)                                                       # (q_len, Hq, D)
