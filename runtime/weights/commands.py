@@ -5,13 +5,13 @@
         safetensors headers and the config files only (modules built on the meta device); exit 1 on
         any mismatch, naming the first offending keys and the fix.
     mstar-run convert-weights DIR
-        every .bin/.pt under DIR once into .safetensors beside it (torch.load(weights_only=True):
-        tensors only, no code runs); serving reads the converted files, never the pickles.
+        every .bin/.pt under DIR once into .safetensors beside it (read by runtime/weights/torch_zip.py,
+        which interprets tensors and containers only and never unpickles); serving reads the converted
+        files, never the originals.
 """
 from __future__ import annotations
 
 import argparse
-import pickle
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -21,6 +21,7 @@ import torch
 from mstar_compiler.plan import Plan, load_plan
 from runtime.weights.published import check_published, mismatch_fix
 from runtime.weights.repository import PICKLE_SUFFIXES
+from runtime.weights.torch_zip import NotAWeightsFile, read_torch_zip
 from runtime.weights.sources import WeightOptions, resolve
 
 GIB = 2**30
@@ -103,10 +104,9 @@ def convert_dir(root: Path, out=sys.stdout) -> bool:
             print(f"{target}: exists, left as is", file=out)
             continue
         try:
-            tensors, skipped = flatten_tensors(torch.load(path, map_location="cpu", weights_only=True))
-        except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
-            first = str(exc).strip().splitlines()[0]
-            print(f"{path}: not converted, torch.load(weights_only=True) refuses it: {first}", file=out)
+            tensors, skipped = flatten_tensors(read_torch_zip(path))
+        except NotAWeightsFile as exc:
+            print(f"{path}: not converted, not a checkpoint of tensors: {exc}", file=out)
             ok = False
             continue
         if not tensors:
