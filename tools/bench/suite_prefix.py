@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import itertools
+from pathlib import Path
 from typing import Callable
 
 from bench.edit_load import edits_of_one_image, smooth_png
@@ -53,13 +54,18 @@ def system_prompt(rules: int) -> str:
     return "You are a careful travel and geography assistant. " + " ".join(rules)
 
 
-def _sides(ctx: Context, stack: contextlib.ExitStack) -> dict[str, str]:
-    plan = mstar_plan(ctx, "float32")
-    logs = ctx.root / "bench-results/logs"
-    on = stack.enter_context(mstar_run(plan, logs / "prefix-on.log", "mstar-run (prefix cache)", ctx.threads))
-    off = stack.enter_context(mstar_run(plan, logs / "prefix-off.log", "mstar-run (no prefix cache)", ctx.threads,
+def _on_and_off(ctx: Context, stack: contextlib.ExitStack, plan: Path, model: str = "",
+                tag: str = "") -> dict[str, str]:
+    """URLs of two mstar-run servers of `plan`: "on" (prefix cache) and "off" (--no-prefix-cache)."""
+    logs, who, tag = ctx.root / "bench-results/logs", f"mstar-run {model}".strip(), f"{tag}-" if tag else ""
+    on = stack.enter_context(mstar_run(plan, logs / f"prefix-{tag}on.log", f"{who} (prefix cache)", ctx.threads))
+    off = stack.enter_context(mstar_run(plan, logs / f"prefix-{tag}off.log", f"{who} (no prefix cache)", ctx.threads,
                                         "--no-prefix-cache"))
     return {"on": on.url, "off": off.url}
+
+
+def _sides(ctx: Context, stack: contextlib.ExitStack) -> dict[str, str]:
+    return _on_and_off(ctx, stack, mstar_plan(ctx, "float32"))
 
 
 def _fresh(system: str) -> Callable[[], str]:
@@ -142,16 +148,12 @@ def _chat_rows(ctx: Context, n: int, rules: int, turns: int, max_tokens: int) ->
 
 
 def _edit_rows(ctx: Context, edits: int) -> list[Row]:
-    plans, logs = ctx.root / "bench-results/plans", ctx.root / "bench-results/logs"
+    plans = ctx.root / "bench-results/plans"
     plan = compile_plan(ctx.root / "graphs/bagel.yaml", plans / "bagel-tiny.plan.bin", "--preset", "tiny")
     prompts = [f"edit {i}: make the {TOPICS[i % len(TOPICS)]} brighter" for i in range(edits)]
     pictures = itertools.count(1)
     with contextlib.ExitStack() as stack:
-        urls = {"on": stack.enter_context(mstar_run(plan, logs / "prefix-bagel-on.log",
-                                                    "mstar-run bagel (prefix cache)", ctx.threads)).url,
-                "off": stack.enter_context(mstar_run(plan, logs / "prefix-bagel-off.log",
-                                                     "mstar-run bagel (no prefix cache)", ctx.threads,
-                                                     "--no-prefix-cache")).url}
+        urls = _on_and_off(ctx, stack, plan, "bagel", "bagel")
         model = model_card(urls["on"])["id"]
         images = {name: (lambda: smooth_png(256, next(pictures))) for name in urls}
         samples = ctx.alternate("prefix edits", {
@@ -167,15 +169,11 @@ def _edit_rows(ctx: Context, edits: int) -> list[Row]:
 
 
 def _video_talk_rows(ctx: Context, turns: int, max_tokens: int) -> list[Row]:
-    plans, logs = ctx.root / "bench-results/plans", ctx.root / "bench-results/logs"
+    plans = ctx.root / "bench-results/plans"
     plan = compile_plan(ctx.root / "graphs/qwen3_omni.yaml", plans / "qwen3-omni-tiny.plan.bin", "--preset", "tiny")
     videos = itertools.count(1)
     with contextlib.ExitStack() as stack:
-        urls = {"on": stack.enter_context(mstar_run(plan, logs / "prefix-omni-on.log",
-                                                    "mstar-run qwen3-omni (prefix cache)", ctx.threads)).url,
-                "off": stack.enter_context(mstar_run(plan, logs / "prefix-omni-off.log",
-                                                     "mstar-run qwen3-omni (no prefix cache)", ctx.threads,
-                                                     "--no-prefix-cache")).url}
+        urls = _on_and_off(ctx, stack, plan, "qwen3-omni", "omni")
         model = model_card(urls["on"])["id"]
 
         def talk(url: str) -> dict[str, float]:     # each run its own video: nothing cached from an earlier one
