@@ -1,6 +1,7 @@
 """`mstar-run`: serve a compiled plan, or run one worker rank that joins a running server.
 
-    mstar-run plan.bin [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-concurrency N] [--prefill-chunk 256]
+    mstar-run plan.bin [--host 127.0.0.1] [--port 8000 | --port 0 --port-file F] [--api-key KEY]
+                       [--max-concurrency N] [--prefill-chunk 256]
                        [--weights ROOT] [--weights REPO=DIR] [--random-weights]
                        [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2 --keys DIR]
                        [--batch-invariant] [--no-prefix-cache]
@@ -33,7 +34,10 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="HTTP bind address (default 127.0.0.1); local workers bind and advertise it too, so "
                         "ranks on other hosts reach them")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0: a free one the system picks)")
+    p.add_argument("--port-file", default=None, metavar="PATH",
+                   help="write the bound HTTP port to PATH once serving (with --port 0: how a supervisor or a "
+                        "test learns it without racing other processes for a port it picked)")
     p.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on /v1/* and /metrics; /health then shows worker "
                         "pids and ranks only with the key")
@@ -167,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             print("mstar-run: --remote-ranks needs --keys DIR: run `mstar-run keygen --ranks N --out DIR` and hand "
                   "each remote host its rank-<k>.json", file=sys.stderr)
             return 2
-        serve(ServerConfig(plan_path=args.plan, host=args.host, port=args.port, api_key=args.api_key,
+        serve(ServerConfig(plan_path=args.plan, host=args.host, port=args.port, port_file=args.port_file,
+                           api_key=args.api_key,
                            metrics_public=args.metrics_public, max_queue=args.max_queue,
                            max_concurrency=args.max_concurrency, weights=_weight_options(args),
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -46,7 +47,8 @@ log = logging.getLogger(__name__)
 class ServerConfig:
     plan_path: str
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = 8000                     # 0: the system picks a free one (see port_file)
+    port_file: str | None = None         # written with the bound port once HTTP serves (--port-file)
     api_key: str | None = None           # guards /v1/* and /metrics; /health shows internals only with it
     metrics_public: bool = False         # /metrics without the key (a scraper on a trusted network)
     max_concurrency: int = 256           # requests admitted at once; more wait in the queue
@@ -239,9 +241,12 @@ async def _serve(config: ServerConfig) -> None:
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
-    log.info("serving %s on http://%s:%d (workers connect to %s)", server.model_id, config.host, config.port,
+    port = runner.addresses[0][1]       # the bound one: --port 0 lets the system pick
+    if config.port_file:
+        _write_port_file(config.port_file, port)
+    log.info("serving %s on http://%s:%d (workers connect to %s)", server.model_id, config.host, port,
              server.conductor.endpoint)
-    print(f"mstar-run: serving {server.model_id} on http://{config.host}:{config.port} "
+    print(f"mstar-run: serving {server.model_id} on http://{config.host}:{port} "
           f"(workers: {server.conductor.endpoint})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -251,6 +256,14 @@ async def _serve(config: ServerConfig) -> None:
     log.info("draining")
     await server.drain()
     await runner.cleanup()
+
+
+def _write_port_file(path: str, port: int) -> None:
+    """`port` into `path`, whole or not at all: a reader polling for the file never sees half of it."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{port}\n")
+    os.replace(tmp, path)
 
 
 def serve(config: ServerConfig) -> None:

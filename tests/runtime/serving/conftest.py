@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -49,21 +50,42 @@ def http(method: str, url: str, body: object | bytes | None = None, timeout: flo
 
 
 class Server:
-    """A real `mstar-run` process on a free port."""
+    """A real `mstar-run` process on a port the system picks when it binds (`--port 0 --port-file`):
+    a port picked here and handed over could be taken meanwhile (another server's worker sockets
+    bind ephemeral ports too), and that server then fails to start."""
 
     def __init__(self, plan: str, *extra: str, env: dict | None = None, command: list[str] | None = None,
                  cwd: str | Path = REPO) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([*(command or [sys.executable, "-m", "runtime.cli"]), plan, "--port", str(self.port),
-                                      "--log-level", "warning", *extra],
+        fd, self._port_file = tempfile.mkstemp(prefix="mstar-port-")
+        os.close(fd)
+        os.unlink(self._port_file)      # it appears once the server listens
+        self._port: int | None = None
+        self.proc = subprocess.Popen([*(command or [sys.executable, "-m", "runtime.cli"]), plan, "--port", "0",
+                                      "--port-file", self._port_file, "--log-level", "warning", *extra],
                                      cwd=cwd, env={**os.environ, **(env or {})})
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            try:
+                self._port = int(Path(self._port_file).read_text())
+            except FileNotFoundError:
+                raise RuntimeError("mstar-run is not listening yet: wait_ready() first") from None
+            os.unlink(self._port_file)
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mstar-run exited with {self.proc.returncode}")
+            if self._port is None and not os.path.exists(self._port_file):
+                time.sleep(0.2)
+                continue
             try:
                 if http("GET", f"{self.url}/health", timeout=2)[0] == 200:
                     return
