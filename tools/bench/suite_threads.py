@@ -1,22 +1,29 @@
-"""threads: SmolLM2-135M decode at batch 16 under the worker's thread placement and others.
+"""threads: SmolLM2-135M decode at batch 16 under the worker's thread placement and others,
+on the machine as it is and beside one busy neighbour.
 
 Each side is its own process (OpenMP reads its settings once, when torch loads) that
 loads the `lm` node of graphs/smollm2.yaml as the linear suite's `Decoder` does and, on
 each request from this process, runs `STEPS` greedy decode steps of 16 requests and
-answers tokens/s. The sides alternate round by round on the same machine, so whatever
-else runs there (other users' jobs: the load is in the run's header) weighs on each alike:
+answers tokens/s. The sides alternate round by round on the same machine:
   mstar:    what a worker does: 2 threads (one per core) and, before torch loads,
             `runtime.worker.openmp.passive_waits` (idle OpenMP threads sleep at once);
-  baseline: 2 threads with libgomp's default spin-waits (the worker before), or 1 thread.
-Spinning threads are the ones a neighbour's load hurts: a descheduled spinner stalls every
-parallel region of the step (runtime/worker/openmp.py).
+  baseline: 2 threads with libgomp's default spin-waits (the worker before), 2 threads
+            that spin briefly (GOMP_SPINCOUNT=10000, tens of microseconds) before they
+            sleep, or 1 thread.
+Every comparison runs twice: as the machine is (other users' jobs: the load is in the
+run's header), then with a neighbour this suite starts, one process spinning on one core
+(`NEIGHBOUR`), as another tenant's job would. Spinning threads are the ones a neighbour
+hurts: a descheduled spinner stalls every parallel region of the step
+(runtime/worker/openmp.py); on an idle machine they save a wake-up per region.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
@@ -26,8 +33,12 @@ from bench.suite_chat import mstar_plan
 BATCH, STEPS, QUICK_STEPS = 16, 16, 4
 DEFAULT = "2 threads as a worker sets them (idle OpenMP threads sleep: runtime.worker.openmp)"
 # name -> (OMP_NUM_THREADS, whether the child applies the worker's OpenMP settings)
-PLACEMENTS = {"2 threads, libgomp's default spin-waits (the worker before)": ("2", False),
-              "1 thread": ("1", True)}
+# name -> (OMP_NUM_THREADS, whether the child applies the worker's OpenMP settings, more environment)
+PLACEMENTS = {"2 threads, libgomp's default spin-waits (the worker before)": ("2", False, {}),
+              "2 threads spinning 10k iterations before they sleep (GOMP_SPINCOUNT=10000)":
+                  ("2", False, {"GOMP_SPINCOUNT": "10000"}),
+              "1 thread": ("1", True, {})}
+NEIGHBOUR = "while True: pass"     # another tenant's job: one core kept busy
 CHILD = """
 import os, sys
 sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "tools")]
@@ -46,8 +57,8 @@ for line in sys.stdin:
 class Placement:
     """A decoding child process with its own OpenMP environment."""
 
-    def __init__(self, ctx: Context, plan: Path, threads: str, as_worker: bool) -> None:
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "KMP_"))}
+    def __init__(self, ctx: Context, plan: Path, threads: str, as_worker: bool, env: dict[str, str]) -> None:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "KMP_"))} | env
         self.proc = subprocess.Popen([sys.executable, "-c", CHILD.format(batch=BATCH), str(ctx.root),
                                       str(plan), "worker" if as_worker else "plain"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env={**base, "OMP_NUM_THREADS": threads})
@@ -64,20 +75,37 @@ class Placement:
         self.proc.wait(timeout=30)
 
 
-@register("threads", "SmolLM2 decode at batch 16: the worker's thread placement vs 1 thread / passive OpenMP waits")
+@register("threads", "SmolLM2 decode at batch 16: the worker's thread placement vs spinning / 1 thread, "
+                     "idle and beside a busy neighbour")
 def run(ctx: Context) -> list[Row]:
     steps = QUICK_STEPS if ctx.quick else STEPS
-    ctx.settings.update(batch=BATCH, steps=steps, placements={"mstar": DEFAULT, **PLACEMENTS})
+    ctx.settings.update(batch=BATCH, steps=steps, neighbour=NEIGHBOUR,
+                        placements={"mstar": DEFAULT, **{n: p[2] for n, p in PLACEMENTS.items()}})
     plan = mstar_plan(ctx, "float32")
-    sides = {"mstar": Placement(ctx, plan, "2", as_worker=True)}
+    sides = {"mstar": Placement(ctx, plan, "2", True, {})}
     try:
-        for name, (threads, as_worker) in PLACEMENTS.items():
-            sides[name] = Placement(ctx, plan, threads, as_worker)
-        samples = ctx.alternate("threads", {n: (lambda p=p: p.tok_s(steps)) for n, p in sides.items()}, warmup=0)
+        for name, (threads, as_worker, env) in PLACEMENTS.items():
+            sides[name] = Placement(ctx, plan, threads, as_worker, env)
+        measures = {n: (lambda p=p: p.tok_s(steps)) for n, p in sides.items()}
+        cases = {"as the machine is": ctx.alternate("threads", measures, warmup=0)}
+        with _neighbour():
+            cases["beside one busy neighbour"] = ctx.alternate("threads, neighbour", measures, warmup=0)
     finally:
         for side in sides.values():
             side.close()
-    return [Row(f"fp32, batch {BATCH}, vs {name}", "decode throughput", "tok/s", HIGHER,
+    return [Row(f"fp32, batch {BATCH}, {case}, vs {name}", "decode throughput", "tok/s", HIGHER,
                 Side(DEFAULT, samples["mstar"]["tok_s"]), Side(name, samples[name]["tok_s"]),
-                plot="threads", x=name, xlabel="placement",
-                note="the machine's load (other users) is in the run's header") for name in PLACEMENTS]
+                plot="threads" if case == "as the machine is" else "threads-neighbour", x=name,
+                xlabel="placement", note=f"{case}; the machine's load (other users) is in the run's header")
+            for case, samples in cases.items() for name in PLACEMENTS]
+
+
+@contextlib.contextmanager
+def _neighbour() -> Iterator[None]:
+    """One process keeping one core busy while the block runs."""
+    proc = subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
