@@ -104,6 +104,9 @@ def _nodes(ir: IR, preset: dict[str, Any]) -> None:
         if name not in raw_nodes:
             raise ir.doc.error(f"preset '{ir.preset}' maps unknown node '{name}'",
                                ("presets", ir.preset, "nodes", name), did_you_mean(name, raw_nodes), key=True)
+    if plan.CLIENT in raw_nodes:     # `from: client.<item>` would name this node, not the request's client
+        raise ir.doc.error(f"'{plan.CLIENT}' is reserved: a stream `from: {plan.CLIENT}.<item>` names the "
+                           "request's client", ("nodes", plan.CLIENT), "rename the node", key=True)
     for name, raw in raw_nodes.items():
         if "same_as" not in raw:
             ir.nodes[name] = _root_node(ir, name, raw, preset, preset_map)

@@ -176,7 +176,7 @@ def _edge(ir: IR, text: str, path: Path) -> EdgeDecl:
 
 def _stream(ir: IR, name: str, raw: dict[str, Any]) -> StreamIR:
     path: Path = ("streams", name)
-    if raw["from"].partition(".")[0] == plan.CLIENT and plan.CLIENT not in ir.nodes:
+    if raw["from"].partition(".")[0] == plan.CLIENT:      # no node is named so (pass resolve)
         s_node, s_port = raw["from"].split(".", 1)     # client-fed: the request's client pushes the items
     else:
         s_node, s_port = port_ref(ir, raw["from"], (*path, "from"))
