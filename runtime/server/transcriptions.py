@@ -1,7 +1,8 @@
 """POST /v1/audio/transcriptions: OpenAI's speech-to-text over the plan's chat task.
 
 The multipart form carries `file` (the audio), `model`, and optionally `language`,
-`prompt`, `response_format` (json | text | verbose_json), `temperature` and `stream`.
+`prompt`, `response_format` (json | text | verbose_json), `temperature` and `stream`; any
+other field (OpenAI's `include[]`, `timestamp_granularities[]`, ...) is a 400 naming it.
 The family's chat-input processor (`runtime.server.chat_inputs`) writes the model's own
 transcription request around the audio; the answer is decoded greedily unless a
 temperature is given. Streamed answers are SSE events `transcript.text.delta` and one
@@ -36,6 +37,10 @@ async def _form(request: web.Request) -> tuple[bytes, str, dict[str, str]]:
             data, name = bytes(await part.read()), part.filename or ""
         elif part.name in FIELDS:
             fields[part.name] = await part.text()
+        else:   # e.g. include[]=logprobs, timestamp_granularities[]: refused, not ignored
+            raise ApiError(400, f"form field '{part.name}' is not supported by this server's transcriptions "
+                           f"(it takes 'file' and {', '.join(repr(f) for f in FIELDS)})", part.name,
+                           "unsupported_field")
     if data is None:
         raise ApiError(400, "the form has no 'file' field (the audio to transcribe)", "file")
     return data, name, fields

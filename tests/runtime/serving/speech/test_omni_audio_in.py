@@ -101,6 +101,18 @@ def test_transcriptions_take_wav_and_mp3_through_the_openai_client(single, fmt) 
     assert plain == again.text                    # greedy, the same prompt: the same words
 
 
+@pytest.mark.parametrize("extra,field", [({"include": ["logprobs"]}, "include[]"),
+                                         ({"timestamp_granularities": ["word"]}, "timestamp_granularities[]")])
+def test_transcription_fields_this_server_does_not_take_are_a_400_naming_them(single, extra, field) -> None:
+    client = client_of(single)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.transcriptions.create(model=OMNI, file=("clip.wav", io.BytesIO(wav_bytes(0.5, 16000))),
+                                           response_format="verbose_json", **extra)
+    assert info.value.body["param"] == field and info.value.body["code"] == "unsupported_field", info.value.body
+    assert isinstance(client.audio.transcriptions.create(
+        model=OMNI, file=("clip.wav", io.BytesIO(wav_bytes(0.5, 16000)))).text, str)   # and it serves on
+
+
 def test_streamed_transcription_ends_with_the_whole_text(single) -> None:
     events = list(client_of(single).audio.transcriptions.create(
         model=OMNI, file=("clip.wav", io.BytesIO(wav_bytes(1.0, 16000))), stream=True))
