@@ -320,6 +320,7 @@ class Conductor:
         status = self.workers.ranks[rank]
         status.nodes, status.is_ready = msg.nodes, True
         self.ledger.add_rank(rank, msg.nodes, self.index, self.config.prefix_cache)
+        self.ledger.note_reported(rank, msg.prefix)     # /metrics shows those caches' counters from the start
         self.scheduler.chunked_prefill.update((rank, info.name) for info in msg.nodes if info.prefill_chunks)
         peers = {r: s.peer_endpoint for r, s in self.workers.ranks.items() if s.peer_endpoint}
         for r in self.workers.ready_ranks():

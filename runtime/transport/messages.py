@@ -86,6 +86,7 @@ class Ready(_Msg, tag="ready"):
 
     rank: int
     nodes: list[NodeInfo]
+    prefix: list[PrefixCounts] = []     # the self-deciding prefix caches' totals (0 on a fresh start)
 
 
 class Peers(_Msg, tag="peers"):

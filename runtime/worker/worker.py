@@ -103,7 +103,7 @@ class Worker:
                      kv_reported=getattr(self.executors[name], "kv_reported", ""),
                      prefill_chunks=getattr(self.executors[name], "chunks_prefill", False),
                      compiled_buckets=list(getattr(self.executors[name], "compiled_buckets", ())))
-            for name, (module, source) in modules.items()])
+            for name, (module, source) in modules.items()], prefix=self._prefix_counts())
         self.control.send(self.ready)
 
     def _await_welcome(self) -> Welcome:

@@ -71,6 +71,8 @@ class Chat(threading.Thread):
 def test_chats_sharing_a_cached_system_prompt_run_at_once_on_a_pool_too_small_for_their_full_blocks(
         small_pool: Server) -> None:
     questions = ["Will it rain in Oslo?", "Is it windy in Lima?", "How warm is Cairo?"]
+    # the thinker's own prefix cache is on /metrics from the start (its worker's Ready), at zero
+    assert [small_pool.metric(f"mstar_prefix_cache_{n}_total") for n in ("queries", "hit_tokens")] == [0, 0]
     alone = []
     for q in questions:                              # one at a time: the answers to match, and the cache warm
         chat = Chat(small_pool, q)
@@ -92,3 +94,4 @@ def test_chats_sharing_a_cached_system_prompt_run_at_once_on_a_pool_too_small_fo
     # neither held back for room nor preempted for it
     assert [small_pool.metric(m) for m in ("mstar_kv_admission_holds", "mstar_kv_preemptions")] == held
     assert [c.text for c in chats] == alone          # greedy, fp32: the same answers at once as alone
+    assert small_pool.metric("mstar_prefix_cache_hit_tokens_total") > 0     # the shared system prompt, reused
