@@ -45,6 +45,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--vllm", type=Path, default=None,
                         help="vLLM CPU peer: its venv's bin/vllm (or bin/python, or the venv) "
                              "(default: .bench/vllm-venv of tools/setup_vllm_cpu.sh)")
+    parser.add_argument("--cpu-compile", action="store_true",
+                        help="mstar's SmolLM2 plans compile their decode steps (the lm node's `cpu_compile: true`; "
+                             "a cold start compiles for minutes)")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     parser.add_argument("--render", action="store_true", help="only re-render table and plots")
     return parser.parse_args(argv)
@@ -56,7 +59,8 @@ def run_suite(name: str, args: argparse.Namespace, command: str) -> results.RunR
     if args.threads is not None:
         import torch
         torch.set_num_threads(args.threads)
-    ctx = Context(rounds=args.rounds, quick=args.quick, root=ROOT, threads=args.threads, vllm=args.vllm)
+    ctx = Context(rounds=args.rounds, quick=args.quick, root=ROOT, threads=args.threads, vllm=args.vllm,
+                  cpu_compile=args.cpu_compile)
     record = results.RunRecord(name, suite.title, command, args.rounds, results.now(),
                                machine=results.machine_info(ROOT))
     try:

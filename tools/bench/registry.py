@@ -34,6 +34,7 @@ class Context:
     root: Path                           # repository root
     threads: int | None = None           # torch threads of in-process sides (None: torch's default)
     vllm: Path | None = None             # the vLLM peer's bin/vllm, bin/python or venv (None: .bench/vllm-venv)
+    cpu_compile: bool = False            # mstar's SmolLM2 plans with `args: {cpu_compile: true}` on the lm node
     settings: dict[str, Any] = field(default_factory=dict)   # recorded in the result JSON
     needs: list[dict[str, str]] = field(default_factory=list)  # comparisons that could not run
 

