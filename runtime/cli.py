@@ -53,6 +53,9 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="directory from `mstar-run keygen` (required with --remote-ranks); default: fresh CURVE "
                         "keys for this start, handed to local workers in 0600 files")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request is aborted")
+    p.add_argument("--ready-timeout", type=float, default=300.0, metavar="S",
+                   help="at start, how long a worker may go without a start step (weights loaded, a decode step "
+                        "compiled or captured) before the server gives up (default 300)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="run every node for one request at a time and never merge batches: no output then "
                         "depends on what else is running or on the placement, bit for bit, unless a node is split "
@@ -177,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                            max_concurrency=args.max_concurrency, weights=_weight_options(args),
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
                            remote_ranks=remote, request_timeout_s=args.request_timeout,
+                           ready_timeout_s=args.ready_timeout,
                            batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
                            prefill_chunk_tokens=args.prefill_chunk, keys_dir=args.keys, ray=_ray_options(args)))
         return 0

@@ -31,6 +31,7 @@ from runtime.conductor.replies import InFlight, ReplyCheck, can_retry_alone, ret
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.running import RunningSet
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
+from runtime.conductor.start_watch import StartWatch
 from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import RankLauncher, WorkerSet
 from runtime.worker.loader import tp_ranks
@@ -97,7 +98,8 @@ class Conductor:
     # ---- life cycle ----------------------------------------------------------------
 
     async def start(self, ready_timeout: float = 300.0) -> None:
-        """Bind the control socket, start local workers, wait until every rank is ready."""
+        """Bind the control socket, start local workers, wait until every rank is ready: for as long as
+        each rank not yet ready reports start steps at most `ready_timeout` s apart (start_watch.py)."""
         self.ctx = zmq.asyncio.Context()
         keys, key_files = cluster_keys(self.config.keys_dir, len(self.plan.ranks))
         self.guard = start_guard(self.ctx, keys)
@@ -109,11 +111,10 @@ class Conductor:
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]
         self.workers.start_local()
-        deadline = time.monotonic() + ready_timeout
+        watch = StartWatch(ready_timeout)
         while len(self.workers.ready_ranks()) < len(self.plan.ranks):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"workers not ready after {ready_timeout:.0f} s "
-                                   f"(ready ranks: {sorted(self.workers.ready_ranks())})")
+            if (why := watch.stalled(self.worker_stats, self.workers.ready_ranks(), len(self.plan.ranks))):
+                raise TimeoutError(f"workers not ready: {why} (ready ranks: {sorted(self.workers.ready_ranks())})")
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:

@@ -32,6 +32,7 @@ from runtime.cuda_graphs.cpu_compile import compile_step
 from runtime.cuda_graphs.decode_inputs import DecodeInputs
 from runtime.kv import PagedKVCache
 from runtime.layers import DecoderLM
+from runtime.worker import progress
 
 log = logging.getLogger(__name__)
 WARMUP_RUNS = 2   # eager runs before a capture: Triton compiles, the caching allocator settles
@@ -118,6 +119,7 @@ class DecodeGraphs:
             step = self._capture(bucket, backend, batch)
             log.info("captured a CUDA graph for decode batches of %d", bucket)
         self._steps[bucket] = step
+        progress.advance(f"{'compiled' if self.compiled else 'prepared'} the decode step for batches of {bucket}")
         return step
 
     def _backend(self) -> AttentionBackend:

@@ -64,6 +64,7 @@ class ServerConfig:
     prefix_cache: bool = True            # reuse the KV blocks of equal prompt prefixes across requests
     prefill_chunk_tokens: int = 256      # prompt tokens per prefill chunk (0: whole prompts)
     drain_timeout_s: float = 30.0
+    ready_timeout_s: float = 300.0       # a worker not ready and without a start step this long fails the start
     ray: RayOptions | None = None        # --ray: the ranks run as actors on a Ray cluster
 
 
@@ -236,7 +237,7 @@ class MstarServer:
 
 async def _serve(config: ServerConfig) -> None:
     server = MstarServer(config)
-    await server.conductor.start()
+    await server.conductor.start(config.ready_timeout_s)
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)

@@ -235,6 +235,8 @@ class Heartbeat(_Msg, tag="heartbeat"):
     value_stores: int = 0                 # requests whose values (inputs, outputs) this rank stores
     dropped_messages: int = 0             # messages this rank dropped as malformed or naming nothing it holds
     refused_peers: int = 0                # handshakes this rank's inbox refused (no or unknown CURVE key)
+    start_steps: int = 0                  # start steps done (weights loaded, decode steps compiled, ...)
+    start_last: str = ""                  # the latest of them
 
 
 class KVUsage(_Msg, tag="kv_used"):

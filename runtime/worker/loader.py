@@ -26,6 +26,7 @@ from runtime.parallel import SINGLE, TensorParallelGroup, init_tensor_parallel, 
 from runtime.weights.published import load_published
 from runtime.weights.slots import Slot, checkpoint_follows, module_slots
 from runtime.weights.sources import NodeWeights, WeightOptions, resolve
+from runtime.worker import progress
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,7 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
             group = tp if node.placement.tp_size > 1 else SINGLE
             module = by_key[node.weight_key] = load_node(plan.node(node.weight_key), source, group).to(device)
             log.debug("rank %d: %s: %d linear weights packed for oneDNN", rank, name, pack_linears(module))
+            progress.advance(f"loaded {name}")
         out[name] = (by_key[node.weight_key], source.describe())
     return out
 

@@ -46,6 +46,7 @@ from runtime.transport.queues import (
     EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, PeerUnreachableError, WorkerQueue, is_worth_logging,
 )
 from runtime.weights.sources import WeightOptions
+from runtime.worker import progress
 from runtime.worker.loader import load_rank, tensor_parallel_group, tp_ranks
 from runtime.worker.opened import OpenedRequests
 from runtime.worker.streams import WorkerStreams
@@ -132,15 +133,17 @@ class Worker:
         """Alive, with what this rank holds (read from the heartbeat thread: plain counters)."""
         executors = dict(getattr(self, "executors", {}))
         streams = getattr(self, "streams", None)
+        steps, last = progress.snapshot()
         try:
-            return Heartbeat(rank=self.rank, kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items()
-                                                              if ex.kv_blocks},
+            return Heartbeat(rank=self.rank, start_steps=steps, start_last=last,
+                             kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items()
+                                             if ex.kv_blocks},
                              stream_buffers=streams.num_buffers if streams else 0,
                              value_stores=len(getattr(self, "values", {})),
                              dropped_messages=getattr(self, "dropped", 0),
                              refused_peers=self.guard.admission.refused if getattr(self, "guard", None) else 0)
         except RuntimeError:   # a table changed size under us: this beat goes without numbers
-            return Heartbeat(rank=self.rank)
+            return Heartbeat(rank=self.rank, start_steps=steps, start_last=last)
 
     # ---- loop ----------------------------------------------------------------------
 

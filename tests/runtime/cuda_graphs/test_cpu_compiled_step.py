@@ -18,6 +18,7 @@ from torch._dynamo.utils import counters
 
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.cuda_graphs.cpu_compile import cpp_compiler
+from runtime.worker import progress
 from tests.runtime.cuda_graphs.graph_factories import changed_slots, clone_cache, eager_decode, new_slot, prefilled, tiny_llama
 
 # requests decoding at each step: all three (two open a new block), a reordered 2, one, all three
@@ -32,7 +33,10 @@ def test_compiled_step_matches_eager_without_recompiling() -> None:
     manager, cache = prefilled(model)
     reference = clone_cache(model, cache)
     graphs = DecodeGraphs(model, cache, (4,), max_blocks=4, compiled=True)
+    steps = progress.snapshot()[0]
     graphs.capture_all()                               # the compile happens here, on padding rows
+    # a start step the worker's heartbeat reports (the conductor waits while steps come)
+    assert progress.snapshot() == (steps + 1, "compiled the decode step for batches of 4")
     compiles = counters["stats"]["unique_graphs"]
     gen = torch.Generator().manual_seed(2)
     for reqs in STEPS:
