@@ -114,7 +114,9 @@ class Conductor:
         watch = StartWatch(ready_timeout)
         while len(self.workers.ready_ranks()) < len(self.plan.ranks):
             if (why := watch.stalled(self.worker_stats, self.workers.ready_ranks(), len(self.plan.ranks))):
-                raise TimeoutError(f"workers not ready: {why} (ready ranks: {sorted(self.workers.ready_ranks())})")
+                ready = sorted(self.workers.ready_ranks())
+                await self.stop()           # no worker outlives a failed start
+                raise TimeoutError(f"workers not ready: {why} (ready ranks: {ready})")
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:

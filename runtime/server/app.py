@@ -237,11 +237,19 @@ class MstarServer:
 
 async def _serve(config: ServerConfig) -> None:
     server = MstarServer(config)
-    await server.conductor.start(config.ready_timeout_s)
+    try:
+        await server.conductor.start(config.ready_timeout_s)     # stops its workers itself when it fails
+    except TimeoutError as exc:
+        raise SystemExit(f"mstar-run: {exc}") from None
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:   # the port is taken: said, and the workers go with the server
+        await server.conductor.stop()
+        await runner.cleanup()
+        raise SystemExit(f"mstar-run: cannot listen on {config.host}:{config.port}: {exc.strerror}") from None
     port = runner.addresses[0][1]       # the bound one: --port 0 lets the system pick
     if config.port_file:
         _write_port_file(config.port_file, port)
