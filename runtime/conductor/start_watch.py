@@ -19,10 +19,11 @@ class StartWatch:
         self.started = time.monotonic() if now is None else now
 
     def progress(self, rank: int, steps: int, last: str, now: float | None = None) -> None:
-        """A heartbeat of `rank` saying it has done `steps` start steps, the latest `last`."""
+        """A heartbeat of `rank` saying it has done `steps` start steps, the latest `last`. Any other
+        count than the last one seen is progress: a worker restarted during the start counts from 0 again."""
         now = time.monotonic() if now is None else now
         seen = self.steps.get(rank)
-        if seen is None or steps > seen[0]:
+        if seen is None or steps != seen[0]:
             self.steps[rank] = (steps, last, now)
 
     def stalled(self, beats: Mapping[int, Heartbeat], ready: set[int], num_ranks: int,

@@ -119,7 +119,8 @@ class DecodeGraphs:
             step = self._capture(bucket, backend, batch)
             log.info("captured a CUDA graph for decode batches of %d", bucket)
         self._steps[bucket] = step
-        progress.advance(f"{'compiled' if self.compiled else 'prepared'} the decode step for batches of {bucket}")
+        done = "compiled" if self.compiled else "captured" if self.use_graphs else "prepared"
+        progress.advance(f"{done} the decode step for batches of {bucket}")
         return step
 
     def _backend(self) -> AttentionBackend:

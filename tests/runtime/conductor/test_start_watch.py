@@ -39,3 +39,12 @@ def test_a_rank_never_heard_from_fails_after_the_timeout_from_the_start() -> Non
 def test_ready_ranks_are_not_watched() -> None:
     watch = StartWatch(300.0, now=T0)
     assert watch.stalled({0: _beat(0, 1)}, {0}, 1, now=T0 + 5000.0) is None
+
+
+def test_a_rank_restarted_during_the_start_counts_its_new_steps_as_progress() -> None:
+    watch = StartWatch(300.0, now=T0)
+    assert watch.stalled({0: _beat(0, 4, "compiled bucket 4")}, set(), 1, now=T0 + 200.0) is None
+    # its worker died and a fresh one loads again: 1 step, fewer than before, yet a step
+    assert watch.stalled({0: _beat(0, 1, "loaded lm")}, set(), 1, now=T0 + 450.0) is None
+    assert watch.stalled({0: _beat(0, 1, "loaded lm")}, set(), 1, now=T0 + 700.0) is None
+    assert watch.stalled({0: _beat(0, 1, "loaded lm")}, set(), 1, now=T0 + 751.0) is not None
