@@ -152,6 +152,10 @@ class DecodeGraphs:
         backend.plan(batch, self.shape)
         start = time.perf_counter()
         with torch.inference_mode():
+            # one eager run first, as before a CUDA capture: what the model builds lazily on first use
+            # (the rotary's per-device frequencies) then exists when it is traced, and is not a
+            # guard that fails on the first real step (a recompile in a request's latency)
+            self._step(bucket, backend, batch)
             step(bucket, backend, batch)
         log.warning("compiled the CPU decode step for batches of %d in %.1f s (inductor C++)", bucket,
                     time.perf_counter() - start)
