@@ -85,6 +85,20 @@ def test_server_starts_answers_and_is_stopped(tmp_path):
     assert proc.poll() is not None
 
 
+def test_mstar_run_server_binds_its_own_port_and_says_which(tmp_path):
+    """The bench's mstar-run binds a port the system picks and writes it down once serving: no
+    port is chosen here and bound there (module docstring of tools/bench/servers.py)."""
+    from bench.servers import mstar_run
+    from tests.runtime.serving.conftest import compile_plan, http
+    plan = compile_plan(tmp_path, "smollm2", preset="tiny")
+    with mstar_run(Path(plan), tmp_path / "mstar.log", "mstar-run tiny", 1, start_timeout_s=120) as srv:
+        assert "--port-file" in srv.cmd and srv.cmd[srv.cmd.index("--port") + 1] == "0"
+        assert srv.port > 0 and srv.port == int((tmp_path / "mstar.port").read_text())
+        assert http("GET", srv.url + "/health")[0] == 200
+        proc = srv.proc
+    assert proc.poll() is not None
+
+
 def test_server_that_dies_is_reported_with_its_log(tmp_path):
     cmd = [sys.executable, "-c", "import sys; print('no weights here'); sys.exit(3)"]
     with pytest.raises(Needs, match="exited with 3.*no weights here"):

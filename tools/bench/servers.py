@@ -3,6 +3,9 @@
 A `Server` is a context manager: it starts the command in its own process group with its
 output in a log file, waits until `GET <health_path>` answers 200, and on exit sends
 SIGTERM to that group (SIGKILL after a grace period). Nothing else is ever signalled.
+mstar-run binds a port the system picks (`--port 0`) and writes it to a file once it serves
+(`--port-file`), so no port is chosen here and bound there (another process, a worker's
+socket, could take it in between); vLLM's server has no such flag and gets a free port.
 """
 from __future__ import annotations
 
@@ -31,8 +34,9 @@ class Server:
 
     def __init__(self, name: str, cmd: Sequence[str], port: int, log_path: Path,
                  env: Mapping[str, str] | None = None, health_path: str = "/health",
-                 start_timeout_s: float = 600.0) -> None:
+                 start_timeout_s: float = 600.0, port_file: Path | None = None) -> None:
         self.name, self.cmd, self.port, self.log_path = name, list(cmd), port, log_path
+        self.port_file = port_file     # where the server writes the port it bound (port is 0 until then)
         self.env = {**os.environ, **(env or {})}
         self.health_path, self.start_timeout_s = health_path, start_timeout_s
         self.proc: subprocess.Popen | None = None
@@ -44,6 +48,8 @@ class Server:
     def __enter__(self) -> Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("w")
+        if self.port_file is not None:
+            self.port_file.unlink(missing_ok=True)
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
         log.close()
@@ -56,6 +62,11 @@ class Server:
             if self.proc.poll() is not None:
                 raise Needs(f"{self.name} exited with {self.proc.returncode} while starting; "
                             f"see {self.log_path}: {self._log_tail()}")
+            if self.port_file is not None and not self.port:
+                if not self.port_file.is_file():
+                    time.sleep(1.0)
+                    continue
+                self.port = int(self.port_file.read_text())   # written whole, once serving
             try:
                 with urllib.request.urlopen(self.url + self.health_path, timeout=5) as resp:
                     if resp.status == 200:
@@ -86,10 +97,10 @@ class Server:
 
 def mstar_run(plan: Path, log_path: Path, name: str, threads: int | None = None, *flags: str,
               start_timeout_s: float = 600.0) -> Server:
-    """`mstar-run plan [flags]` on a free port; `threads` becomes OMP_NUM_THREADS, which the
-    server hands its local workers as `--threads`."""
-    port = free_port()
-    cmd = [str(Path(sys.executable).parent / "mstar-run"), str(plan), "--port", str(port), "--log-level", "warning",
-           *flags]
-    return Server(name, cmd, port, log_path, {} if threads is None else {"OMP_NUM_THREADS": str(threads)},
-                  start_timeout_s=start_timeout_s)
+    """`mstar-run plan [flags]` on a port it binds itself (module docstring); `threads` becomes
+    OMP_NUM_THREADS, which the server hands its local workers as `--threads`."""
+    port_file = log_path.with_suffix(".port")
+    cmd = [str(Path(sys.executable).parent / "mstar-run"), str(plan), "--port", "0", "--port-file", str(port_file),
+           "--log-level", "warning", *flags]
+    return Server(name, cmd, 0, log_path, {} if threads is None else {"OMP_NUM_THREADS": str(threads)},
+                  start_timeout_s=start_timeout_s, port_file=port_file)
