@@ -87,16 +87,18 @@ class DecodeGraphs:
         if bucket is None:
             raise ValueError(f"a decode batch of {n} requests fits no bucket of {self.buckets}; check can_run first")
         step = self._steps.get(bucket) or self._prepare(bucket)
-        batch = self.inputs.fill(bucket, tokens, block_tables, seq_lens)
-        step.backend.plan(batch, self.shape)
-        if step.compiled is not None:
-            with torch.inference_mode():
+        # in inference mode whoever calls: a compiled step guards on its inputs' dispatch keys, so
+        # the tensors `plan` builds must be inference tensors here as they were at the compile
+        with torch.inference_mode():
+            batch = self.inputs.fill(bucket, tokens, block_tables, seq_lens)
+            step.backend.plan(batch, self.shape)
+            if step.compiled is not None:
                 hidden, logits = step.compiled(bucket, step.backend, batch)
-        elif step.graph is None:
-            hidden, logits = self._forward(bucket, step.backend, batch)
-        else:
-            step.graph.replay()
-            hidden, logits = step.hidden, step.logits
+            elif step.graph is None:
+                hidden, logits = self._step(bucket, step.backend, batch)
+            else:
+                step.graph.replay()
+                hidden, logits = step.hidden, step.logits
         return logits[:n], hidden[:n]
 
     def capture_all(self) -> None:
@@ -148,10 +150,10 @@ class DecodeGraphs:
         """The bucket's step compiled, and compiled now: run once on padding rows only (they write
         only the padding slot), so no request waits for inductor."""
         step = compile_step(self._step, len(self.buckets))
-        batch = self.inputs.fill(bucket, (), (), ())
-        backend.plan(batch, self.shape)
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode():     # as every later step runs (`run`)
+            batch = self.inputs.fill(bucket, (), (), ())
+            backend.plan(batch, self.shape)
             # one eager run first, as before a CUDA capture: what the model builds lazily on first use
             # (the rotary's per-device frequencies) then exists when it is traced, and is not a
             # guard that fails on the first real step (a recompile in a request's latency)

@@ -48,7 +48,8 @@ def test_compiled_step_matches_eager_without_recompiling() -> None:
             manager.append(r, 1)
         before = clone_cache(model, cache)
         tables = [manager.table(r) for r in reqs]
-        logits, hidden = graphs.run(tokens, [t.blocks for t in tables], [t.num_tokens for t in tables])
+        with torch.inference_mode():     # as the executor calls it (its `run` is in inference mode)
+            logits, hidden = graphs.run(tokens, [t.blocks for t in tables], [t.num_tokens for t in tables])
         want_logits, _ = eager_decode(model, manager, reference, reqs, tokens)
         torch.testing.assert_close(logits, want_logits, atol=1e-4, rtol=1e-4)
         assert logits.argmax(-1).tolist() == want_logits.argmax(-1).tolist()
