@@ -239,6 +239,7 @@ class Conductor:
         a KV cache moving with a Run is sent by its old rank first, worker to worker."""
         batch_id = next(self._batch_ids)
         tensors = {}
+        has_kv = self.index.nodes[batch.node].has_kv_cache
         for e in batch.entries:
             req = e.request
             # every rank this Run reaches is opened first: a worker refuses anything of a request it was not opened for
@@ -247,8 +248,9 @@ class Conductor:
                                  | {s.rank for s in e.item.stream_out})
             if e.kv_from is not None:
                 self._send(e.kv_from, MoveKV(request_id=req.request_id, node=batch.node, dst_rank=batch.rank))
-            e.kv_added = req.note_kv(batch.node, e.item.tokens) if self.index.nodes[batch.node].has_kv_cache else 0
-            tensors.update(e.tensors)
+            e.kv_added = req.note_kv(batch.node, e.item.tokens) if has_kv else 0
+            if e.tensors:
+                tensors.update(e.tensors)
         self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group))
         items = [e.item for e in batch.entries]
         for rank in batch.group:
@@ -375,11 +377,11 @@ class Conductor:
                 self._finish(req)
 
     def _client_output(self, req: Request, entry: Any, result: ItemResult, env: Envelope) -> None:
-        walk, node = entry.pending.walk, entry.pending.run.node
+        facts = self.index.facts(entry.pending.walk, entry.pending.run.node)
         # a prompt read in pieces (for_each): a token sampled after a middle piece predicts prompt text
-        if result.tokens and self.index.client_tokens(walk, node) and req.tracks[entry.pending.track].is_on_last_item:
+        if result.tokens and facts.client_tokens and req.tracks[entry.pending.track].is_on_last_item:
             req.emit_tokens(result.tokens, result.logprobs)
-            budget = self.index.token_budgets.get(node)
+            budget = facts.token_budget
             if budget is not None and len(req.output_ids) >= resolve_count(budget, req.params):
                 for cursor in req.tracks:
                     if cursor.index == entry.pending.track:   # other tracks (a vocoder) still drain

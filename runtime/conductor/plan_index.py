@@ -23,6 +23,17 @@ class Source:
     is_request_input: bool
 
 
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What every Run of one node in one walk needs to know, built once (`PlanIndex.facts`) and
+    read per dispatched item and per result instead of asking the index each question."""
+
+    ports: tuple[tuple[str, tuple[Source, ...], bool], ...]  # (input port, its sources, is a token port)
+    client_tokens: bool                 # its tokens go to the client
+    client_tensors: tuple[str, ...]     # output ports whose tensors go to the client
+    token_budget: Count | None          # the loop `max` bounding the client's tokens from the node
+
+
 class PlanIndex:
     """Per (walk, node): input sources, cross-rank routes, client outputs."""
 
@@ -57,6 +68,19 @@ class PlanIndex:
             len(ranks) > 1 for ranks in (n.placement.ranks, *n.placement.walk_ranks.values())))
         self._tensor_sources = self._nodes_read_for_tensors()
         self.token_budgets = self._token_budgets()
+        self._facts: dict[tuple[str, str], RunFacts] = {}
+
+    def facts(self, walk: str, node: str) -> RunFacts:
+        """The `RunFacts` of a Run of `node` in `walk` (memoised: the plan never changes)."""
+        found = self._facts.get((walk, node))
+        if found is None:
+            client_tokens = self.client_tokens(walk, node)
+            ports = tuple((port, tuple(sources), self.is_token_port(node, port, output=False))
+                          for port, sources in self.sources(walk, node).items())
+            found = self._facts[(walk, node)] = RunFacts(
+                ports, client_tokens, tuple(self.client_tensors(walk, node)),
+                self.token_budgets.get(node) if client_tokens else None)
+        return found
 
     def _token_budgets(self) -> dict[str, Count]:
         """node -> the `max` of the DynamicLoop whose body emits the node's client tokens: the most

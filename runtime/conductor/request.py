@@ -177,8 +177,9 @@ class Request:
         self.kv_fed[node] = len(history)
         return len(tokens)
 
-    def note_dispatch(self, node: str, rank: int, version: int, read: list[int], reader: tuple[int, int]) -> None:
-        """A Run of `node` was placed in a batch: its run count and the input items it read."""
+    def note_dispatch(self, node: str, rank: int, version: int, read: list[int], reader: tuple[int, int] | None) -> None:
+        """A Run of `node` was placed in a batch: its run count and the input items it read (by
+        `reader`, the (track, state) reading them; None when it read none)."""
         self.produced[node] = (rank, version)
         for i in read:
             self.readers.setdefault(i, reader)

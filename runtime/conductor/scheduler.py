@@ -145,8 +145,8 @@ class Scheduler:
         runs = [p for cursor in req.tracks for p in cursor.ready()]
         streams = self.streams if self.streams is not None and self.streams.has_edges(req) else None
         for pending in runs:
-            node = pending.run.node
-            rank = self._rank(pending, req, ready_ranks)
+            node, ranks = pending.run.node, pending.run.ranks
+            rank = ranks[0] if len(ranks) == 1 else self._rank(pending, req, ready_ranks)
             group = list(pending.run.ranks) if self._tp[node] else [rank]
             key = (rank, node)
             if key in busy or (rank not in ready_ranks if len(group) == 1 else not ready_ranks.issuperset(group)):
@@ -178,7 +178,7 @@ class Scheduler:
                 self._open.discard(key)
             if streams is not None:
                 streams.bind(req, pending, entry.item)
-            req.note_dispatch(node, rank, entry.version, entry.read, self._reader(req, pending))
+            req.note_dispatch(node, rank, entry.version, entry.read, self._reader(req, pending) if entry.read else None)
             placed.add(req.request_id)
             if node in self.index.replicated:
                 self._stick(req, pending, rank)
@@ -218,9 +218,11 @@ class Scheduler:
         """Cut the entry's prompt to its next chunk when it is prefilled in chunks."""
         node, item, size = entry.pending.run.node, entry.item, self.config.prefill_chunk_tokens
         is_first = node not in req.prefill_rest
+        if is_first and (size <= 0 or len(item.tokens) <= size):    # a decode row, a short prompt: whole
+            return
         if is_first:
             is_recompute = req.kv_fed.get(node, 0) == 0 and bool(req.kv_history.get(node))
-            if (size <= 0 or len(item.tokens) <= size or (rank, node) not in self.chunked_prefill or is_recompute
+            if ((rank, node) not in self.chunked_prefill or is_recompute
                     or item.inputs or entry.tensors or item.routes or item.emit or entry.kv_from is not None
                     or not self.index.can_chunk_prefill(node)):
                 return
@@ -303,17 +305,18 @@ class Scheduler:
 
     def _entry(self, req: Request, pending: PendingRun, rank: int) -> Entry:
         node = pending.run.node
+        facts = self.index.facts(pending.walk, node)
         item = WorkItem(request_id=req.request_id, step=pending.step, walk=pending.walk)
         entry = Entry(req, pending, item, version=req.runs_of(node) + 1)
-        for port, sources in self.index.sources(pending.walk, node).items():
-            self._bind(entry, rank, port, sources)
+        for port, sources, is_tokens in facts.ports:
+            self._bind(entry, rank, port, sources, is_tokens)
         if self._has_kv[node] and req.kv_fed.get(node, 0) == 0 and req.kv_history.get(node):
             item.tokens = [*req.kv_history[node], *item.tokens]   # recompute after preemption
         routes = self.index.routes(pending.walk, node, rank)
         if routes:   # another rank keeps every value it receives under a versioned key: never a stale one
             item.routes = [Route(port, dst, f"{node}.{port}#{entry.version}") for port, dst in routes]
-        if self.index.has_client_tensors(pending.walk, node):
-            item.emit = self.index.client_tensors(pending.walk, node)
+        if facts.client_tensors:
+            item.emit = list(facts.client_tensors)
         return entry
 
     @staticmethod
@@ -321,9 +324,8 @@ class Scheduler:
         """(track, state) of the Run: request inputs belong to the state that reads them."""
         return pending.track, req.tracks[pending.track].state
 
-    def _bind(self, entry: Entry, rank: int, port: str, sources: list) -> None:
+    def _bind(self, entry: Entry, rank: int, port: str, sources: tuple, is_tokens: bool) -> None:
         req, node, item = entry.request, entry.pending.run.node, entry.item
-        is_tokens = self.index.is_token_port(node, port, output=False)
         for src in sources:
             if src.is_request_input and src.key in req.port_inputs:
                 value = req.port_inputs[src.key]
