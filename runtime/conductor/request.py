@@ -58,7 +58,7 @@ class MediaInput:
     tokens: list[int]       # placeholder ids, one per encoder output row (and any markers around them)
 
 
-@dataclass
+@dataclass(slots=True)
 class OutputEvent:
     """What the conductor tells the server about a request: new tokens, tensors, or the end."""
 

@@ -38,9 +38,9 @@ from runtime.transport.messages import Route, WorkItem
 TAIL_FRACTION = 4
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
-    """One request's Run inside a batch."""
+    """One request's Run inside a batch (one is built per row per step: slots)."""
 
     request: Request
     pending: PendingRun

@@ -1,10 +1,11 @@
-"""The bound suite's two measurements: weight bytes (a tied weight once) and read bandwidth."""
+"""The bound suite's measurements: weight bytes (a tied weight once), read bandwidth, and the GEMMs
+of a decode step alone (every packed linear and the LM head)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from bench.suite_bound import read_bandwidth, weight_bytes
+from bench.suite_bound import gemms_ms, read_bandwidth, step_gemms, weight_bytes
 
 
 def test_weight_bytes_count_a_tied_weight_once_and_every_dtype_at_its_size() -> None:
@@ -17,3 +18,24 @@ def test_weight_bytes_count_a_tied_weight_once_and_every_dtype_at_its_size() -> 
 def test_read_bandwidth_is_bytes_over_the_median_sum_time() -> None:
     buffer = torch.ones(1 << 20)
     assert 1e8 < read_bandwidth(buffer) < 1e13                     # 4 MiB read: between 0.1 GB/s and 10 TB/s
+
+
+def test_step_gemms_are_every_packed_linear_and_the_lm_head_in_model_order() -> None:
+    from mstar_compiler.catalogue import load_catalogue
+    from runtime.components import component_class
+    from runtime.parallel import pack_linears
+    from runtime.parallel.cpu_linear import onednn_available
+    if not onednn_available():
+        import pytest
+        pytest.skip("oneDNN's packed linear is not available in this torch build")
+    dims = load_catalogue()["llama_lm"].presets["tiny"]
+    model = component_class("llama_lm")(dims, {"seed": 0}).eval()
+    packed = pack_linears(model)
+    gemms = step_gemms(model)
+    assert len(gemms) == packed > 0
+    head = [w for w, _, _ in gemms if w.shape[0] == dims["vocab_size"]]
+    assert len(head) == 1                                          # the LM head, once
+    if model.config.tie_word_embeddings:                           # its weight is the embedding table
+        assert head[0].data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert all(p.dtype == w.dtype for w, _, p in gemms)
+    assert gemms_ms(gemms, 4, 2) > 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.registry import Context
-from bench.suite_sched import NullConductor, run
+from bench.suite_sched import STEPS, TRACED_STEPS, NullConductor, run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,8 @@ def test_null_workers_answer_every_row_and_keep_requests_live() -> None:
     finally:
         harness.close()
     assert got["rows"] == min(40, harness.batch)            # one full batch per step, the busy node's limit
-    assert sum(after) - sum(before) == got["rows"] * 200     # every answered row is one token of a live request
+    # every answered row (timed steps and counted ones) is one token of a live request
+    assert sum(after) - sum(before) == got["rows"] * (STEPS + TRACED_STEPS)
     assert got["us"] > 0 and got["cpu_us"] > 0
     assert abs(got["per_req"] * 40 - got["cpu_us"]) < 1e-6 * got["cpu_us"]
     assert got["advanced"] == sum(1 for a, b in zip(after, before) if a > b) >= harness.batch
@@ -28,9 +29,10 @@ def test_null_workers_answer_every_row_and_keep_requests_live() -> None:
 def test_quick_suite_reports_plain_rows_with_no_baseline() -> None:
     rows = run(Context(rounds=1, quick=True, root=ROOT))
     cpu = "conductor CPU time per step (thread time)"
-    assert [(r.case, r.metric) for r in rows][::4] == [("1 live", cpu), ("8 live", cpu)]
+    assert [(r.case, r.metric) for r in rows][::5] == [("1 live", cpu), ("8 live", cpu)]
     assert rows[1].metric.startswith("conductor wall time per step")
     assert rows[3].metric.startswith("one /v1/state snapshot")
+    assert rows[4].metric.startswith("conductor Python opcodes per step")
     assert all(r.b is None and len(r.a.samples) == 1 and r.a.samples[0] > 0 for r in rows)
 
 
@@ -50,3 +52,17 @@ def test_state_snapshot_counts_every_live_request_where_it_rests() -> None:
     assert state["tasks"]["chat"] == {s: by_state.count(s) for s in ("waiting", "running", "preempted")}
     assert sum(state["tasks"]["chat"].values()) == 40
     assert {t["walk"] for r in state["requests"] for t in r["tracks"]} <= {"prefill", "decode"}
+
+
+def test_opcode_count_is_the_same_work_each_time_and_grows_with_the_rows() -> None:
+    """The work row reproduces (only the conductor's time-based checks, a few opcodes, vary) and
+    counts every decode row of a step."""
+    one, full = (NullConductor(Context(rounds=1, quick=True, root=ROOT), live=n) for n in (1, 40))
+    try:
+        counts = [one.opcodes_per_step(5), one.opcodes_per_step(5)]
+        rows = full.opcodes_per_step(5)
+    finally:
+        one.close()
+        full.close()
+    assert counts[0] > 0 and abs(counts[0] - counts[1]) <= 0.01 * counts[0]   # steady decode: the same work
+    assert rows > counts[0] * full.batch / 4                 # a full batch is many rows' work, not one's

@@ -12,6 +12,12 @@ in the same run, alternating round by round:
 "A's advantage" is bound / step: 1.0 would be a step at the bound; the issue asks ≥ 0.67
 (within 1.5x). The KV cache reads (batch x context x layers x 2 x kv width) are left out
 of the bound: at a 32..64-token context they are < 1 % of the weights.
+
+A second row per dtype says how much of the gap the GEMM kernel itself leaves: the same
+step's GEMMs alone (every packed linear of the model and the LM head, in model order, on
+batch-16 inputs of their widths, through `runtime.parallel.cpu_linear.linear` as the model
+calls them, no other op), against the same bound. What the step spends beyond its GEMMs is
+the first row's figure minus this one.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ BANDWIDTH_BYTES = 1 << 30          # 1 GiB: far past any last-level cache, so th
 SUMS = 5                           # timed sums per sample (the median is kept)
 MSTAR = "mstar decode step, batch 16 (lm node of graphs/smollm2.yaml, worker loader, oneDNN-packed linears)"
 BOUND = "weight bytes / measured read bandwidth (torch.sum over 1 GiB, same threads, same run)"
+GEMMS = "the same step's GEMMs alone: every packed linear and the LM head on batch-16 inputs, no other op"
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
@@ -50,29 +57,60 @@ def read_bandwidth(buffer: torch.Tensor) -> float:
     return buffer.numel() * buffer.element_size() / sorted(times)[SUMS // 2]
 
 
+def step_gemms(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """(weight, bias, packed weight) of every linear a decode step of `model` runs, in model
+    order: the packed linears (runtime.parallel.cpu_linear) and the LM head (its table)."""
+    gemms = []
+    for module in model.modules():
+        packed = getattr(module, "packed", None)
+        if isinstance(packed, torch.Tensor):     # an MoE layer keeps a list per expert: not a dense step's GEMM
+            weight = module.table() if callable(getattr(module, "table", None)) else module.weight
+            gemms.append((weight, getattr(module, "bias", None), packed))
+    return gemms
+
+
+def gemms_ms(gemms: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]], batch: int, steps: int) -> float:
+    """ms per step of running `gemms` once each on (batch, in_features) inputs, as the model calls them."""
+    from runtime.parallel.cpu_linear import linear
+    xs = [torch.randn(batch, weight.shape[1], dtype=weight.dtype) for weight, _, _ in gemms]
+    with torch.inference_mode():
+        start = time.perf_counter()
+        for _ in range(steps):
+            for x, (weight, bias, packed) in zip(xs, gemms):
+                linear(x, weight, bias, packed)
+        return 1e3 * (time.perf_counter() - start) / steps
+
+
 def _bound(nbytes: int, buffer: torch.Tensor) -> dict[str, float]:
     bandwidth = read_bandwidth(buffer)
     return {"ms": 1e3 * nbytes / bandwidth, "gb_s": bandwidth / 1e9}
 
 
-def _row(ctx: Context, dtype: str, decoder: Decoder, steps: int) -> Row:
-    nbytes = weight_bytes(decoder.executor.model)
+def _rows(ctx: Context, dtype: str, decoder: Decoder, steps: int) -> list[Row]:
+    model = decoder.executor.model
+    nbytes, gemms = weight_bytes(model), step_gemms(model)
     buffer = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32)
     decoder.decode(BATCH, 2)                  # warm-up: first calls pick and cache kernels
+    gemms_ms(gemms, BATCH, 1)
     samples = ctx.alternate(f"bound {dtype}", {
         "mstar": lambda: {"ms": 1e3 * BATCH / decoder.decode(BATCH, steps)[1]},
+        "gemms": lambda: {"ms": gemms_ms(gemms, BATCH, steps)},
         "bound": lambda: _bound(nbytes, buffer)}, warmup=0)
     del buffer
     gb_s = sorted(samples["bound"]["gb_s"])[len(samples["bound"]["gb_s"]) // 2]
     label = MSTAR + (", decode steps compiled (cpu_compile)" if ctx.cpu_compile else "")
-    return Row(f"{dtype}, batch {BATCH}", "decode step time", "ms", LOWER, Side(label, samples["mstar"]["ms"]),
-               Side(BOUND, samples["bound"]["ms"]), names=("mstar", "bound"), plot="bound", x=dtype,
-               xlabel="dtype", note=f"{nbytes / 1e6:.0f} MB of weights, median read bandwidth {gb_s:.1f} GB/s; "
-                                    f"advantage = bound / step (1.0 = at the bound)")
+    note = f"{nbytes / 1e6:.0f} MB of weights, median read bandwidth {gb_s:.1f} GB/s; advantage = bound / step " \
+           "(1.0 = at the bound)"
+    bound = Side(BOUND, samples["bound"]["ms"])
+    return [Row(f"{dtype}, batch {BATCH}", "decode step time", "ms", LOWER, Side(label, samples["mstar"]["ms"]),
+                bound, names=("mstar", "bound"), plot="bound", x=dtype, xlabel="dtype", note=note),
+            Row(f"{dtype}, batch {BATCH}, its GEMMs alone", "GEMM time of one decode step", "ms", LOWER,
+                Side(GEMMS, samples["gemms"]["ms"]), bound, names=("GEMMs", "bound"), plot="bound-gemms", x=dtype,
+                xlabel="dtype", note=f"{len(gemms)} GEMMs (the linears and the LM head); {note}")]
 
 
 @register("bound", "SmolLM2 decode step at batch 16 vs the weight-streaming bound (weight bytes / read bandwidth)")
 def run(ctx: Context) -> list[Row]:
     steps = QUICK_STEPS if ctx.quick else STEPS
     ctx.settings.update(batch=BATCH, steps=steps, bandwidth_bytes=BANDWIDTH_BYTES, threads=torch.get_num_threads())
-    return [_row(ctx, dtype, Decoder(mstar_plan(ctx, dtype), packed=True), steps) for dtype in ("float32", "bfloat16")]
+    return [row for dtype in ("float32", "bfloat16") for row in _rows(ctx, dtype, Decoder(mstar_plan(ctx, dtype), packed=True), steps)]

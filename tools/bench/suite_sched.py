@@ -14,10 +14,17 @@ machine the wall figure also holds the time other processes took the core from i
 figure is the conductor's own work, so it is the one that reproduces across runs.
 A third row times one `/v1/state` snapshot of the same requests: the page's live feed
 builds at most four a second, so its cost per second is bounded by 4x that figure.
+A fourth counts the work instead of timing it: Python opcodes the interpreter executes per
+step (a `sys.settrace` opcode trace over `TRACED_STEPS` steps, run apart from the timed ones).
+The count is the same on any machine and any load (but for a few opcodes of the conductor's
+time-based checks), so a change to the conductor's hot path shows in it when the timed rows
+are lost in a shared machine's noise; per decode row it is the step's count minus the
+1-live count, divided by the rows.
 """
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 from bench.registry import Context, Needs, register
@@ -28,6 +35,7 @@ from runtime.transport.request_params import RequestParams
 LIVE_REQUESTS = (1, 64, 512)
 STEPS = 200                # timed steps per round
 SNAPSHOTS = 20             # timed /v1/state snapshots per round
+TRACED_STEPS = 20          # steps whose opcodes are counted per round (tracing runs ~50x slower)
 MAX_TOKENS = 8192          # decode loops far longer than a run: every request stays live
 LABEL = "mstar Conductor.step() with null workers (tiny smollm2 plan, one lm node, batch {batch})"
 NOTE = "absolute figure: there is no baseline peer for the conductor's own cost"
@@ -71,7 +79,27 @@ class NullConductor:
         advanced = sum(1 for r, n in zip(self.reqs, before) if len(r.output_ids) > n)
         return {"us": seconds / STEPS * 1e6, "cpu_us": cpu_seconds / STEPS * 1e6,
                 "per_req": cpu_seconds / STEPS * 1e6 / live,
-                "rows": (self.workers.rows - rows) / STEPS, "advanced": advanced, "snapshot_us": self._snapshot_us()}
+                "rows": (self.workers.rows - rows) / STEPS, "advanced": advanced, "snapshot_us": self._snapshot_us(),
+                "opcodes": self.opcodes_per_step(TRACED_STEPS)}
+
+    def opcodes_per_step(self, steps: int) -> float:
+        """Python opcodes executed per `step()` over `steps` steps (the work, not its time)."""
+        count = 0
+
+        def trace(frame, event, arg):
+            nonlocal count
+            if event == "call":
+                frame.f_trace_opcodes = True
+            elif event == "opcode":
+                count += 1
+            return trace
+        previous = sys.gettrace()
+        sys.settrace(trace)
+        try:
+            self.loop.run_until_complete(self._steps(steps))
+        finally:
+            sys.settrace(previous)
+        return count / steps
 
     def _snapshot_us(self) -> float:
         """One /v1/state snapshot of these requests (built at most 4 times a second, outside step())."""
@@ -99,6 +127,9 @@ def _rows(live: int, label: str, samples: dict[str, list[float]]) -> list[Row]:
                 plot="per-request", x=live, xlabel="live requests", names=("mstar", "")),
             Row(case, "one /v1/state snapshot (at most 4 per second, shared by every viewer)", "µs", LOWER,
                 Side(label, samples["snapshot_us"]), plot="snapshot", x=live, xlabel="live requests",
+                names=("mstar", "")),
+            Row(case, "conductor Python opcodes per step (the work: the same on any machine)", "opcodes", LOWER,
+                Side(label, samples["opcodes"]), plot="opcodes", x=live, xlabel="live requests",
                 names=("mstar", ""))]
 
 
