@@ -377,7 +377,7 @@ class Conductor:
                 self._finish(req)
 
     def _client_output(self, req: Request, entry: Any, result: ItemResult, env: Envelope) -> None:
-        facts = self.index.facts(entry.pending.walk, entry.pending.run.node)
+        facts = entry.facts or self.index.facts(entry.pending.walk, entry.pending.run.node)
         # a prompt read in pieces (for_each): a token sampled after a middle piece predicts prompt text
         if result.tokens and facts.client_tokens and req.tracks[entry.pending.track].is_on_last_item:
             req.emit_tokens(result.tokens, result.logprobs)
