@@ -35,7 +35,7 @@ serve: venv
 	$(BIN)/mstar-run $(GRAPH).plan.bin --port $(PORT) $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 test: venv-test
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests   # the 15 slowest: what to trim when the suite nears 15 minutes
 
 lint: venv
 	$(BIN)/mstarc lint graphs/
