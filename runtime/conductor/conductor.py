@@ -249,8 +249,7 @@ class Conductor:
             if e.kv_from is not None:
                 self._send(e.kv_from, MoveKV(request_id=req.request_id, node=batch.node, dst_rank=batch.rank))
             e.kv_added = req.note_kv(batch.node, e.item.tokens) if has_kv else 0
-            if e.tensors:
-                tensors.update(e.tensors)
+            tensors.update(e.tensors)
         self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group))
         items = [e.item for e in batch.entries]
         for rank in batch.group:
@@ -377,7 +376,7 @@ class Conductor:
                 self._finish(req)
 
     def _client_output(self, req: Request, entry: Any, result: ItemResult, env: Envelope) -> None:
-        facts = entry.facts or self.index.facts(entry.pending.walk, entry.pending.run.node)
+        facts = self.index.facts(entry.pending.walk, entry.pending.run.node)
         # a prompt read in pieces (for_each): a token sampled after a middle piece predicts prompt text
         if result.tokens and facts.client_tokens and req.tracks[entry.pending.track].is_on_last_item:
             req.emit_tokens(result.tokens, result.logprobs)

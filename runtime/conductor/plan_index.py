@@ -137,13 +137,6 @@ class PlanIndex:
             self._client_tokens[key] = any(self.is_token_port(node, p, output=True) for p in self._emits.get(key, ()))
         return self._client_tokens[key]
 
-    def has_client_tensors(self, walk: str, node: str) -> bool:
-        """Whether this node sends any tensor back to the client in this walk (asked per item)."""
-        key = (walk, node)
-        if key not in self._client_tensors:
-            self._client_tensors[key] = self._find_client_tensors(walk, node)
-        return bool(self._client_tensors[key])
-
     def client_tensors(self, walk: str, node: str) -> list[str]:
         """Output ports whose tensors this node sends back to the client in this walk."""
         key = (walk, node)

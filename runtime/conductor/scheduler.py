@@ -27,7 +27,7 @@ import torch
 
 from runtime.conductor.cursor import PendingRun
 from runtime.conductor.kv_ledger import KVLedger, KVPoolLedger
-from runtime.conductor.plan_index import PlanIndex, RunFacts
+from runtime.conductor.plan_index import PlanIndex
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.streams import StreamLedger
 from runtime.transport.messages import Route, WorkItem
@@ -50,7 +50,6 @@ class Entry:
     version: int = 0                                                 # this Run's count of its node's runs
     kv_from: int | None = None                                       # rank whose KV cache of the node moves here
     kv_added: int = 0                                                # tokens this Run added to the KV history
-    facts: RunFacts | None = None                                    # the Run's node-in-walk facts (PlanIndex.facts)
 
 
 @dataclass
@@ -161,10 +160,8 @@ class Scheduler:
             if batch.entries and (req.isolated or batch.entries[0].request.isolated):
                 continue    # a suspect of a failed batch runs alone (Conductor._batch_failed)
             entry = self._entry(req, pending, rank)
-            if self._has_kv[node] and req.kv_fed.get(node, 0):     # a cache to find (it may be elsewhere)
-                entry.kv_from = self._kv_holder(req, node, rank)
-            if node in req.prefill_rest or 0 < self.config.prefill_chunk_tokens < len(entry.item.tokens):
-                self._chunk(req, entry, rank)                       # a prompt that may be cut in chunks
+            entry.kv_from = self._kv_holder(req, node, rank)
+            self._chunk(req, entry, rank)
             moved = req.kv_fed.get(node, 0) if entry.kv_from is not None else 0
             if not self._reserve(req, entry, rank, batch, placed, admitting, moved):
                 return False
@@ -310,7 +307,7 @@ class Scheduler:
         node = pending.run.node
         facts = self.index.facts(pending.walk, node)
         item = WorkItem(request_id=req.request_id, step=pending.step, walk=pending.walk)
-        entry = Entry(req, pending, item, version=req.runs_of(node) + 1, facts=facts)
+        entry = Entry(req, pending, item, version=req.runs_of(node) + 1)
         for port, sources, is_tokens in facts.ports:
             self._bind(entry, rank, port, sources, is_tokens)
         if self._has_kv[node] and req.kv_fed.get(node, 0) == 0 and req.kv_history.get(node):
