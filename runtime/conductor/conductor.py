@@ -20,7 +20,7 @@ from typing import Any, Callable
 import zmq
 import zmq.asyncio
 
-from mstar_compiler.plan import Plan
+from mstar_compiler.plan import DONE, Plan
 from runtime.conductor.cursor import resolve_count
 from runtime.conductor.joining import Joining
 from runtime.conductor.kv_ledger import KVLedger
@@ -350,8 +350,9 @@ class Conductor:
         self.ledger.note_used(msg.rank, msg.kv_used, batch.node)
         self.live.observe_batch(batch.group, batch.node, len(batch.entries), msg.run_ms)
         token_ports = self.index.token_outputs(batch.node)
-        keys = [(f"{batch.node}.{port.name}", port.name in token_ports) for port in self.index.nodes[batch.node].outputs]
-        for entry, result in zip(batch.entries, msg.items):
+        token_keys = [f"{batch.node}.{port}" for port in token_ports]
+        other_keys = [f"{batch.node}.{p.name}" for p in self.index.nodes[batch.node].outputs if p.name not in token_ports]
+        for entry, result in zip(batch.entries, msg.items):     # per row: the conductor's hot loop
             req = entry.request
             if req.state >= RequestState.FINISHED:    # final (is_final, without the property call per row)
                 continue
@@ -359,13 +360,13 @@ class Conductor:
             if entry.item.partial:      # a prompt chunk: its Run is ready again for the next one
                 cursor.requeue(entry.pending)
                 continue
-            for key, is_tokens in keys:
-                values = req.values.setdefault(key, [])
-                if is_tokens:
-                    values.extend(result.tokens)
-                    req.last_values[key] = list(result.tokens)
+            for key in token_keys:      # this step's ids, kept whole and as the latest (result.tokens is its own list)
+                req.values.setdefault(key, []).extend(result.tokens)
+                req.last_values[key] = result.tokens
+            for key in other_keys:      # a tensor value stays on its worker: the key says it exists
+                req.values.setdefault(key, [])
             self._client_output(req, entry, result, env)
-            if not cursor.is_done:
+            if cursor.state != DONE:
                 if result.finished:    # the node ends this track's loop (e.g. the talker's codec EOS)
                     cursor.forced_exit = result.finished
                 cursor.complete(entry.pending, req)
@@ -376,7 +377,7 @@ class Conductor:
                 self._finish(req)
 
     def _client_output(self, req: Request, entry: Any, result: ItemResult, env: Envelope) -> None:
-        facts = self.index.facts(entry.pending.walk, entry.pending.run.node)
+        facts = entry.facts
         # a prompt read in pieces (for_each): a token sampled after a middle piece predicts prompt text
         if result.tokens and facts.client_tokens and req.tracks[entry.pending.track].is_on_last_item:
             req.emit_tokens(result.tokens, result.logprobs)

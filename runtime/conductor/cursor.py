@@ -73,14 +73,14 @@ class TrackCursor:
 
     def ready(self) -> list[PendingRun]:
         """Runs that can be dispatched now (none while the current one is in flight)."""
-        walk = self.walk
+        walk, loops = self.walk, self.loops
         if walk is None or self.state == DONE:
             return []
         op = walk.program[self.pc]
-        step = self.loops[max(self.loops)].counter if self.loops else 0    # the innermost loop's
-        if isinstance(op, Run):
+        step = loops[max(loops)].counter if loops else 0    # the innermost loop's
+        if type(op) is Run:
             return [] if -1 in self.in_flight else [PendingRun(self.index, -1, op, walk.name, step, self.item)]
-        return [PendingRun(self.index, b, op.branches[b][pos], self.walk.name, step, self.item)
+        return [PendingRun(self.index, b, op.branches[b][pos], walk.name, step, self.item)
                 for b, pos in enumerate(self.branch_pos)
                 if pos < len(op.branches[b]) and b not in self.in_flight]
 
@@ -106,47 +106,56 @@ class TrackCursor:
     # ---- control flow ------------------------------------------------------------
 
     def settle(self, req: RequestView) -> None:
-        """Advance over control ops until the pc rests on a Run/Parallel or the track is done."""
-        while not self.is_done:
-            if self.walk is None:
+        """Advance over control ops until the pc rests on a Run/Parallel or the track is done.
+        (Run once per request per step: ops are told apart by their exact type, not isinstance.)"""
+        while self.state != DONE:
+            walk = self.walk
+            if walk is None:
                 self._enter_state(req)
                 continue
-            if self.pc >= len(self.walk.program):
+            if self.pc >= len(walk.program):
                 self._end_walk(req)
                 continue
-            op = self.walk.program[self.pc]
-            if isinstance(op, (Run, Parallel)):
-                if isinstance(op, Parallel) and not self.branch_pos and not self.in_flight:
+            op = walk.program[self.pc]
+            kind = type(op)
+            if kind is Run:
+                return
+            if kind is Parallel:
+                if not self.branch_pos and not self.in_flight:
                     self.branch_pos = [0] * len(op.branches)
                 return
-            self._control(op, req)
-
-    def _control(self, op: Any, req: RequestView) -> None:
-        if isinstance(op, (LoopBegin, DynamicLoopBegin)):
-            trips = resolve_count(op.count if isinstance(op, LoopBegin) else op.max, req.params)
-            self.loops[op.loop] = _Loop(0, trips, op)
-            exit_now = trips <= 0 or (isinstance(op, DynamicLoopBegin) and self._exit_reason(op, req))
-            self.pc = op.end + 1 if exit_now else self.pc + 1
-            if exit_now:
-                self.exit_reason = self._exit_reason(op, req) if trips > 0 else "max"
-                del self.loops[op.loop]
-        elif isinstance(op, (LoopEnd, DynamicLoopEnd)):
-            loop = self.loops[op.loop]
-            loop.counter += 1
-            reason = self._exit_reason(loop.op, req) if isinstance(op, DynamicLoopEnd) else ""
-            if not reason and loop.counter < loop.trips:
-                self.pc = op.begin + 1
+            if kind is DynamicLoopEnd or kind is LoopEnd:
+                self._loop_end(op, req)
             else:
-                self.exit_reason = reason or "max"
-                del self.loops[op.loop]
-                self.pc += 1
-        if self.branch_pos:      # a Parallel's positions end with it
-            self.branch_pos = []
+                self._loop_begin(op, req)
+            if self.branch_pos:      # a Parallel's positions end with it
+                self.branch_pos = []
+
+    def _loop_begin(self, op: LoopBegin | DynamicLoopBegin, req: RequestView) -> None:
+        is_dynamic = type(op) is DynamicLoopBegin
+        trips = resolve_count(op.max if is_dynamic else op.count, req.params)
+        self.loops[op.loop] = _Loop(0, trips, op)
+        exit_now = trips <= 0 or (is_dynamic and self._exit_reason(op, req))
+        self.pc = op.end + 1 if exit_now else self.pc + 1
+        if exit_now:
+            self.exit_reason = self._exit_reason(op, req) if trips > 0 else "max"
+            del self.loops[op.loop]
+
+    def _loop_end(self, op: LoopEnd | DynamicLoopEnd, req: RequestView) -> None:
+        loop = self.loops[op.loop]
+        loop.counter += 1
+        reason = self._exit_reason(loop.op, req) if type(op) is DynamicLoopEnd else ""
+        if not reason and loop.counter < loop.trips:
+            self.pc = op.begin + 1
+        else:
+            self.exit_reason = reason or "max"
+            del self.loops[op.loop]
+            self.pc += 1
 
     def _exit_reason(self, op: LoopBegin | DynamicLoopBegin, req: RequestView) -> str:
         if self.forced_exit:
             return self.forced_exit
-        if isinstance(op, LoopBegin):
+        if type(op) is LoopBegin:
             return ""
         counter = self.loops[op.loop].counter
         for cond in op.until:

@@ -32,6 +32,10 @@ class RunFacts:
     client_tokens: bool                 # its tokens go to the client
     client_tensors: tuple[str, ...]     # output ports whose tensors go to the client
     token_budget: Count | None          # the loop `max` bounding the client's tokens from the node
+    has_kv: bool                        # the node keeps a KV cache
+    is_tp: bool                         # its ranks form one tensor-parallel group
+    is_replicated: bool                 # its ranks are data-parallel replicas (pick one per request)
+    has_routes: bool                    # some of its outputs cross to another rank in this walk
 
 
 class PlanIndex:
@@ -77,9 +81,13 @@ class PlanIndex:
             client_tokens = self.client_tokens(walk, node)
             ports = tuple((port, tuple(sources), self.is_token_port(node, port, output=False))
                           for port, sources in self.sources(walk, node).items())
+            spec = self.nodes[node]
             found = self._facts[(walk, node)] = RunFacts(
                 ports, client_tokens, tuple(self.client_tensors(walk, node)),
-                self.token_budgets.get(node) if client_tokens else None)
+                self.token_budgets.get(node) if client_tokens else None,
+                has_kv=spec.has_kv_cache, is_tp=spec.placement.tp_size > 1, is_replicated=node in self.replicated,
+                has_routes=any(t.kind in ("edge", "carry") and t.walk == walk and t.src_node == node
+                               and t.dst_rank != t.src_rank for t in self.plan.transfers))
         return found
 
     def _token_budgets(self) -> dict[str, Count]:

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import msgspec
+
 from runtime.conductor.cursor import TrackCursor
 from runtime.transport.messages import TokenLogprob
 from runtime.transport.request_params import RequestParams
@@ -58,17 +60,17 @@ class MediaInput:
     tokens: list[int]       # placeholder ids, one per encoder output row (and any markers around them)
 
 
-@dataclass(slots=True)
-class OutputEvent:
-    """What the conductor tells the server about a request: new tokens, tensors, or the end."""
+class OutputEvent(msgspec.Struct):
+    """What the conductor tells the server about a request: new tokens, tensors, or the end
+    (one per row per step: a struct, built in C; empty defaults are fresh per event)."""
 
-    token_ids: list[int] = field(default_factory=list)    # tokens produced since the last event
-    tensors: dict[str, Any] = field(default_factory=dict)  # "<node>.<port>" -> torch.Tensor (final values)
-    finish_reason: str | None = None                     # set on the last event: stop|length|abort|error
-    error: str | None = None                             # message when finish_reason == "error"
-    status: int = 500                                    # HTTP status of the error (504 timeout, 503 shutdown)
-    code: str = "worker_failed"                          # OpenAI-style error code of the error
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token id, when the request asked
+    token_ids: list[int] = []            # tokens produced since the last event
+    tensors: dict[str, Any] = {}         # "<node>.<port>" -> torch.Tensor (final values)
+    finish_reason: str | None = None     # set on the last event: stop|length|abort|error
+    error: str | None = None             # message when finish_reason == "error"
+    status: int = 500                    # HTTP status of the error (504 timeout, 503 shutdown)
+    code: str = "worker_failed"          # OpenAI-style error code of the error
+    logprobs: list[TokenLogprob] = []    # one per token id, when the request asked
 
 
 @dataclass

@@ -23,11 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import msgspec
 import torch
 
 from runtime.conductor.cursor import PendingRun
 from runtime.conductor.kv_ledger import KVLedger, KVPoolLedger
-from runtime.conductor.plan_index import PlanIndex
+from runtime.conductor.plan_index import PlanIndex, RunFacts
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.streams import StreamLedger
 from runtime.transport.messages import Route, WorkItem
@@ -38,18 +39,18 @@ from runtime.transport.messages import Route, WorkItem
 TAIL_FRACTION = 4
 
 
-@dataclass(slots=True)
-class Entry:
-    """One request's Run inside a batch (one is built per row per step: slots)."""
+class Entry(msgspec.Struct):
+    """One request's Run inside a batch (one is built per row per step: a struct, built in C)."""
 
     request: Request
     pending: PendingRun
     item: WorkItem
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)   # frames to attach
-    read: list[int] = field(default_factory=list)                    # request input items this Run reads
-    version: int = 0                                                 # this Run's count of its node's runs
-    kv_from: int | None = None                                       # rank whose KV cache of the node moves here
-    kv_added: int = 0                                                # tokens this Run added to the KV history
+    facts: RunFacts                    # what the plan fixes for this Run
+    tensors: dict[str, torch.Tensor] = {}   # frames to attach (a fresh dict per entry)
+    read: list[int] = []               # request input items this Run reads
+    version: int = 0                   # this Run's count of its node's runs
+    kv_from: int | None = None         # rank whose KV cache of the node moves here
+    kv_added: int = 0                  # tokens this Run added to the KV history
 
 
 @dataclass
@@ -98,7 +99,6 @@ class Scheduler:
         # per-node facts asked for every placed Run, read once from the plan
         self._batch_limit = {n: 1 if config.batch_invariant else node.max_batch for n, node in index.nodes.items()}
         self._tp = {n: node.placement.tp_size > 1 for n, node in index.nodes.items()}
-        self._has_kv = {n: node.has_kv_cache for n, node in index.nodes.items()}
 
     def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
                  ready_ranks: set[int]) -> list[PlannedBatch]:
@@ -117,7 +117,7 @@ class Scheduler:
             if req.state == RequestState.WAITING or not self._open:
                 break            # suspects were running, so PREEMPTED: the queue's front (Conductor._preempt)
             if req.isolated:
-                self._place(req, batches, busy, ready_ranks, placed, admitting=True)
+                self._place(req, batches, ready_ranks, placed, admitting=True)
         num_admitted = len(running) + len(placed)     # so far `placed` holds only those suspects
         if any(r.isolated for r in running):          # stable: suspects first, else in order
             running = sorted(running, key=lambda r: not r.isolated)
@@ -125,13 +125,13 @@ class Scheduler:
             if not self._open:                        # every batch is full or in flight: the rest wait
                 break
             if req.state == RequestState.RUNNING:     # not one preempted earlier in this loop
-                self._place(req, batches, busy, ready_ranks, placed, admitting=False)
+                self._place(req, batches, ready_ranks, placed, admitting=False)
         for req in waiting:
             if num_admitted >= self.config.max_running or not self._open:
                 break
             if req.request_id in placed or req.isolated:
                 continue
-            if not self._place(req, batches, busy, ready_ranks, placed, admitting=True):
+            if not self._place(req, batches, ready_ranks, placed, admitting=True):
                 if any(r is req for r, _ in self.rejected):
                     continue
                 break   # FIFO: a request that does not fit holds the ones behind it
@@ -140,55 +140,60 @@ class Scheduler:
         self.ledger.commit()     # the workers cache these batches' full blocks once they have run
         return [b for b in batches.values() if b.entries]
 
-    def _place(self, req: Request, batches: dict, busy: set, ready_ranks: set, placed: set, *, admitting: bool) -> bool:
-        """Add the request's ready runs to batches; False if it must wait for KV room."""
-        runs = [p for cursor in req.tracks for p in cursor.ready()]
+    def _place(self, req: Request, batches: dict, ready_ranks: set, placed: set, *, admitting: bool) -> bool:
+        """Add the request's ready runs to batches; False if it must wait for KV room.
+        (Run for every placed row of every step: what the plan fixes per Run is read from its RunFacts.)"""
         streams = self.streams if self.streams is not None and self.streams.has_edges(req) else None
-        for pending in runs:
-            node, ranks = pending.run.node, pending.run.ranks
-            rank = ranks[0] if len(ranks) == 1 else self._rank(pending, req, ready_ranks)
-            group = list(pending.run.ranks) if self._tp[node] else [rank]
-            key = (rank, node)
-            if key in busy or (rank not in ready_ranks if len(group) == 1 else not ready_ranks.issuperset(group)):
-                continue
-            if streams is not None and not streams.can_run(req, pending):
-                continue
-            batch = batches.get(key) or batches.setdefault(key, PlannedBatch(rank, node, group=group))
-            limit = self._batch_limit[node]
-            if len(batch.entries) >= limit:
-                continue
-            if batch.entries and (req.isolated or batch.entries[0].request.isolated):
-                continue    # a suspect of a failed batch runs alone (Conductor._batch_failed)
-            entry = self._entry(req, pending, rank)
-            entry.kv_from = self._kv_holder(req, node, rank)
-            self._chunk(req, entry, rank)
-            moved = req.kv_fed.get(node, 0) if entry.kv_from is not None else 0
-            if not self._reserve(req, entry, rank, batch, placed, admitting, moved):
-                return False
-            if entry.kv_from is not None:
-                self._moved(req, entry, node)
-            if admitting:
-                req.resume() if req.state == RequestState.PREEMPTED else req.admit()
-                self._held.discard(req.request_id)
-                self.admitted.append(req)
-                admitting = False
-            batch.entries.append(entry)
-            batch.num_tokens += len(entry.item.tokens) - entry.item.cached
-            if len(batch.entries) >= limit:
-                self._open.discard(key)
-            if streams is not None:
-                streams.bind(req, pending, entry.item)
-            req.note_dispatch(node, rank, entry.version, entry.read, self._reader(req, pending) if entry.read else None)
-            placed.add(req.request_id)
-            if node in self.index.replicated:
-                self._stick(req, pending, rank)
-            req.tracks[pending.track].start(pending)     # tracks are indexed by their position
+        for cursor in req.tracks:
+            for pending in cursor.ready():
+                run = pending.run
+                facts = self.index.facts(pending.walk, run.node)
+                rank = run.ranks[0] if len(run.ranks) == 1 else self._rank(pending, req, ready_ranks)
+                key = (rank, run.node)
+                if key not in self._open or (not ready_ranks.issuperset(run.ranks) if facts.is_tp
+                                             else rank not in ready_ranks):
+                    continue     # in flight, full, or its rank (a rank of its TP group) is not ready
+                if streams is not None and not streams.can_run(req, pending):
+                    continue
+                batch = batches.get(key)
+                if batch is None:
+                    batch = batches[key] = PlannedBatch(rank, run.node, group=list(run.ranks) if facts.is_tp else [rank])
+                elif batch.entries and (req.isolated or batch.entries[0].request.isolated):
+                    continue    # a suspect of a failed batch runs alone (Conductor._batch_failed)
+                entry = self._entry(req, pending, rank, facts)
+                if run.node in req.prefill_rest or 0 < self.config.prefill_chunk_tokens < len(entry.item.tokens):
+                    self._chunk(req, entry, rank)
+                moved = req.kv_fed.get(run.node, 0) if entry.kv_from is not None else 0
+                if not self._reserve(req, entry, rank, batch, placed, admitting, moved):
+                    return False
+                if entry.kv_from is not None:
+                    self._moved(req, entry, run.node)
+                if admitting:
+                    req.resume() if req.state == RequestState.PREEMPTED else req.admit()
+                    self._held.discard(req.request_id)
+                    self.admitted.append(req)
+                    admitting = False
+                self._add(batch, entry, key)
+                if streams is not None:
+                    streams.bind(req, pending, entry.item)
+                req.note_dispatch(run.node, rank, entry.version, entry.read,
+                                  self._reader(req, pending) if entry.read else None)
+                placed.add(req.request_id)
+                if facts.is_replicated:
+                    self._stick(req, pending, rank)
+                cursor.start(pending)
         return True
+
+    def _add(self, batch: PlannedBatch, entry: Entry, key: tuple[int, str]) -> None:
+        batch.entries.append(entry)
+        batch.num_tokens += len(entry.item.tokens) - entry.item.cached
+        if len(batch.entries) >= self._batch_limit[batch.node]:
+            self._open.discard(key)
 
     def _reserve(self, req: Request, entry: Entry, rank: int, batch: PlannedBatch, placed: set, admitting: bool,
                  moved: int = 0) -> bool:
         """Room in the pool for the item's tokens (and `moved` tokens of a cache moving here)."""
-        pool = self.ledger.pool(rank, batch.node)
+        pool = self.ledger.pools.get((rank, batch.node))
         n_new = len(entry.item.tokens)
         tokens = entry.item.tokens if not moved else None    # a moved cache's contents are not hashed
         if n_new + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
@@ -199,10 +204,10 @@ class Scheduler:
         if pool is None:
             return True
         n_new += moved
-        if not pool.fits_alone(req.request_id, n_new):
-            self._reject(req, pool.tokens.get(req.request_id, 0) + n_new, batch, pool)
-            return False
         while not pool.can_grow(req.request_id, n_new, tokens=tokens):
+            if not pool.fits_alone(req.request_id, n_new):     # asked only here: what can grow fits alone
+                self._reject(req, pool.tokens.get(req.request_id, 0) + n_new, batch, pool)
+                return False
             victim = None if admitting or pool.frees_pending() else self._victim(pool.holders(), req, placed)
             if victim is None:
                 if admitting and req.request_id not in self._held:
@@ -289,13 +294,6 @@ class Scheduler:
                 load[(rank, node)] = load.get((rank, node), 0) + 1
         return load
 
-    def _kv_holder(self, req: Request, node: str, rank: int) -> int | None:
-        """The rank holding the request's KV cache of `node` when that is not `rank`, else None."""
-        if not self._has_kv[node] or req.kv_fed.get(node, 0) == 0:
-            return None
-        held = req.produced.get(node, (rank, 0))[0]
-        return held if held != rank else None
-
     def _moved(self, req: Request, entry: Entry, node: str) -> None:
         """The cache moves with the Run: the old pool lets go, the worker waits for the cache."""
         old = self.ledger.pool(entry.kv_from, node)
@@ -303,18 +301,21 @@ class Scheduler:
             old.free(req.request_id)
         entry.item.kv_in = True
 
-    def _entry(self, req: Request, pending: PendingRun, rank: int) -> Entry:
+    def _entry(self, req: Request, pending: PendingRun, rank: int, facts: RunFacts) -> Entry:
         node = pending.run.node
-        facts = self.index.facts(pending.walk, node)
         item = WorkItem(request_id=req.request_id, step=pending.step, walk=pending.walk)
-        entry = Entry(req, pending, item, version=req.runs_of(node) + 1)
+        entry = Entry(req, pending, item, facts, version=req.runs_of(node) + 1)
         for port, sources, is_tokens in facts.ports:
             self._bind(entry, rank, port, sources, is_tokens)
-        if self._has_kv[node] and req.kv_fed.get(node, 0) == 0 and req.kv_history.get(node):
-            item.tokens = [*req.kv_history[node], *item.tokens]   # recompute after preemption
-        routes = self.index.routes(pending.walk, node, rank)
-        if routes:   # another rank keeps every value it receives under a versioned key: never a stale one
-            item.routes = [Route(port, dst, f"{node}.{port}#{entry.version}") for port, dst in routes]
+        if facts.has_kv:
+            if req.kv_fed.get(node, 0):      # its cache is on the rank that ran it last: moved if not here
+                held = req.produced.get(node, (rank, 0))[0]
+                entry.kv_from = held if held != rank else None
+            elif req.kv_history.get(node):
+                item.tokens = [*req.kv_history[node], *item.tokens]   # recompute after preemption
+        if facts.has_routes:   # another rank keeps every value it receives under a versioned key: never a stale one
+            item.routes = [Route(port, dst, f"{node}.{port}#{entry.version}")
+                           for port, dst in self.index.routes(pending.walk, node, rank)]
         if facts.client_tensors:
             item.emit = list(facts.client_tensors)
         return entry

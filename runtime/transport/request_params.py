@@ -41,13 +41,17 @@ class RequestParams(msgspec.Struct, frozen=True, omit_defaults=True):
 
     def count(self, name: str) -> int:
         """The integer param `name` (a loop count, a horizon); KeyError naming it when undeclared."""
-        return int(self._declared(name))
+        try:
+            return int(self.declared[name])     # asked per request per step (horizons, token budgets)
+        except KeyError:
+            raise self._undeclared(name) from None
 
     def number(self, name: str) -> float:
         """The number param `name` (a scale, a shift); KeyError naming it when undeclared."""
-        return float(self._declared(name))
+        try:
+            return float(self.declared[name])
+        except KeyError:
+            raise self._undeclared(name) from None
 
-    def _declared(self, name: str) -> Scalar:
-        if name not in self.declared:
-            raise KeyError(f"the request has no param '{name}'; the graph declares: {', '.join(self.declared)}")
-        return self.declared[name]
+    def _undeclared(self, name: str) -> KeyError:
+        return KeyError(f"the request has no param '{name}'; the graph declares: {', '.join(self.declared)}")

@@ -63,12 +63,28 @@ class NullConductor:
                      for _ in range(live)]
         self.loop.run_until_complete(self._steps(2 * (live // self.batch + 2)))   # every prompt prefilled
 
-    async def _steps(self, n: int) -> tuple[float, float]:
-        """(wall seconds, conductor-thread CPU seconds) of `n` steps."""
-        wall, cpu = time.perf_counter(), time.thread_time()
+    async def _steps(self, n: int, trace=None) -> tuple[float, float]:
+        """(wall seconds, conductor-thread CPU seconds) of `n` steps, each traced by `trace` if
+        given. Between steps, untimed and untraced, each request's events are taken as a server's
+        stream reader takes them: left to pile up (thousands per request over a run), they made
+        every garbage collection scan them, a cost no server has."""
+        wall = cpu = 0.0
+        previous = sys.gettrace()
         for _ in range(n):
-            await self.conductor.step()
-        return time.perf_counter() - wall, time.thread_time() - cpu
+            wall_start, cpu_start = time.perf_counter(), time.thread_time()
+            if trace is not None:
+                sys.settrace(trace)
+            try:
+                await self.conductor.step()
+            finally:
+                sys.settrace(previous)
+            wall += time.perf_counter() - wall_start
+            cpu += time.thread_time() - cpu_start
+            for req in self.reqs:
+                events = req.events
+                while not events.empty():
+                    events.get_nowait()
+        return wall, cpu
 
     def measure(self) -> dict[str, float]:
         rows, before = self.workers.rows, [len(r.output_ids) for r in self.reqs]
@@ -93,12 +109,7 @@ class NullConductor:
             elif event == "opcode":
                 count += 1
             return trace
-        previous = sys.gettrace()
-        sys.settrace(trace)
-        try:
-            self.loop.run_until_complete(self._steps(steps))
-        finally:
-            sys.settrace(previous)
+        self.loop.run_until_complete(self._steps(steps, trace))
         return count / steps
 
     def _snapshot_us(self) -> float:
