@@ -30,7 +30,7 @@ from runtime.worker.openmp import passive_waits  # noqa: E402
 # they are not the ones a neighbour's load stalls (runtime/worker/openmp.py)
 passive_waits(os.environ)
 
-from bench import plots, report, results  # noqa: E402
+from bench import plots, quiet, report, results  # noqa: E402
 from bench.registry import Context, Needs, suites  # noqa: E402
 
 
@@ -48,6 +48,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cpu-compile", action="store_true",
                         help="mstar's SmolLM2 plans compile their decode steps (the lm node's `cpu_compile: true`; "
                              "a cold start compiles for minutes)")
+    parser.add_argument("--settle", type=float, default=quiet.TIMEOUT_S,
+                        help="before each measured run, wait up to this many seconds for the machine's CPUs to go "
+                             "idle (a side's threads may spin after its run); 0: no wait")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     parser.add_argument("--render", action="store_true", help="only re-render table and plots")
     return parser.parse_args(argv)
@@ -60,13 +63,18 @@ def run_suite(name: str, args: argparse.Namespace, command: str) -> results.RunR
         import torch
         torch.set_num_threads(args.threads)
     ctx = Context(rounds=args.rounds, quick=args.quick, root=ROOT, threads=args.threads, vllm=args.vllm,
-                  cpu_compile=args.cpu_compile)
+                  cpu_compile=args.cpu_compile, settle_s=args.settle)
     record = results.RunRecord(name, suite.title, command, args.rounds, results.now(),
                                machine=results.machine_info(ROOT))
     try:
         record.rows = suite.run(ctx)
     except Needs as exc:
         ctx.record_needs("all cases", exc)
+    if ctx.settle_waits:
+        waits = sorted(ctx.settle_waits)
+        ctx.settings["settle"] = {"max_wait_s": ctx.settle_s, "runs": len(waits), "median_wait_s": waits[len(waits) // 2],
+                                  "longest_wait_s": waits[-1],
+                                  "never_quiet": sum(w >= ctx.settle_s for w in waits)}   # measured on a busy machine
     record.finished, record.settings, record.needs = results.now(), ctx.settings, ctx.needs
     return record
 

@@ -2,6 +2,7 @@
 
     python tools/profile_vllm.py --vllm /work/vllm-venv/bin/vllm           # batch 1/16/64
     python tools/profile_vllm.py --vllm VENV/bin/vllm --batches 16 --steps 5
+    python tools/profile_vllm.py --vllm VENV/bin/vllm --prefill 256,1024   # one prompt's prefill step alone
 
 For each batch size a vLLM server (its own venv, `--profiler-config` with the torch profiler
 and a schedule of `--steps` active engine steps) serves the fp32 export of SmolLM2
@@ -16,6 +17,10 @@ write), RoPE/norms, sampling; "other ops" is every other op. vLLM runs its model
 torch.compile'd: inductor's fused kernels (RMSNorms, RoPE, SiLU*up, residual adds) are no
 profiled ops, so the time inside its compiled graph that no op accounts for is "fused
 kernels"; "outside ops" is the rest of the step (Python, scheduling, waiting between ops).
+
+With `--prefill N,...` the profiled step is instead the first engine step of one N-token prompt
+sent to the idle server (new to its prefix cache): its prefill, whole when vLLM's chunked-prefill
+budget takes N tokens in one step (the table then says how many steps the profile caught).
 """
 from __future__ import annotations
 
@@ -128,10 +133,19 @@ async def _decoding(url: str, batch: int, steps: int) -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def vllm_profiled(ctx: Context, steps: int, out: Path) -> Server:
-    """vLLM's server with the torch profiler on a schedule of `steps` active steps, traces in `out`."""
+async def _prefilling(url: str, num_tokens: int) -> None:
+    """One new `num_tokens`-token prompt on the idle server, profiled from before it is sent."""
+    await asyncio.to_thread(_post, url + "/start_profile")
+    content = prefill_load.prompt_words(prefill_load.WORDS, num_tokens - 30, nonce=num_tokens)  # ~30: the template
+    async with prefill_load.session() as http:
+        await prefill_load.timed(http, url, "smollm2", content, max_tokens=2)
+    await asyncio.to_thread(_post, url + "/stop_profile")
+
+
+def vllm_profiled(ctx: Context, steps: int, out: Path, warmup: int = 1) -> Server:
+    """vLLM's server with the torch profiler on a schedule of `warmup` + `steps` steps, traces in `out`."""
     config = {"profiler": "torch", "torch_profiler_dir": str(out), "torch_profiler_record_shapes": True,
-              "torch_profiler_with_stack": False, "warmup_iterations": 1, "active_iterations": steps}
+              "torch_profiler_with_stack": False, "warmup_iterations": warmup, "active_iterations": steps}
     port = free_port()
     cmd = [str(vllm_python(ctx)), "-m", "vllm.entrypoints.openai.api_server", "--model",
            str(bench_dir(ctx) / "smollm2-135m-fp32"), "--served-model-name", "smollm2", "--port", str(port),
@@ -142,10 +156,11 @@ def vllm_profiled(ctx: Context, steps: int, out: Path) -> Server:
                   start_timeout_s=1500.0)
 
 
-def profile_batch(srv: Server, batch: int, steps: int, out: Path) -> dict[str, float]:
-    """Profile `steps` decode steps at `batch`; the breakdown of the engine core's new trace."""
+def profile_batch(srv: Server, batch: int, steps: int, out: Path, prefill: int = 0) -> dict[str, float]:
+    """Profile `steps` decode steps at `batch` (or the prefill step of one `prefill`-token prompt);
+    the breakdown of the engine core's new trace."""
     seen = set(out.rglob("*.json*"))
-    asyncio.run(_decoding(srv.url, batch, steps))
+    asyncio.run(_prefilling(srv.url, prefill) if prefill else _decoding(srv.url, batch, steps))
     deadline, size = time.monotonic() + 300, -1
     while True:      # the trace is written after stop_profile returns: wait until its size settles
         new = [p for p in out.rglob("*.json*") if p not in seen]
@@ -166,9 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,16,64", help="comma-separated batch sizes")
     p.add_argument("--steps", type=int, default=5, help="profiled engine steps per batch size")
     p.add_argument("--out", type=Path, default=Path("/tmp/mstar-vllm-profile"), help="trace directory")
+    p.add_argument("--prefill", default="", help="comma-separated prompt lengths: profile each one's prefill step")
     args = p.parse_args(argv)
     ctx = Context(rounds=1, quick=False, root=ROOT, vllm=args.vllm)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.prefill:
+        with vllm_profiled(ctx, 1, args.out, warmup=0) as srv:
+            rows = {n: profile_batch(srv, 0, 1, args.out, prefill=n) for n in map(int, args.prefill.split(","))}
+        print("vLLM CPU engine step (SmolLM2-135M fp32, served): the first step of one new prompt")
+        print(table(rows, CATEGORIES, column="tokens"))
+        return 0
     with vllm_profiled(ctx, args.steps, args.out) as srv:
         rows = {b: profile_batch(srv, b, args.steps, args.out) for b in map(int, args.batches.split(","))}
     print(f"vLLM CPU engine step (SmolLM2-135M fp32, served), mean of {args.steps} profiled steps")

@@ -30,3 +30,34 @@ def test_three_sides_round_robin_and_progress():
     assert seen == [(1, "A"), (2, "B"), (3, "C"), (4, "A"), (5, "B"), (6, "C")]
     with pytest.raises(ValueError):
         alternate(sides, rounds=0)
+
+
+def test_settle_runs_before_every_run_warmup_included():
+    events: list[str] = []
+    sides = {n: (lambda n=n: events.append(n) or {"x": 1.0}) for n in "AB"}
+    alternate(sides, rounds=2, warmup=1, settle=lambda: events.append("settle"))
+    assert events == ["settle", "A", "settle", "B"] * 3
+
+
+def test_wait_quiet_waits_out_spinning_processes():
+    """Children busy-looping on a fifth of the cores (at least one) keep the machine >= 20 % busy,
+    above the quiet threshold of 10 %: the wait must outlast them (or give up at its timeout on a
+    machine that is busy anyway, which returns the timeout)."""
+    import os
+    import subprocess
+    import sys
+
+    from bench import quiet
+
+    if quiet.cpu_times() is None:
+        pytest.skip("no /proc/stat here")
+    spin = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(-(-(os.cpu_count() or 1) // 5))]
+    try:
+        waited = quiet.wait_quiet(timeout_s=30.0)
+        running = sum(s.poll() is None for s in spinners)
+        assert running == 0 or waited >= 30.0, f"declared quiet after {waited:.2f} s with {running} spinning"
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 from tqdm import tqdm
 
+from bench import quiet
 from bench.abab import Measure, Samples, alternate
 from bench.results import Row
 
@@ -35,13 +36,19 @@ class Context:
     threads: int | None = None           # torch threads of in-process sides (None: torch's default)
     vllm: Path | None = None             # the vLLM peer's bin/vllm, bin/python or venv (None: .bench/vllm-venv)
     cpu_compile: bool = False            # mstar's SmolLM2 plans with `args: {cpu_compile: true}` on the lm node
+    settle_s: float = quiet.TIMEOUT_S    # before each run, wait up to this long for a quiet machine (0: no wait)
+    settle_waits: list[float] = field(default_factory=list)  # seconds each of those waits took
     settings: dict[str, Any] = field(default_factory=dict)   # recorded in the result JSON
     needs: list[dict[str, str]] = field(default_factory=list)  # comparisons that could not run
 
     def alternate(self, label: str, sides: Mapping[str, Measure], warmup: int = 1) -> Samples:
         """`abab.alternate` with a progress bar named `label`."""
         with tqdm(total=self.rounds * len(sides), desc=label, unit="run", leave=False) as bar:
-            return alternate(sides, self.rounds, warmup, lambda done, side: bar.update(1))
+            return alternate(sides, self.rounds, warmup, lambda done, side: bar.update(1), self._settle)
+
+    def _settle(self) -> None:
+        if self.settle_s > 0:
+            self.settle_waits.append(quiet.wait_quiet(self.settle_s))
 
     def record_needs(self, case: str, exc: Needs) -> None:
         self.needs.append({"case": case, "needs": str(exc)})
