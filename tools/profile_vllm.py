@@ -20,7 +20,7 @@ kernels"; "outside ops" is the rest of the step (Python, scheduling, waiting bet
 
 With `--prefill N,...` the profiled step is instead the first engine step of one N-token prompt
 sent to the idle server (new to its prefix cache): its prefill, whole when vLLM's chunked-prefill
-budget takes N tokens in one step (the table then says how many steps the profile caught).
+budget takes N tokens in one step.
 """
 from __future__ import annotations
 
@@ -134,7 +134,8 @@ async def _decoding(url: str, batch: int, steps: int) -> None:
 
 
 async def _prefilling(url: str, num_tokens: int) -> None:
-    """One new `num_tokens`-token prompt on the idle server, profiled from before it is sent."""
+    """One new `num_tokens`-token prompt on the idle server, profiled from before it is sent (vLLM's
+    `profiler.start()` takes the schedule's warm-up step itself: the prompt's prefill is the active one)."""
     await asyncio.to_thread(_post, url + "/start_profile")
     content = prefill_load.prompt_words(prefill_load.WORDS, num_tokens - 30, nonce=num_tokens)  # ~30: the template
     async with prefill_load.session() as http:
@@ -142,10 +143,10 @@ async def _prefilling(url: str, num_tokens: int) -> None:
     await asyncio.to_thread(_post, url + "/stop_profile")
 
 
-def vllm_profiled(ctx: Context, steps: int, out: Path, warmup: int = 1) -> Server:
-    """vLLM's server with the torch profiler on a schedule of `warmup` + `steps` steps, traces in `out`."""
+def vllm_profiled(ctx: Context, steps: int, out: Path) -> Server:
+    """vLLM's server with the torch profiler on a schedule of 1 warm-up + `steps` steps, traces in `out`."""
     config = {"profiler": "torch", "torch_profiler_dir": str(out), "torch_profiler_record_shapes": True,
-              "torch_profiler_with_stack": False, "warmup_iterations": warmup, "active_iterations": steps}
+              "torch_profiler_with_stack": False, "warmup_iterations": 1, "active_iterations": steps}
     port = free_port()
     cmd = [str(vllm_python(ctx)), "-m", "vllm.entrypoints.openai.api_server", "--model",
            str(bench_dir(ctx) / "smollm2-135m-fp32"), "--served-model-name", "smollm2", "--port", str(port),
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(rounds=1, quick=False, root=ROOT, vllm=args.vllm)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.prefill:
-        with vllm_profiled(ctx, 1, args.out, warmup=0) as srv:
+        with vllm_profiled(ctx, 1, args.out) as srv:
             rows = {n: profile_batch(srv, 0, 1, args.out, prefill=n) for n in map(int, args.prefill.split(","))}
         print("vLLM CPU engine step (SmolLM2-135M fp32, served): the first step of one new prompt")
         print(table(rows, CATEGORIES, column="tokens"))
