@@ -6,7 +6,6 @@ final; every move is one of the transition methods, which refuse illegal moves.
 """
 from __future__ import annotations
 
-import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Any, Sequence
 import msgspec
 
 from runtime.conductor.cursor import TrackCursor
+from runtime.conductor.output_queue import OutputQueue
 from runtime.transport.messages import TokenLogprob
 from runtime.transport.request_params import RequestParams
 
@@ -100,7 +100,7 @@ class Request:
     replicas: dict[str, int] = field(default_factory=dict)       # data-parallel node -> the replica it is bound to
     isolated: bool = False                 # a batch it shared failed: it runs alone until a Run of it passes
     output_ids: list[int] = field(default_factory=list)
-    events: asyncio.Queue[OutputEvent] = field(default_factory=asyncio.Queue)
+    events: OutputQueue[OutputEvent] = field(default_factory=OutputQueue)
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     deadline: float | None = None          # monotonic time after which it is aborted

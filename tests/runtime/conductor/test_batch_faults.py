@@ -82,7 +82,8 @@ def test_a_poisoned_request_fails_alone_and_its_batch_neighbours_finish_as_alone
     assert workers.failed_batches >= 1 + len(poisoned)      # the shared batch, then each poisoned one alone
     for i, req in enumerate(reqs):
         if i in poisoned:
-            assert req.state == RequestState.FAILED and "OverflowError" in req.events._queue[-1].error
+            events = [req.events.get_nowait() for _ in range(req.events.qsize())]
+            assert req.state == RequestState.FAILED and "OverflowError" in events[-1].error
             continue
         alone, _, _ = run_requests([prompts[i]], set())
         assert req.state == RequestState.FINISHED and req.finish_reason == "length"
