@@ -349,9 +349,7 @@ class Conductor:
         self.ledger.note_reported(msg.rank, msg.prefix)
         self.ledger.note_used(msg.rank, msg.kv_used, batch.node)
         self.live.observe_batch(batch.group, batch.node, len(batch.entries), msg.run_ms)
-        token_ports = self.index.token_outputs(batch.node)
-        token_keys = [f"{batch.node}.{port}" for port in token_ports]
-        other_keys = [f"{batch.node}.{p.name}" for p in self.index.nodes[batch.node].outputs if p.name not in token_ports]
+        token_keys, other_keys = self.index.output_keys(batch.node)
         for entry, result in zip(batch.entries, msg.items):     # per row: the conductor's hot loop
             req = entry.request
             if req.state >= RequestState.FINISHED:    # final (is_final, without the property call per row)
@@ -377,7 +375,7 @@ class Conductor:
                 self._finish(req)
 
     def _client_output(self, req: Request, entry: Any, result: ItemResult, env: Envelope) -> None:
-        facts = entry.facts
+        facts = self.index.facts(entry.pending.walk, entry.pending.run.node)
         # a prompt read in pieces (for_each): a token sampled after a middle piece predicts prompt text
         if result.tokens and facts.client_tokens and req.tracks[entry.pending.track].is_on_last_item:
             req.emit_tokens(result.tokens, result.logprobs)

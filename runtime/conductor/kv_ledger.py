@@ -65,8 +65,7 @@ class KVPoolLedger:
         return self._blocks(self.tokens.get(request_id, 0) + n_new) <= self.num_blocks
 
     def can_grow(self, request_id: int, n_new: int, reserved: int = 0, tokens: Sequence[int] | None = None) -> bool:
-        held, size = self.tokens.get(request_id, 0), self.block_size   # `needed`, inlined: asked per row per step
-        return (-held // size) - (-(held + n_new) // size) + reserved <= self.num_blocks - self.used_blocks
+        return self.needed(request_id, n_new) + reserved <= self.num_blocks - self.used_blocks
 
     def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
         """Count `n_new` more tokens (ids `tokens` if known); returns the cached prompt tokens

@@ -67,6 +67,7 @@ class PlanIndex:
         self._token_ports = {(n.name, out): frozenset(p.name for p in (n.outputs if out else n.inputs)
                                                       if p.dtype in CONDUCTOR_DTYPES)
                              for n in plan.nodes for out in (False, True)}
+        self._output_keys = {n.name: self._build_output_keys(n) for n in plan.nodes}
         # nodes placed as data-parallel replicas (several ranks, no tensor parallelism)
         self.replicated = frozenset(n.name for n in plan.nodes if n.placement.tp_size == 1 and any(
             len(ranks) > 1 for ranks in (n.placement.ranks, *n.placement.walk_ranks.values())))
@@ -135,8 +136,14 @@ class PlanIndex:
         """dtype of an input port ("tokens", "image", "latent", ...)."""
         return next(p.dtype for p in self.nodes[node].inputs if p.name == port)
 
-    def token_outputs(self, node: str) -> list[str]:
-        return [p.name for p in self.nodes[node].outputs if p.name in self._token_ports[(node, True)]]
+    def output_keys(self, node: str) -> tuple[list[str], list[str]]:
+        """The value keys "<node>.<port>" of the node's token outputs and of its other outputs (asked per batch)."""
+        return self._output_keys[node]
+
+    def _build_output_keys(self, node: Node) -> tuple[list[str], list[str]]:
+        tokens = self._token_ports[(node.name, True)]
+        return ([f"{node.name}.{p.name}" for p in node.outputs if p.name in tokens],
+                [f"{node.name}.{p.name}" for p in node.outputs if p.name not in tokens])
 
     def client_tokens(self, walk: str, node: str) -> bool:
         """Whether tokens this node produces in this walk go to the client."""

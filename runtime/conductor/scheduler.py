@@ -45,7 +45,6 @@ class Entry(msgspec.Struct):
     request: Request
     pending: PendingRun
     item: WorkItem
-    facts: RunFacts                    # what the plan fixes for this Run
     tensors: dict[str, torch.Tensor] = {}   # frames to attach (a fresh dict per entry)
     read: list[int] = []               # request input items this Run reads
     version: int = 0                   # this Run's count of its node's runs
@@ -161,8 +160,7 @@ class Scheduler:
                 elif batch.entries and (req.isolated or batch.entries[0].request.isolated):
                     continue    # a suspect of a failed batch runs alone (Conductor._batch_failed)
                 entry = self._entry(req, pending, rank, facts)
-                if run.node in req.prefill_rest or 0 < self.config.prefill_chunk_tokens < len(entry.item.tokens):
-                    self._chunk(req, entry, rank)
+                self._chunk(req, entry, rank)
                 moved = req.kv_fed.get(run.node, 0) if entry.kv_from is not None else 0
                 if not self._reserve(req, entry, rank, batch, placed, admitting, moved):
                     return False
@@ -304,7 +302,7 @@ class Scheduler:
     def _entry(self, req: Request, pending: PendingRun, rank: int, facts: RunFacts) -> Entry:
         node = pending.run.node
         item = WorkItem(request_id=req.request_id, step=pending.step, walk=pending.walk)
-        entry = Entry(req, pending, item, facts, version=req.runs_of(node) + 1)
+        entry = Entry(req, pending, item, version=req.runs_of(node) + 1)
         for port, sources, is_tokens in facts.ports:
             self._bind(entry, rank, port, sources, is_tokens)
         if facts.has_kv:
