@@ -11,7 +11,9 @@ then `--steps` decode steps are profiled, each inside `record_function` ranges p
 the model's modules: linears (the q/k/v, o, gate/up and down projections), the LM head,
 attention (the backend's paged attend and the KV cache write), RoPE and RMSNorms, and
 sampling. "other" is the rest of the step (embedding, the SiLU*up product, residual adds,
-batch metadata, Python). Printed: ms per step and share of the step, per category.
+batch metadata, Python). With the fused CPU kernels (runtime/kernels/cpu.py, the default on
+CPU) the residual adds count in RoPE/norms (each fused into the norm after it) and so does the
+KV write (fused into RoPE); MSTAR_CPU_KERNELS=torch profiles the torch ops instead. Printed: ms per step and share of the step, per category.
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ def _scoped(fn: Callable, name: str) -> Callable:
 def instrument(ex: Any) -> None:
     """Put each category's record_function range on the modules and calls that belong to it."""
     import runtime.layers.attention as attention_layer
+    from runtime.kernels import cpu as cpu_kernels
     model = ex.model
     scoped: list[str] = []        # a range inside another of its category would count twice
     for name, module in model.named_modules():
@@ -80,6 +83,8 @@ def instrument(ex: Any) -> None:
         _scope_module(module, category)
         scoped.append(name)
     attention_layer.rotate = _scoped(attention_layer.rotate, "rope_norms")
+    for name in ("rms_norm", "add_rms_norm", "rope_cache"):     # the fused CPU kernels (runtime/kernels/cpu.py)
+        setattr(cpu_kernels, name, _scoped(getattr(cpu_kernels, name), "rope_norms"))
     model.rotary_emb.cos_sin = _scoped(model.rotary_emb.cos_sin, "rope_norms")
     backend = model.attention_backend(ex.device)
     backend.attend = _scoped(backend.attend, "attention")

@@ -1,8 +1,10 @@
 """Attention backends behind one interface (`AttentionBackend`) and the switch between them.
 
-`select_backend(device, name)`: "torch" (reference, any device), "triton" (paged
+`select_backend(device, name)`: "torch" (reference, any device), "cpu" (decode rows through
+the fused paged kernel of runtime/kernels/cpu.py, prefill as torch), "triton" (paged
 kernels; CPU only under TRITON_INTERPRET=1), "flashinfer" (CUDA), or "auto": flashinfer
-on CUDA when it imports, else triton on CUDA, else torch.
+on CUDA when it imports, else triton on CUDA; on CPU "cpu" where its kernels are built, else
+torch (`runtime.kernels.cpu.status()` says why not).
 """
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import torch
 
 from runtime.attention.backend import AttentionBackend, AttentionShape
 from runtime.attention.metadata import AttentionMetadata
+from runtime.kernels import cpu as cpu_kernels
+from runtime.attention.cpu_backend import CpuAttention
 from runtime.attention.torch_backend import TorchAttention
 from runtime.attention.triton_backend import TritonAttention
 
-BACKENDS = ("torch", "triton", "flashinfer")
+BACKENDS = ("torch", "cpu", "triton", "flashinfer")
 
 
 def select_backend(device: torch.device | str, name: str = "auto") -> AttentionBackend:
@@ -23,11 +27,16 @@ def select_backend(device: torch.device | str, name: str = "auto") -> AttentionB
     device = torch.device(device)
     if name == "auto":
         if device.type != "cuda":
-            name = "torch"
+            name = "cpu" if device.type == "cpu" and cpu_kernels.status() == "" else "torch"
         else:
             name = "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
     if name == "torch":
         return TorchAttention()
+    if name == "cpu":
+        if device.type != "cpu" or cpu_kernels.status():
+            raise ValueError(f"the cpu attention backend needs a CPU device and its kernels "
+                             f"({cpu_kernels.status() or 'device ' + device.type})")
+        return CpuAttention()
     if name == "triton":
         return TritonAttention()
     if name == "flashinfer":

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -31,7 +30,7 @@ from runtime.conductor.replies import InFlight, ReplyCheck, can_retry_alone, ret
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.running import RunningSet
 from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
-from runtime.conductor.start_watch import StartWatch
+from runtime.conductor.start_watch import StartFailed, StartWatch
 from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import RankLauncher, WorkerSet
 from runtime.worker.loader import tp_ranks
@@ -94,12 +93,13 @@ class Conductor:
         self._events: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
+        self._start_watch: StartWatch | None = None     # while start() waits for the workers' Ready
 
     # ---- life cycle ----------------------------------------------------------------
 
     async def start(self, ready_timeout: float = 300.0) -> None:
-        """Bind the control socket, start local workers, wait until every rank is ready: for as long as
-        each rank not yet ready reports start steps at most `ready_timeout` s apart (start_watch.py)."""
+        """Bind the control socket, start local workers, wait until every rank is ready: for as long as each
+        rank not yet ready reports start steps `ready_timeout` s apart and no worker exits (start_watch.py)."""
         self.ctx = zmq.asyncio.Context()
         keys, key_files = cluster_keys(self.config.keys_dir, len(self.plan.ranks))
         self.guard = start_guard(self.ctx, keys)
@@ -111,13 +111,14 @@ class Conductor:
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]
         self.workers.start_local()
-        watch = StartWatch(ready_timeout)
+        watch = self._start_watch = StartWatch(ready_timeout)
         while len(self.workers.ready_ranks()) < len(self.plan.ranks):
             if (why := watch.stalled(self.worker_stats, self.workers.ready_ranks(), len(self.plan.ranks))):
                 ready = sorted(self.workers.ready_ranks())
                 await self.stop()           # no worker outlives a failed start
-                raise TimeoutError(f"workers not ready: {why} (ready ranks: {ready})")
+                raise StartFailed(f"workers not ready: {why} (ready ranks: {ready})")
             await asyncio.sleep(0.05)
+        self._start_watch = None
 
     async def stop(self) -> None:
         """Abort what is left, shut the workers down, close sockets."""
@@ -133,9 +134,7 @@ class Conductor:
         self.guard.stop()
         self.ctx.term()
         if self.config.keys_dir is None:     # this start's own keys go with it
-            for path in self.workers.key_files.values():
-                os.remove(path)
-            os.rmdir(os.path.dirname(next(iter(self.workers.key_files.values()))))
+            self.workers.remove_key_files()
 
     @property
     def endpoint(self) -> str:
@@ -466,6 +465,9 @@ class Conductor:
             self._rank_died(rank)
 
     def _rank_died(self, rank: int) -> None:
+        status = self.workers.ranks[rank]     # one that exits before its Ready during the start is not restarted:
+        if self._start_watch and status.process and not status.is_ready and (code := status.process.poll()) is not None:
+            return self._start_watch.exited(rank, code)    # it would fail the same way again (start_watch.py)
         log.error("worker of rank %d died", rank)
         lost = {e.request.request_id for f in self.in_flight.values() if rank in f.batch.group
                 for e in f.batch.entries}

@@ -140,6 +140,12 @@ class WorkerSet:
             log.warning("restarting worker of rank %d (restart %d)", rank, status.restarts)
             self._spawn(status)
 
+    def remove_key_files(self) -> None:
+        """Delete the ranks' key files and their folder (keys made for this start only)."""
+        for path in self.key_files.values():
+            os.remove(path)
+        os.rmdir(os.path.dirname(next(iter(self.key_files.values()))))
+
     def placement(self) -> dict[str, Any] | None:
         """Where the launcher put each rank, with the inbox address the rank advertises to its peers
         (None without a launcher)."""

@@ -13,6 +13,7 @@ from torch import nn
 
 from runtime.attention import AttentionBackend, AttentionMetadata
 from runtime.kv import PagedKVCache
+from runtime.kernels import cpu as cpu_kernels
 from runtime.layers.config import DecoderConfig
 from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, rotate
@@ -51,15 +52,18 @@ class DecoderAttention(nn.Module):
         self._rotary = [rotary]  # shared by all layers; a list keeps it out of the module tree
 
     def project(self, hidden: torch.Tensor, positions: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                rotate_qk: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (N, Hq, D), k and v (N, Hkv, D) for the rows of `hidden` (N, hidden), RoPE applied
-        (with the forward's shared `rope` cos/sin when given)."""
+        (with the forward's shared `rope` cos/sin when given) unless not `rotate_qk`."""
         n, d = hidden.shape[0], self.head_dim
         q, k, v = self.qkv_proj(hidden).split(
             [self.num_q_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
         q, k, v = q.view(n, self.num_q_heads, d), k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if not rotate_qk:
+            return q, k, v
         if rope is None:
             q, k = self._rotary[0](positions, q, k)
         else:
@@ -67,10 +71,21 @@ class DecoderAttention(nn.Module):
         return q, k, v
 
     def forward(self, hidden: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
-        q, k, v = self.project(hidden, ctx.positions, ctx.rope)
-        ctx.kv_cache.write(self.layer, k, v, ctx.batch.slot_mapping)
+        if self._fuses_rope(hidden, ctx):
+            q, k, v = self.project(hidden, ctx.positions, None, rotate_qk=False)
+            cpu_kernels.rope_cache(q, k, v, *ctx.rope, ctx.batch.slot_mapping, ctx.kv_cache.k[self.layer],
+                                   ctx.kv_cache.v[self.layer])
+        else:
+            q, k, v = self.project(hidden, ctx.positions, ctx.rope)
+            ctx.kv_cache.write(self.layer, k, v, ctx.batch.slot_mapping)
         out = ctx.backend.attend(q, ctx.kv_cache.k[self.layer], ctx.kv_cache.v[self.layer], ctx.batch, self.scale)
         return self.o_proj(out.reshape(hidden.shape[0], self.num_q_heads * self.head_dim))  # (N, hidden)
+
+    def _fuses_rope(self, hidden: torch.Tensor, ctx: BatchContext) -> bool:
+        """RoPE and the KV write as one CPU kernel call (runtime/kernels/cpu.py)."""
+        cache = ctx.kv_cache.k[self.layer]
+        return (ctx.rope is not None and cache.dtype == hidden.dtype and cpu_kernels.usable(hidden)
+                and cpu_kernels.heads_fit(self.num_q_heads, self.num_kv_heads, self.head_dim))
 
     def slots(self, prefix: str, config: DecoderConfig) -> dict[str, Slot]:
         d, h = config.head_dim, config.hidden_size

@@ -36,6 +36,7 @@ from torch import nn
 
 from runtime.attention import AttentionBackend, AttentionMetadata, AttentionShape, select_backend
 from runtime.kv import PagedKVCache
+from runtime.kernels import cpu as cpu_kernels
 from runtime.layers.attention import BatchContext, DecoderAttention
 from runtime.layers.config import DecoderConfig, DecoderFamily
 from runtime.layers.mlp import GatedMLP
@@ -169,9 +170,24 @@ class DecoderLM(nn.Module):
         and shared by every layer."""
         hidden = self.embed(input_ids, embeds, embeds_rows)
         ctx = BatchContext(positions, batch, kv_cache, backend, self.rotary_emb.cos_sin(positions, hidden.dtype))
+        if cpu_kernels.usable(hidden):
+            return self._forward_fused(hidden, ctx)
         for layer in self.model.layers:
             hidden = layer(hidden, ctx)
         return self.model.norm(hidden)
+
+    def _forward_fused(self, residual: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
+        """The layers on CPU with each residual add fused into the norm after it (runtime/kernels/cpu.py):
+        the same sums and norms as DecoderLayer.forward, `residual` updated in place."""
+        layers = self.model.layers
+        first = layers[0].input_layernorm
+        x = cpu_kernels.rms_norm(residual, first.weight, first.eps)
+        for i, layer in enumerate(layers):
+            norm = layer.post_attention_layernorm
+            x = cpu_kernels.add_rms_norm(residual, layer.self_attn(x, ctx), norm.weight, norm.eps)
+            norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            x = cpu_kernels.add_rms_norm(residual, layer.mlp(x), norm.weight, norm.eps)
+        return x
 
     @property
     def is_graph_capturable(self) -> bool:

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.kernels import cpu as cpu_kernels
 from runtime.parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelGroup
 from runtime.weights import Slot
 
@@ -17,7 +18,10 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if gate_up.dim() == 2 and cpu_kernels.usable(gate_up):
+            return self.down_proj(cpu_kernels.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
     def slots(self, prefix: str) -> dict[str, Slot]:

@@ -1,15 +1,29 @@
-"""Linear layers on CPU through oneDNN, with each weight packed once after loading.
+"""Linear layers on CPU with each weight packed once after loading, for one of two GEMM kernels.
 
-torch's fp32 `F.linear` on CPU calls MKL's sgemm, which runs decode-sized GEMMs
-(16 x 576 x 1728) far below oneDNN's speed with a weight reordered once into its blocked
-layout (the op torch's own compiler uses after freezing). `python tools/bench.py linear`
-measures the two on the same weights; the README's benchmark table holds the figures.
+torch's fp32 `F.linear` on CPU calls MKL's sgemm, which runs decode-sized GEMMs (16 x 576 x
+1728) far below what a kernel reading a weight laid out for it does. Two such kernels, chosen
+per process by `gemm_kernel()` (`MSTAR_CPU_LINEAR`: auto, mstar, onednn or torch):
+
+* "mstar": runtime/kernels/cpu.cpp's panel GEMM (weights in 16-column k-major panels, 6 x 16
+  register blocks, each output one in-order sum over k, whatever the batch). On an AVX2 CPU
+  (AMD EPYC Zen 2, 2 cores) it ran SmolLM2's decode GEMMs 1.15-1.3x faster than oneDNN at
+  batch 1 / 16 / 64, and it takes bf16 weights where oneDNN has no bf16 kernels for the CPU
+  (converted to fp32 in registers: half the memory, fp32 math). `auto` picks it on CPUs
+  without AVX-512, where that was measured.
+* "onednn": oneDNN with the weight reordered into its blocked layout (the op torch's own
+  compiler uses after freezing): `auto`'s choice on AVX-512 CPUs, whose wider kernels and
+  AMX bf16 it has and the panel GEMM does not. bf16 needs oneDNN's bf16 kernels for the CPU
+  (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX); without them bf16 weights stay unpacked.
+* "torch": nothing packed, `F.linear` (also where neither kernel is available).
+
+`python tools/bench.py linear` measures the chosen kernel against F.linear on the same
+weights; the README's benchmark table holds the figures.
 
 `pack_linears(module)` runs after a rank's weights are loaded (runtime.worker.loader):
 every linear of the module tree on CPU keeps its dense weight (state_dict, tied
 embeddings and weight loading are unchanged) and gains a packed copy that its forward
-uses. The packed copy costs the weight's size again in host memory. It is skipped where
-oneDNN is missing, for other devices and dtypes, and when MSTAR_CPU_LINEAR=torch.
+uses. The packed copy costs the weight's size again in host memory. It is skipped for
+other devices and dtypes.
 
 Results differ from MKL's in the last bits (another summation order), like any change of
 GEMM kernel; every serving test runs on the packed path.
@@ -27,22 +41,60 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.kernels import cpu as cpu_kernels
+
 PACK_BATCH_HINT = 16        # the row count oneDNN picks the packed layout for (decode batches)
 _DTYPES = (torch.float32, torch.bfloat16)
+KERNELS = ("auto", "mstar", "onednn", "torch")
 
 
 def onednn_available() -> bool:
-    """oneDNN linear with packed weights is usable here (and not switched off)."""
-    if os.environ.get("MSTAR_CPU_LINEAR", "onednn") == "torch":
-        return False
+    """oneDNN linear with packed weights is usable in this torch."""
     ops = getattr(torch.ops, "mkldnn", None)
     return (torch.backends.mkldnn.is_available() and ops is not None
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
 
 
+def bf16_packable() -> bool:
+    """Whether oneDNN has bf16 GEMM kernels for this CPU."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def gemm_kernel() -> str:
+    """The packed GEMM this process uses: "mstar", "onednn" or "torch" (module doc)."""
+    choice = os.environ.get("MSTAR_CPU_LINEAR", "auto")
+    if choice not in KERNELS:
+        raise ValueError(f"MSTAR_CPU_LINEAR={choice!r}: choose one of {', '.join(KERNELS)}")
+    if choice == "torch":
+        return "torch"
+    wide = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    if choice == "mstar" or (choice == "auto" and not wide):
+        if cpu_kernels.status() == "":
+            return "mstar"
+        if choice == "mstar":
+            raise RuntimeError(f"MSTAR_CPU_LINEAR=mstar, but the CPU kernels are {cpu_kernels.status()}")
+    return "onednn" if onednn_available() else "torch"
+
+
+def bf16_gemm_note() -> str | None:
+    """What a bf16 model should be told on a CPU where its GEMMs run torch's generic kernel (None: they don't)."""
+    kernel = gemm_kernel()
+    if kernel == "mstar" or (kernel == "onednn" and bf16_packable()) or kernel == "torch":
+        return None
+    return ("this CPU has no bf16 instructions oneDNN can use (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX): bf16 "
+            "linears run through torch's generic kernel, several times slower than fp32 here; serve the fp32 "
+            "weights for speed")
+
+
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """The oneDNN-packed copy of a (out, in) weight, or None where packing does not apply."""
+    """The packed copy of a (out, in) weight for this process's GEMM kernel, or None where packing does not apply.
+    The panel GEMM's copy is 3-D (panels, in, 16); oneDNN's keeps the weight's 2-D shape."""
     if weight.device.type != "cpu" or weight.dtype not in _DTYPES or weight.dim() != 2 or weight.numel() == 0:
+        return None
+    kernel = gemm_kernel()
+    if kernel == "mstar":
+        return cpu_kernels.pack_panels(weight)
+    if kernel == "torch" or (weight.dtype == torch.bfloat16 and not bf16_packable()):
         return None
     with torch.no_grad():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_BATCH_HINT)
@@ -54,19 +106,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     if packed is None or x.device.type != "cpu" or x.dtype != packed.dtype:
         return F.linear(x, weight, bias)
     if torch.compiler.is_compiling():
-        return packed_linear(x, packed, bias)
+        return packed_linear(x, packed, bias, weight.shape[0])
+    return _packed(x, packed, bias, weight.shape[0])
+
+
+def _packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    if packed.dim() == 3:
+        return cpu_kernels.gemm(x, packed, n, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 @torch.library.custom_op("mstar::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (..., in) @ packed (out, in) weight^T (+ bias): the oneDNN GEMM as one opaque op (module doc)."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    """x (..., in) @ the packed (n, in) weight^T (+ bias): the packed GEMM as one opaque op (module doc)."""
+    return _packed(x, packed, bias, n)
 
 
 @packed_linear.register_fake
-def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], packed.shape[0]))
+def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], n))
 
 
 class PackedLinear(nn.Module):
@@ -89,7 +147,7 @@ def pack_linears(root: nn.Module) -> int:
     (runtime.parallel's column/row-parallel linears and LM head); plain `nn.Linear`
     children are swapped for `PackedLinear` around the same parameters.
     """
-    if not onednn_available():
+    if gemm_kernel() == "torch":
         return 0
     count = 0
     for module in list(root.modules()):

@@ -21,6 +21,7 @@ from mstar_compiler.plan import Plan, load_plan
 from runtime.cluster.ray_launcher import RayLauncher, RayOptions
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import Request
+from runtime.conductor.start_watch import StartFailed
 from runtime.conductor.scheduler import SchedulerConfig
 from runtime.sampling import SamplingParams, stop_token_ids
 from runtime.server.chat import ChatRequest
@@ -239,7 +240,7 @@ async def _serve(config: ServerConfig) -> None:
     server = MstarServer(config)
     try:
         await server.conductor.start(config.ready_timeout_s)     # stops its workers itself when it fails
-    except TimeoutError as exc:
+    except StartFailed as exc:
         raise SystemExit(f"mstar-run: {exc}") from None
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -281,5 +282,7 @@ def serve(config: ServerConfig) -> None:
 
 
 def _compiled(node: NodeInfo) -> dict[str, object]:
-    """/v1/models' note of a node whose CPU decode steps are inductor-compiled (nothing when eager)."""
-    return {"cpu_compiled_buckets": node.compiled_buckets} if node.compiled_buckets else {}
+    """/v1/models' notes of a node's CPU kernels: its inductor-compiled decode steps (nothing when eager)
+    and whether a decoder LM's layers run the fused CPU kernels."""
+    return {**({"cpu_compiled_buckets": node.compiled_buckets} if node.compiled_buckets else {}),
+            **({"cpu_kernels": node.cpu_kernels} if node.cpu_kernels else {})}

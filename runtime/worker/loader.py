@@ -23,6 +23,9 @@ import torch
 from mstar_compiler.plan import Node, Plan
 from runtime.components import component_class
 from runtime.parallel import SINGLE, TensorParallelGroup, init_tensor_parallel, pack_linears
+from runtime.kernels import cpu as cpu_kernels
+from runtime.layers import DecoderLM
+from runtime.parallel.cpu_linear import bf16_gemm_note
 from runtime.weights.published import load_published
 from runtime.weights.slots import Slot, checkpoint_follows, module_slots
 from runtime.weights.sources import NodeWeights, WeightOptions, resolve
@@ -137,9 +140,23 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
             group = tp if node.placement.tp_size > 1 else SINGLE
             module = by_key[node.weight_key] = load_node(plan.node(node.weight_key), source, group).to(device)
             log.debug("rank %d: %s: %d linear weights packed for oneDNN", rank, name, pack_linears(module))
+            if device.type == "cpu" and (note := bf16_gemm_note()) and _has_bf16_weights(module):
+                log.warning("rank %d: %s: %s", rank, name, note)
+            if (kernels := cpu_kernels_note(module)) and kernels != "fused":
+                log.warning("rank %d: %s: fused CPU kernels %s; its layers run torch ops (slower)", rank, name, kernels)
             progress.advance(f"loaded {name}")
         out[name] = (by_key[node.weight_key], source.describe())
     return out
+
+
+def cpu_kernels_note(module: torch.nn.Module) -> str:
+    """For a decoder LM on CPU: "fused", or why its layers run torch ops (runtime/kernels/cpu.py); else ""."""
+    on_cpu = next((p.device.type == "cpu" for p in module.parameters()), False)
+    return cpu_kernels.describe() if on_cpu and isinstance(module, DecoderLM) else ""
+
+
+def _has_bf16_weights(module: torch.nn.Module) -> bool:
+    return any(p.dtype == torch.bfloat16 and p.dim() == 2 for p in module.parameters())
 
 
 def load_node(node: Node, source: NodeWeights, tp: TensorParallelGroup = SINGLE) -> torch.nn.Module:

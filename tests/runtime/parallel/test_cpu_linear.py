@@ -9,14 +9,26 @@ from torch import nn
 
 from tests.runtime.models.decoder_lm.lm_factories import CASES, PagedRunner, build, tiny_dims
 from runtime.parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, pack_linears
-from runtime.parallel.cpu_linear import PackedLinear, linear, onednn_available, pack_weight
+from runtime.parallel import cpu_linear
+from runtime.parallel.cpu_linear import (PackedLinear, bf16_gemm_note, bf16_packable, gemm_kernel, linear,
+                                         onednn_available, pack_weight)
 
-pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN linear")
+
+@pytest.fixture(params=["mstar", "onednn"])
+def kernel(request, monkeypatch) -> str:
+    """Each packed GEMM kernel in turn (MSTAR_CPU_LINEAR), whichever `auto` picks on this CPU."""
+    if request.param == "onednn" and not onednn_available():
+        pytest.skip("this torch has no oneDNN linear")
+    monkeypatch.setenv("MSTAR_CPU_LINEAR", request.param)
+    assert gemm_kernel() == request.param      # the panel GEMM builds here (a C++ compiler is part of the setup)
+    return request.param
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("rows", [0, 1, 3, 16, 37])
-def test_packed_linear_matches_f_linear(dtype, tol, rows) -> None:
+def test_packed_linear_matches_f_linear(kernel, dtype, tol, rows) -> None:
+    if kernel == "onednn" and dtype == torch.bfloat16 and not bf16_packable():
+        pytest.skip("oneDNN has no bf16 kernels for this CPU (AVX2 only)")
     g = torch.Generator().manual_seed(rows)
     weight, bias = torch.randn(48, 40, generator=g).to(dtype), torch.randn(48, generator=g).to(dtype)
     x = torch.randn(2, rows, 40, generator=g).to(dtype)
@@ -28,6 +40,43 @@ def test_packed_linear_matches_f_linear(dtype, tol, rows) -> None:
     assert torch.allclose(out.float(), ref, rtol=tol, atol=tol * 10)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_panel_gemm_row_does_not_depend_on_the_batch(monkeypatch, dtype) -> None:
+    """Each output of the panel GEMM is one in-order sum over k: a row comes out bit-equal alone, in
+    any 6-row block position and beside any other rows (what batch invariance asks of a kernel)."""
+    monkeypatch.setenv("MSTAR_CPU_LINEAR", "mstar")
+    g = torch.Generator().manual_seed(7)
+    weight, x = torch.randn(70, 333, generator=g).to(dtype), torch.randn(37, 333, generator=g).to(dtype)
+    packed = pack_weight(weight)
+    together = linear(x, weight, None, packed)
+    for a, b in ((0, 1), (5, 6), (3, 16), (30, 37)):
+        assert torch.equal(linear(x[a:b], weight, None, packed), together[a:b])
+
+
+def test_bf16_weights_on_a_cpu_without_bf16_kernels_are_left_and_said(monkeypatch) -> None:
+    """oneDNN refuses to pack bf16 where the CPU has no bf16 instructions it uses (AVX2 only; it raised at
+    load, and the worker was restarted forever): there, with oneDNN chosen, the weight stays unpacked, its
+    linear is F.linear's, and the loader's note says why. Where the CPU has them, the probe is turned off
+    to take the same path."""
+    if not onednn_available():
+        pytest.skip("this torch has no oneDNN linear")
+    monkeypatch.setenv("MSTAR_CPU_LINEAR", "onednn")
+    if bf16_packable():
+        monkeypatch.setattr(cpu_linear, "bf16_packable", lambda: False)
+    weight, x = torch.randn(48, 40).bfloat16(), torch.randn(3, 40).bfloat16()
+    assert pack_weight(weight) is None and pack_weight(weight.float()) is not None
+    assert torch.equal(linear(x, weight, None, None), torch.nn.functional.linear(x, weight))
+    assert "no bf16 instructions" in cpu_linear.bf16_gemm_note()
+    monkeypatch.setenv("MSTAR_CPU_LINEAR", "mstar")       # the panel GEMM takes bf16 on any CPU
+    assert pack_weight(weight) is not None and cpu_linear.bf16_gemm_note() is None
+
+
+def test_the_kernel_switch_refuses_unknown_values(monkeypatch) -> None:
+    monkeypatch.setenv("MSTAR_CPU_LINEAR", "mkl")
+    with pytest.raises(ValueError, match="auto, mstar, onednn, torch"):
+        gemm_kernel()
+
+
 def test_weights_that_cannot_be_packed_are_left() -> None:
     assert pack_weight(torch.randn(4, 4, dtype=torch.float64)) is None
     assert pack_weight(torch.randn(2, 4, 4)) is None
@@ -36,7 +85,7 @@ def test_weights_that_cannot_be_packed_are_left() -> None:
 
 @pytest.mark.parametrize("case", ["llama", "llama-tied-llama3-bias", "qwen3_moe"])
 @torch.no_grad()
-def test_packed_decoder_gives_the_same_tokens(case: str) -> None:
+def test_packed_decoder_gives_the_same_tokens(kernel: str, case: str) -> None:
     kind, overrides = CASES[case]
     plain, packed = build(kind, tiny_dims(kind, **overrides)), build(kind, tiny_dims(kind, **overrides))
     keys = list(packed.state_dict())

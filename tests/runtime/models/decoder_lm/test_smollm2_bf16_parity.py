@@ -6,7 +6,11 @@ the errors of 30 layers add up in logits of magnitude ~25: on these prompts the 
 difference was 0.35..0.54, so logits must agree within 1.0. Greedy tokens can then differ
 only where fp32's top-2 margin is below 2 x that bound: "Write a short poem about the sea."
 opens with a 0.012 margin (and flips), so for it only the margin is checked; the parity
-prompts below have first-token margins of 0.08..1.2 and must give the same 12 tokens.
+prompts below have first-token margins of 0.08..1.2. Over 12 greedy tokens their paths meet
+near ties too ("List three colours." has a 0.012 margin at its 7th token, which bf16 decode
+attention that keeps its softmax weights in fp32 tips): the two generations must agree up to
+their first difference, and there the bf16 logits must be within the tolerance of fp32's and
+fp32's margin below twice it (a flip the tolerance explains, not a broken step).
 """
 from __future__ import annotations
 
@@ -65,4 +69,12 @@ def test_bf16_logits_within_tolerance_and_the_same_greedy_tokens(models, tokeniz
     greedy = [SamplingParams(temperature=0)] * len(PARITY)
     ours = {d: [g.token_ids for g in generate(models[d], tokenizer, prompts[:len(PARITY)], greedy, NEW_TOKENS)]
             for d in ("fp32", "bf16")}
-    assert ours["bf16"] == ours["fp32"]
+    for prompt, want, got in zip(prompts, ours["fp32"], ours["bf16"]):
+        first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+        if first is None:
+            assert len(got) == len(want)
+            continue
+        there = {d: _prompt_logits(models[d], [prompt + want[:first]])[0] for d in ("fp32", "bf16")}
+        top2 = there["fp32"].topk(2).values
+        assert (there["fp32"] - there["bf16"]).abs().max().item() <= LOGIT_TOLERANCE, first
+        assert (top2[0] - top2[1]).item() < 2 * LOGIT_TOLERANCE, (first, want, got)

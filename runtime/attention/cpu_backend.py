@@ -1,0 +1,35 @@
+"""The CPU attention backend: decode rows through the fused paged kernel, prefill chunks as the torch backend.
+
+Decode rows (query length 1) are attended by `runtime.kernels.cpu.paged_decode`, which
+reads each request's keys and values from their blocks where they lie: no gather into a padded
+dense copy per layer, no mask tensor, one pass over the cached context, scores and softmax in
+fp32. Prefill chunks take the torch backend's fused SDPA path (its kernel runs them near the
+cores' rate already). `select_backend` picks this backend on CPU when the kernels are built and
+the heads fit them (group <= 16, head_dim <= 256), else the torch one.
+"""
+from __future__ import annotations
+
+import torch
+
+from runtime.attention.backend import AttentionShape
+from runtime.attention.metadata import AttentionMetadata
+from runtime.attention.torch_backend import TorchAttention
+from runtime.kernels import cpu as cpu_kernels
+
+
+class CpuAttention(TorchAttention):
+    name = "cpu"
+
+    def plan(self, batch: AttentionMetadata, shape: AttentionShape) -> None:
+        super().plan(batch, shape)
+        decode = [b for b, q in enumerate(batch.query_lens_cpu) if q == 1]
+        width = max((len(batch.block_tables_cpu[b]) for b in decode), default=0)
+        tables = [batch.block_tables_cpu[b] + (0,) * (width - len(batch.block_tables_cpu[b])) for b in decode]
+        self._tables = torch.tensor(tables, dtype=torch.long).view(len(decode), width)
+        self._lengths = torch.tensor([batch.seq_lens_cpu[b] for b in decode], dtype=torch.long)
+
+    def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+        if q.dtype != k_cache.dtype or not cpu_kernels.usable(q):
+            return super()._attend_decode(q, k_cache, v_cache, scale)
+        return cpu_kernels.paged_decode(q, k_cache, v_cache, self._tables, self._lengths, scale)

@@ -1,0 +1,343 @@
+// Fused CPU kernels of a decoder layer's non-GEMM work (runtime/kernels/cpu.py builds and
+// loads this file; the module doc says why and when). Plain C ABI over raw pointers: no torch
+// headers, so a build takes about a second. Every kernel reads and writes fp32 or bf16 (`bf16`
+// flag: each kernel is a template instantiated for both, so its inner loops are branch-free and
+// the compiler vectorises them) and computes in fp32. OpenMP parallel loops run only where the work is large enough to
+// pay for waking the pool's sleeping threads (the workers' threads wait passively).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <algorithm>
+
+namespace {
+
+constexpr int64_t kParallelWork = 1 << 16;   // elements below which a loop stays on the calling thread
+constexpr int64_t kMaxGroup = 16;            // query heads per kv head (cpu.py checks both)
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kScoreChunk = 256;         // keys scored per pass of the decode attention
+
+using bf16_t = uint16_t;
+
+inline float to_f32(float x) { return x; }
+inline float to_f32(bf16_t x) {
+    uint32_t u = static_cast<uint32_t>(x) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+template <typename T> inline T from_f32(float v);
+template <> inline float from_f32<float>(float v) { return v; }
+template <> inline bf16_t from_f32<bf16_t>(float v) {     // round to nearest even, as torch's cast; NaN stays NaN
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_t>((u >> 16) | 0x40u);
+    return static_cast<bf16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// a value as the dtype holds it: where torch computes a step in bf16, the result is rounded there
+template <typename T> inline float round_to(float v) { return to_f32(from_f32<T>(v)); }
+
+// exp in plain float arithmetic the compiler vectorises (Cephes' expf: range reduction by ln 2, a
+// degree-6 polynomial, the exponent built in the bits); about 1 ulp from libm's over the clamp range
+inline float fast_exp(float x) {
+    x = std::min(std::max(x, -87.33654f), 88.72283f);
+    const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.f;
+    const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &e, 4);
+    return y * scale;
+}
+
+// one row (fp32 in `x`): sum of squares, x * rsqrt(mean + eps) in the dtype, times the weight
+template <typename T>
+inline void norm_row(const float* x, const T* weight, T* out, int64_t n, float eps) {
+    float ss = 0.f;
+    for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+    const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) out[i] = from_f32<T>(to_f32(weight[i]) * round_to<T>(x[i] * r));
+}
+
+template <typename T>
+void rms_norm(const T* x, int64_t x_stride, const T* weight, T* out, int64_t out_stride, int64_t rows, int64_t n,
+              float eps) {
+#pragma omp parallel for if (rows * n >= kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+        float buf[8192];
+        float* xf = n <= 8192 ? buf : new float[n];
+        for (int64_t i = 0; i < n; ++i) xf[i] = to_f32(x[r * x_stride + i]);
+        norm_row(xf, weight, out + r * out_stride, n, eps);
+        if (xf != buf) delete[] xf;
+    }
+}
+
+template <typename T>
+void add_rms_norm(T* residual, const T* delta, const T* weight, T* out, int64_t rows, int64_t n, float eps) {
+#pragma omp parallel for if (rows * n >= kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+        float buf[8192];
+        float* xf = n <= 8192 ? buf : new float[n];
+        T* res = residual + r * n;
+        const T* del = delta + r * n;
+        for (int64_t i = 0; i < n; ++i) {
+            res[i] = from_f32<T>(to_f32(res[i]) + to_f32(del[i]));
+            xf[i] = to_f32(res[i]);
+        }
+        norm_row(xf, weight, out + r * n, n, eps);
+        if (xf != buf) delete[] xf;
+    }
+}
+
+template <typename T>
+void silu_mul(const T* x, T* out, int64_t rows, int64_t n) {
+#pragma omp parallel for if (rows * n >= kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* gate = x + r * 2 * n;
+        const T* up = gate + n;
+        T* o = out + r * n;
+        for (int64_t i = 0; i < n; ++i) {          // torch: silu(gate) in the dtype, then * up
+            const float g = to_f32(gate[i]);
+            o[i] = from_f32<T>(round_to<T>(g / (1.f + fast_exp(-g))) * to_f32(up[i]));
+        }
+    }
+}
+
+template <typename T>
+void rope_cache(T* q, int64_t q_stride, int64_t hq, T* k, int64_t k_stride, int64_t hkv, const T* v,
+                int64_t v_stride, const T* cos, const T* sin, int64_t d, const int64_t* slots, T* k_cache,
+                T* v_cache, int64_t rows) {
+    const int64_t half = d / 2;
+#pragma omp parallel for if (rows * (hq + hkv) * d >= kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+        float c[kMaxHeadDim], s[kMaxHeadDim], x[kMaxHeadDim];
+        for (int64_t i = 0; i < d; ++i) {
+            c[i] = to_f32(cos[r * d + i]);
+            s[i] = to_f32(sin[r * d + i]);
+        }
+        for (int64_t h = 0; h < hq + hkv; ++h) {
+            T* head = h < hq ? q + r * q_stride + h * d : k + r * k_stride + (h - hq) * d;
+            for (int64_t i = 0; i < d; ++i) x[i] = to_f32(head[i]);
+            for (int64_t i = 0; i < half; ++i) {      // torch: addcmul(x * cos (in the dtype), swapped, sin)
+                head[i] = from_f32<T>(round_to<T>(x[i] * c[i]) + x[i + half] * s[i]);
+                head[i + half] = from_f32<T>(round_to<T>(x[i + half] * c[i + half]) + x[i] * s[i + half]);
+            }
+        }
+        std::memcpy(k_cache + slots[r] * hkv * d, k + r * k_stride, hkv * d * sizeof(T));
+        std::memcpy(v_cache + slots[r] * hkv * d, v + r * v_stride, hkv * d * sizeof(T));
+    }
+}
+
+template <typename T>
+void paged_decode(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables, int64_t width,
+                  const int64_t* seq_lens, T* out, int64_t batch, int64_t hq, int64_t hkv, int64_t d,
+                  int64_t block_size, float scale) {
+    const int64_t group = hq / hkv;
+    int64_t work = 0;
+    for (int64_t b = 0; b < batch; ++b) work += seq_lens[b] * hkv * d * 2;
+#pragma omp parallel for collapse(2) schedule(dynamic) if (work >= kParallelWork)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < hkv; ++h) {
+            float qs[kMaxGroup][kMaxHeadDim], acc[kMaxGroup][kMaxHeadDim];
+            float m[kMaxGroup], l[kMaxGroup], sc[kMaxGroup][kScoreChunk], kv[kMaxHeadDim];
+            for (int64_t g = 0; g < group; ++g) {
+                const T* qh = q + (b * hq + h * group + g) * d;
+                for (int64_t i = 0; i < d; ++i) {
+                    qs[g][i] = to_f32(qh[i]) * scale;
+                    acc[g][i] = 0.f;
+                }
+                m[g] = -3.0e38f;
+                l[g] = 0.f;
+            }
+            const int64_t len = seq_lens[b];
+            const int64_t* table = tables + b * width;
+            for (int64_t t0 = 0; t0 < len; t0 += kScoreChunk) {
+                const int64_t t1 = std::min(len, t0 + kScoreChunk);
+                for (int64_t t = t0; t < t1; ++t) {
+                    const T* key = k_cache + ((table[t / block_size] * block_size + t % block_size) * hkv + h) * d;
+                    for (int64_t i = 0; i < d; ++i) kv[i] = to_f32(key[i]);
+                    for (int64_t g = 0; g < group; ++g) {
+                        float dot = 0.f;
+                        for (int64_t i = 0; i < d; ++i) dot += qs[g][i] * kv[i];
+                        sc[g][t - t0] = dot;
+                    }
+                }
+                for (int64_t g = 0; g < group; ++g) {
+                    float mx = m[g];
+                    for (int64_t t = 0; t < t1 - t0; ++t) mx = std::max(mx, sc[g][t]);
+                    const float rescale = fast_exp(m[g] - mx);
+                    float sum = 0.f;
+                    for (int64_t t = 0; t < t1 - t0; ++t) {
+                        sc[g][t] = fast_exp(sc[g][t] - mx);
+                        sum += sc[g][t];
+                    }
+                    l[g] = l[g] * rescale + sum;
+                    for (int64_t i = 0; i < d; ++i) acc[g][i] *= rescale;
+                    m[g] = mx;
+                }
+                for (int64_t t = t0; t < t1; ++t) {
+                    const T* value = v_cache + ((table[t / block_size] * block_size + t % block_size) * hkv + h) * d;
+                    for (int64_t i = 0; i < d; ++i) kv[i] = to_f32(value[i]);
+                    for (int64_t g = 0; g < group; ++g) {
+                        const float p = sc[g][t - t0];
+                        for (int64_t i = 0; i < d; ++i) acc[g][i] += p * kv[i];
+                    }
+                }
+            }
+            for (int64_t g = 0; g < group; ++g) {
+                const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+                T* o = out + (b * hq + h * group + g) * d;
+                for (int64_t i = 0; i < d; ++i) o[i] = from_f32<T>(acc[g][i] * inv);
+            }
+        }
+    }
+}
+
+// ---- GEMM for decode-sized batches: C (M, N) = A (M, K) W^T (+ bias), W packed once into panels ----
+//
+// W (N, K) is stored as ceil(N / 16) panels, each (K, 16): panel p holds columns 16p .. 16p + 15 of C,
+// k-major, zero past N. A block of up to 6 rows of A runs over one panel with 12 8-wide accumulators
+// (6 rows x 16 columns) in registers: per k, two panel loads, six broadcasts, twelve FMAs. Each C
+// element is one sum over k in order 0 .. K-1, whatever M or the row's place in its block: a row's
+// result does not depend on the batch around it. Panels are split over the threads.
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4)));
+
+constexpr int64_t kPanel = 16;
+constexpr int64_t kRows = 6;
+
+inline v8 load8(const float* p) { return *reinterpret_cast<const v8u*>(p); }
+inline v8 load8(const bf16_t* p) {
+    v8 out;
+    for (int i = 0; i < 8; ++i) out[i] = to_f32(p[i]);
+    return out;
+}
+
+template <int MR, typename T>
+inline void gemm_block(const T* a, int64_t lda, const T* panel, int64_t k_size, const T* bias, T* c, int64_t ldc,
+                       int64_t cols) {
+    v8 lo[MR], hi[MR];
+    for (int r = 0; r < MR; ++r) lo[r] = hi[r] = v8{};
+    for (int64_t k = 0; k < k_size; ++k) {
+        const v8 w0 = load8(panel + k * kPanel), w1 = load8(panel + k * kPanel + 8);
+        for (int r = 0; r < MR; ++r) {
+            const float x = to_f32(a[r * lda + k]);
+            lo[r] += x * w0;
+            hi[r] += x * w1;
+        }
+    }
+    for (int r = 0; r < MR; ++r) {
+        for (int64_t j = 0; j < cols; ++j) {
+            const float v = j < 8 ? lo[r][j] : hi[r][j - 8];
+            c[r * ldc + j] = from_f32<T>(bias ? v + to_f32(bias[j]) : v);
+        }
+    }
+}
+
+template <typename T>
+void gemm(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
+          int64_t k) {
+    const int64_t panels = (n + kPanel - 1) / kPanel;
+#pragma omp parallel for schedule(static) if (m * n * k >= (1 << 18))
+    for (int64_t p = 0; p < panels; ++p) {
+        const T* panel = packed + p * k * kPanel;
+        const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
+        const T* b = bias ? bias + col : nullptr;
+        int64_t r = 0;
+        for (; r + kRows <= m; r += kRows) gemm_block<kRows>(a + r * lda, lda, panel, k, b, c + r * ldc + col, ldc, cols);
+        switch (m - r) {
+            case 5: gemm_block<5>(a + r * lda, lda, panel, k, b, c + r * ldc + col, ldc, cols); break;
+            case 4: gemm_block<4>(a + r * lda, lda, panel, k, b, c + r * ldc + col, ldc, cols); break;
+            case 3: gemm_block<3>(a + r * lda, lda, panel, k, b, c + r * ldc + col, ldc, cols); break;
+            case 2: gemm_block<2>(a + r * lda, lda, panel, k, b, c + r * ldc + col, ldc, cols); break;
+            case 1: gemm_block<1>(a + r * lda, lda, panel, k, b, c + r * ldc + col, ldc, cols); break;
+            default: break;
+        }
+    }
+}
+
+template <typename T>
+void pack_panels(const T* w, int64_t n, int64_t k, T* packed) {
+    const int64_t panels = (n + kPanel - 1) / kPanel;
+    for (int64_t p = 0; p < panels; ++p)
+        for (int64_t kk = 0; kk < k; ++kk)
+            for (int64_t j = 0; j < kPanel; ++j) {
+                const int64_t col = p * kPanel + j;
+                packed[(p * k + kk) * kPanel + j] = col < n ? w[col * k + kk] : T{};
+            }
+}
+
+}  // namespace
+
+// the C ABI: void pointers and a dtype flag (0 fp32, 1 bf16); shapes and strides in elements
+#define DISPATCH(call_f32, call_bf16) \
+    if (bf16) call_bf16; else call_f32
+
+extern "C" {
+
+// out[r] = rmsnorm(x[r]) * weight
+void mstar_rms_norm(const void* x, int64_t x_stride, const void* weight, void* out, int64_t out_stride,
+                    int64_t rows, int64_t n, float eps, int bf16) {
+    DISPATCH(rms_norm((const float*)x, x_stride, (const float*)weight, (float*)out, out_stride, rows, n, eps),
+             rms_norm((const bf16_t*)x, x_stride, (const bf16_t*)weight, (bf16_t*)out, out_stride, rows, n, eps));
+}
+
+// residual[r] += delta[r] (in the dtype, as torch's add), then out[r] = rmsnorm(residual[r]) * weight
+void mstar_add_rms_norm(void* residual, const void* delta, const void* weight, void* out, int64_t rows, int64_t n,
+                        float eps, int bf16) {
+    DISPATCH(add_rms_norm((float*)residual, (const float*)delta, (const float*)weight, (float*)out, rows, n, eps),
+             add_rms_norm((bf16_t*)residual, (const bf16_t*)delta, (const bf16_t*)weight, (bf16_t*)out, rows, n,
+                          eps));
+}
+
+// out[r, i] = silu(x[r, i]) * x[r, n + i]: the SwiGLU product of a fused gate/up projection (rows of 2n)
+void mstar_silu_mul(const void* x, void* out, int64_t rows, int64_t n, int bf16) {
+    DISPATCH(silu_mul((const float*)x, (float*)out, rows, n), silu_mul((const bf16_t*)x, (bf16_t*)out, rows, n));
+}
+
+// RoPE ("rotate half", cos and sign-folded sin tables of (rows, d)) on the q and k heads of each row,
+// in place, then k and v written into the paged caches at slots[r] (block * block_size + offset);
+// q, k, v are head-major rows at their own row strides (views into the fused QKV output)
+void mstar_rope_cache(void* q, int64_t q_stride, int64_t hq, void* k, int64_t k_stride, int64_t hkv,
+                      const void* v, int64_t v_stride, const void* cos, const void* sin, int64_t d,
+                      const int64_t* slots, void* k_cache, void* v_cache, int64_t rows, int bf16) {
+    DISPATCH(rope_cache((float*)q, q_stride, hq, (float*)k, k_stride, hkv, (const float*)v, v_stride,
+                        (const float*)cos, (const float*)sin, d, slots, (float*)k_cache, (float*)v_cache, rows),
+             rope_cache((bf16_t*)q, q_stride, hq, (bf16_t*)k, k_stride, hkv, (const bf16_t*)v, v_stride,
+                        (const bf16_t*)cos, (const bf16_t*)sin, d, slots, (bf16_t*)k_cache, (bf16_t*)v_cache, rows));
+}
+
+// Decode attention over a paged cache, read where it lies: request b's single query row q[b]
+// (hq heads of d) attends to its seq_lens[b] cached keys/values, found through its row of `tables`
+// (width block ids; blocks of block_size tokens, each (block_size, hkv, d)). Scores and softmax in
+// fp32; keys are scored kScoreChunk at a time under a running max.
+void mstar_paged_decode(const void* q, const void* k_cache, const void* v_cache, const int64_t* tables,
+                        int64_t width, const int64_t* seq_lens, void* out, int64_t batch, int64_t hq, int64_t hkv,
+                        int64_t d, int64_t block_size, float scale, int bf16) {
+    DISPATCH(paged_decode((const float*)q, (const float*)k_cache, (const float*)v_cache, tables, width, seq_lens,
+                          (float*)out, batch, hq, hkv, d, block_size, scale),
+             paged_decode((const bf16_t*)q, (const bf16_t*)k_cache, (const bf16_t*)v_cache, tables, width, seq_lens,
+                          (bf16_t*)out, batch, hq, hkv, d, block_size, scale));
+}
+
+// W (n, k) row-major -> its panels (ceil(n / 16) * k * 16 elements at `packed`)
+void mstar_pack_panels(const void* w, int64_t n, int64_t k, void* packed, int bf16) {
+    DISPATCH(pack_panels((const float*)w, n, k, (float*)packed), pack_panels((const bf16_t*)w, n, k, (bf16_t*)packed));
+}
+
+// c (m, n; row stride ldc) = a (m, k; row stride lda) @ W^T (+ bias) over W's panels
+void mstar_gemm(const void* a, int64_t lda, const void* packed, const void* bias, void* c, int64_t ldc, int64_t m,
+                int64_t n, int64_t k, int bf16) {
+    DISPATCH(gemm((const float*)a, lda, (const float*)packed, (const float*)bias, (float*)c, ldc, m, n, k),
+             gemm((const bf16_t*)a, lda, (const bf16_t*)packed, (const bf16_t*)bias, (bf16_t*)c, ldc, m, n, k));
+}
+
+}  // extern "C"

@@ -1,0 +1,217 @@
+"""Fused CPU kernels for a decoder layer's work between its GEMMs (cpu.cpp).
+
+Why: on CPU a decode step of a small model spends about a third of its time outside the GEMMs
+(`python tools/profile_decode.py`: norms, RoPE, the KV write, attention, SiLU·up, residual adds),
+as some forty torch ops a layer, each a dispatch, a fresh tensor and often a pass over memory.
+These kernels do the same work in five calls a layer, each one pass:
+
+    rms_norm(x, weight, eps)                  the first layer's input norm
+    add_rms_norm(residual, delta, weight, eps) residual += delta, then its norm (every later norm)
+    rope_cache(q, k, v, cos, sin, slots, ...) RoPE on q and k in place, k and v into the paged cache
+    paged_decode(q, k_cache, v_cache, ...)    decode attention reading the cache's blocks in place
+    silu_mul(gate_up)                         SwiGLU's silu(gate) * up
+
+They keep torch's arithmetic where it rounds (fp32 math, bf16 results rounded at the points
+torch rounds them), so tokens match the torch path's; the summation order differs, as with any
+other kernel (tests/runtime/kernels/test_cpu_kernels.py states the tolerances).
+
+Built on first use with the system's C++ compiler (`$CXX`, else `c++`), `-O3 -march=native
+-fopenmp`, in about a second, cached in `~/.cache/mstar/kernels` (`MSTAR_KERNEL_CACHE`) under
+a hash of the source, the compiler and this CPU's flags; loaded with ctypes (a plain C ABI: no
+torch headers, no pickle). The OpenMP runtime is torch's own libgomp, already loaded, so the
+kernels share the worker's thread pool and its passive waits.
+
+`MSTAR_CPU_KERNELS=torch` switches them off. Where they cannot build (no compiler) the layers
+run their torch ops and `status()` says why; the worker logs it as a warning and `/v1/models`
+lists it (`cpu_kernels`): a slower mode, never a silent one.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_suffix(".cpp")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
+         "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17")
+MAX_GROUP, MAX_HEAD_DIM = 16, 256          # the kernel's fixed per-thread buffers (cpu.cpp)
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+_lib: ctypes.CDLL | None = None
+_status: str | None = None                 # "" once loaded; else why not
+
+
+def _cpu_flags() -> str:
+    try:
+        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _build() -> Path:
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not compiler:
+        raise RuntimeError("no C++ compiler (set CXX or install g++)")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags(),
+                                    platform.machine()]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("MSTAR_KERNEL_CACHE") or Path.home() / ".cache" / "mstar" / "kernels")
+    target = cache / f"cpu_kernels-{key}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")     # then renamed: workers may build at once
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-800:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return target
+
+
+def _load() -> ctypes.CDLL:
+    torch.get_num_threads()                 # torch (and its libgomp) loaded first: the kernels bind to it
+    lib = ctypes.CDLL(str(_build()))
+    p, i, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    signatures = {
+        "mstar_rms_norm": [p, i, p, p, i, i, i, f, ctypes.c_int],
+        "mstar_add_rms_norm": [p, p, p, p, i, i, f, ctypes.c_int],
+        "mstar_silu_mul": [p, p, i, i, ctypes.c_int],
+        "mstar_rope_cache": [p, i, i, p, i, i, p, i, p, p, i, p, p, p, i, ctypes.c_int],
+        "mstar_paged_decode": [p, p, p, p, i, p, p, i, i, i, i, i, f, ctypes.c_int],
+        "mstar_pack_panels": [p, i, i, p, ctypes.c_int],
+        "mstar_gemm": [p, i, p, p, p, i, i, i, i, ctypes.c_int],
+    }
+    for name, args in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, None
+    return lib
+
+
+def status() -> str:
+    """"" when the kernels are loaded, else why the layers run their torch ops (builds on first call)."""
+    global _lib, _status
+    if _status is None:
+        if os.environ.get("MSTAR_CPU_KERNELS", "fused") == "torch":
+            _status = "switched off (MSTAR_CPU_KERNELS=torch)"
+        else:
+            try:
+                _lib, _status = _load(), ""
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                _status = f"not built: {exc}"
+    return _status
+
+
+def describe() -> str:
+    """What /v1/models says of a CPU decoder node: "fused", or why its layers run torch ops."""
+    return "fused" if status() == "" else status()
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether the kernels take tensors like `x` (CPU, fp32 or bf16, not under torch.compile)."""
+    return (x.device.type == "cpu" and x.dtype in _DTYPES and not torch.compiler.is_compiling()
+            and status() == "")
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of the rows of x (rows, n), last dim contiguous, as runtime.layers.norm computes it."""
+    rows, n = x.shape
+    if x.stride(1) != 1:
+        raise ValueError("rms_norm needs each row contiguous")
+    out = torch.empty((rows, n), dtype=x.dtype)
+    _lib.mstar_rms_norm(_ptr(x), x.stride(0), _ptr(weight), _ptr(out), n, rows, n, eps, _DTYPES[x.dtype])
+    return out
+
+
+def add_rms_norm(residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """residual += delta (in place; both (rows, n) contiguous), then RMSNorm of the sum."""
+    rows, n = residual.shape
+    if not residual.is_contiguous():
+        raise ValueError("add_rms_norm updates a contiguous residual in place")
+    delta = delta.contiguous()
+    out = torch.empty_like(residual)
+    _lib.mstar_add_rms_norm(_ptr(residual), _ptr(delta), _ptr(weight), _ptr(out), rows, n, eps,
+                            _DTYPES[residual.dtype])
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused (rows, 2n) gate/up projection (contiguous) -> (rows, n)."""
+    rows, two_n = gate_up.shape
+    gate_up = gate_up.contiguous()
+    out = torch.empty((rows, two_n // 2), dtype=gate_up.dtype)
+    _lib.mstar_silu_mul(_ptr(gate_up), _ptr(out), rows, two_n // 2, _DTYPES[gate_up.dtype])
+    return out
+
+
+def heads_fit(num_q_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    return num_q_heads // num_kv_heads <= MAX_GROUP and head_dim <= MAX_HEAD_DIM and head_dim % 2 == 0
+
+
+def rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Rotate q (N, Hq, D) and k (N, Hkv, D) in place by the (N, 1, D) `cos`/`sin` tables of
+    `RotaryEmbedding.cos_sin`, then store k and v (N, Hkv, D) at flat cache slots (N,) int64.
+    q, k, v may be row-strided views (of the fused QKV output); heads and lanes contiguous."""
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    for t in (q, k, v):
+        if t.stride(2) != 1 or t.stride(1) != d:
+            raise ValueError("rope_cache needs each row's heads contiguous")
+    cos, sin, slots = cos.contiguous(), sin.contiguous(), slots.to(torch.int64).contiguous()
+    _lib.mstar_rope_cache(_ptr(q), q.stride(0), hq, _ptr(k), k.stride(0), hkv, _ptr(v), v.stride(0),
+                          _ptr(cos), _ptr(sin), d, _ptr(slots), _ptr(k_cache), _ptr(v_cache), n, _DTYPES[q.dtype])
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Decode attention: row b of q (B, Hq, D) over its seq_lens[b] (B,) int64 cached tokens, found through
+    tables[b] (B, W) int64 block ids, in caches of (blocks, block_size, Hkv, D); -> (B, Hq, D)."""
+    b, hq, d = q.shape
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    _lib.mstar_paged_decode(_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(tables), tables.shape[1], _ptr(seq_lens),
+                            _ptr(out), b, hq, k_cache.shape[2], d, k_cache.shape[1], scale, _DTYPES[q.dtype])
+    return out
+
+
+PANEL = 16
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """A (N, K) weight as `gemm` reads it: ceil(N / 16) panels of (K, 16), k-major, zero-padded."""
+    n, k = weight.shape
+    weight = weight.detach().contiguous()
+    packed = torch.empty((-(-n // PANEL), k, PANEL), dtype=weight.dtype)
+    _lib.mstar_pack_panels(_ptr(weight), n, k, _ptr(packed), _DTYPES[weight.dtype])
+    return packed
+
+
+def gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (..., K) @ W^T (+ bias) -> (..., n), W given as `pack_panels(W)`."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    a = x.reshape(-1, k)
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    out = torch.empty((a.shape[0], n), dtype=x.dtype)
+    _lib.mstar_gemm(_ptr(a), a.stride(0), _ptr(packed), _ptr(bias) if bias is not None else None, _ptr(out), n,
+                    a.shape[0], n, k, _DTYPES[x.dtype])
+    return out.view(*lead, n)

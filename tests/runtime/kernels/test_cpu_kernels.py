@@ -1,0 +1,153 @@
+"""The fused CPU kernels (runtime/kernels/cpu.py) against the torch ops they replace, and a decoder
+run through them against the same decoder on its torch ops.
+
+Tolerances, from what differs: fp32 results differ only in summation order (sums of 64..1536
+products: a few fp32 ulps, so 1e-5 relative to values of order 1) and, for SiLU and softmax, in the
+exp (the kernel's polynomial is ~1 ulp from libm's); bf16 results are rounded at the points torch
+rounds them, so they agree to one bf16 ulp (2^-8 relative) where an fp32 difference of an ulp
+tips a rounding. Residual sums are one rounding of the same two values on both sides: equal.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runtime.attention import select_backend
+from runtime.kernels import cpu as cpu_kernels
+from runtime.layers.norm import RMSNorm
+from runtime.layers.rotary import RotaryEmbedding, rotate
+from tests.runtime.models.decoder_lm.lm_factories import CASES, PagedRunner, build, tiny_dims
+
+BF16_ULP = 2.0 ** -8
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def kernels_built() -> None:
+    assert cpu_kernels.status() == "", cpu_kernels.status()     # this machine has a C++ compiler
+
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, rtol: float = 1e-5) -> None:
+    if dtype == torch.bfloat16:
+        rtol = BF16_ULP
+    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, n", [(1, 64), (5, 576), (33, 100)])
+def test_norms_match_rmsnorm(dtype, rows, n) -> None:
+    g = torch.Generator().manual_seed(rows)
+    norm = RMSNorm(n, 1e-5)
+    norm.weight.data = torch.randn(n, generator=g)
+    norm = norm.to(dtype)
+    wide = torch.randn(rows, n + 7, generator=g).to(dtype)
+    x, delta = wide[:, :n], torch.randn(rows, n, generator=g).to(dtype)      # x: a row-strided view
+    with torch.no_grad():
+        close(cpu_kernels.rms_norm(x, norm.weight, norm.eps), norm(x), dtype)
+        residual = x.clone()
+        normed = cpu_kernels.add_rms_norm(residual, delta, norm.weight, norm.eps)
+        assert torch.equal(residual, x + delta)
+        close(normed, norm(x + delta), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, n", [(1, 8), (16, 1536), (3, 101)])
+def test_silu_mul_matches_torch(dtype, rows, n) -> None:
+    gate_up = (torch.randn(rows, 2 * n, generator=torch.Generator().manual_seed(n)) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    close(cpu_kernels.silu_mul(gate_up), F.silu(gate) * up, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (4, 4, 128), (8, 1, 16)])
+def test_rope_cache_rotates_in_place_and_writes_the_slots(dtype, hq, hkv, d) -> None:
+    g = torch.Generator().manual_seed(d)
+    rows, block_size, blocks = 7, 4, 6
+    cos, sin = RotaryEmbedding(d, 10000.0).cos_sin(torch.tensor([0, 1, 5, 9, 100, 2047, 3]), dtype)
+    qkv = torch.randn(rows, (hq + 2 * hkv) * d, generator=g).to(dtype)
+    q, k, v = (t.view(rows, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))   # row-strided views
+    want_q, want_k, want_v = rotate(q, cos, sin), rotate(k, cos, sin), v.clone()
+    k_cache = torch.randn(blocks, block_size, hkv, d, generator=g).to(dtype)
+    v_cache = torch.randn(blocks, block_size, hkv, d, generator=g).to(dtype)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    slots = torch.tensor([3, 0, 22, 9, 10, 17, 5])
+    cpu_kernels.rope_cache(q, k, v, cos, sin, slots, k_cache, v_cache)
+    close(q, want_q, dtype)
+    close(k, want_k, dtype)
+    flat_k, flat_v = k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d)
+    assert torch.equal(flat_k[slots], k) and torch.equal(flat_v[slots], want_v)
+    others = torch.ones(blocks * block_size, dtype=torch.bool)
+    others[slots] = False
+    assert torch.equal(flat_k[others], before_k.view(-1, hkv, d)[others])
+    assert torch.equal(flat_v[others], before_v.view(-1, hkv, d)[others])
+
+
+def _reference_decode(q, k_cache, v_cache, tables, lengths, scale):
+    out = []
+    hkv = k_cache.shape[2]
+    for b in range(q.shape[0]):
+        keys = k_cache[tables[b]].flatten(0, 1)[: lengths[b]].float()                  # (L, Hkv, D)
+        values = v_cache[tables[b]].flatten(0, 1)[: lengths[b]].float()
+        qh = q[b].float().view(hkv, -1, q.shape[-1])                                   # (Hkv, G, D)
+        p = (torch.einsum("hgd,lhd->hgl", qh, keys) * scale).softmax(-1)
+        out.append(torch.einsum("hgl,lhd->hgd", p, values).reshape(q.shape[1:]))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (2, 2, 128), (16, 1, 32)])
+def test_paged_decode_matches_dense_attention(dtype, hq, hkv, d) -> None:
+    """Lengths of 1 token, within one block, across blocks and past the kernel's 256-key score chunk."""
+    g = torch.Generator().manual_seed(hq)
+    block_size, lengths = 16, torch.tensor([1, 16, 17, 255, 600, 40])
+    width = -(-int(lengths.max()) // block_size)
+    blocks = len(lengths) * width + 3
+    k_cache = torch.randn(blocks, block_size, hkv, d, generator=g).to(dtype)
+    v_cache = torch.randn(blocks, block_size, hkv, d, generator=g).to(dtype)
+    tables = torch.randperm(blocks, generator=g)[: len(lengths) * width].view(len(lengths), width)
+    q = (torch.randn(len(lengths), hq, d, generator=g) * 2).to(dtype)
+    got = cpu_kernels.paged_decode(q, k_cache, v_cache, tables, lengths, d ** -0.5)
+    # bf16: the output is one rounding of an fp32 result; fp32: summation order and exp
+    close(got, _reference_decode(q, k_cache, v_cache, tables, lengths, d ** -0.5), dtype, rtol=2e-5)
+
+
+@pytest.mark.parametrize("case", ["llama", "llama-tied-llama3-bias", "qwen3", "qwen3_moe"])
+def test_a_decoder_on_the_kernels_gives_its_torch_tokens(case: str, monkeypatch) -> None:
+    """Prefill and decode rows mixed in one batch, 10 greedy steps: the same tokens, and logits to 1e-4
+    (30-odd fp32 kernels in a row, each a few ulps, on logits of order 1..10)."""
+    kind, overrides = CASES[case]
+    runs = {}
+    for mode in ("fused", "torch"):
+        monkeypatch.setattr(cpu_kernels, "_status", "" if mode == "fused" else "switched off for the test")
+        model = build(kind, tiny_dims(kind, **overrides), backend="auto")
+        assert model.attention_backend(torch.device("cpu")).name == ("cpu" if mode == "fused" else "torch")
+        runner, tokens, logits = PagedRunner(model, num_blocks=64, block_size=4), {"a": [3, 17, 101, 7, 250],
+                                                                                  "b": [9, 8]}, []
+        for step in range(10):
+            chunks = [("a", tokens["a"] if step == 0 else tokens["a"][-1:])]
+            if step == 3:
+                chunks.append(("b", tokens["b"]))          # a prompt joins running decodes
+            elif step > 3:
+                chunks.append(("b", tokens["b"][-1:]))
+            for (req, _), rows in zip(chunks, runner.step(chunks)):
+                tokens[req].append(int(rows[-1].argmax()))
+                logits.append(rows[-1])
+        runs[mode] = (tokens, torch.stack(logits))
+    assert runs["fused"][0] == runs["torch"][0]
+    torch.testing.assert_close(runs["fused"][1], runs["torch"][1], rtol=1e-4, atol=1e-4)
+
+
+def test_switched_off_and_unbuildable_kernels_are_said(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(cpu_kernels, "_status", None)
+    monkeypatch.setenv("MSTAR_CPU_KERNELS", "torch")
+    assert cpu_kernels.status() == "switched off (MSTAR_CPU_KERNELS=torch)"
+    assert not cpu_kernels.usable(torch.ones(2)) and select_backend("cpu").name == "torch"
+    with pytest.raises(ValueError, match="switched off"):
+        select_backend("cpu", "cpu")
+    monkeypatch.setattr(cpu_kernels, "_status", None)
+    monkeypatch.delenv("MSTAR_CPU_KERNELS")
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("MSTAR_KERNEL_CACHE", str(tmp_path / "cache"))     # nothing built there yet
+    assert cpu_kernels.status().startswith("not built: ") and "no-such-compiler" in cpu_kernels.status()
+    assert cpu_kernels.describe() == cpu_kernels.status()
