@@ -101,13 +101,27 @@ def _attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     v = v_cache.index_select(0, chunk.blocks).flatten(0, 1)[:s].transpose(0, 1)[None]
     q = q.transpose(0, 1)[None]                                                         # (1, Hq, q_len, D)
     if ctx == 0:
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        return o[0].transpose(0, 1)                                                     # (q_len, Hq, D)
+        o = F.scaled_dot_product_attention(_padded_rows(q), k, v, is_causal=True, scale=scale, enable_gqa=True)
+        return o[0, :, :q.shape[2]].transpose(0, 1)                                     # (q_len, Hq, D)
     out = torch.empty_like(q)
     for a in range(0, q.shape[2], QUERY_TILE):
         b = min(a + QUERY_TILE, q.shape[2])
         end = ctx + b                                  # the tile's last row sees keys 0 .. end - 1
-        mask = torch.arange(end, device=q.device)[None, :] <= torch.arange(ctx + a, end, device=q.device)[:, None]
-        out[:, :, a:b] = F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, :end], v[:, :, :end],
-                                                         attn_mask=mask, scale=scale, enable_gqa=True)
+        tile = _padded_rows(q[:, :, a:b])
+        rows = torch.arange(ctx + a, ctx + a + tile.shape[2], device=q.device).clamp(max=end - 1)
+        mask = torch.arange(end, device=q.device)[None, :] <= rows[:, None]
+        out[:, :, a:b] = F.scaled_dot_product_attention(tile, k[:, :, :end], v[:, :, :end], attn_mask=mask,
+                                                         scale=scale, enable_gqa=True)[:, :, :b - a]
     return out[0].transpose(0, 1)                                                       # (q_len, Hq, D)
+
+
+def _padded_rows(q: torch.Tensor) -> torch.Tensor:
+    """q (1, H, n, D) with copies of its last row appended, so that torch's fused CPU kernel, which cuts the
+    query rows into blocks of 32 (64 from 192 rows, 256 from 768), ends on a block of at least 4 rows: a
+    block of 1-3 rows takes another GEMM path on AVX2 CPUs (AMD EPYC Zen 2), and its rows then differ in the
+    last bits from the same rows attended in a larger call. The copies' outputs are dropped."""
+    n = q.shape[2]
+    padded = n
+    while padded % (256 if padded >= 768 else 64 if padded >= 192 else 32) in (1, 2, 3):
+        padded += 1
+    return q if padded == n else torch.cat([q, q[:, :, -1:].expand(-1, -1, padded - n, -1)], dim=2)

@@ -17,7 +17,8 @@ other kernel (tests/runtime/kernels/test_cpu_kernels.py states the tolerances).
 
 Built on first use with the system's C++ compiler (`$CXX`, else `c++`), `-O3 -march=native
 -fopenmp`, in about a second, cached in `~/.cache/mstar/kernels` (`MSTAR_KERNEL_CACHE`) under
-a hash of the source, the compiler and this CPU's flags; loaded with ctypes (a plain C ABI: no
+a hash of the source, the compiler and this CPU's flags (a home that cannot be written: a
+folder in the temp dir); loaded with ctypes (a plain C ABI: no
 torch headers, no pickle). The OpenMP runtime is torch's own libgomp, already loaded, so the
 kernels share the worker's thread pool and its passive waits.
 
@@ -58,6 +59,22 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+def _cache_dir() -> Path:
+    """MSTAR_KERNEL_CACHE, else ~/.cache/mstar/kernels, else (a home that cannot be written) one in the temp dir."""
+    if os.environ.get("MSTAR_KERNEL_CACHE"):
+        path = Path(os.environ["MSTAR_KERNEL_CACHE"])
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    for path in (Path.home() / ".cache" / "mstar" / "kernels", Path(tempfile.gettempdir()) / f"mstar-kernels-{os.getuid()}"):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if os.access(path, os.W_OK):
+                return path
+        except OSError:
+            continue
+    raise RuntimeError("no writable directory for the built kernels (set MSTAR_KERNEL_CACHE)")
+
+
 def _build() -> Path:
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if not compiler:
@@ -65,11 +82,10 @@ def _build() -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("MSTAR_KERNEL_CACHE") or Path.home() / ".cache" / "mstar" / "kernels")
+    cache = _cache_dir()
     target = cache / f"cpu_kernels-{key}.so"
     if target.exists():
         return target
-    cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")     # then renamed: workers may build at once
     os.close(fd)
     try:
