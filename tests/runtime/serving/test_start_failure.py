@@ -14,11 +14,11 @@ from pathlib import Path
 from tests.runtime.serving.conftest import REPO, compile_plan
 
 EXITS = """\
-import sys
+import os, sys
 if "worker" in sys.orig_argv:
     with open({starts!r}, "a") as f:
         f.write("started\\n")
-    sys.exit(3)
+    os._exit(3)
 """
 
 
