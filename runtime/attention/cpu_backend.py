@@ -4,8 +4,8 @@ Decode rows (query length 1) are attended by `runtime.kernels.cpu.paged_decode`,
 reads each request's keys and values from their blocks where they lie: no gather into a padded
 dense copy per layer, no mask tensor, one pass over the cached context, scores and softmax in
 fp32. Prefill chunks take the torch backend's fused SDPA path (its kernel runs them near the
-cores' rate already). `select_backend` picks this backend on CPU when the kernels are built and
-the heads fit them (group <= 16, head_dim <= 256), else the torch one.
+cores' rate already). `select_backend` picks this backend on CPU when the kernels are built, else the torch one;
+heads wider than the kernels' buffers (head_dim > 256) take the torch path.
 """
 from __future__ import annotations
 
@@ -30,6 +30,6 @@ class CpuAttention(TorchAttention):
 
     def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        scale: float) -> torch.Tensor:
-        if q.dtype != k_cache.dtype or not cpu_kernels.usable(q):
+        if q.dtype != k_cache.dtype or not cpu_kernels.usable(q) or not cpu_kernels.heads_fit(q.shape[-1]):
             return super()._attend_decode(q, k_cache, v_cache, scale)
         return cpu_kernels.paged_decode(q, k_cache, v_cache, self._tables, self._lengths, scale)

@@ -8,12 +8,13 @@
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
+#include <vector>
+#include <omp.h>
 
 namespace {
 
 constexpr int64_t kParallelWork = 1 << 16;   // elements below which a loop stays on the calling thread
-constexpr int64_t kMaxGroup = 16;            // query heads per kv head (cpu.py checks both)
-constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kMaxHeadDim = 256;          // cpu.py checks it
 constexpr int64_t kScoreChunk = 256;         // keys scored per pass of the decode attention
 
 using bf16_t = uint16_t;
@@ -135,67 +136,98 @@ void rope_cache(T* q, int64_t q_stride, int64_t hq, T* k, int64_t k_stride, int6
     }
 }
 
+// one work item: request b's kv heads h0 .. h1-1, each token's keys (and values) of those heads read
+// together from its block row, the next token's row prefetched
+template <typename T>
+void paged_decode_item(const T* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t len, T* out,
+                       int64_t hq, int64_t hkv, int64_t h0, int64_t h1, int64_t d, int64_t block_size, float scale,
+                       float* work) {
+    const int64_t group = hq / hkv, rows = (h1 - h0) * group;     // query heads of this item
+    float* qs = work;                                              // (rows, d)
+    float* acc = qs + rows * d;                                    // (rows, d)
+    float* sc = acc + rows * d;                                    // (rows, kScoreChunk)
+    float* m = sc + rows * kScoreChunk;
+    float* l = m + rows;
+    float kv[kMaxHeadDim];
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* qh = q + (h0 * group + r) * d;
+        for (int64_t i = 0; i < d; ++i) {
+            qs[r * d + i] = to_f32(qh[i]) * scale;
+            acc[r * d + i] = 0.f;
+        }
+        m[r] = -3.0e38f;
+        l[r] = 0.f;
+    }
+    const int64_t row_stride = hkv * d;                               // one token of one block, all kv heads
+    auto token = [&](const T* cache, int64_t t) {
+        return cache + (table[t / block_size] * block_size + t % block_size) * row_stride + h0 * d;
+    };
+    for (int64_t t0 = 0; t0 < len; t0 += kScoreChunk) {
+        const int64_t t1 = std::min(len, t0 + kScoreChunk);
+        for (int64_t t = t0; t < t1; ++t) {
+            const T* key = token(k_cache, t);
+            if (t + 1 < t1) __builtin_prefetch(token(k_cache, t + 1));
+            for (int64_t h = 0; h < h1 - h0; ++h) {
+                for (int64_t i = 0; i < d; ++i) kv[i] = to_f32(key[h * d + i]);
+                for (int64_t g = 0; g < group; ++g) {
+                    const float* qr = qs + (h * group + g) * d;
+                    float dot = 0.f;
+                    for (int64_t i = 0; i < d; ++i) dot += qr[i] * kv[i];
+                    sc[(h * group + g) * kScoreChunk + t - t0] = dot;
+                }
+            }
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+            float* s = sc + r * kScoreChunk;
+            float mx = m[r];
+            for (int64_t t = 0; t < t1 - t0; ++t) mx = std::max(mx, s[t]);
+            const float rescale = fast_exp(m[r] - mx);
+            float sum = 0.f;
+            for (int64_t t = 0; t < t1 - t0; ++t) {
+                s[t] = fast_exp(s[t] - mx);
+                sum += s[t];
+            }
+            l[r] = l[r] * rescale + sum;
+            for (int64_t i = 0; i < d; ++i) acc[r * d + i] *= rescale;
+            m[r] = mx;
+        }
+        for (int64_t t = t0; t < t1; ++t) {
+            const T* value = token(v_cache, t);
+            if (t + 1 < t1) __builtin_prefetch(token(v_cache, t + 1));
+            for (int64_t h = 0; h < h1 - h0; ++h) {
+                for (int64_t i = 0; i < d; ++i) kv[i] = to_f32(value[h * d + i]);
+                for (int64_t g = 0; g < group; ++g) {
+                    const int64_t r = h * group + g;
+                    const float p = sc[r * kScoreChunk + t - t0];
+                    for (int64_t i = 0; i < d; ++i) acc[r * d + i] += p * kv[i];
+                }
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        T* o = out + (h0 * group + r) * d;
+        for (int64_t i = 0; i < d; ++i) o[i] = from_f32<T>(acc[r * d + i] * inv);
+    }
+}
+
+// a request per work item when there are enough of them for the threads, else a (request, kv head) pair
 template <typename T>
 void paged_decode(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables, int64_t width,
                   const int64_t* seq_lens, T* out, int64_t batch, int64_t hq, int64_t hkv, int64_t d,
                   int64_t block_size, float scale) {
-    const int64_t group = hq / hkv;
     int64_t work = 0;
     for (int64_t b = 0; b < batch; ++b) work += seq_lens[b] * hkv * d * 2;
-#pragma omp parallel for collapse(2) schedule(dynamic) if (work >= kParallelWork)
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < hkv; ++h) {
-            float qs[kMaxGroup][kMaxHeadDim], acc[kMaxGroup][kMaxHeadDim];
-            float m[kMaxGroup], l[kMaxGroup], sc[kMaxGroup][kScoreChunk], kv[kMaxHeadDim];
-            for (int64_t g = 0; g < group; ++g) {
-                const T* qh = q + (b * hq + h * group + g) * d;
-                for (int64_t i = 0; i < d; ++i) {
-                    qs[g][i] = to_f32(qh[i]) * scale;
-                    acc[g][i] = 0.f;
-                }
-                m[g] = -3.0e38f;
-                l[g] = 0.f;
-            }
-            const int64_t len = seq_lens[b];
-            const int64_t* table = tables + b * width;
-            for (int64_t t0 = 0; t0 < len; t0 += kScoreChunk) {
-                const int64_t t1 = std::min(len, t0 + kScoreChunk);
-                for (int64_t t = t0; t < t1; ++t) {
-                    const T* key = k_cache + ((table[t / block_size] * block_size + t % block_size) * hkv + h) * d;
-                    for (int64_t i = 0; i < d; ++i) kv[i] = to_f32(key[i]);
-                    for (int64_t g = 0; g < group; ++g) {
-                        float dot = 0.f;
-                        for (int64_t i = 0; i < d; ++i) dot += qs[g][i] * kv[i];
-                        sc[g][t - t0] = dot;
-                    }
-                }
-                for (int64_t g = 0; g < group; ++g) {
-                    float mx = m[g];
-                    for (int64_t t = 0; t < t1 - t0; ++t) mx = std::max(mx, sc[g][t]);
-                    const float rescale = fast_exp(m[g] - mx);
-                    float sum = 0.f;
-                    for (int64_t t = 0; t < t1 - t0; ++t) {
-                        sc[g][t] = fast_exp(sc[g][t] - mx);
-                        sum += sc[g][t];
-                    }
-                    l[g] = l[g] * rescale + sum;
-                    for (int64_t i = 0; i < d; ++i) acc[g][i] *= rescale;
-                    m[g] = mx;
-                }
-                for (int64_t t = t0; t < t1; ++t) {
-                    const T* value = v_cache + ((table[t / block_size] * block_size + t % block_size) * hkv + h) * d;
-                    for (int64_t i = 0; i < d; ++i) kv[i] = to_f32(value[i]);
-                    for (int64_t g = 0; g < group; ++g) {
-                        const float p = sc[g][t - t0];
-                        for (int64_t i = 0; i < d; ++i) acc[g][i] += p * kv[i];
-                    }
-                }
-            }
-            for (int64_t g = 0; g < group; ++g) {
-                const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-                T* o = out + (b * hq + h * group + g) * d;
-                for (int64_t i = 0; i < d; ++i) o[i] = from_f32<T>(acc[g][i] * inv);
-            }
+    const int64_t split = batch >= 2 * omp_get_max_threads() ? 1 : hkv;     // kv-head ranges per request
+    const int64_t per = hkv / split;
+#pragma omp parallel if (work >= kParallelWork)
+    {
+        std::vector<float> scratch(static_cast<size_t>(hq * (2 * d + kScoreChunk + 2)));
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < batch * split; ++item) {
+            const int64_t b = item / split, h0 = (item % split) * per;
+            paged_decode_item(q + b * hq * d, k_cache, v_cache, tables + b * width, seq_lens[b], out + b * hq * d,
+                              hq, hkv, h0, h0 + per, d, block_size, scale, scratch.data());
         }
     }
 }

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_suffix(".cpp")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
          "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17")
-MAX_GROUP, MAX_HEAD_DIM = 16, 256          # the kernel's fixed per-thread buffers (cpu.cpp)
+MAX_HEAD_DIM = 256                         # the kernels' fixed per-thread buffers (cpu.cpp)
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 _lib: ctypes.CDLL | None = None
@@ -178,8 +178,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def heads_fit(num_q_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    return num_q_heads // num_kv_heads <= MAX_GROUP and head_dim <= MAX_HEAD_DIM and head_dim % 2 == 0
+def heads_fit(head_dim: int) -> bool:
+    return head_dim <= MAX_HEAD_DIM and head_dim % 2 == 0
 
 
 def rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -85,7 +85,7 @@ class DecoderAttention(nn.Module):
         """RoPE and the KV write as one CPU kernel call (runtime/kernels/cpu.py)."""
         cache = ctx.kv_cache.k[self.layer]
         return (ctx.rope is not None and cache.dtype == hidden.dtype and cpu_kernels.usable(hidden)
-                and cpu_kernels.heads_fit(self.num_q_heads, self.num_kv_heads, self.head_dim))
+                and cpu_kernels.heads_fit(self.head_dim))
 
     def slots(self, prefix: str, config: DecoderConfig) -> dict[str, Slot]:
         d, h = config.head_dim, config.hidden_size

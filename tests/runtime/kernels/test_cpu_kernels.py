@@ -96,11 +96,13 @@ def _reference_decode(q, k_cache, v_cache, tables, lengths, scale):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (2, 2, 128), (16, 1, 32)])
-def test_paged_decode_matches_dense_attention(dtype, hq, hkv, d) -> None:
-    """Lengths of 1 token, within one block, across blocks and past the kernel's 256-key score chunk."""
+@pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (2, 2, 128), (32, 1, 32)])
+@pytest.mark.parametrize("lengths", [[600], [1, 16, 17, 255, 600, 40]])
+def test_paged_decode_matches_dense_attention(dtype, hq, hkv, d, lengths) -> None:
+    """Lengths of 1 token, within one block, across blocks and past the kernel's 256-key score chunk; one
+    request (its kv heads split over the threads) and six (a request per thread's item)."""
     g = torch.Generator().manual_seed(hq)
-    block_size, lengths = 16, torch.tensor([1, 16, 17, 255, 600, 40])
+    block_size, lengths = 16, torch.tensor(lengths)
     width = -(-int(lengths.max()) // block_size)
     blocks = len(lengths) * width + 3
     k_cache = torch.randn(blocks, block_size, hkv, d, generator=g).to(dtype)
