@@ -18,7 +18,7 @@ from bench.abab import Measure, Samples, alternate
 from bench.results import Row
 
 # the order, then ours
-SUITE_ORDER = ("chat", "rollout", "cfg", "tts", "stack", "sched", "linear", "speech", "prefix", "bound", "threads",
+SUITE_ORDER = ("chat", "rollout", "cfg", "tts", "stack", "sched", "linear", "kernels", "speech", "prefix", "bound", "threads",
                "network", "realtime", "prefill")
 
 

@@ -31,11 +31,12 @@ BASELINE = "torch F.linear on the same weights (MSTAR_CPU_LINEAR=torch)"
 
 
 class Decoder:
-    """The plan's lm node in this process; `packed` picks the linear path at load."""
+    """The plan's lm node in this process; `linear` picks the GEMM at load (MSTAR_CPU_LINEAR), `kernels`
+    whether its layers run the fused CPU kernels."""
 
-    def __init__(self, plan_path, packed: bool) -> None:
+    def __init__(self, plan_path, packed: bool = True, linear: str | None = None, kernels: bool = True) -> None:
         before = os.environ.pop("MSTAR_CPU_LINEAR", None)
-        os.environ["MSTAR_CPU_LINEAR"] = "auto" if packed else "torch"
+        os.environ["MSTAR_CPU_LINEAR"] = linear or ("auto" if packed else "torch")
         try:
             _, _, self.executor = lm_executor(plan_path)
         finally:
@@ -44,9 +45,19 @@ class Decoder:
                 os.environ["MSTAR_CPU_LINEAR"] = before
         from runtime.transport.messages import WorkItem
         self.WorkItem = WorkItem
+        self.kernels = kernels
 
     def decode(self, batch: int, steps: int) -> tuple[list[list[int]], float]:
         """Greedy tokens of every request and the decode steps' tokens/s."""
+        from runtime.kernels import cpu as cpu_kernels
+        built = cpu_kernels.status()
+        cpu_kernels._status = built if self.kernels else "switched off for this side"
+        try:
+            return self._decode(batch, steps)
+        finally:
+            cpu_kernels._status = built
+
+    def _decode(self, batch: int, steps: int) -> tuple[list[list[int]], float]:
         for rid in range(batch):
             self.executor.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
         items = [self.WorkItem(rid, tokens=[(rid * 7 + i) % 4000 + 10 for i in range(PROMPT)]) for rid in range(batch)]
@@ -64,19 +75,21 @@ class Decoder:
         return tokens, tok_s
 
 
-def _row(ctx: Context, dtype: str, sides: dict[str, Decoder], batch: int, steps: int) -> Row:
+def _row(ctx: Context, dtype: str, sides: dict[str, Decoder], batch: int, steps: int,
+         labels: tuple[str, str] | None = None, suite: str = "linear") -> Row:
     first = {name: d.decode(batch, 4)[0] for name, d in sides.items()}
     same = sum(a == b for a, b in zip(first["mstar"], first["baseline"])) / batch
-    samples = ctx.alternate(f"linear {dtype} batch {batch}", {
+    samples = ctx.alternate(f"{suite} {dtype} batch {batch}", {
         name: (lambda d=d: {"tok_s": d.decode(batch, steps)[1]}) for name, d in sides.items()}, warmup=0)
+    mstar, baseline = labels or (MSTAR.format(kernel=gemm_kernel()), BASELINE)
     return Row(f"{dtype}, batch {batch}", "decode throughput", "tok/s", HIGHER,
-               Side(MSTAR.format(kernel=gemm_kernel()), samples["mstar"]["tok_s"]), Side(BASELINE, samples["baseline"]["tok_s"]),
+               Side(mstar, samples["mstar"]["tok_s"]), Side(baseline, samples["baseline"]["tok_s"]),
                plot=f"decode-{dtype}", x=batch, xlabel="batch size",
                note=f"SmolLM2-135M {dtype}, {steps} decode steps after a {PROMPT}-token prefill; "
                     f"{same:.0%} of requests pick the same first 4 tokens on both sides")
 
 
-@register("linear", "SmolLM2 decode steps: linear weights packed for oneDNN vs torch F.linear (MKL), same weights")
+@register("linear", "SmolLM2 decode steps: linear weights packed for mstar's CPU GEMM vs torch F.linear (MKL), same weights")
 def run(ctx: Context) -> list[Row]:
     batches, steps = (QUICK_BATCHES, QUICK_STEPS) if ctx.quick else (BATCHES, STEPS)
     ctx.settings.update(batches=list(batches), steps=steps, prompt_tokens=PROMPT)
@@ -86,3 +99,4 @@ def run(ctx: Context) -> list[Row]:
         sides = {"mstar": Decoder(plan, packed=True), "baseline": Decoder(plan, packed=False)}
         rows.extend(_row(ctx, dtype, sides, batch, steps) for batch in batches)
     return rows
+
