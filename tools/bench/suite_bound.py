@@ -5,7 +5,7 @@ no step can be faster than `weight bytes / memory read bandwidth`. Both are meas
 in the same run, alternating round by round:
   mstar: one greedy decode step of 16 requests (after a 32-token prefill) through the
          `lm` node of graphs/smollm2.yaml loaded by the worker's loader in this process
-         (the `linear` suite's `Decoder`, oneDNN-packed linears), ms per step;
+         (the `linear` suite's `Decoder`, linears packed for the GEMM MSTAR_CPU_LINEAR=auto picks), ms per step;
   bound: the model's unique parameter bytes (in the plan's dtype) divided by the read
          bandwidth of one `torch.sum` over a tensor 8x the L2+L3 size of any server CPU
          (`BANDWIDTH_BYTES`, so it streams from DRAM), on the same threads.
@@ -34,7 +34,7 @@ from bench.suite_linear import Decoder
 BATCH, STEPS, QUICK_STEPS = 16, 16, 4
 BANDWIDTH_BYTES = 1 << 30          # 1 GiB: far past any last-level cache, so the sum reads DRAM
 SUMS = 5                           # timed sums per sample (the median is kept)
-MSTAR = "mstar decode step, batch 16 (lm node of graphs/smollm2.yaml, worker loader, oneDNN-packed linears)"
+MSTAR = "mstar decode step, batch 16 (lm node of graphs/smollm2.yaml, worker loader, packed linears, fused CPU kernels)"
 BOUND = "weight bytes / measured read bandwidth (torch.sum over 1 GiB, same threads, same run)"
 GEMMS = "the same step's GEMMs alone: every packed linear and the LM head on batch-16 inputs, no other op"
 
