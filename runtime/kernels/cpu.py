@@ -138,9 +138,10 @@ def describe() -> str:
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Whether the kernels take tensors like `x` (CPU, fp32 or bf16, not under torch.compile)."""
-    return (x.device.type == "cpu" and x.dtype in _DTYPES and not torch.compiler.is_compiling()
-            and status() == "")
+    """Whether the kernels take tensors like `x` (CPU, fp32 or bf16, not under torch.compile, not tracked by
+    autograd: the kernels write in place behind its back, so a forward that keeps a graph runs torch's ops)."""
+    return (x.device.type == "cpu" and x.dtype in _DTYPES and not x.requires_grad
+            and not torch.compiler.is_compiling() and status() == "")
 
 
 def _ptr(t: torch.Tensor) -> int:

@@ -140,6 +140,20 @@ def test_a_decoder_on_the_kernels_gives_its_torch_tokens(case: str, monkeypatch)
     torch.testing.assert_close(runs["fused"][1], runs["torch"][1], rtol=1e-4, atol=1e-4)
 
 
+def test_a_forward_autograd_tracks_runs_the_torch_ops() -> None:
+    """The kernels write in place where autograd cannot see: with a graph kept, the layers take torch's
+    ops, and gradients reach the weights."""
+    model = build("llama_lm", tiny_dims("llama_lm"), backend="auto")
+    runner = PagedRunner(model, num_blocks=16, block_size=4)
+    assert not cpu_kernels.usable(torch.ones(2, requires_grad=True)) and cpu_kernels.usable(torch.ones(2))
+    runner.manager.allocate("r", 0)
+    runner.cache.copy_blocks(runner.manager.append("r", 3))
+    batch = runner.manager.metadata([("r", 3)])
+    hidden = model(torch.tensor([1, 2, 3]), torch.arange(3), batch, runner.cache)
+    model.compute_logits(hidden).sum().backward()
+    assert model.model.layers[0].mlp.down_proj.weight.grad is not None
+
+
 def test_switched_off_and_unbuildable_kernels_are_said(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(cpu_kernels, "_status", None)
     monkeypatch.setenv("MSTAR_CPU_KERNELS", "torch")
