@@ -11,6 +11,10 @@ These kernels do the same work in five calls a layer, each one pass:
     paged_decode(q, k_cache, v_cache, ...)    decode attention reading the cache's blocks in place
     silu_mul(gate_up)                         SwiGLU's silu(gate) * up
 
+The same library holds the panel GEMM the packed linears use on CPUs without AVX-512
+(`pack_panels(weight)` once, then `gemm(x, packed, n, bias)`; runtime.parallel.cpu_linear says
+when): each output one in-order sum over k, so a row does not depend on its batch.
+
 They keep torch's arithmetic where it rounds (fp32 math, bf16 results rounded at the points
 torch rounds them), so tokens match the torch path's; the summation order differs, as with any
 other kernel (tests/runtime/kernels/test_cpu_kernels.py states the tolerances).
@@ -22,7 +26,8 @@ folder in the temp dir); loaded with ctypes (a plain C ABI: no
 torch headers, no pickle). The OpenMP runtime is torch's own libgomp, already loaded, so the
 kernels share the worker's thread pool and its passive waits.
 
-`MSTAR_CPU_KERNELS=torch` switches them off. Where they cannot build (no compiler) the layers
+`MSTAR_CPU_KERNELS=torch` switches them off (the panel GEMM too: `auto` then picks oneDNN).
+Where they cannot build (no compiler) the layers
 run their torch ops and `status()` says why; the worker logs it as a warning and `/v1/models`
 lists it (`cpu_kernels`): a slower mode, never a silent one.
 """
