@@ -27,9 +27,10 @@ class CpuAttention(TorchAttention):
         tables = [batch.block_tables_cpu[b] + (0,) * (width - len(batch.block_tables_cpu[b])) for b in decode]
         self._tables = torch.tensor(tables, dtype=torch.long).view(len(decode), width)
         self._lengths = torch.tensor([batch.seq_lens_cpu[b] for b in decode], dtype=torch.long)
+        self._fits = cpu_kernels.heads_fit(shape.head_dim)
 
     def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        scale: float) -> torch.Tensor:
-        if q.dtype != k_cache.dtype or not cpu_kernels.usable(q) or not cpu_kernels.heads_fit(q.shape[-1]):
+        if not self._fits or q.dtype != k_cache.dtype or not cpu_kernels.usable(q):
             return super()._attend_decode(q, k_cache, v_cache, scale)
         return cpu_kernels.paged_decode(q, k_cache, v_cache, self._tables, self._lengths, scale)

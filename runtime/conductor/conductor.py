@@ -465,9 +465,8 @@ class Conductor:
             self._rank_died(rank)
 
     def _rank_died(self, rank: int) -> None:
-        status = self.workers.ranks[rank]     # one that exits before its Ready during the start is not restarted:
-        if self._start_watch and status.process and not status.is_ready and (code := status.process.poll()) is not None:
-            return self._start_watch.exited(rank, code)    # it would fail the same way again (start_watch.py)
+        if self._start_watch and (code := self.workers.exit_before_ready(rank)) is not None:
+            return self._start_watch.exited(rank, code)    # not restarted: it would fail the same way (start_watch.py)
         log.error("worker of rank %d died", rank)
         lost = {e.request.request_id for f in self.in_flight.values() if rank in f.batch.group
                 for e in f.batch.entries}

@@ -140,6 +140,11 @@ class WorkerSet:
             log.warning("restarting worker of rank %d (restart %d)", rank, status.restarts)
             self._spawn(status)
 
+    def exit_before_ready(self, rank: int) -> int | None:
+        """The exit status of the rank's local worker if it exited before it was ready (else None)."""
+        status = self.ranks[rank]
+        return None if status.process is None or status.is_ready else status.process.poll()
+
     def remove_key_files(self) -> None:
         """Delete the ranks' key files and their folder (keys made for this start only)."""
         for path in self.key_files.values():

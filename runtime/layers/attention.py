@@ -32,6 +32,8 @@ class BatchContext:
     # RotaryEmbedding.cos_sin(positions): (cos, sin), each (N, 1, D), computed once per forward;
     # None: each layer computes them from `positions` with its own rotary module
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    # the forward runs the fused CPU kernels (runtime/kernels/cpu.py), decided once for every layer
+    fused: bool = False
 
 
 class DecoderAttention(nn.Module):
@@ -83,8 +85,7 @@ class DecoderAttention(nn.Module):
 
     def _fuses_rope(self, hidden: torch.Tensor, ctx: BatchContext) -> bool:
         """RoPE and the KV write as one CPU kernel call (runtime/kernels/cpu.py)."""
-        cache = ctx.kv_cache.k[self.layer]
-        return (ctx.rope is not None and cache.dtype == hidden.dtype and cpu_kernels.usable(hidden)
+        return (ctx.fused and ctx.rope is not None and ctx.kv_cache.dtype == hidden.dtype
                 and cpu_kernels.heads_fit(self.head_dim))
 
     def slots(self, prefix: str, config: DecoderConfig) -> dict[str, Slot]:

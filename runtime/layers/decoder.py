@@ -169,8 +169,9 @@ class DecoderLM(nn.Module):
         CUDA graph can capture it (runtime/cuda_graphs). RoPE cos/sin are computed once here
         and shared by every layer."""
         hidden = self.embed(input_ids, embeds, embeds_rows)
-        ctx = BatchContext(positions, batch, kv_cache, backend, self.rotary_emb.cos_sin(positions, hidden.dtype))
-        if cpu_kernels.usable(hidden):
+        fused = cpu_kernels.usable(hidden)
+        ctx = BatchContext(positions, batch, kv_cache, backend, self.rotary_emb.cos_sin(positions, hidden.dtype), fused)
+        if fused:
             return self._forward_fused(hidden, ctx)
         for layer in self.model.layers:
             hidden = layer(hidden, ctx)

@@ -7,14 +7,22 @@
 Both sides are the `lm` node of graphs/smollm2.yaml loaded in this process (suite_linear's `Decoder`);
 the kernels' switch is one process-wide state, so each side's runs set it for their duration. One
 measurement: greedy decode steps of a batch after a 32-token prefill, tokens/s; both sides are
-checked to pick the same first tokens.
+checked to pick the same first tokens. Prefill rows: one request's prompt of 256 / 1,024 tokens
+fed in chunks of 256 (the server's --prefill-chunk-tokens), seconds to its first token.
 """
 from __future__ import annotations
 
 from bench.registry import Context, Needs, register
-from bench.results import Row
+import time
+
+from bench.results import Row, Side
+from bench.stats import LOWER
 from bench.suite_chat import mstar_plan
 from bench.suite_linear import BATCHES, PROMPT, QUICK_BATCHES, QUICK_STEPS, STEPS, Decoder, _row
+from runtime.sampling import SamplingParams
+from runtime.transport.request_params import RequestParams
+
+PREFILLS, QUICK_PREFILLS, CHUNK = (256, 1024), (256,), 256
 from runtime.parallel.cpu_linear import gemm_kernel
 
 
@@ -32,4 +40,25 @@ def run(ctx: Context) -> list[Row]:
     plan = mstar_plan(ctx, "float32")
     sides = {"mstar": Decoder(plan), "baseline": Decoder(plan, linear="onednn", kernels=False)}
     labels = (KERNELS_MSTAR.format(kernel=gemm_kernel()), KERNELS_BASELINE)
-    return [_row(ctx, "float32", sides, batch, steps, labels, "kernels") for batch in batches]
+    rows = [_row(ctx, "float32", sides, batch, steps, labels, "kernels") for batch in batches]
+    for tokens in QUICK_PREFILLS if ctx.quick else PREFILLS:
+        samples = ctx.alternate(f"kernels prefill {tokens}", {
+            name: (lambda d=d: {"s": _prefill(d, tokens)}) for name, d in sides.items()})
+        rows.append(Row(f"float32, prefill {tokens} tokens", "time to the first token", "s", LOWER,
+                        Side(labels[0], samples["mstar"]["s"]), Side(labels[1], samples["baseline"]["s"]),
+                        note=f"one request, chunks of {CHUNK}"))
+    return rows
+
+
+def _prefill(side: Decoder, tokens: int) -> float:
+    """Seconds to prefill one request's `tokens`-token prompt in chunks of CHUNK (its first token sampled)."""
+    ex, ids = side.executor, [(i * 31) % 4000 + 10 for i in range(tokens)]
+    ex.open(0, RequestParams(sampling=SamplingParams(temperature=0.0)))
+    try:
+        with side.running():
+            start = time.perf_counter()
+            for a in range(0, tokens, CHUNK):
+                ex.run([side.WorkItem(0, tokens=ids[a:a + CHUNK], partial=a + CHUNK < tokens)], [{}])
+            return time.perf_counter() - start
+    finally:
+        ex.close(0, kv_only=False)

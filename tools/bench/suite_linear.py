@@ -12,8 +12,10 @@ prefill, tokens/s. Both sides are checked to pick the same tokens on the first s
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from typing import Iterator
 
 from bench.registry import Context, register
 from bench.results import Row, Side
@@ -47,15 +49,21 @@ class Decoder:
         self.WorkItem = WorkItem
         self.kernels = kernels
 
-    def decode(self, batch: int, steps: int) -> tuple[list[list[int]], float]:
-        """Greedy tokens of every request and the decode steps' tokens/s."""
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The fused kernels' process-wide switch set as this side runs them, for the duration."""
         from runtime.kernels import cpu as cpu_kernels
         built = cpu_kernels.status()
         cpu_kernels._status = built if self.kernels else "switched off for this side"
         try:
-            return self._decode(batch, steps)
+            yield
         finally:
             cpu_kernels._status = built
+
+    def decode(self, batch: int, steps: int) -> tuple[list[list[int]], float]:
+        """Greedy tokens of every request and the decode steps' tokens/s."""
+        with self.running():
+            return self._decode(batch, steps)
 
     def _decode(self, batch: int, steps: int) -> tuple[list[list[int]], float]:
         for rid in range(batch):
