@@ -277,6 +277,150 @@ inline void gemm_block(const T* a, int64_t lda, const T* panel, int64_t k_size, 
     }
 }
 
+#if defined(__AVX512F__)
+// ---- the same GEMM on AVX-512: a panel row is one 16-wide register, so a block holds up to 16 rows (16
+// accumulators of the 32 registers) and a decode batch of up to 16 rows reads each panel once. Where the CPU has
+// AVX512-BF16 a bf16 panel stores its k values in pairs (k, k + 1 side by side per column: one 64-byte row per
+// pair) for `vdpbf16ps`, which adds both exact products to the fp32 accumulator in turn: still one in-order
+// sum per output (pair by pair), whatever the batch.
+#include <immintrin.h>
+
+constexpr int64_t kWideRows = 12;
+constexpr int64_t kGroupBytes = 256 * 1024;    // panels a thread keeps in L2 while several row blocks run over them
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+template <typename T>
+inline void store_block(const __m512* acc, int rows, const T* bias, T* c, int64_t ldc, int64_t cols) {
+    alignas(64) float v[16];
+    for (int r = 0; r < rows; ++r) {
+        _mm512_store_ps(v, acc[r]);
+        for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = from_f32<T>(bias ? v[j] + to_f32(bias[j]) : v[j]);
+    }
+}
+
+// One block: MR rows of A over NP (1 or 2) neighbouring panels (NP * MR accumulators); each broadcast of A feeds
+// NP FMAs, so a pair of panels needs fewer loads per FMA. fp32 math: fp32 weights, or bf16 weights converted in
+// registers where the CPU has no bf16 dot product. `ahead`: the panels after these, prefetched a line per k.
+template <int MR, int NP, bool kAhead, typename T>
+inline void wide_block(const T* a, int64_t lda, const T* panel, int64_t depth, int64_t k_size, const T* bias, T* c,
+                       int64_t ldc, int64_t cols, const T* ahead) {
+    __m512 acc[NP][MR];
+    for (int q = 0; q < NP; ++q)
+        for (int r = 0; r < MR; ++r) acc[q][r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < k_size; ++k) {
+        __m512 w[NP];
+        for (int q = 0; q < NP; ++q) {
+            if (kAhead) _mm_prefetch((const char*)(ahead + q * depth * kPanel + k * kPanel), _MM_HINT_T0);
+            w[q] = load16(panel + q * depth * kPanel + k * kPanel);
+        }
+        for (int r = 0; r < MR; ++r) {
+            const __m512 x = _mm512_set1_ps(to_f32(a[r * lda + k]));
+            for (int q = 0; q < NP; ++q) acc[q][r] = _mm512_fmadd_ps(x, w[q], acc[q][r]);
+        }
+    }
+    for (int q = 0; q < NP; ++q)
+        store_block(acc[q], MR, bias ? bias + q * kPanel : nullptr, c + q * kPanel, ldc, std::min(kPanel, cols - q * kPanel));
+}
+
+#if defined(__AVX512BF16__)
+constexpr bool kPairs = true;
+template <int MR, int NP, bool kAhead>
+inline void wide_block(const bf16_t* a, int64_t lda, const bf16_t* panel, int64_t depth, int64_t k_size,
+                       const bf16_t* bias, bf16_t* c, int64_t ldc, int64_t cols, const bf16_t* ahead) {
+    __m512 acc[NP][MR];
+    for (int q = 0; q < NP; ++q)
+        for (int r = 0; r < MR; ++r) acc[q][r] = _mm512_setzero_ps();
+    const int64_t pairs = (k_size + 1) / 2;
+    auto step = [&](int64_t kp, auto pair_of) {
+        __m512bh w[NP];
+        for (int q = 0; q < NP; ++q) {
+            if (kAhead) _mm_prefetch((const char*)(ahead + q * depth * kPanel + kp * 2 * kPanel), _MM_HINT_T0);
+            w[q] = (__m512bh)_mm512_loadu_si512(panel + q * depth * kPanel + kp * 2 * kPanel);
+        }
+        for (int r = 0; r < MR; ++r) {
+            const __m512bh x = (__m512bh)_mm512_set1_epi32(pair_of(a + r * lda + 2 * kp));
+            for (int q = 0; q < NP; ++q) acc[q][r] = _mm512_dpbf16_ps(acc[q][r], x, w[q]);
+        }
+    };
+    for (int64_t kp = 0; kp < k_size / 2; ++kp)
+        step(kp, [](const bf16_t* x) { int32_t v; std::memcpy(&v, x, 4); return v; });
+    if (k_size & 1)         // the last k alone: its pair's second weight is the packing's zero
+        step(pairs - 1, [](const bf16_t* x) { return static_cast<int32_t>(*x); });
+    for (int q = 0; q < NP; ++q)
+        store_block(acc[q], MR, bias ? bias + q * kPanel : nullptr, c + q * kPanel, ldc, std::min(kPanel, cols - q * kPanel));
+}
+#else
+constexpr bool kPairs = false;
+#endif
+
+template <int NP, bool kAhead, typename T>
+inline void wide_rows(int rows, const T* a, int64_t lda, const T* panel, int64_t depth, int64_t k, const T* bias, T* c,
+                      int64_t ldc, int64_t cols, const T* ahead) {
+    switch (rows) {
+#define ROWS(n) case n: wide_block<n, NP, kAhead>(a, lda, panel, depth, k, bias, c, ldc, cols, ahead); break;
+        ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
+#undef ROWS
+        default: break;
+    }
+}
+
+// the depth of a packed panel: k, or k rounded up to pairs where bf16 panels hold pairs
+inline int64_t panel_depth(int64_t k, bool bf16) { return bf16 && kPairs ? k + (k & 1) : k; }
+
+// Panels are split over the threads in groups that fit L2, and run in pairs; each group runs every row block of A
+// (rows split evenly into blocks of at most 12) before the next group, so a prefill chunk streams each weight once
+// and a decode batch reads it once from memory. The first block over a pair prefetches the next pair.
+template <typename T>
+void gemm(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
+          int64_t k) {
+    const int64_t panels = (n + kPanel - 1) / kPanel, depth = panel_depth(k, sizeof(T) == 2);
+    const int64_t panel_bytes = depth * kPanel * static_cast<int64_t>(sizeof(T));
+    const int64_t blocks = (m + kWideRows - 1) / kWideRows, per_block = blocks ? (m + blocks - 1) / blocks : 0;
+    const int64_t group = blocks <= 1 ? 2 : std::max<int64_t>(2, kGroupBytes / panel_bytes / 2 * 2);
+    const int64_t groups = (panels + group - 1) / group;
+#pragma omp parallel for schedule(static) if (m * n * k >= (1 << 18))
+    for (int64_t g = 0; g < groups; ++g) {
+        const int64_t p0 = g * group, p1 = std::min(panels, p0 + group);
+        for (int64_t r = 0; r < m; r += per_block) {
+            const int rows = static_cast<int>(std::min(per_block, m - r));
+            for (int64_t p = p0; p < p1; p += 2) {
+                const T* panel = packed + p * depth * kPanel;
+                const int64_t col = p * kPanel, cols = std::min(2 * kPanel, n - col);
+                const T* b = bias ? bias + col : nullptr;
+                const T* ahead = panel + 2 * depth * kPanel;
+                const bool pair = p + 1 < p1, next = p + 2 < panels;
+                if (pair && r == 0 && next)
+                    wide_rows<2, true>(rows, a, lda, panel, depth, k, b, c + col, ldc, cols, ahead);
+                else if (pair)
+                    wide_rows<2, false>(rows, a + r * lda, lda, panel, depth, k, b, c + r * ldc + col, ldc, cols, ahead);
+                else
+                    wide_rows<1, false>(rows, a + r * lda, lda, panel, depth, k, b, c + r * ldc + col, ldc, cols, ahead);
+            }
+        }
+    }
+}
+
+template <typename T>
+void pack_panels(const T* w, int64_t n, int64_t k, T* packed) {
+    const int64_t panels = (n + kPanel - 1) / kPanel, depth = panel_depth(k, sizeof(T) == 2);
+    const bool pairs = sizeof(T) == 2 && kPairs;
+    for (int64_t p = 0; p < panels; ++p)
+        for (int64_t kk = 0; kk < depth; ++kk)
+            for (int64_t j = 0; j < kPanel; ++j) {
+                const int64_t col = p * kPanel + j;
+                const int64_t at = pairs ? (p * depth + kk / 2 * 2) * kPanel + j * 2 + kk % 2 : (p * depth + kk) * kPanel + j;
+                packed[at] = col < n && kk < k ? w[col * k + kk] : T{};
+            }
+}
+
+#else  // AVX2: the 6 x 16 blocks above
+
+inline int64_t panel_depth(int64_t k, bool) { return k; }
+
 template <typename T>
 void gemm(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
           int64_t k) {
@@ -313,6 +457,8 @@ void pack_panels(const T* w, int64_t n, int64_t k, T* packed) {
                 packed[(p * k + kk) * kPanel + j] = col < n ? w[col * k + kk] : T{};
             }
 }
+
+#endif
 
 }  // namespace
 
@@ -367,7 +513,10 @@ void mstar_paged_decode(const void* q, const void* k_cache, const void* v_cache,
                           (bf16_t*)out, batch, hq, hkv, d, block_size, scale));
 }
 
-// W (n, k) row-major -> its panels (ceil(n / 16) * k * 16 elements at `packed`)
+// the k extent of a packed panel (k, or k rounded up to even for bf16 pairs on AVX512-BF16 CPUs)
+int64_t mstar_panel_depth(int64_t k, int bf16) { return panel_depth(k, bf16 != 0); }
+
+// W (n, k) row-major -> its panels (ceil(n / 16) * depth * 16 elements at `packed`)
 void mstar_pack_panels(const void* w, int64_t n, int64_t k, void* packed, int bf16) {
     DISPATCH(pack_panels((const float*)w, n, k, (float*)packed), pack_panels((const bf16_t*)w, n, k, (bf16_t*)packed));
 }

@@ -11,9 +11,11 @@ These kernels do the same work in five calls a layer, each one pass:
     paged_decode(q, k_cache, v_cache, ...)    decode attention reading the cache's blocks in place
     silu_mul(gate_up)                         SwiGLU's silu(gate) * up
 
-The same library holds the panel GEMM the packed linears use on CPUs without AVX-512
-(`pack_panels(weight)` once, then `gemm(x, packed, n, bias)`; runtime.parallel.cpu_linear says
-when): each output one in-order sum over k, so a row does not depend on its batch.
+The same library holds the panel GEMM the packed linears use (`pack_panels(weight)` once, then
+`gemm(x, packed, n, bias)`; runtime.parallel.cpu_linear says when): each output one in-order sum
+over k, so a row does not depend on its batch. Its blocks are chosen at build time for the
+CPU's vectors: 6 rows x 16 columns on AVX2, up to 12 rows x 32 columns on AVX-512, bf16 pairs
+for `vdpbf16ps` where the CPU has AVX512-BF16 (`panel_depth`: the packed k, even there).
 
 They keep torch's arithmetic where it rounds (fp32 math, bf16 results rounded at the points
 torch rounds them), so tokens match the torch path's; the summation order differs, as with any
@@ -57,7 +59,8 @@ _lib: ctypes.CDLL | None = None
 _status: str | None = None                 # "" once loaded; else why not
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """This CPU's flags line of /proc/cpuinfo ("flags : fpu vme ..."), or the platform's processor name."""
     try:
         return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
     except OSError:
@@ -85,7 +88,7 @@ def _build() -> Path:
     if not compiler:
         raise RuntimeError("no C++ compiler (set CXX or install g++)")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags(),
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
     cache = _cache_dir()
     target = cache / f"cpu_kernels-{key}.so"
@@ -120,6 +123,7 @@ def _load() -> ctypes.CDLL:
     for name, args in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
+    lib.mstar_panel_depth.argtypes, lib.mstar_panel_depth.restype = [i, ctypes.c_int], i
     return lib
 
 
@@ -222,7 +226,8 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     """A (N, K) weight as `gemm` reads it: ceil(N / 16) panels of (K, 16), k-major, zero-padded."""
     n, k = weight.shape
     weight = weight.detach().contiguous()
-    packed = torch.empty((-(-n // PANEL), k, PANEL), dtype=weight.dtype)
+    depth = _lib.mstar_panel_depth(k, _DTYPES[weight.dtype])
+    packed = torch.empty((-(-n // PANEL), depth, PANEL), dtype=weight.dtype)
     _lib.mstar_pack_panels(_ptr(weight), n, k, _ptr(packed), _DTYPES[weight.dtype])
     return packed
 

@@ -4,16 +4,18 @@ torch's fp32 `F.linear` on CPU calls MKL's sgemm, which runs decode-sized GEMMs 
 1728) far below what a kernel reading a weight laid out for it does. Two such kernels, chosen
 per process by `gemm_kernel()` (`MSTAR_CPU_LINEAR`: auto, mstar, onednn or torch):
 
-* "mstar": runtime/kernels/cpu.cpp's panel GEMM (weights in 16-column k-major panels, 6 x 16
-  register blocks, each output one in-order sum over k, whatever the batch). On an AVX2 CPU
-  (AMD EPYC Zen 2, 2 cores) it ran SmolLM2's decode GEMMs 1.15-1.3x faster than oneDNN at
-  batch 1 / 16 / 64, and it takes bf16 weights where oneDNN has no bf16 kernels for the CPU
-  (converted to fp32 in registers: half the memory, fp32 math). `auto` picks it on CPUs
-  without AVX-512, where that was measured.
+* "mstar": runtime/kernels/cpu.cpp's panel GEMM (weights in 16-column k-major panels, register
+  blocks of rows over one or two panels, each output one in-order sum over k, whatever the
+  batch). On an AVX2 CPU (AMD EPYC Zen 2, 2 cores; 6 x 16 blocks) it ran SmolLM2's decode GEMMs
+  1.15-1.3x faster than oneDNN at batch 1 / 16 / 64; on an AVX-512 one (AMD EPYC Zen 5, 2 cores;
+  up to 12 rows x 2 panels of 16-wide registers, bf16 through AVX512-BF16's `vdpbf16ps`) 1.05-1.16x
+  faster in fp32 and bf16 alike (`python tools/bench.py kernels`, its GEMM rows). It takes bf16
+  weights on any CPU (without bf16 instructions: converted to fp32 in registers). `auto` picks
+  it wherever it builds, except on CPUs with AMX, whose bf16 tile kernels oneDNN has and which
+  were not measured against it.
 * "onednn": oneDNN with the weight reordered into its blocked layout (the op torch's own
-  compiler uses after freezing): `auto`'s choice on AVX-512 CPUs, whose wider kernels and
-  AMX bf16 it has and the panel GEMM does not. bf16 needs oneDNN's bf16 kernels for the CPU
-  (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX); without them bf16 weights stay unpacked.
+  compiler uses after freezing): `auto`'s choice on AMX CPUs. bf16 needs oneDNN's bf16 kernels
+  for the CPU (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX); without them bf16 weights stay unpacked.
 * "torch": nothing packed, `F.linear` (also where neither kernel is available).
 
 `python tools/bench.py linear` measures the chosen kernel against F.linear on the same
@@ -67,13 +69,16 @@ def gemm_kernel() -> str:
         raise ValueError(f"MSTAR_CPU_LINEAR={choice!r}: choose one of {', '.join(KERNELS)}")
     if choice == "torch":
         return "torch"
-    wide = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    if choice == "mstar" or (choice == "auto" and not wide):
+    if choice == "mstar" or (choice == "auto" and not _has_amx()):
         if cpu_kernels.status() == "":
             return "mstar"
         if choice == "mstar":
             raise RuntimeError(f"MSTAR_CPU_LINEAR=mstar, but the CPU kernels are {cpu_kernels.status()}")
     return "onednn" if onednn_available() else "torch"
+
+
+def _has_amx() -> bool:
+    return "amx_bf16" in cpu_kernels.cpu_flags().split()
 
 
 def bf16_gemm_note() -> str | None:

@@ -9,6 +9,10 @@ the kernels' switch is one process-wide state, so each side's runs set it for th
 measurement: greedy decode steps of a batch after a 32-token prefill, tokens/s; both sides are
 checked to pick the same first tokens. Prefill rows: one request's prompt of 256 / 1,024 tokens
 fed in chunks of 256 (the server's --prefill-chunk-tokens), seconds to its first token.
+
+GEMM rows (fp32 and bf16, the same batches): the panel GEMM against oneDNN's packed GEMM, both with the
+fused kernels between them (MSTAR_CPU_LINEAR=mstar vs onednn): what `auto`'s choice rests on. bf16 rows
+are left out where oneDNN has no bf16 kernels for the CPU (said among the results' needs).
 """
 from __future__ import annotations
 
@@ -23,11 +27,13 @@ from runtime.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 
 PREFILLS, QUICK_PREFILLS, CHUNK = (256, 1024), (256,), 256
-from runtime.parallel.cpu_linear import gemm_kernel
+from runtime.parallel.cpu_linear import bf16_packable, gemm_kernel
 
 
 KERNELS_MSTAR = "the {kernel} GEMM and the fused CPU kernels (mstar's CPU default here)"
 KERNELS_BASELINE = "oneDNN GEMMs, torch ops between them (MSTAR_CPU_LINEAR=onednn MSTAR_CPU_KERNELS=torch)"
+GEMM_MSTAR = "the panel GEMM (MSTAR_CPU_LINEAR=mstar), fused kernels between"
+GEMM_BASELINE = "oneDNN's packed GEMM (MSTAR_CPU_LINEAR=onednn), fused kernels between"
 
 
 @register("kernels", "SmolLM2 decode steps: mstar's CPU default (its GEMM and fused kernels) vs oneDNN GEMMs + torch ops")
@@ -47,6 +53,17 @@ def run(ctx: Context) -> list[Row]:
         rows.append(Row(f"float32, prefill {tokens} tokens", "time to the first token", "s", LOWER,
                         Side(labels[0], samples["mstar"]["s"]), Side(labels[1], samples["baseline"]["s"]),
                         note=f"one request, chunks of {CHUNK}"))
+    del sides
+    for dtype in ("float32", "bfloat16"):
+        if dtype == "bfloat16" and not bf16_packable():
+            ctx.record_needs("kernels gemm bfloat16", Needs("oneDNN's bf16 kernels, which this CPU lacks (AVX-512 "
+                                                          "BW/VL/DQ, AVX-NE-CONVERT or AMX)"))
+            continue
+        plan = mstar_plan(ctx, dtype)
+        gemms = {"mstar": Decoder(plan, linear="mstar"), "baseline": Decoder(plan, linear="onednn")}
+        rows.extend(_row(ctx, dtype, gemms, batch, steps, (GEMM_MSTAR, GEMM_BASELINE), "kernels gemm")
+                    for batch in batches)
+        del gemms
     return rows
 
 
