@@ -61,7 +61,8 @@ def run(ctx: Context) -> list[Row]:
             continue
         plan = mstar_plan(ctx, dtype)
         gemms = {"mstar": Decoder(plan, linear="mstar"), "baseline": Decoder(plan, linear="onednn")}
-        rows.extend(_row(ctx, dtype, gemms, batch, steps, (GEMM_MSTAR, GEMM_BASELINE), "kernels gemm")
+        rows.extend(_row(ctx, dtype, gemms, batch, steps, (GEMM_MSTAR, GEMM_BASELINE), "kernels gemm",
+                         "GEMM only, ")
                     for batch in batches)
         del gemms
     return rows

@@ -84,13 +84,13 @@ class Decoder:
 
 
 def _row(ctx: Context, dtype: str, sides: dict[str, Decoder], batch: int, steps: int,
-         labels: tuple[str, str] | None = None, suite: str = "linear") -> Row:
+         labels: tuple[str, str] | None = None, suite: str = "linear", case: str = "") -> Row:
     first = {name: d.decode(batch, 4)[0] for name, d in sides.items()}
     same = sum(a == b for a, b in zip(first["mstar"], first["baseline"])) / batch
     samples = ctx.alternate(f"{suite} {dtype} batch {batch}", {
         name: (lambda d=d: {"tok_s": d.decode(batch, steps)[1]}) for name, d in sides.items()}, warmup=0)
     mstar, baseline = labels or (MSTAR.format(kernel=gemm_kernel()), BASELINE)
-    return Row(f"{dtype}, batch {batch}", "decode throughput", "tok/s", HIGHER,
+    return Row(f"{case}{dtype}, batch {batch}", "decode throughput", "tok/s", HIGHER,
                Side(mstar, samples["mstar"]["tok_s"]), Side(baseline, samples["baseline"]["tok_s"]),
                plot=f"decode-{dtype}", x=batch, xlabel="batch size",
                note=f"SmolLM2-135M {dtype}, {steps} decode steps after a {PROMPT}-token prefill; "
