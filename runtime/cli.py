@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "worker":
             args = _worker_parser().parse_args(argv[1:])
             _logging(args.log_level)
-            from runtime.worker.openmp import passive_waits
-            passive_waits(os.environ)     # before torch loads: idle OpenMP threads must not spin
+            from runtime.worker.openmp import worker_waits
+            worker_waits(os.environ)      # before torch loads: idle OpenMP threads spin briefly, then sleep
             from runtime.transport.addresses import NoRouteError
             from runtime.worker.worker import run_worker
             if args.threads:

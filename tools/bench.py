@@ -24,11 +24,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from runtime.worker.openmp import passive_waits  # noqa: E402
+from runtime.worker.openmp import worker_waits  # noqa: E402
 
-# in-process sides (bare decode loops, HF generate) get the OpenMP settings of a worker, so
-# they are not the ones a neighbour's load stalls (runtime/worker/openmp.py)
-passive_waits(os.environ)
+# in-process sides (bare decode loops, HF generate) get a worker's OpenMP wait policy (brief spins,
+# runtime/worker/openmp.py), so they wait between parallel regions as the served worker does
+worker_waits(os.environ)
 
 from bench import plots, quiet, report, results  # noqa: E402
 from bench.registry import Context, Needs, suites  # noqa: E402

@@ -24,11 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from runtime.worker.openmp import passive_waits
+from runtime.worker.openmp import worker_waits
 
-# the OpenMP settings of a worker, before torch loads: with libgomp's spinning threads a busy
-# neighbour stalls every op of the step, and the profile would time the neighbour
-passive_waits(os.environ)
+# a worker's OpenMP wait policy, before torch loads (runtime/worker/openmp.py): the profile times the
+# step as the served worker runs it
+worker_waits(os.environ)
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402

@@ -197,7 +197,9 @@ class MstarServer:
     async def metrics_route(self, request: web.Request) -> web.Response:
         stats = {**self.conductor.stats(), "restarts": sum(s.restarts for s in self.conductor.workers.ranks.values()),
                  "refused_peers": self.conductor.guard.admission.refused
-                 + sum(b.refused_peers for b in self.conductor.worker_stats.values())}
+                 + sum(b.refused_peers for b in self.conductor.worker_stats.values()),
+                 "threads": {str(r): (b.threads, b.threads_allotted) for r, b in self.conductor.worker_stats.items()
+                             if b.threads_allotted}}
         return web.Response(body=self.metrics.render(stats), content_type="text/plain")
 
     # ---- application -----------------------------------------------------------------

@@ -39,6 +39,10 @@ class Metrics:
                                    "one by one, so only the one that broke the batch fails", registry=r)
         self.refused = Gauge("mstar_refused_peers", "ZeroMQ handshakes refused (no or unknown CURVE key)",
                              registry=r)
+        self.threads = Gauge("mstar_worker_threads", "OpenMP threads a rank runs now: fewer than it was given "
+                             "while other processes keep cores busy (runtime/worker/openmp.py)", ["rank"], registry=r)
+        self.threads_allotted = Gauge("mstar_worker_threads_allotted", "OpenMP threads a rank was given", ["rank"],
+                                      registry=r)
 
     def observe_batch(self, node: str, size: int, run_ms: float) -> None:
         self.batch_size.labels(node).observe(size)
@@ -56,4 +60,7 @@ class Metrics:
         self.split_batches.set(stats.get("split_batches", 0))
         for receiver, count in stats.get("dropped", {}).items():
             self.dropped.labels(receiver).set(count)
+        for rank, (now, allotted) in stats.get("threads", {}).items():
+            self.threads.labels(rank).set(now)
+            self.threads_allotted.labels(rank).set(allotted)
         return generate_latest(self.registry)

@@ -238,6 +238,8 @@ class Heartbeat(_Msg, tag="heartbeat"):
     refused_peers: int = 0                # handshakes this rank's inbox refused (no or unknown CURVE key)
     start_steps: int = 0                  # start steps done (weights loaded, decode steps compiled, ...)
     start_last: str = ""                  # the latest of them
+    threads: int = 0                      # OpenMP threads the rank runs now (runtime/worker/openmp.py's governor)
+    threads_allotted: int = 0             # ... of those it was given
 
 
 class KVUsage(_Msg, tag="kv_used"):

