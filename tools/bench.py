@@ -28,9 +28,12 @@ from runtime.worker.openmp import worker_waits  # noqa: E402
 
 # in-process sides (bare decode loops, HF generate) get a worker's OpenMP wait policy (brief spins,
 # runtime/worker/openmp.py), so they wait between parallel regions as the served worker does
-worker_waits(os.environ)
+SET_HERE = {"GOMP_SPINCOUNT"} if worker_waits(os.environ) else set()
 
 from bench import plots, quiet, report, results  # noqa: E402
+from bench.servers import BENCH_SET  # noqa: E402
+
+BENCH_SET.update(SET_HERE)
 from bench.registry import Context, Needs, suites  # noqa: E402
 
 

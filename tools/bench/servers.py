@@ -29,6 +29,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# environment tools/bench.py set for its in-process sides (a worker's OpenMP wait policy), which no server
+# inherits: each starts with its own defaults (mstar-run's workers set the same policy themselves, vLLM keeps
+# libgomp's). Until 2026-12-02 every server inherited OMP_WAIT_POLICY=PASSIVE from here, vLLM included.
+BENCH_SET: set[str] = set()
+
+
 class Server:
     """One server process: `with Server(...) as srv: srv.url`."""
 
@@ -37,7 +43,8 @@ class Server:
                  start_timeout_s: float = 600.0, port_file: Path | None = None) -> None:
         self.name, self.cmd, self.port, self.log_path = name, list(cmd), port, log_path
         self.port_file = port_file     # where the server writes the port it bound (port is 0 until then)
-        self.env = {**os.environ, **(env or {})}
+        inherited = {k: v for k, v in os.environ.items() if k not in BENCH_SET}
+        self.env = {**inherited, **(env or {})}
         self.health_path, self.start_timeout_s = health_path, start_timeout_s
         self.proc: subprocess.Popen | None = None
 
