@@ -16,6 +16,7 @@ namespace {
 constexpr int64_t kParallelWork = 1 << 16;   // elements below which a loop stays on the calling thread
 constexpr int64_t kMaxHeadDim = 256;          // cpu.py checks it
 constexpr int64_t kScoreChunk = 256;         // keys scored per pass of the decode attention
+constexpr int64_t kAheadTokens = 4;          // how far ahead the decode attention prefetches cache rows
 
 using bf16_t = uint16_t;
 
@@ -137,11 +138,13 @@ void rope_cache(T* q, int64_t q_stride, int64_t hq, T* k, int64_t k_stride, int6
 }
 
 // one work item: request b's kv heads h0 .. h1-1, each token's keys (and values) of those heads read
-// together from its block row, the next token's row prefetched
-template <typename T>
+// together from its block row, rows ahead prefetched. kD: the head dim fixed at compile time (64 and 128, so
+// the loops over it unroll into whole vectors), or 0 for any other
+template <typename T, int kD>
 void paged_decode_item(const T* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t len, T* out,
-                       int64_t hq, int64_t hkv, int64_t h0, int64_t h1, int64_t d, int64_t block_size, float scale,
-                       float* work) {
+                       int64_t hq, int64_t hkv, int64_t h0, int64_t h1, int64_t head_dim, int64_t block_size,
+                       float scale, float* work) {
+    const int64_t d = kD ? kD : head_dim;
     const int64_t group = hq / hkv, rows = (h1 - h0) * group;     // query heads of this item
     float* qs = work;                                              // (rows, d)
     float* acc = qs + rows * d;                                    // (rows, d)
@@ -162,11 +165,19 @@ void paged_decode_item(const T* q, const T* k_cache, const T* v_cache, const int
     auto token = [&](const T* cache, int64_t t) {
         return cache + (table[t / block_size] * block_size + t % block_size) * row_stride + h0 * d;
     };
+    // the cache is read from memory (a step's KV of every layer is far larger than the caches): each line of
+    // the row kAheadTokens tokens on is fetched now, so several rows are in flight under the dot products
+    const int64_t row_bytes = (h1 - h0) * d * static_cast<int64_t>(sizeof(T));
+    auto fetch = [&](const T* cache, int64_t t) {
+        if (t >= len) return;
+        const char* p = reinterpret_cast<const char*>(token(cache, t));
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b);
+    };
     for (int64_t t0 = 0; t0 < len; t0 += kScoreChunk) {
         const int64_t t1 = std::min(len, t0 + kScoreChunk);
         for (int64_t t = t0; t < t1; ++t) {
             const T* key = token(k_cache, t);
-            if (t + 1 < t1) __builtin_prefetch(token(k_cache, t + 1));
+            fetch(k_cache, t + kAheadTokens);
             for (int64_t h = 0; h < h1 - h0; ++h) {
                 for (int64_t i = 0; i < d; ++i) kv[i] = to_f32(key[h * d + i]);
                 for (int64_t g = 0; g < group; ++g) {
@@ -193,7 +204,7 @@ void paged_decode_item(const T* q, const T* k_cache, const T* v_cache, const int
         }
         for (int64_t t = t0; t < t1; ++t) {
             const T* value = token(v_cache, t);
-            if (t + 1 < t1) __builtin_prefetch(token(v_cache, t + 1));
+            fetch(v_cache, t + kAheadTokens);
             for (int64_t h = 0; h < h1 - h0; ++h) {
                 for (int64_t i = 0; i < d; ++i) kv[i] = to_f32(value[h * d + i]);
                 for (int64_t g = 0; g < group; ++g) {
@@ -226,8 +237,10 @@ void paged_decode(const T* q, const T* k_cache, const T* v_cache, const int64_t*
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < batch * split; ++item) {
             const int64_t b = item / split, h0 = (item % split) * per;
-            paged_decode_item(q + b * hq * d, k_cache, v_cache, tables + b * width, seq_lens[b], out + b * hq * d,
-                              hq, hkv, h0, h0 + per, d, block_size, scale, scratch.data());
+            auto item_fn = d == 64 ? paged_decode_item<T, 64> : d == 128 ? paged_decode_item<T, 128>
+                                                                           : paged_decode_item<T, 0>;
+            item_fn(q + b * hq * d, k_cache, v_cache, tables + b * width, seq_lens[b], out + b * hq * d,
+                    hq, hkv, h0, h0 + per, d, block_size, scale, scratch.data());
         }
     }
 }

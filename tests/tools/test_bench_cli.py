@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,31 @@ def test_mstar_run_server_binds_its_own_port_and_says_which(tmp_path):
         assert http("GET", srv.url + "/health")[0] == 200
         proc = srv.proc
     assert proc.poll() is not None
+
+
+def test_servers_start_without_the_openmp_policy_bench_sets_for_itself(tmp_path):
+    """bench.py sets a worker's wait policy for its in-process sides; a peer server (vLLM) must start with its
+    own defaults, so the variable is not in the environment the server process sees."""
+    out = tmp_path / "env.txt"
+    code = f"import os, pathlib; pathlib.Path({str(out)!r}).write_text(os.environ.get('GOMP_SPINCOUNT', '-'))"
+    port = free_port()
+    script = (f"{code}\nimport http.server, socketserver\n"
+              f"socketserver.TCPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler).serve_forever()")
+    from bench import servers
+    old = set(servers.BENCH_SET)
+    servers.BENCH_SET.add("GOMP_SPINCOUNT")
+    os.environ["GOMP_SPINCOUNT"], before = "100000", os.environ.get("GOMP_SPINCOUNT")
+    try:
+        with Server("probe", [sys.executable, "-c", script], port, tmp_path / "log.txt", health_path="/",
+                    start_timeout_s=60):
+            assert out.read_text() == "-"
+    finally:
+        servers.BENCH_SET.clear()
+        servers.BENCH_SET.update(old)
+        if before is None:
+            os.environ.pop("GOMP_SPINCOUNT")
+        else:
+            os.environ["GOMP_SPINCOUNT"] = before
 
 
 def test_server_that_dies_is_reported_with_its_log(tmp_path):
