@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 SPIN_COUNT = "100000"
 WINDOW_S = 0.5            # the shortest span the governor measures others' load over
 AGREE = 2                 # windows in a row that must ask for the same count before it changes
+GAP_S = 2.0               # a batch ending this long after the one before: the worker sat idle, and the window
+                          # (others' load while it waited) says nothing about the batches to come: it restarts,
+                          # and only windows of work count (a count asked for before the gap still counts)
 PROC_STAT = "/proc/stat"
 
 
@@ -110,6 +113,7 @@ class ThreadGovernor:
         self._pending: tuple[int, int] | None = None     # (count asked for, windows in a row)
         self.state = f"fixed: {fixed}" if fixed else "fixed: one thread" if allotted <= 1 else ""
         self._last: _Sample | None = None
+        self._ended = time.monotonic()        # when the last batch ended
         if not self.state:
             try:
                 self._last = self._sample()
@@ -122,11 +126,15 @@ class ThreadGovernor:
 
     def after_batch(self) -> None:
         """Measure the window that just ended, if it is long enough, and change the count if two agree."""
-        if self._last is None or time.monotonic() - self._last.at < self.window_s:
+        ended, self._ended = self._ended, time.monotonic()
+        if self._last is None or self._ended - self._last.at < self.window_s:
             return
         try:
             now = self._sample()
         except OSError:
+            return
+        if self._ended - ended > GAP_S:       # idle before this batch: measure from here on
+            self._last = now
             return
         span = now.at - self._last.at
         self.others = max(0.0, (now.machine - self._last.machine) - (now.own - self._last.own)) / span

@@ -30,7 +30,7 @@ from bench.results import Row, Side
 from bench.stats import HIGHER
 from bench.suite_chat import mstar_plan
 
-BATCH, STEPS, QUICK_STEPS = 16, 16, 4
+BATCH, STEPS, QUICK_STEPS = 16, 48, 4   # 48 steps: ~1.5 s, the governor's windows (0.5 s) fit twice
 DEFAULT = ("2 threads as a worker runs them (brief spins; a thread fewer per core others keep busy: "
            "runtime.worker.openmp)")
 # name -> (OMP_NUM_THREADS, whether the child runs as a worker does, more environment)

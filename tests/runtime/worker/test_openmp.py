@@ -84,6 +84,26 @@ def test_a_busy_neighbour_costs_a_thread_and_gives_it_back() -> None:
     assert counts[-1] == cores and governor.changes == len(counts) >= 2
 
 
+def test_a_window_across_an_idle_gap_is_not_counted() -> None:
+    """Others' load while the worker sat idle (here: a neighbour that ran only then, twice, so two windows
+    would agree) does not cost a thread: after a gap longer than GAP_S the window restarts at the batch."""
+    cores = usable_cores()
+    if cores < 2:
+        pytest.skip("one core: nothing to give up")
+    counts: list[int] = []
+    governor = ThreadGovernor(cores, counts.append, cores=cores, window_s=0.25)
+    for _ in range(2):
+        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            time.sleep(openmp.GAP_S + 0.5)
+        finally:
+            neighbour.kill()
+            neighbour.wait()
+        governor.after_batch()                   # the first batch after the gap: the window restarts here
+    assert _run_until(governor, lambda: False, timeout_s=1.0) is False
+    assert counts == [] and governor.threads == cores
+
+
 def test_a_governor_that_cannot_read_the_load_says_so(monkeypatch) -> None:
     monkeypatch.setattr(openmp, "PROC_STAT", "/nonexistent/stat")
     counts: list[int] = []
