@@ -62,7 +62,7 @@ def run(ctx: Context) -> list[Row]:
         plan = mstar_plan(ctx, dtype)
         gemms = {"mstar": Decoder(plan, linear="mstar"), "baseline": Decoder(plan, linear="onednn")}
         rows.extend(_row(ctx, dtype, gemms, batch, steps, (GEMM_MSTAR, GEMM_BASELINE), "kernels gemm",
-                         "GEMM only, ")
+                         "GEMMs panel vs oneDNN, ")
                     for batch in batches)
         del gemms
     return rows
