@@ -16,6 +16,7 @@ from runtime.models.bagel.roles import cfg_consumer, segment_kinds
 from runtime.transport.messages import BatchDone, RunBatch, WorkItem
 from runtime.transport.queues import Envelope
 from runtime.worker.opened import OpenedRequests
+from runtime.worker.openmp import ThreadGovernor
 from runtime.worker.worker import Worker
 from tests.runtime.models.bagel.bagel_harness import LMS, Driver, Oracle, rank_executors, tiny_plan
 
@@ -144,6 +145,7 @@ def test_worker_runs_queued_batches_of_one_group_as_one_call() -> None:
     worker.requests.open(1)      # the conductor opened request 1 here: its Runs are served
     worker.executors = {"a": _Recorder(calls, shared), "b": _Recorder(calls, shared), "c": _Recorder(calls)}
     worker.reporting = []         # no node reports its cache (kv_ledger.py)
+    worker.governor = ThreadGovernor(1, torch.set_num_threads)   # one thread: nothing to govern
     envs = [Envelope(RunBatch(batch_id=i, node=n, items=[WorkItem(1)])) for i, n in enumerate("acb", 1)]
     assert worker._handle_queued(envs)
     assert sorted(calls) == [("group", 2), ("run", 1)]
