@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 SPIN_COUNT = "100000"
 WINDOW_S = 0.5            # the shortest span the governor measures others' load over
 AGREE = 2                 # windows in a row that must ask for the same count before it changes
-GAP_S = 2.0               # a batch ending this long after the one before: the worker sat idle, and the window
+GAP_S = 2.0               # a batch starting this long after the one before ended: the worker sat idle, and the window
                           # (others' load while it waited) says nothing about the batches to come: it restarts,
                           # and only windows of work count (a count asked for before the gap still counts)
 PROC_STAT = "/proc/stat"
@@ -124,16 +124,18 @@ class ThreadGovernor:
     def _sample(self) -> _Sample:
         return _Sample(time.monotonic(), machine_busy_s(), own_busy_s())
 
-    def after_batch(self) -> None:
-        """Measure the window that just ended, if it is long enough, and change the count if two agree."""
+    def after_batch(self, started: float | None = None) -> None:
+        """Measure the window that just ended, if it is long enough, and change the count if two agree.
+        `started`: when the batch began (time.monotonic()), so that a long batch is not taken for idleness."""
         ended, self._ended = self._ended, time.monotonic()
+        idle = (started if started is not None else self._ended) - ended
         if self._last is None or self._ended - self._last.at < self.window_s:
             return
         try:
             now = self._sample()
         except OSError:
             return
-        if self._ended - ended > GAP_S:       # idle before this batch: measure from here on
+        if idle > GAP_S:                      # idle before this batch: measure from here on
             self._last = now
             return
         span = now.at - self._last.at

@@ -242,13 +242,14 @@ class Worker:
 
     def _run_batches(self, envs: list[Envelope]) -> None:
         """Run queued batches; those whose executors share a `group` as one call."""
+        started = time.monotonic()
         groups: dict[int, list[Envelope]] = {}
         for env in envs:
             group = None if env.msg.alone else getattr(self.executors[env.msg.node], "group", None)
             groups.setdefault(id(group) if group is not None else id(env), []).append(env)
         for members in groups.values():
             self._run_batch(members)
-        self.governor.after_batch()
+        self.governor.after_batch(started)
 
     def _handle(self, env: Envelope) -> bool:
         msg = env.msg

@@ -64,12 +64,24 @@ def _run_until(governor: ThreadGovernor, done, timeout_s: float = 10.0) -> bool:
     return False
 
 
-def test_a_busy_neighbour_costs_a_thread_and_gives_it_back() -> None:
-    """Measured on this machine's /proc/stat: a spinning process takes one core, so a governor given every
-    core runs one fewer thread (after two windows agree), and all of them again once the neighbour ends."""
+def _quiet_cores() -> int:
+    """Every usable core, after checking that no other process keeps one busy (the tests below start their own
+    neighbour; a busy machine would be a second one)."""
     cores = usable_cores()
     if cores < 2:
         pytest.skip("one core: nothing to give up")
+    probe = ThreadGovernor(cores, lambda n: None, cores=cores, window_s=0.0)
+    time.sleep(1.0)
+    probe.after_batch(time.monotonic())
+    if probe.others > 0.3:
+        pytest.skip(f"other processes keep {probe.others:.1f} cores busy: these tests need a quiet machine")
+    return cores
+
+
+def test_a_busy_neighbour_costs_a_thread_and_gives_it_back() -> None:
+    """Measured on this machine's /proc/stat: a spinning process takes one core, so a governor given every
+    core runs one fewer thread (after two windows agree), and all of them again once the neighbour ends."""
+    cores = _quiet_cores()
     counts: list[int] = []
     governor = ThreadGovernor(cores, counts.append, cores=cores, window_s=0.25)
     assert governor.state == ""
@@ -87,9 +99,7 @@ def test_a_busy_neighbour_costs_a_thread_and_gives_it_back() -> None:
 def test_a_window_across_an_idle_gap_is_not_counted() -> None:
     """Others' load while the worker sat idle (here: a neighbour that ran only then, twice, so two windows
     would agree) does not cost a thread: after a gap longer than GAP_S the window restarts at the batch."""
-    cores = usable_cores()
-    if cores < 2:
-        pytest.skip("one core: nothing to give up")
+    cores = _quiet_cores()
     counts: list[int] = []
     governor = ThreadGovernor(cores, counts.append, cores=cores, window_s=0.25)
     for _ in range(2):
@@ -102,6 +112,23 @@ def test_a_window_across_an_idle_gap_is_not_counted() -> None:
         governor.after_batch()                   # the first batch after the gap: the window restarts here
     assert _run_until(governor, lambda: False, timeout_s=1.0) is False
     assert counts == [] and governor.threads == cores
+
+
+def test_a_long_batch_is_work_not_an_idle_gap() -> None:
+    """A batch that ran longer than GAP_S while a neighbour held a core counts as a window of work."""
+    cores = _quiet_cores()
+    counts: list[int] = []
+    governor = ThreadGovernor(cores, counts.append, cores=cores, window_s=0.25)
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for _ in range(2):                       # two long batches back to back, each its own window
+            started = time.monotonic()
+            time.sleep(openmp.GAP_S + 0.2)
+            governor.after_batch(started)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert governor.threads < cores and counts == [governor.threads], f"others {governor.others:.2f} cores"
 
 
 def test_a_governor_that_cannot_read_the_load_says_so(monkeypatch) -> None:
