@@ -8,7 +8,7 @@ per process by `gemm_kernel()` (`MSTAR_CPU_LINEAR`: auto, mstar, onednn or torch
   blocks of rows over one or two panels, each output one in-order sum over k, whatever the
   batch). On an AVX2 CPU (AMD EPYC Zen 2, 2 cores; 6 x 16 blocks) it ran SmolLM2's decode GEMMs
   1.15-1.3x faster than oneDNN at batch 1 / 16 / 64; on an AVX-512 one (AMD EPYC Zen 5, 2 cores;
-  up to 12 rows x 2 panels of 16-wide registers, bf16 through AVX512-BF16's `vdpbf16ps`) 1.05-1.16x
+  up to 12 rows x 2 panels of 16-wide registers, bf16 through AVX512-BF16's `vdpbf16ps`) 1.03-1.25x
   faster in fp32 and bf16 alike (`python tools/bench.py kernels`, its GEMM rows). It takes bf16
   weights on any CPU (without bf16 instructions: converted to fp32 in registers). `auto` picks
   it wherever it builds, except on CPUs with AMX, whose bf16 tile kernels oneDNN has and which
