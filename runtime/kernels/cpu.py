@@ -36,6 +36,7 @@ lists it (`cpu_kernels`): a slower mode, never a silent one.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -59,6 +60,7 @@ _lib: ctypes.CDLL | None = None
 _status: str | None = None                 # "" once loaded; else why not
 
 
+@functools.cache
 def cpu_flags() -> str:
     """This CPU's flags line of /proc/cpuinfo ("flags : fpu vme ..."), or the platform's processor name."""
     try:

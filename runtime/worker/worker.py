@@ -10,7 +10,7 @@ Streaming edges (runtime/worker/streams.py): a Run takes its stream chunks with 
 and pushes its stream items as soon as it has run, straight to the consuming rank; a client-fed
 stream's items arrive from the conductor on the control channel.
 A heartbeat thread with its own socket tells the conductor the process is alive even
-while a long batch runs.
+while a long batch runs (runtime/worker/heartbeat.py).
 Joining: Hello (with the address peers reach this rank at, runtime/transport/addresses.py) ->
 the conductor's Welcome -> load -> Ready. Tensor parallelism: a rank in a node's TP group joins
 it before loading, at the rendezvous the Welcome names (the group lead's address and a port the
@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import threading
 import time
 import traceback
 
@@ -37,23 +36,22 @@ from mstar_compiler.plan import load_plan
 from runtime.executors import ExecResult, Executor, executor_for
 from runtime.transport.addresses import free_port, pin_collectives_to, probe, worker_addresses
 from runtime.transport.messages import (
-    BatchDone, BatchFailed, CloseRequest, EdgeTensors, Heartbeat, Hello, ItemResult, KVState, KVUsage, MoveKV,
+    BatchDone, BatchFailed, CloseRequest, EdgeTensors, Hello, ItemResult, KVState, KVUsage, MoveKV,
     NodeInfo, OpenRequest, PeerUnreachable, Peers, PrefixCounts, Ready, Rejoin, RunBatch, Shutdown, StreamItems,
-    Welcome, WorkItem, encode,
+    Welcome, WorkItem,
 )
 from runtime.transport.keys import ClusterKeys, start_guard
 from runtime.transport.queues import (
     EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, PeerUnreachableError, WorkerQueue, is_worth_logging,
 )
 from runtime.weights.sources import WeightOptions
-from runtime.worker import progress
+from runtime.worker.heartbeat import start_heartbeat
 from runtime.worker.loader import cpu_kernels_note, load_rank, tensor_parallel_group, tp_ranks
 from runtime.worker.opened import OpenedRequests
 from runtime.worker.openmp import ThreadGovernor
 from runtime.worker.streams import WorkerStreams
 
 log = logging.getLogger(__name__)
-HEARTBEAT_S = 0.5
 EDGE_WAIT_S = 30.0     # how long a batch waits for a cross-rank input before failing
 JOIN_TIMEOUT_S = 120.0  # how long a new worker waits for the conductor's Welcome
 
@@ -77,7 +75,7 @@ class Worker:
         self.is_tp = group is not None
         self.control.send(Hello(rank=rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint,
                                 tp_port=free_port(self.address) if group and group[0] == rank else 0))
-        self._start_heartbeat(conductor)
+        start_heartbeat(self, conductor)
         welcome = self._await_welcome()
         if self.is_tp:
             pin_collectives_to(self.address)
@@ -122,37 +120,6 @@ class Worker:
         raise TimeoutError(f"rank {self.rank}: no answer from the conductor at {self.conductor} after "
                            f"{JOIN_TIMEOUT_S:.0f} s (is that address reachable from this host, and does the server "
                            f"hold this rank's key? under tensor parallelism, has the group's first rank joined?)")
-
-    def _start_heartbeat(self, conductor: str) -> None:
-        def beat() -> None:
-            queue = WorkerQueue(self.ctx, conductor, self.rank, self.keys, identity=f"rank-{self.rank}-hb".encode())
-            queue.socket.setsockopt(zmq.LINGER, 0)
-            while True:
-                queue.socket.send(encode(self._heartbeat()))
-                time.sleep(HEARTBEAT_S)
-
-        threading.Thread(target=beat, daemon=True, name="heartbeat").start()
-
-    def _heartbeat(self) -> Heartbeat:
-        """Alive, with what this rank holds (read from the heartbeat thread: plain counters)."""
-        executors = dict(getattr(self, "executors", {}))
-        streams = getattr(self, "streams", None)
-        steps, last = progress.snapshot()
-        try:
-            return Heartbeat(rank=self.rank, start_steps=steps, start_last=last,
-                             kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items()
-                                             if ex.kv_blocks},
-                             stream_buffers=streams.num_buffers if streams else 0,
-                             value_stores=len(getattr(self, "values", {})),
-                             dropped_messages=getattr(self, "dropped", 0),
-                             refused_peers=self.guard.admission.refused if getattr(self, "guard", None) else 0,
-                             **self._threads())
-        except RuntimeError:   # a table changed size under us: this beat goes without numbers
-            return Heartbeat(rank=self.rank, start_steps=steps, start_last=last)
-
-    def _threads(self) -> dict[str, int]:
-        governor = getattr(self, "governor", None)
-        return {"threads": governor.threads, "threads_allotted": governor.allotted} if governor else {}
 
     # ---- loop ----------------------------------------------------------------------
 

@@ -1,0 +1,51 @@
+"""A worker's heartbeat: a thread with its own socket that tells the conductor, every HEARTBEAT_S, that the
+rank is alive (even while a long batch runs) and what it holds (runtime.transport.messages.Heartbeat)."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import zmq
+
+from runtime.transport.messages import Heartbeat, encode
+from runtime.transport.queues import WorkerQueue
+from runtime.worker import progress
+
+if TYPE_CHECKING:
+    from runtime.worker.worker import Worker
+
+HEARTBEAT_S = 0.5
+
+
+def start_heartbeat(worker: Worker, conductor: str) -> None:
+    def beat() -> None:
+        queue = WorkerQueue(worker.ctx, conductor, worker.rank, worker.keys,
+                            identity=f"rank-{worker.rank}-hb".encode())
+        queue.socket.setsockopt(zmq.LINGER, 0)
+        while True:
+            queue.socket.send(encode(heartbeat(worker)))
+            time.sleep(HEARTBEAT_S)
+
+    threading.Thread(target=beat, daemon=True, name="heartbeat").start()
+
+
+def heartbeat(worker: Worker) -> Heartbeat:
+    """Alive, with what the rank holds (read from the heartbeat thread: plain counters; the worker may still
+    be starting, so each part it has not built yet is left out)."""
+    executors = dict(getattr(worker, "executors", {}))
+    streams = getattr(worker, "streams", None)
+    guard = getattr(worker, "guard", None)
+    governor = getattr(worker, "governor", None)
+    steps, last = progress.snapshot()
+    try:
+        return Heartbeat(rank=worker.rank, start_steps=steps, start_last=last,
+                         kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items() if ex.kv_blocks},
+                         stream_buffers=streams.num_buffers if streams else 0,
+                         value_stores=len(getattr(worker, "values", {})),
+                         dropped_messages=getattr(worker, "dropped", 0),
+                         refused_peers=guard.admission.refused if guard else 0,
+                         threads=governor.threads if governor else 0,
+                         threads_allotted=governor.allotted if governor else 0)
+    except RuntimeError:   # a table changed size under us: this beat goes without numbers
+        return Heartbeat(rank=worker.rank, start_steps=steps, start_last=last)
