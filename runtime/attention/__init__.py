@@ -1,7 +1,7 @@
 """Attention backends behind one interface (`AttentionBackend`) and the switch between them.
 
-`select_backend(device, name)`: "torch" (reference, any device), "cpu" (decode rows through
-the fused paged kernel of runtime/kernels/cpu.py, prefill as torch), "triton" (paged
+`select_backend(device, name)`: "torch" (reference, any device), "cpu" (decode rows and
+prefill chunks through the fused paged kernels of runtime/kernels/cpu.py), "triton" (paged
 kernels; CPU only under TRITON_INTERPRET=1), "flashinfer" (CUDA), or "auto": flashinfer
 on CUDA when it imports, else triton on CUDA; on CPU "cpu" where its kernels are built, else
 torch (`runtime.kernels.cpu.status()` says why not).

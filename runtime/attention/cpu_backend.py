@@ -1,11 +1,13 @@
-"""The CPU attention backend: decode rows through the fused paged kernel, prefill chunks as the torch backend.
+"""The CPU attention backend: decode rows and prefill chunks through the fused paged kernels.
 
 Decode rows (query length 1) are attended by `runtime.kernels.cpu.paged_decode`, which
 reads each request's keys and values from their blocks where they lie: no gather into a padded
 dense copy per layer, no mask tensor, one pass over the cached context, scores and softmax in
-fp32. Prefill chunks take the torch backend's fused SDPA path (its kernel runs them near the
-cores' rate already). `select_backend` picks this backend on CPU when the kernels are built, else the torch one;
-heads wider than the kernels' buffers (head_dim > 256) take the torch path.
+fp32. Prefill chunks go to `paged_prefill`, flash-style over the same blocks (tiles of keys under a
+running max: memory linear in the prompt), about twice torch's fused SDPA on these chunks
+(`python tools/bench.py kernels`), each row bit-equal however its prompt is cut, as the torch path's.
+`select_backend` picks this backend on CPU when the kernels are built, else the torch one; heads
+the kernels do not take (head_dim > 256, or not a multiple of 16 for prefill) take the torch path.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 
 from runtime.attention.backend import AttentionShape
 from runtime.attention.metadata import AttentionMetadata
-from runtime.attention.torch_backend import TorchAttention
+from runtime.attention.torch_backend import TorchAttention, _PrefillChunk
 from runtime.kernels import cpu as cpu_kernels
 
 
@@ -28,9 +30,16 @@ class CpuAttention(TorchAttention):
         self._tables = torch.tensor(tables, dtype=torch.long).view(len(decode), width)
         self._lengths = torch.tensor([batch.seq_lens_cpu[b] for b in decode], dtype=torch.long)
         self._fits = cpu_kernels.heads_fit(shape.head_dim)
+        self._prefill_fits = cpu_kernels.prefill_heads_fit(shape.head_dim)
 
     def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        scale: float) -> torch.Tensor:
         if not self._fits or q.dtype != k_cache.dtype or not cpu_kernels.usable(q):
             return super()._attend_decode(q, k_cache, v_cache, scale)
         return cpu_kernels.paged_decode(q, k_cache, v_cache, self._tables, self._lengths, scale)
+
+    def _attend_chunk(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: _PrefillChunk,
+                      scale: float, out: torch.Tensor) -> None:
+        if not self._prefill_fits or q.dtype != k_cache.dtype or not cpu_kernels.usable(q):
+            return super()._attend_chunk(q, k_cache, v_cache, chunk, scale, out)
+        cpu_kernels.paged_prefill(q, k_cache, v_cache, chunk.blocks, chunk.context, scale, out=out)

@@ -69,8 +69,12 @@ class TorchAttention(AttentionBackend):
         if self._decode_rows.numel():
             out[self._decode_rows] = self._attend_decode(q[self._decode_rows], k_cache, v_cache, scale)
         for chunk in self._prefill:
-            out[chunk.rows] = _attend_prefill(q[chunk.rows], k_cache, v_cache, chunk, scale)
+            self._attend_chunk(q[chunk.rows], k_cache, v_cache, chunk, scale, out[chunk.rows])
         return out
+
+    def _attend_chunk(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, chunk: _PrefillChunk,
+                      scale: float, out: torch.Tensor) -> None:
+        out.copy_(_attend_prefill(q, k_cache, v_cache, chunk, scale))
 
     def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        scale: float) -> torch.Tensor:

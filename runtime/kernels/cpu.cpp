@@ -4,60 +4,11 @@
 // flag: each kernel is a template instantiated for both, so its inner loops are branch-free and
 // the compiler vectorises them) and computes in fp32. OpenMP parallel loops run only where the work is large enough to
 // pay for waking the pool's sleeping threads (the workers' threads wait passively).
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <algorithm>
-#include <vector>
-#include <omp.h>
+#include "cpu_common.h"
 
 namespace {
 
-constexpr int64_t kParallelWork = 1 << 16;   // elements below which a loop stays on the calling thread
-constexpr int64_t kMaxHeadDim = 256;          // cpu.py checks it
-constexpr int64_t kScoreChunk = 256;         // keys scored per pass of the decode attention
-constexpr int64_t kAheadTokens = 4;          // how far ahead the decode attention prefetches cache rows
-
-using bf16_t = uint16_t;
-
-inline float to_f32(float x) { return x; }
-inline float to_f32(bf16_t x) {
-    uint32_t u = static_cast<uint32_t>(x) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-template <typename T> inline T from_f32(float v);
-template <> inline float from_f32<float>(float v) { return v; }
-template <> inline bf16_t from_f32<bf16_t>(float v) {     // round to nearest even, as torch's cast; NaN stays NaN
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_t>((u >> 16) | 0x40u);
-    return static_cast<bf16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// a value as the dtype holds it: where torch computes a step in bf16, the result is rounded there
-template <typename T> inline float round_to(float v) { return to_f32(from_f32<T>(v)); }
-
-// exp in plain float arithmetic the compiler vectorises (Cephes' expf: range reduction by ln 2, a
-// degree-6 polynomial, the exponent built in the bits); about 1 ulp from libm's over the clamp range
-inline float fast_exp(float x) {
-    x = std::min(std::max(x, -87.33654f), 88.72283f);
-    const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.f;
-    const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &e, 4);
-    return y * scale;
-}
+using namespace mstar;
 
 // one row (fp32 in `x`): sum of squares, x * rsqrt(mean + eps) in the dtype, times the weight
 template <typename T>
@@ -134,114 +85,6 @@ void rope_cache(T* q, int64_t q_stride, int64_t hq, T* k, int64_t k_stride, int6
         }
         std::memcpy(k_cache + slots[r] * hkv * d, k + r * k_stride, hkv * d * sizeof(T));
         std::memcpy(v_cache + slots[r] * hkv * d, v + r * v_stride, hkv * d * sizeof(T));
-    }
-}
-
-// one work item: request b's kv heads h0 .. h1-1, each token's keys (and values) of those heads read
-// together from its block row, rows ahead prefetched. kD: the head dim fixed at compile time (64 and 128, so
-// the loops over it unroll into whole vectors), or 0 for any other
-template <typename T, int kD>
-void paged_decode_item(const T* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t len, T* out,
-                       int64_t hq, int64_t hkv, int64_t h0, int64_t h1, int64_t head_dim, int64_t block_size,
-                       float scale, float* work) {
-    const int64_t d = kD ? kD : head_dim;
-    const int64_t group = hq / hkv, rows = (h1 - h0) * group;     // query heads of this item
-    float* qs = work;                                              // (rows, d)
-    float* acc = qs + rows * d;                                    // (rows, d)
-    float* sc = acc + rows * d;                                    // (rows, kScoreChunk)
-    float* m = sc + rows * kScoreChunk;
-    float* l = m + rows;
-    float kv[kMaxHeadDim];
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* qh = q + (h0 * group + r) * d;
-        for (int64_t i = 0; i < d; ++i) {
-            qs[r * d + i] = to_f32(qh[i]) * scale;
-            acc[r * d + i] = 0.f;
-        }
-        m[r] = -3.0e38f;
-        l[r] = 0.f;
-    }
-    const int64_t row_stride = hkv * d;                               // one token of one block, all kv heads
-    auto token = [&](const T* cache, int64_t t) {
-        return cache + (table[t / block_size] * block_size + t % block_size) * row_stride + h0 * d;
-    };
-    // the cache is read from memory (a step's KV of every layer is far larger than the caches): each line of
-    // the row kAheadTokens tokens on is fetched now, so several rows are in flight under the dot products
-    const int64_t row_bytes = (h1 - h0) * d * static_cast<int64_t>(sizeof(T));
-    auto fetch = [&](const T* cache, int64_t t) {
-        if (t >= len) return;
-        const char* p = reinterpret_cast<const char*>(token(cache, t));
-        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b);
-    };
-    for (int64_t t0 = 0; t0 < len; t0 += kScoreChunk) {
-        const int64_t t1 = std::min(len, t0 + kScoreChunk);
-        for (int64_t t = t0; t < t1; ++t) {
-            const T* key = token(k_cache, t);
-            fetch(k_cache, t + kAheadTokens);
-            for (int64_t h = 0; h < h1 - h0; ++h) {
-                for (int64_t i = 0; i < d; ++i) kv[i] = to_f32(key[h * d + i]);
-                for (int64_t g = 0; g < group; ++g) {
-                    const float* qr = qs + (h * group + g) * d;
-                    float dot = 0.f;
-                    for (int64_t i = 0; i < d; ++i) dot += qr[i] * kv[i];
-                    sc[(h * group + g) * kScoreChunk + t - t0] = dot;
-                }
-            }
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-            float* s = sc + r * kScoreChunk;
-            float mx = m[r];
-            for (int64_t t = 0; t < t1 - t0; ++t) mx = std::max(mx, s[t]);
-            const float rescale = fast_exp(m[r] - mx);
-            float sum = 0.f;
-            for (int64_t t = 0; t < t1 - t0; ++t) {
-                s[t] = fast_exp(s[t] - mx);
-                sum += s[t];
-            }
-            l[r] = l[r] * rescale + sum;
-            for (int64_t i = 0; i < d; ++i) acc[r * d + i] *= rescale;
-            m[r] = mx;
-        }
-        for (int64_t t = t0; t < t1; ++t) {
-            const T* value = token(v_cache, t);
-            fetch(v_cache, t + kAheadTokens);
-            for (int64_t h = 0; h < h1 - h0; ++h) {
-                for (int64_t i = 0; i < d; ++i) kv[i] = to_f32(value[h * d + i]);
-                for (int64_t g = 0; g < group; ++g) {
-                    const int64_t r = h * group + g;
-                    const float p = sc[r * kScoreChunk + t - t0];
-                    for (int64_t i = 0; i < d; ++i) acc[r * d + i] += p * kv[i];
-                }
-            }
-        }
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-        T* o = out + (h0 * group + r) * d;
-        for (int64_t i = 0; i < d; ++i) o[i] = from_f32<T>(acc[r * d + i] * inv);
-    }
-}
-
-// a request per work item when there are enough of them for the threads, else a (request, kv head) pair
-template <typename T>
-void paged_decode(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables, int64_t width,
-                  const int64_t* seq_lens, T* out, int64_t batch, int64_t hq, int64_t hkv, int64_t d,
-                  int64_t block_size, float scale) {
-    int64_t work = 0;
-    for (int64_t b = 0; b < batch; ++b) work += seq_lens[b] * hkv * d * 2;
-    const int64_t split = batch >= 2 * omp_get_max_threads() ? 1 : hkv;     // kv-head ranges per request
-    const int64_t per = hkv / split;
-#pragma omp parallel if (work >= kParallelWork)
-    {
-        std::vector<float> scratch(static_cast<size_t>(hq * (2 * d + kScoreChunk + 2)));
-#pragma omp for schedule(static)
-        for (int64_t item = 0; item < batch * split; ++item) {
-            const int64_t b = item / split, h0 = (item % split) * per;
-            auto item_fn = d == 64 ? paged_decode_item<T, 64> : d == 128 ? paged_decode_item<T, 128>
-                                                                           : paged_decode_item<T, 0>;
-            item_fn(q + b * hq * d, k_cache, v_cache, tables + b * width, seq_lens[b], out + b * hq * d,
-                    hq, hkv, h0, h0 + per, d, block_size, scale, scratch.data());
-        }
     }
 }
 
@@ -476,9 +319,7 @@ void pack_panels(const T* w, int64_t n, int64_t k, T* packed) {
 
 }  // namespace
 
-// the C ABI: void pointers and a dtype flag (0 fp32, 1 bf16); shapes and strides in elements
-#define DISPATCH(call_f32, call_bf16) \
-    if (bf16) call_bf16; else call_f32
+// the C ABI: void pointers and a dtype flag (0 fp32, 1 bf16); shapes and strides in elements (DISPATCH)
 
 extern "C" {
 
@@ -512,19 +353,6 @@ void mstar_rope_cache(void* q, int64_t q_stride, int64_t hq, void* k, int64_t k_
                         (const float*)cos, (const float*)sin, d, slots, (float*)k_cache, (float*)v_cache, rows),
              rope_cache((bf16_t*)q, q_stride, hq, (bf16_t*)k, k_stride, hkv, (const bf16_t*)v, v_stride,
                         (const bf16_t*)cos, (const bf16_t*)sin, d, slots, (bf16_t*)k_cache, (bf16_t*)v_cache, rows));
-}
-
-// Decode attention over a paged cache, read where it lies: request b's single query row q[b]
-// (hq heads of d) attends to its seq_lens[b] cached keys/values, found through its row of `tables`
-// (width block ids; blocks of block_size tokens, each (block_size, hkv, d)). Scores and softmax in
-// fp32; keys are scored kScoreChunk at a time under a running max.
-void mstar_paged_decode(const void* q, const void* k_cache, const void* v_cache, const int64_t* tables,
-                        int64_t width, const int64_t* seq_lens, void* out, int64_t batch, int64_t hq, int64_t hkv,
-                        int64_t d, int64_t block_size, float scale, int bf16) {
-    DISPATCH(paged_decode((const float*)q, (const float*)k_cache, (const float*)v_cache, tables, width, seq_lens,
-                          (float*)out, batch, hq, hkv, d, block_size, scale),
-             paged_decode((const bf16_t*)q, (const bf16_t*)k_cache, (const bf16_t*)v_cache, tables, width, seq_lens,
-                          (bf16_t*)out, batch, hq, hkv, d, block_size, scale));
 }
 
 // the k extent of a packed panel (k, or k rounded up to even for bf16 pairs on AVX512-BF16 CPUs)

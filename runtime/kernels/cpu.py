@@ -1,4 +1,4 @@
-"""Fused CPU kernels for a decoder layer's work between its GEMMs (cpu.cpp).
+"""Fused CPU kernels for a decoder layer's work between its GEMMs (cpu.cpp; attention in cpu_attention.cpp).
 
 Why: on CPU a decode step of a small model spends about a third of its time outside the GEMMs
 (`python tools/profile_decode.py`: norms, RoPE, the KV write, attention, SiLU·up, residual adds),
@@ -9,6 +9,7 @@ These kernels do the same work in five calls a layer, each one pass:
     add_rms_norm(residual, delta, weight, eps) residual += delta, then its norm (every later norm)
     rope_cache(q, k, v, cos, sin, slots, ...) RoPE on q and k in place, k and v into the paged cache
     paged_decode(q, k_cache, v_cache, ...)    decode attention reading the cache's blocks in place
+    paged_prefill(q, k_cache, v_cache, ...)   a prompt chunk's causal attention over the same blocks
     silu_mul(gate_up)                         SwiGLU's silu(gate) * up
 
 The same library holds the panel GEMM the packed linears use (`pack_panels(weight)` once, then
@@ -50,7 +51,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_suffix(".cpp")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "cpu.cpp", HERE / "cpu_attention.cpp")   # one library; both include cpu_common.h
+HEADER = HERE / "cpu_common.h"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
          "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17")
 MAX_HEAD_DIM = 256                         # the kernels' fixed per-thread buffers (cpu.cpp)
@@ -90,7 +93,7 @@ def _build() -> Path:
     if not compiler:
         raise RuntimeError("no C++ compiler (set CXX or install g++)")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), cpu_flags(),
+    key = hashlib.sha256("\0".join([*(p.read_text() for p in (*SOURCES, HEADER)), compiler, version, " ".join(FLAGS), cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
     cache = _cache_dir()
     target = cache / f"cpu_kernels-{key}.so"
@@ -99,7 +102,7 @@ def _build() -> Path:
     fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")     # then renamed: workers may build at once
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-800:]}")
         os.replace(tmp, target)
@@ -119,6 +122,7 @@ def _load() -> ctypes.CDLL:
         "mstar_silu_mul": [p, p, i, i, ctypes.c_int],
         "mstar_rope_cache": [p, i, i, p, i, i, p, i, p, p, i, p, p, p, i, ctypes.c_int],
         "mstar_paged_decode": [p, p, p, p, i, p, p, i, i, i, i, i, f, ctypes.c_int],
+        "mstar_paged_prefill": [p, p, p, p, i, i, p, i, i, i, i, f, ctypes.c_int],
         "mstar_pack_panels": [p, i, i, p, ctypes.c_int],
         "mstar_gemm": [p, i, p, p, p, i, i, i, i, ctypes.c_int],
     }
@@ -194,6 +198,11 @@ def heads_fit(head_dim: int) -> bool:
     return head_dim <= MAX_HEAD_DIM and head_dim % 2 == 0
 
 
+def prefill_heads_fit(head_dim: int) -> bool:
+    """Whether `paged_prefill` takes heads of this size (it runs over whole 16-lane vectors of a head)."""
+    return head_dim % 16 == 0
+
+
 def rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     """Rotate q (N, Hq, D) and k (N, Hkv, D) in place by the (N, 1, D) `cos`/`sin` tables of
@@ -218,6 +227,22 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     out = torch.empty_like(q)
     _lib.mstar_paged_decode(_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(tables), tables.shape[1], _ptr(seq_lens),
                             _ptr(out), b, hq, k_cache.shape[2], d, k_cache.shape[1], scale, _DTYPES[q.dtype])
+    return out
+
+
+def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
+                  context: int, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of a request's chunk q (n, Hq, D), at positions context .. context + n - 1, over its
+    cached tokens 0 .. context + n - 1 (the chunk's own already written), found through `blocks` (int64 block
+    ids) in caches of (blocks, block_size, Hkv, D); -> `out` (n, Hq, D, contiguous), a new tensor if None.
+    A row's result does not depend on how the prompt is cut into chunks (cpu_attention.cpp)."""
+    n, hq, d = q.shape
+    q, blocks = q.contiguous(), blocks.to(torch.int64).contiguous()
+    out = torch.empty_like(q) if out is None else out
+    if not out.is_contiguous() or out.shape != q.shape:
+        raise ValueError("paged_prefill writes a contiguous output of q's shape")
+    _lib.mstar_paged_prefill(_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(blocks), context, n, _ptr(out), hq,
+                             k_cache.shape[2], d, k_cache.shape[1], scale, _DTYPES[q.dtype])
     return out
 
 

@@ -49,7 +49,7 @@ def _dense_reference(q: torch.Tensor, keys: list, values: list) -> torch.Tensor:
     return torch.cat(outs)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
 def test_paged_attention_equals_dense_sdpa(backend: str) -> None:
     q, cache, batch, keys, values = _fragmented_batch(torch.float32)
     assert any(t != tuple(range(t[0], t[0] + len(t))) for t in batch.block_tables_cpu), "cache not fragmented"

@@ -114,6 +114,51 @@ def test_paged_decode_matches_dense_attention(dtype, hq, hkv, d, lengths) -> Non
     close(got, _reference_decode(q, k_cache, v_cache, tables, lengths, d ** -0.5), dtype, rtol=2e-5)
 
 
+def _reference_prefill(q, k_cache, v_cache, blocks, context, scale):
+    n, hq, d = q.shape
+    group, seq = hq // k_cache.shape[2], context + n
+    keys = k_cache[blocks].flatten(0, 1)[:seq].float().repeat_interleave(group, 1).transpose(0, 1)  # (Hq, S, D)
+    values = v_cache[blocks].flatten(0, 1)[:seq].float().repeat_interleave(group, 1).transpose(0, 1)
+    mask = torch.ones(n, seq, dtype=torch.bool).tril(context)                     # row i sees keys 0 .. context + i
+    p = (q.float().transpose(0, 1) @ keys.transpose(1, 2) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+    return (p @ values).transpose(0, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq, hkv, d, block_size", [(9, 3, 64, 16), (2, 2, 128, 16), (8, 1, 32, 7), (6, 6, 48, 5)])
+@pytest.mark.parametrize("context, n", [(0, 1), (0, 20), (37, 18), (0, 300), (600, 77)])
+def test_paged_prefill_matches_dense_causal_attention(dtype, hq, hkv, d, block_size, context, n) -> None:
+    """A whole prompt and chunks after context, of 1 row to several query tiles, over key tiles cut inside
+    blocks (block sizes 5 and 7); groups of 1, 3 and 8 query heads per kv head; head dims of 1 to 8 vectors."""
+    g = torch.Generator().manual_seed(hq * 1000 + context + n)
+    seq = context + n
+    num_blocks = -(-seq // block_size)
+    k_cache, v_cache = (torch.randn(num_blocks + 3, block_size, hkv, d, generator=g).to(dtype) for _ in range(2))
+    blocks = torch.randperm(num_blocks + 3, generator=g)[:num_blocks]
+    q = (torch.randn(n, hq, d, generator=g) * 2).to(dtype)
+    got = cpu_kernels.paged_prefill(q, k_cache, v_cache, blocks, context, d ** -0.5)
+    # as the decode kernel: fp32 differs in summation order and exp (up to 677 keys); bf16 is one rounding
+    close(got, _reference_prefill(q, k_cache, v_cache, blocks, context, d ** -0.5), dtype, rtol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_prefill_rows_are_bit_equal_however_the_prompt_is_cut(dtype) -> None:
+    """What keeps answers with the prefix cache (which computes a prompt's uncached rows only) equal to answers
+    without it: a row attended after any context, key tile edges (32 keys) and block edges included, or beside
+    any other rows, is bit-equal to the same row attended with the whole prompt."""
+    g = torch.Generator().manual_seed(7)
+    seq, block_size = 333, 16
+    k_cache, v_cache = (torch.randn(24, block_size, 3, 64, generator=g).to(dtype) for _ in range(2))
+    blocks = torch.randperm(24, generator=g)[:21]
+    q = torch.randn(seq, 9, 64, generator=g).to(dtype)
+    whole = cpu_kernels.paged_prefill(q, k_cache, v_cache, blocks, 0, 0.125)
+    for context in (1, 15, 16, 31, 32, 37, 64, 200, 331, 332):
+        rows = cpu_kernels.paged_prefill(q[context:], k_cache, v_cache, blocks, context, 0.125)
+        assert torch.equal(rows, whole[context:]), f"rows after a context of {context} differ"
+    middle = cpu_kernels.paged_prefill(q[100:140], k_cache, v_cache, blocks[:9], 100, 0.125)   # keys 0 .. 139
+    assert torch.equal(middle, whole[100:140]), "a chunk ending mid-prompt differs"
+
+
 @pytest.mark.parametrize("case", ["llama", "llama-tied-llama3-bias", "qwen3", "qwen3_moe"])
 def test_a_decoder_on_the_kernels_gives_its_torch_tokens(case: str, monkeypatch) -> None:
     """Prefill and decode rows mixed in one batch, 10 greedy steps: the same tokens, and logits to 1e-4
