@@ -12,7 +12,7 @@ namespace {
 using namespace mstar;
 
 constexpr int64_t kScoreChunk = 256;         // keys scored per pass of the decode attention
-constexpr int64_t kAheadTokens = 4;          // how far ahead the decode attention prefetches cache rows
+constexpr int64_t kAheadTokens = 8;          // how far ahead the decode attention prefetches cache rows
 
 // one work item: request b's kv heads h0 .. h1-1, each token's keys (and values) of those heads read
 // together from its block row, rows ahead prefetched. kD: the head dim fixed at compile time (64 and 128, so

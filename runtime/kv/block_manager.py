@@ -154,7 +154,8 @@ class KVBlockManager:
             raise OutOfBlocks(self.blocks_needed(num_tokens, tokens, reuse), self.allocator.num_free)
         if reused:
             self.allocator.claim(reused)     # first: allocating fresh blocks must not evict these
-        blocks = reused + self.allocator.allocate(self._blocks_for(num_tokens) - len(reused))
+        blocks = reused + self.allocator.allocate(self._blocks_for(num_tokens) - len(reused),
+                                                  after=reused[-1] if reused else None)
         table = BlockTable(blocks, num_tokens)
         if self.prefix_root is not None and tokens is not None:
             table.keys = chain_keys(self.prefix_root, tokens[:reuse], self.block_size)
@@ -227,7 +228,7 @@ class KVBlockManager:
             raise OutOfBlocks(needed + taken - released, self.allocator.num_free)
         self.allocator.claim(claimed)             # first: allocating must not evict them
         self.allocator.free(old)
-        fresh = self.allocator.allocate(needed)
+        fresh = self.allocator.allocate(needed, after=blocks[-1] if blocks else None)
         copies = [(tail, fresh[0])] if tail is not None else []
         if tail is not None:
             self.allocator.free([tail])           # its rows stay until an allocation reuses the block
@@ -280,7 +281,7 @@ class KVBlockManager:
             table.keys.extend(chain_keys(parent, [*pending, *tokens[:reuse]], self.block_size))
             table.blocks.extend(reused)
             table.pending = []
-        fresh = self.allocator.allocate(needed)
+        fresh = self.allocator.allocate(needed, after=table.blocks[-1] if table.blocks else None)
         if table.pending is not None:
             table.pending = None if tokens is None or self._stops(tokens) else [*table.pending, *tokens[reuse:]]
         copies = []

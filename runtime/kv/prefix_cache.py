@@ -32,7 +32,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from runtime.kv.block_allocator import BlockAllocator, OutOfBlocks
+from runtime.kv.block_allocator import BlockAllocator, OutOfBlocks, take_run_block
 
 Key = bytes
 Row = int | bytes
@@ -110,21 +110,21 @@ class PrefixCachingAllocator(BlockAllocator):
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free
 
-    def allocate(self, n: int) -> list[int]:
+    def allocate(self, n: int, after: int | None = None) -> list[int]:
         if not self.can_allocate(n):
             raise OutOfBlocks(n, self.num_free)
         blocks = []
         for _ in range(n):
-            if self._free:
-                blocks.append(self._free.popleft())
-            else:
-                blocks.append(self._evict())
+            after = self._take(after) if self._free else self._evict(after)
+            blocks.append(after)
         for b in blocks:
             self._refs[b] = 1
         return blocks
 
-    def _evict(self) -> int:
-        block, _ = self._evictable.popitem(last=False)
+    def _evict(self, after: int | None = None) -> int:
+        """Once no block is free: the cached block after `after` (the run goes on), else the start of the
+        least recently used stretch (its blocks were freed together), its neighbours counted as used now."""
+        block = take_run_block(self._evictable, after, self.num_blocks)
         for key in self._keys.pop(block):
             del self._blocks[key]
         self.stats.evictions += 1
@@ -139,7 +139,7 @@ class PrefixCachingAllocator(BlockAllocator):
                 if b in self._keys:
                     self._evictable[b] = None
                 else:
-                    self._free.append(b)
+                    self._free[b] = None
 
     def lookup(self, key: Key) -> int | None:
         """The block cached under `key`, if any (nothing changes)."""
@@ -182,7 +182,7 @@ class PrefixCachingAllocator(BlockAllocator):
             del self._blocks[key]
         if block in self._evictable:
             del self._evictable[block]
-            self._free.append(block)
+            self._free[block] = None
 
     def note_query(self, query_tokens: int, hit_tokens: int) -> None:
         self.stats.queries += 1

@@ -97,3 +97,44 @@ def test_forked_requests_share_the_prompt_and_diverge_exactly() -> None:
     for name, tokens in branches.items():
         alone = PagedRunner(model, num_blocks=32, block_size=4).step([(name, prompt + tokens)])[0]
         torch.testing.assert_close(torch.stack(got[name]), alone[len(prompt):], atol=1e-5, rtol=0)
+
+
+def _runs(blocks: list[int]) -> int:
+    """How many stretches of consecutive block ids a table is made of."""
+    return 1 + sum(1 for a, b in zip(blocks, blocks[1:]) if b != a + 1)
+
+
+def _decode_side_by_side(manager: KVBlockManager, first: int, steps: int, rng: random.Random,
+                         prefix: bool) -> list[str]:
+    """16 requests with prompts of 1-5 blocks, then growing a token each in turn, as a decode batch does."""
+    reqs = [f"r{first + i}" for i in range(16)]
+    for req in reqs:
+        n = rng.randint(16, 80)
+        manager.allocate(req, n, [rng.randrange(1 << 20) for _ in range(n)] if prefix else None)
+        manager.commit(req)
+    for _ in range(steps):
+        for req in reqs:
+            manager.append(req, 1, [rng.randrange(1 << 20)] if prefix else None)
+            manager.commit(req)
+    return reqs
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_requests_growing_side_by_side_get_their_blocks_in_runs(prefix: bool) -> None:
+    """Decodes that grow a block each in turn would interleave their blocks one by one if each took the next
+    free one; runs keep each table in stretches of consecutive blocks (what the CPU attention reads fastest),
+    on a fresh pool, and again from blocks freed by earlier requests (tail first; with the prefix cache from
+    cached blocks evicted), with no block held back: the pool still fills to its last block."""
+    from runtime.kv.prefix_cache import prefix_root
+    rng = random.Random(3)
+    manager = KVBlockManager(num_blocks=400, block_size=16, prefix_root=prefix_root("runs") if prefix else None)
+    first = _decode_side_by_side(manager, 0, 150, rng, prefix)    # up to 5 + 10 blocks each, 16 at most
+    assert all(_runs(manager.table(r).blocks) == 1 for r in first), [manager.table(r).blocks for r in first]
+    for req in first:
+        manager.free(req)
+    second = _decode_side_by_side(manager, 16, 150, rng, prefix)  # 240 blocks were used: some come back
+    blocks = sum(len(manager.table(r).blocks) for r in second)
+    assert sum(_runs(manager.table(r).blocks) for r in second) <= blocks / 3, [manager.table(r).blocks for r in second]
+    rest = manager.allocator.num_free
+    manager.allocate("fill", rest * 16)                          # every block left, kept neighbours included
+    assert manager.allocator.num_free == 0

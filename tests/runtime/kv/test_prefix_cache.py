@@ -240,8 +240,9 @@ def test_a_chunk_after_a_partly_filled_block_continues_in_the_cached_block_holdi
     assert kv.prefix_hit(prompt[6:], after="b") == 6     # blocks 2 and 3 of A: rows 6..11; 12.. compute
     assert kv.prefix_hit(prompt[6:], after="b", limit=5) == 2    # none at or past row `limit`: one block
     kv.append("b", 10, prompt[6:], reuse=6)
-    assert kv.table("b").blocks[:3] == kv.table("a").blocks[:3] and own not in kv.table("b").blocks
-    assert kv.allocator.ref_count(own) == 0 and kv.allocator.num_free == free   # own freed, one fresh taken
+    assert kv.table("b").blocks[:3] == kv.table("a").blocks[:3] and kv.table("b").blocks[1] != own
+    # own freed, one fresh block taken for rows 12..15 (the allocator may hand own back as that one)
+    assert len(kv.table("b").blocks) == 4 and kv.allocator.num_free == free
     kv.commit("b")
     assert len(kv.table("b").keys) == 4 and kv.table("b").keys == kv.table("a").keys
     with pytest.raises(PrefixOutOfStep):                 # a reuse not ending on a block boundary
