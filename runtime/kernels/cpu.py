@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 SOURCES = (HERE / "cpu.cpp", HERE / "cpu_attention.cpp")   # one library; both include cpu_common.h
 HEADER = HERE / "cpu_common.h"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-Wno-psabi", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
          "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17")
 MAX_HEAD_DIM = 256                         # the kernels' fixed per-thread buffers (cpu.cpp)
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}

@@ -96,11 +96,12 @@ def _reference_decode(q, k_cache, v_cache, tables, lengths, scale):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (2, 2, 128), (32, 1, 32)])
+@pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (8, 2, 64), (2, 2, 128), (8, 4, 128), (16, 2, 128), (32, 1, 32)])
 @pytest.mark.parametrize("lengths", [[600], [1, 16, 17, 255, 600, 40]])
 def test_paged_decode_matches_dense_attention(dtype, hq, hkv, d, lengths) -> None:
     """Lengths of 1 token, within one block, across blocks and past the kernel's 256-key score chunk; one
-    request (its kv heads split over the threads) and six (a request per thread's item)."""
+    request (its kv heads split over the threads) and six (a request per thread's item). Heads of 64 and 128
+    in groups of up to 4 and 2 take the register path (a head at a time), the others the general one."""
     g = torch.Generator().manual_seed(hq)
     block_size, lengths = 16, torch.tensor(lengths)
     width = -(-int(lengths.max()) // block_size)
