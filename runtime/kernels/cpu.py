@@ -121,7 +121,7 @@ def _load() -> ctypes.CDLL:
         "mstar_add_rms_norm": [p, p, p, p, i, i, f, ctypes.c_int],
         "mstar_silu_mul": [p, p, i, i, ctypes.c_int],
         "mstar_rope_cache": [p, i, i, p, i, i, p, i, p, p, i, p, p, p, i, ctypes.c_int],
-        "mstar_paged_decode": [p, p, p, p, i, p, p, i, i, i, i, i, f, ctypes.c_int],
+        "mstar_paged_decode": [p, i, p, p, p, i, p, p, i, i, i, i, i, f, ctypes.c_int],
         "mstar_paged_prefill": [p, p, p, p, i, i, p, i, i, i, i, f, ctypes.c_int],
         "mstar_pack_panels": [p, i, i, p, ctypes.c_int],
         "mstar_gemm": [p, i, p, p, p, i, i, i, i, ctypes.c_int],
@@ -221,12 +221,15 @@ def rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """Decode attention: row b of q (B, Hq, D) over its seq_lens[b] (B,) int64 cached tokens, found through
-    tables[b] (B, W) int64 block ids, in caches of (blocks, block_size, Hkv, D); -> (B, Hq, D)."""
+    tables[b] (B, W) int64 block ids, in caches of (blocks, block_size, Hkv, D); -> (B, Hq, D). q may be a
+    row-strided view (of the fused QKV output): no copy where each row's heads are contiguous."""
     b, hq, d = q.shape
-    q = q.contiguous()
-    out = torch.empty_like(q)
-    _lib.mstar_paged_decode(_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(tables), tables.shape[1], _ptr(seq_lens),
-                            _ptr(out), b, hq, k_cache.shape[2], d, k_cache.shape[1], scale, _DTYPES[q.dtype])
+    if q.stride(2) != 1 or q.stride(1) != d:
+        q = q.contiguous()
+    out = torch.empty((b, hq, d), dtype=q.dtype)
+    _lib.mstar_paged_decode(_ptr(q), q.stride(0), _ptr(k_cache), _ptr(v_cache), _ptr(tables), tables.shape[1],
+                            _ptr(seq_lens), _ptr(out), b, hq, k_cache.shape[2], d, k_cache.shape[1], scale,
+                            _DTYPES[q.dtype])
     return out
 
 

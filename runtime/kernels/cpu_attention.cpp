@@ -280,8 +280,8 @@ void decode_heads(DecodeHead<T> head, const T* q, const T* k_cache, const T* v_c
 
 // a request per work item when there are enough of them for the threads, else a (request, kv head) pair
 template <typename T>
-void paged_decode(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables, int64_t width,
-                  const int64_t* seq_lens, T* out, int64_t batch, int64_t hq, int64_t hkv, int64_t d,
+void paged_decode(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int64_t* tables,
+                  int64_t width, const int64_t* seq_lens, T* out, int64_t batch, int64_t hq, int64_t hkv, int64_t d,
                   int64_t block_size, float scale) {
     int64_t work = 0;
     for (int64_t b = 0; b < batch; ++b) work += seq_lens[b] * hkv * d * 2;
@@ -295,13 +295,13 @@ void paged_decode(const T* q, const T* k_cache, const T* v_cache, const int64_t*
         for (int64_t item = 0; item < batch * split; ++item) {
             const int64_t b = item / split, h0 = (item % split) * per;
             if (head) {
-                decode_heads(head, q + b * hq * d, k_cache, v_cache, tables + b * width, seq_lens[b], out + b * hq * d,
+                decode_heads(head, q + b * q_stride, k_cache, v_cache, tables + b * width, seq_lens[b], out + b * hq * d,
                              hq, hkv, h0, h0 + per, d, block_size, scale, scratch.data());
                 continue;
             }
             auto item_fn = d == 64 ? paged_decode_item<T, 64> : d == 128 ? paged_decode_item<T, 128>
                                                                            : paged_decode_item<T, 0>;
-            item_fn(q + b * hq * d, k_cache, v_cache, tables + b * width, seq_lens[b], out + b * hq * d,
+            item_fn(q + b * q_stride, k_cache, v_cache, tables + b * width, seq_lens[b], out + b * hq * d,
                     hq, hkv, h0, h0 + per, d, block_size, scale, scratch.data());
         }
     }
@@ -498,17 +498,17 @@ void paged_prefill(const T* q, const T* k_cache, const T* v_cache, const int64_t
 
 extern "C" {
 
-// Decode attention over a paged cache, read where it lies: request b's single query row q[b]
-// (hq heads of d) attends to its seq_lens[b] cached keys/values, found through its row of `tables`
+// Decode attention over a paged cache, read where it lies: request b's single query row q + b * q_stride
+// (hq heads of d, contiguous) attends to its seq_lens[b] cached keys/values, found through its row of `tables`
 // (width block ids; blocks of block_size tokens, each (block_size, hkv, d)). Scores and softmax in
 // fp32; keys are scored kScoreChunk at a time under a running max.
-void mstar_paged_decode(const void* q, const void* k_cache, const void* v_cache, const int64_t* tables,
-                        int64_t width, const int64_t* seq_lens, void* out, int64_t batch, int64_t hq, int64_t hkv,
-                        int64_t d, int64_t block_size, float scale, int bf16) {
-    DISPATCH(paged_decode((const float*)q, (const float*)k_cache, (const float*)v_cache, tables, width, seq_lens,
-                          (float*)out, batch, hq, hkv, d, block_size, scale),
-             paged_decode((const bf16_t*)q, (const bf16_t*)k_cache, (const bf16_t*)v_cache, tables, width, seq_lens,
-                          (bf16_t*)out, batch, hq, hkv, d, block_size, scale));
+void mstar_paged_decode(const void* q, int64_t q_stride, const void* k_cache, const void* v_cache,
+                        const int64_t* tables, int64_t width, const int64_t* seq_lens, void* out, int64_t batch,
+                        int64_t hq, int64_t hkv, int64_t d, int64_t block_size, float scale, int bf16) {
+    DISPATCH(paged_decode((const float*)q, q_stride, (const float*)k_cache, (const float*)v_cache, tables, width,
+                          seq_lens, (float*)out, batch, hq, hkv, d, block_size, scale),
+             paged_decode((const bf16_t*)q, q_stride, (const bf16_t*)k_cache, (const bf16_t*)v_cache, tables, width,
+                          seq_lens, (bf16_t*)out, batch, hq, hkv, d, block_size, scale));
 }
 
 // Prefill attention over a paged cache: a request's n query rows q (n, hq, d), at positions context ..

@@ -115,6 +115,20 @@ def test_paged_decode_matches_dense_attention(dtype, hq, hkv, d, lengths) -> Non
     close(got, _reference_decode(q, k_cache, v_cache, tables, lengths, d ** -0.5), dtype, rtol=2e-5)
 
 
+def test_paged_decode_reads_query_rows_in_place_from_a_wider_tensor() -> None:
+    """q as the layer hands it over, the first columns of the fused QKV output: the kernel reads each row at its
+    stride, with the same result as from a contiguous copy."""
+    g = torch.Generator().manual_seed(5)
+    hq, hkv, d, lengths = 9, 3, 64, torch.tensor([40, 7, 130])
+    k_cache, v_cache = (torch.randn(30, 16, hkv, d, generator=g) for _ in range(2))
+    tables = torch.randperm(30, generator=g)[:27].view(3, 9)
+    qkv = torch.randn(3, (hq + 2 * hkv) * d, generator=g)
+    q = qkv[:, :hq * d].view(3, hq, d)
+    assert not q.is_contiguous()
+    got = cpu_kernels.paged_decode(q, k_cache, v_cache, tables, lengths, 0.125)
+    assert torch.equal(got, cpu_kernels.paged_decode(q.contiguous(), k_cache, v_cache, tables, lengths, 0.125))
+
+
 def _reference_prefill(q, k_cache, v_cache, blocks, context, scale):
     n, hq, d = q.shape
     group, seq = hq // k_cache.shape[2], context + n
