@@ -1,4 +1,4 @@
-"""Fused CPU kernels for a decoder layer's work between its GEMMs (cpu.cpp; attention in cpu_attention.cpp).
+"""Fused CPU kernels for a decoder layer's work between its GEMMs (cpu.cpp, cpu_decode.cpp, cpu_prefill.cpp).
 
 Why: on CPU a decode step of a small model spends about a third of its time outside the GEMMs
 (`python tools/profile_decode.py`: norms, RoPE, the KV write, attention, SiLU·up, residual adds),
@@ -52,8 +52,8 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu.cpp", HERE / "cpu_attention.cpp")   # one library; both include cpu_common.h
-HEADER = HERE / "cpu_common.h"
+SOURCES = (HERE / "cpu.cpp", HERE / "cpu_decode.cpp", HERE / "cpu_prefill.cpp")   # one library
+HEADERS = (HERE / "cpu_common.h", HERE / "cpu_lanes.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-Wno-psabi", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
          "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17")
 MAX_HEAD_DIM = 256                         # the kernels' fixed per-thread buffers (cpu.cpp)
@@ -93,7 +93,7 @@ def _build() -> Path:
     if not compiler:
         raise RuntimeError("no C++ compiler (set CXX or install g++)")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\0".join([*(p.read_text() for p in (*SOURCES, HEADER)), compiler, version, " ".join(FLAGS), cpu_flags(),
+    key = hashlib.sha256("\0".join([*(p.read_text() for p in (*SOURCES, *HEADERS)), compiler, version, " ".join(FLAGS), cpu_flags(),
                                     platform.machine()]).encode()).hexdigest()[:16]
     cache = _cache_dir()
     target = cache / f"cpu_kernels-{key}.so"
@@ -238,7 +238,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     """Causal attention of a request's chunk q (n, Hq, D), at positions context .. context + n - 1, over its
     cached tokens 0 .. context + n - 1 (the chunk's own already written), found through `blocks` (int64 block
     ids) in caches of (blocks, block_size, Hkv, D); -> `out` (n, Hq, D, contiguous), a new tensor if None.
-    A row's result does not depend on how the prompt is cut into chunks (cpu_attention.cpp)."""
+    A row's result does not depend on how the prompt is cut into chunks (cpu_prefill.cpp)."""
     n, hq, d = q.shape
     q, blocks = q.contiguous(), blocks.to(torch.int64).contiguous()
     out = torch.empty_like(q) if out is None else out

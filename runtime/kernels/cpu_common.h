@@ -1,4 +1,4 @@
-// Shared by the CPU kernels' sources (cpu.cpp, cpu_attention.cpp): the dtypes, their conversions, the
+// Shared by the CPU kernels' sources (cpu.cpp, cpu_decode.cpp, cpu_prefill.cpp): the dtypes, their conversions, the
 // fast exp, the limits cpu.py checks.
 #pragma once
 #include <cmath>
@@ -37,7 +37,7 @@ template <typename T> inline float round_to(float v) { return to_f32(from_f32<T>
 
 // exp in plain float arithmetic the compiler vectorises (Cephes' expf: range reduction by ln 2, a
 // degree-6 polynomial, the exponent built in the bits); about 1 ulp from libm's over the clamp range.
-// exp(r) for |r| <= ln 2 / 2: the polynomial, on a float or on a vector of them (cpu_attention.cpp)
+// exp(r) for |r| <= ln 2 / 2: the polynomial, on a float or on a vector of them (cpu_lanes.h)
 template <typename V>
 inline V exp_reduced(V r) {
     V p = V{} + 1.9875691500e-4f;

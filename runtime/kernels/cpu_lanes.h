@@ -1,0 +1,63 @@
+// 16-lane float vectors for the CPU kernels (GCC's vector extension: one zmm register on AVX-512, two ymm
+// on AVX2), shared by cpu_decode.cpp and cpu_prefill.cpp.
+#pragma once
+#include "cpu_common.h"
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace mstar {
+
+typedef float vf __attribute__((vector_size(64)));
+typedef float vfu __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t vh __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+constexpr int64_t kLanes = 16;
+
+inline vf load_lanes(const float* p) { return *reinterpret_cast<const vfu*>(p); }
+inline vf load_lanes(const bf16_t* p) {
+    const vu bits = __builtin_convertvector(*reinterpret_cast<const vh*>(p), vu) << 16;
+    vf out;
+    std::memcpy(&out, &bits, sizeof(out));
+    return out;
+}
+inline void store_lanes(float* p, vf v) { *reinterpret_cast<vfu*>(p) = v; }
+const vf kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+inline float max_lanes(vf v) {
+#if defined(__AVX512F__)
+    return _mm512_reduce_max_ps(reinterpret_cast<__m512>(v));
+#else
+    float top = v[0];
+    for (int j = 1; j < kLanes; ++j) top = std::max(top, v[j]);
+    return top;
+#endif
+}
+
+// fast_exp (cpu_common.h) on 16 lanes at once, the same steps
+inline vf exp_lanes(vf x) {
+    typedef int32_t vi __attribute__((vector_size(64)));
+    x = x < -87.33654f ? vf{} - 87.33654f : x;
+    x = x > 88.72283f ? vf{} + 88.72283f : x;
+    const vf y0 = x * 1.44269504088896341f + 0.5f;
+    vi n = __builtin_convertvector(y0, vi);                                     // toward zero, then down: floor
+    n += __builtin_convertvector(n, vf) > y0;
+    const vf nf = __builtin_convertvector(n, vf);
+    const vf y = exp_reduced(x - nf * 0.693359375f + nf * 2.12194440e-4f);
+    const vi e = (n + 127) << 23;
+    vf scale;
+    std::memcpy(&scale, &e, sizeof(scale));
+    return y * scale;
+}
+
+inline float sum_lanes(vf v) {
+#if defined(__AVX512F__)
+    return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
+#else
+    float s = 0.f;
+    for (int j = 0; j < kLanes; ++j) s += v[j];
+    return s;
+#endif
+}
+
+}  // namespace mstar

@@ -1,0 +1,212 @@
+// Prefill attention over the paged KV cache on CPU, a request's chunk of query rows at once, flash-style
+// (runtime/kernels/cpu.py builds it with cpu.cpp and cpu_decode.cpp into one library).
+#include "cpu_lanes.h"
+
+namespace {
+
+using namespace mstar;
+
+// ---- prefill: a request's chunk of n query rows (positions context .. context + n - 1) over its cached keys ----
+//
+// The keys 0 .. context + n - 1 of each kv head are first copied, transposed, into tiles of kKeyTile keys
+// (kt: (hkv, tiles, d, kKeyTile), fp32, zero past the last key), so that scoring a tile is a small GEMM whose
+// rows are query rows and whose columns are the tile's keys: per head-dim lane i, each row's q[i] broadcast
+// times the tile's row i, kKeyPanels vectors. A work item is a kv head and a tile of query positions, its rows
+// every query head of the group at each position (rows = positions x group). Per key tile: scores, the causal
+// mask, the running max and sum, then out = out * rescale + p @ V with V's rows read from the cache's blocks.
+//
+// Each row's result depends only on its position and the cache: the key tiles start at multiples of kKeyTile
+// from key 0, a row's sums run over them in order, and a tile past the row's position leaves its state as it
+// was (rescale exp(0) = 1, p = 0 on keys that exist). So a row attended with its whole prompt, after a cached
+// prefix, or beside other rows is bit-equal: what keeps answers with the prefix cache equal to answers without.
+
+#if defined(__AVX512F__)     // 32 vector registers of 16 lanes
+constexpr int kScoreRows = 12, kKeyPanels = 2, kValueRows = 6, kValueVecs = 4;
+#else                        // AVX2: 16 registers of 8 lanes (a 16-lane vector takes two)
+constexpr int kScoreRows = 6, kKeyPanels = 1, kValueRows = 3, kValueVecs = 2;
+#endif
+constexpr int64_t kKeyTile = kKeyPanels * kLanes;
+constexpr int64_t kItemRows = 48;            // query rows (positions x group) a work item aims at
+constexpr int64_t kRowQuantum = 12;          // rows are padded to a multiple of both microkernels' heights
+
+// s (kScoreRows, kKeyTile) = qs (kScoreRows, d) . tile (d, kKeyTile)
+inline void score_rows(const float* qs, int64_t d, const float* tile, float* s) {
+    vf acc[kScoreRows][kKeyPanels];
+    for (int r = 0; r < kScoreRows; ++r)
+        for (int p = 0; p < kKeyPanels; ++p) acc[r][p] = vf{};
+    for (int64_t i = 0; i < d; ++i) {
+        vf k[kKeyPanels];
+        for (int p = 0; p < kKeyPanels; ++p) k[p] = load_lanes(tile + i * kKeyTile + p * kLanes);
+        for (int r = 0; r < kScoreRows; ++r) {
+            const float x = qs[r * d + i];
+            for (int p = 0; p < kKeyPanels; ++p) acc[r][p] += x * k[p];
+        }
+    }
+    for (int r = 0; r < kScoreRows; ++r)
+        for (int p = 0; p < kKeyPanels; ++p) store_lanes(s + r * kKeyTile + p * kLanes, acc[r][p]);
+}
+
+// o (rows, d) = o * rescale + p (rows, keys) @ V (keys rows at `values`), VECS lane-vectors of d at a time
+template <int ROWS, int VECS, typename T>
+inline void value_rows(const float* p, const float* rescale, const T* const* values, int64_t keys, float* o,
+                       int64_t d, int64_t c) {
+    vf acc[ROWS][VECS];
+    for (int r = 0; r < ROWS; ++r)
+        for (int j = 0; j < VECS; ++j) acc[r][j] = load_lanes(o + r * d + c + j * kLanes) * rescale[r];
+    for (int64_t t = 0; t < keys; ++t) {
+        vf v[VECS];
+        for (int j = 0; j < VECS; ++j) v[j] = load_lanes(values[t] + c + j * kLanes);
+        for (int r = 0; r < ROWS; ++r) {
+            const float x = p[r * kKeyTile + t];
+            for (int j = 0; j < VECS; ++j) acc[r][j] += x * v[j];
+        }
+    }
+    for (int r = 0; r < ROWS; ++r)
+        for (int j = 0; j < VECS; ++j) store_lanes(o + r * d + c + j * kLanes, acc[r][j]);
+}
+
+template <typename T>
+struct PrefillTask {
+    const T* q;             // (n, hq, d)
+    const T* v_cache;
+    const int64_t* table;
+    const float* kt;        // (hkv, tiles, d, kKeyTile)
+    T* out;                 // (n, hq, d)
+    int64_t context, n, hq, hkv, d, block_size, tiles, positions;    // positions: per work item
+    float scale;
+};
+
+// the work item (kv head h, query positions t0 .. t1 - 1); `work` holds its rows' state
+template <typename T>
+void prefill_item(const PrefillTask<T>& task, int64_t h, int64_t t0, int64_t t1, float* work) {
+    const int64_t d = task.d, group = task.hq / task.hkv;
+    const int64_t rows = (t1 - t0) * group, padded = (rows + kRowQuantum - 1) / kRowQuantum * kRowQuantum;
+    float* qs = work;                                   // (padded, d), scaled
+    float* o = qs + padded * d;                         // (padded, d)
+    float* s = o + padded * d;                          // (padded, kKeyTile): scores, then p
+    float* l = s + padded * kKeyTile;                   // (padded, kLanes): each row's sums of p, lane by lane
+    float* m = l + padded * kLanes;
+    float* rescale = m + padded;
+    int64_t* last = reinterpret_cast<int64_t*>(rescale + padded);    // each row's position (its last key)
+    for (int64_t r = 0; r < padded; ++r) {
+        const int64_t t = std::min(r / group, t1 - t0 - 1), g = r < rows ? r % group : 0;
+        const T* src = task.q + ((t0 + t) * task.hq + h * group + g) * d;
+        for (int64_t i = 0; i < d; ++i) {
+            qs[r * d + i] = r < rows ? to_f32(src[i]) * task.scale : 0.f;
+            o[r * d + i] = 0.f;
+        }
+        m[r] = -3.0e38f;
+        for (int64_t j = 0; j < kLanes; ++j) l[r * kLanes + j] = 0.f;
+        last[r] = task.context + t0 + t;
+    }
+    const int64_t keys = task.context + t1;             // keys the item's last position sees
+    const T* values[kKeyTile];
+    for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
+        const float* tile = task.kt + ((h * task.tiles) + k0 / kKeyTile) * d * kKeyTile;
+        for (int64_t r = 0; r < padded; r += kScoreRows) score_rows(qs + r * d, d, tile, s + r * kKeyTile);
+        for (int64_t r = 0; r < padded; ++r) {         // mask, running max, p, the lane-wise running sums
+            float* sr = s + r * kKeyTile;
+            const float seen = static_cast<float>(std::min<int64_t>(std::max<int64_t>(last[r] + 1 - k0, 0),
+                                                                    kKeyTile));
+            vf sv[kKeyPanels], top = vf{} - 3.0e38f;
+            for (int p = 0; p < kKeyPanels; ++p) {
+                sv[p] = load_lanes(sr + p * kLanes);
+                sv[p] = kLaneIndex + static_cast<float>(p * kLanes) < seen ? sv[p] : vf{} - 3.0e38f;
+                top = top > sv[p] ? top : sv[p];
+            }
+            const float mx = std::max(m[r], max_lanes(top));
+            rescale[r] = fast_exp(m[r] - mx);
+            vf sum = load_lanes(l + r * kLanes) * rescale[r];
+            for (int p = 0; p < kKeyPanels; ++p) {
+                const vf e = kLaneIndex + static_cast<float>(p * kLanes) < seen ? exp_lanes(sv[p] - mx) : vf{};
+                store_lanes(sr + p * kLanes, e);
+                sum += e;
+            }
+            store_lanes(l + r * kLanes, sum);
+            m[r] = mx;
+        }
+        const int64_t tile_keys = std::min(kKeyTile, keys - k0);
+        for (int64_t j = 0; j < tile_keys; ++j) {
+            const int64_t t = k0 + j;
+            values[j] = task.v_cache + ((task.table[t / task.block_size] * task.block_size + t % task.block_size) *
+                                        task.hkv + h) * d;
+        }
+        for (int64_t r = 0; r < padded; r += kValueRows) {
+            // keys past the block's last row leave every row as it is: not read
+            const int64_t used = std::min(tile_keys, std::max<int64_t>(last[r + kValueRows - 1] + 1 - k0, 0));
+            const float* pr = s + r * kKeyTile;
+            int64_t c = 0;
+            for (; c + kValueVecs * kLanes <= d; c += kValueVecs * kLanes)
+                value_rows<kValueRows, kValueVecs>(pr, rescale + r, values, used, o + r * d, d, c);
+            for (; c < d; c += kLanes) value_rows<kValueRows, 1>(pr, rescale + r, values, used, o + r * d, d, c);
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = r / group, g = r % group;
+        T* dst = task.out + ((t0 + t) * task.hq + h * group + g) * d;
+        float sum = 0.f;
+        for (int64_t j = 0; j < kLanes; ++j) sum += l[r * kLanes + j];
+        const float inv = 1.f / sum;
+        for (int64_t i = 0; i < d; ++i) dst[i] = from_f32<T>(o[r * d + i] * inv);
+    }
+}
+
+// the keys of kv head h, tile j, transposed into kt (zero past the last key)
+template <typename T>
+void pack_key_tile(const T* k_cache, const int64_t* table, int64_t keys, int64_t hkv, int64_t d,
+                   int64_t block_size, int64_t h, int64_t j, float* tile) {
+    for (int64_t c = 0; c < kKeyTile; ++c) {
+        const int64_t t = j * kKeyTile + c;
+        if (t >= keys) {
+            for (int64_t i = 0; i < d; ++i) tile[i * kKeyTile + c] = 0.f;
+            continue;
+        }
+        const T* key = k_cache + ((table[t / block_size] * block_size + t % block_size) * hkv + h) * d;
+        for (int64_t i = 0; i < d; ++i) tile[i * kKeyTile + c] = to_f32(key[i]);
+    }
+}
+
+template <typename T>
+void paged_prefill(const T* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t context,
+                   int64_t n, T* out, int64_t hq, int64_t hkv, int64_t d, int64_t block_size, float scale) {
+    const int64_t keys = context + n, tiles = (keys + kKeyTile - 1) / kKeyTile, group = hq / hkv;
+    thread_local std::vector<float> kt_buffer;          // the calling thread's, reused across layers
+    kt_buffer.resize(static_cast<size_t>(hkv * tiles * d * kKeyTile));
+    float* kt = kt_buffer.data();
+    const int64_t positions = std::max<int64_t>(1, kItemRows / group);
+    const int64_t blocks = (n + positions - 1) / positions, items = hkv * blocks;
+    const int64_t padded = (positions * group + kRowQuantum - 1) / kRowQuantum * kRowQuantum;
+    const PrefillTask<T> task{q, v_cache, table, kt, out, context, n, hq, hkv, d, block_size, tiles, positions, scale};
+#pragma omp parallel if (n * keys * hq * d >= kParallelWork)
+    {
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < hkv * tiles; ++item)
+            pack_key_tile(k_cache, table, keys, hkv, d, block_size, item / tiles, item % tiles,
+                          kt + item * d * kKeyTile);
+        std::vector<float> work(static_cast<size_t>(padded * (2 * d + kKeyTile + kLanes + 2) + 2 * padded));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < items; ++item) {     // the last positions (the most keys) first
+            const int64_t b = blocks - 1 - item / hkv, h = item % hkv;
+            prefill_item(task, h, b * positions, std::min(n, (b + 1) * positions), work.data());
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Prefill attention over a paged cache: a request's n query rows q (n, hq, d), at positions context ..
+// context + n - 1, attend causally to its cached keys/values 0 .. context + n - 1 (this chunk's already
+// written), found through `table` (its block ids); -> out (n, hq, d). Each row bit-equal however the
+// prompt is cut into chunks (see prefill_item).
+void mstar_paged_prefill(const void* q, const void* k_cache, const void* v_cache, const int64_t* table,
+                         int64_t context, int64_t n, void* out, int64_t hq, int64_t hkv, int64_t d,
+                         int64_t block_size, float scale, int bf16) {
+    DISPATCH(paged_prefill((const float*)q, (const float*)k_cache, (const float*)v_cache, table, context, n,
+                           (float*)out, hq, hkv, d, block_size, scale),
+             paged_prefill((const bf16_t*)q, (const bf16_t*)k_cache, (const bf16_t*)v_cache, table, context, n,
+                           (bf16_t*)out, hq, hkv, d, block_size, scale));
+}
+
+}  // extern "C"
