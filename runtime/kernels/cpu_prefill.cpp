@@ -72,7 +72,7 @@ struct PrefillTask {
     const int64_t* table;
     const float* kt;        // (hkv, tiles, d, kKeyTile)
     T* out;                 // (n, hq, d)
-    int64_t context, n, hq, hkv, d, block_size, tiles, positions;    // positions: per work item
+    int64_t context, n, hq, hkv, d, block_size, tiles;
     float scale;
 };
 
@@ -176,7 +176,7 @@ void paged_prefill(const T* q, const T* k_cache, const T* v_cache, const int64_t
     const int64_t positions = std::max<int64_t>(1, kItemRows / group);
     const int64_t blocks = (n + positions - 1) / positions, items = hkv * blocks;
     const int64_t padded = (positions * group + kRowQuantum - 1) / kRowQuantum * kRowQuantum;
-    const PrefillTask<T> task{q, v_cache, table, kt, out, context, n, hq, hkv, d, block_size, tiles, positions, scale};
+    const PrefillTask<T> task{q, v_cache, table, kt, out, context, n, hq, hkv, d, block_size, tiles, scale};
 #pragma omp parallel if (n * keys * hq * d >= kParallelWork)
     {
 #pragma omp for schedule(static)
