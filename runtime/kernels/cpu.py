@@ -54,8 +54,8 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 SOURCES = (HERE / "cpu.cpp", HERE / "cpu_decode.cpp", HERE / "cpu_prefill.cpp")   # one library
 HEADERS = (HERE / "cpu_common.h", HERE / "cpu_lanes.h")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-Wno-psabi", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-         "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-Wno-psabi", "-fno-math-errno", "-fassociative-math",
+         "-fno-signed-zeros", "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17")
 MAX_HEAD_DIM = 256                         # the kernels' fixed per-thread buffers (cpu.cpp)
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -93,8 +93,9 @@ def _build() -> Path:
     if not compiler:
         raise RuntimeError("no C++ compiler (set CXX or install g++)")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\0".join([*(p.read_text() for p in (*SOURCES, *HEADERS)), compiler, version, " ".join(FLAGS), cpu_flags(),
-                                    platform.machine()]).encode()).hexdigest()[:16]
+    parts = [*(p.read_text() for p in (*SOURCES, *HEADERS)), compiler, version, " ".join(FLAGS), cpu_flags(),
+             platform.machine()]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     cache = _cache_dir()
     target = cache / f"cpu_kernels-{key}.so"
     if target.exists():
@@ -102,7 +103,8 @@ def _build() -> Path:
     fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")     # then renamed: workers may build at once
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True,
+                              timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-800:]}")
         os.replace(tmp, target)
