@@ -36,6 +36,7 @@ lists it (`cpu_kernels`): a slower mode, never a silent one.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -45,6 +46,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -147,6 +149,19 @@ def status() -> str:
             except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
                 _status = f"not built: {exc}"
     return _status
+
+
+@contextlib.contextmanager
+def switched_off(reason: str = "switched off for this caller") -> Iterator[None]:
+    """The kernels off for this process while the block runs (layers take their torch ops, `gemm_kernel`
+    packs no panels): a model loaded and run inside it is torch's own evaluation of the same weights."""
+    global _status
+    built = status()
+    _status = reason
+    try:
+        yield
+    finally:
+        _status = built
 
 
 def describe() -> str:

@@ -54,12 +54,8 @@ class Decoder:
     def running(self) -> Iterator[None]:
         """The fused kernels' process-wide switch set as this side runs them, for the duration."""
         from runtime.kernels import cpu as cpu_kernels
-        built = cpu_kernels.status()
-        cpu_kernels._status = built if self.kernels else "switched off for this side"
-        try:
+        with contextlib.nullcontext() if self.kernels else cpu_kernels.switched_off("switched off for this side"):
             yield
-        finally:
-            cpu_kernels._status = built
 
     def decode(self, batch: int, steps: int) -> tuple[list[list[int]], float]:
         """Greedy tokens of every request and the decode steps' tokens/s."""
