@@ -71,7 +71,7 @@ def test_bf16_weights_on_a_cpu_without_bf16_kernels_are_left_and_said(monkeypatc
     assert pack_weight(weight) is not None and cpu_linear.bf16_gemm_note() is None
 
 
-def test_auto_takes_the_panel_gemm_except_on_amx_cpus(monkeypatch) -> None:
+def test_auto_takes_the_panel_gemm_except_for_bf16_on_amx_cpus(monkeypatch) -> None:
     """`auto`: the panel GEMM wherever it builds (measured faster than oneDNN on AVX2 and AVX-512 CPUs, and in fp32
     on AMX ones), oneDNN for bf16 where the CPU has AMX tiles (its tile kernels measured 1.5-2.8x the panel GEMM at
     batch 16 / 64); the flags are this CPU's with and without amx_bf16."""
