@@ -14,7 +14,7 @@ from torch import nn
 
 from runtime.layers.config import DecoderConfig
 from runtime.parallel import TensorParallelGroup
-from runtime.parallel.cpu_linear import linear, pack_weight
+from runtime.parallel.cpu_linear import Packed, linear, pack_weight
 from runtime.weights import Slot
 
 
@@ -29,7 +29,7 @@ class SparseMoE(nn.Module):
         self.experts = nn.Module()
         self.experts.gate_up_proj = nn.Parameter(torch.empty(e, 2 * self.local_intermediate, h))
         self.experts.down_proj = nn.Parameter(torch.empty(e, h, self.local_intermediate))
-        self.packed: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per expert (runtime.parallel.cpu_linear)
+        self.packed: list[tuple[Packed, Packed]] | None = None  # per expert (runtime.parallel.cpu_linear)
 
     def pack_for_cpu(self) -> int:
         packs = [(pack_weight(gate_up), pack_weight(down))

@@ -2,7 +2,8 @@
 
 torch's fp32 `F.linear` on CPU calls MKL's sgemm, which runs decode-sized GEMMs (16 x 576 x
 1728) far below what a kernel reading a weight laid out for it does. Two such kernels, chosen
-per process and weight dtype by `gemm_kernel(dtype)` (`MSTAR_CPU_LINEAR`: auto, mstar, onednn or torch):
+per process and weight dtype by `gemm_kernel(dtype)` (`MSTAR_CPU_LINEAR`: auto, mstar, onednn or torch;
+`auto` may also take both by row count, "split"):
 
 * "mstar": runtime/kernels/cpu.cpp's panel GEMM (weights in 16-column k-major panels, register
   blocks of rows over one or two panels, each output one in-order sum over k, whatever the
@@ -14,8 +15,13 @@ per process and weight dtype by `gemm_kernel(dtype)` (`MSTAR_CPU_LINEAR`: auto, 
   kernels`, its GEMM rows). It takes bf16 weights on any CPU (without bf16 instructions: converted to
   fp32 in registers). `auto` picks it wherever it builds, except for bf16 weights on CPUs with AMX.
 * "onednn": oneDNN with the weight reordered into its blocked layout (the op torch's own
-  compiler uses after freezing): `auto`'s choice for bf16 on AMX CPUs. bf16 needs oneDNN's bf16 kernels
-  for the CPU (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX); without them bf16 weights stay unpacked.
+  compiler uses after freezing). bf16 needs oneDNN's bf16 kernels for the CPU (AVX-512 BW/VL/DQ,
+  AVX-NE-CONVERT or AMX); without them bf16 weights stay unpacked.
+* "split" (`auto`'s choice for bf16 weights on AMX CPUs, not a setting): both copies, the panel GEMM for
+  calls of at most `AMX_PANEL_ROWS` rows and oneDNN's tile kernels above. On the Sapphire Rapids Xeon a
+  decode layer's four GEMMs (30 layers of SmolLM2, weights streamed from DRAM) ran 1.3-1.8x faster on the
+  panel GEMM at 1-8 rows, 1.08x at 10, 0.91x at 12 and 0.62x at 16 (oneDNN's AMX ahead from ~11 rows).
+  It costs the weight's size a second time in host memory (`MSTAR_CPU_LINEAR=onednn`: one packed copy).
 * "torch": nothing packed, `F.linear` (also where neither kernel is available).
 
 `python tools/bench.py linear` measures the chosen kernel against F.linear on the same
@@ -46,8 +52,10 @@ from torch import nn
 from runtime.kernels import cpu as cpu_kernels
 
 PACK_BATCH_HINT = 16        # the row count oneDNN picks the packed layout for (decode batches)
+AMX_PANEL_ROWS = 10         # "split": the panel GEMM up to this many rows, oneDNN's AMX kernels above (module doc)
 _DTYPES = (torch.float32, torch.bfloat16)
 KERNELS = ("auto", "mstar", "onednn", "torch")
+Packed = torch.Tensor | tuple[torch.Tensor, torch.Tensor]    # one packed copy, or "split"'s (panel, oneDNN)
 
 
 def onednn_available() -> bool:
@@ -63,18 +71,24 @@ def bf16_packable() -> bool:
 
 
 def gemm_kernel(dtype: torch.dtype = torch.float32) -> str:
-    """The packed GEMM this process uses for weights of `dtype`: "mstar", "onednn" or "torch" (module doc)."""
+    """The packed GEMM this process uses for weights of `dtype`: "mstar", "onednn", "split" or "torch" (module doc)."""
     choice = os.environ.get("MSTAR_CPU_LINEAR", "auto")
     if choice not in KERNELS:
         raise ValueError(f"MSTAR_CPU_LINEAR={choice!r}: choose one of {', '.join(KERNELS)}")
     if choice == "torch":
         return "torch"
-    if choice == "mstar" or (choice == "auto" and not (dtype == torch.bfloat16 and _has_amx())):
-        if cpu_kernels.status() == "":
-            return "mstar"
-        if choice == "mstar":
-            raise RuntimeError(f"MSTAR_CPU_LINEAR=mstar, but the CPU kernels are {cpu_kernels.status()}")
-    return "onednn" if onednn_available() else "torch"
+    panel = cpu_kernels.status() == ""
+    if choice == "mstar" and not panel:
+        raise RuntimeError(f"MSTAR_CPU_LINEAR=mstar, but the CPU kernels are {cpu_kernels.status()}")
+    if choice == "auto" and dtype == torch.bfloat16 and _has_amx():
+        choice = "split" if panel else "onednn"
+    elif choice == "auto":
+        choice = "mstar" if panel else "onednn"
+    if choice == "split" and not onednn_available():
+        choice = "mstar"
+    if choice == "mstar":
+        return choice
+    return choice if onednn_available() else "torch"
 
 
 def _has_amx() -> bool:
@@ -91,9 +105,10 @@ def bf16_gemm_note() -> str | None:
             "weights for speed")
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
+def pack_weight(weight: torch.Tensor) -> Packed | None:
     """The packed copy of a (out, in) weight for this process's GEMM kernel, or None where packing does not apply.
-    The panel GEMM's copy is 3-D (panels, in, 16); oneDNN's keeps the weight's 2-D shape."""
+    The panel GEMM's copy is 3-D (panels, in, 16); oneDNN's keeps the weight's 2-D shape; "split" gives both
+    (panel, oneDNN)."""
     if weight.device.type != "cpu" or weight.dtype not in _DTYPES or weight.dim() != 2 or weight.numel() == 0:
         return None
     kernel = gemm_kernel(weight.dtype)
@@ -102,13 +117,25 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
     if kernel == "torch" or (weight.dtype == torch.bfloat16 and not bf16_packable()):
         return None
     with torch.no_grad():
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_BATCH_HINT)
+        onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_BATCH_HINT)
+    return (cpu_kernels.pack_panels(weight), onednn) if kernel == "split" else onednn
+
+
+def _for_rows(packed: Packed, x: torch.Tensor) -> torch.Tensor:
+    """The packed copy that runs `x`: a "split" pair's panel copy for at most AMX_PANEL_ROWS rows, else its oneDNN one."""
+    if isinstance(packed, torch.Tensor):
+        return packed
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return packed[0] if rows <= AMX_PANEL_ROWS else packed[1]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           packed: torch.Tensor | None) -> torch.Tensor:
+           packed: Packed | None) -> torch.Tensor:
     """F.linear(x, weight, bias), on the packed weight when there is one and x can use it."""
-    if packed is None or x.device.type != "cpu" or x.dtype != packed.dtype:
+    if packed is None or x.device.type != "cpu":
+        return F.linear(x, weight, bias)
+    packed = _for_rows(packed, x)      # under torch.compile: chosen at trace time, each bucket's rows are fixed
+    if x.dtype != packed.dtype:
         return F.linear(x, weight, bias)
     if torch.compiler.is_compiling():
         return packed_linear(x, packed, bias, weight.shape[0])

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.parallel.cpu_linear import linear, pack_weight
+from runtime.parallel.cpu_linear import Packed, linear, pack_weight
 from runtime.parallel.group import SINGLE, TensorParallelGroup
 
 
@@ -56,7 +56,7 @@ class ParallelLMHead(nn.Module):
         else:
             self.weight = nn.Parameter(torch.empty_like(embedding.weight))
             self.start, self.shard = embedding.start, embedding.shard
-        self.packed: torch.Tensor | None = None     # oneDNN copy of the table (runtime.parallel.cpu_linear)
+        self.packed: Packed | None = None     # packed copy of the table (runtime.parallel.cpu_linear)
 
     def table(self) -> torch.Tensor:
         return self._embedding[0].weight if self.tied else self.weight

@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from runtime.parallel.cpu_linear import linear, pack_weight
+from runtime.parallel.cpu_linear import Packed, linear, pack_weight
 from runtime.parallel.group import SINGLE, TensorParallelGroup
 
 
@@ -30,7 +30,7 @@ class ColumnParallelLinear(nn.Module):
         self.local_parts = [tp.shard(n, "output features") for n in out_parts]
         self.weight = nn.Parameter(torch.empty(sum(self.local_parts), in_features))
         self.bias = nn.Parameter(torch.empty(sum(self.local_parts))) if bias else None
-        self.packed: torch.Tensor | None = None     # oneDNN copy of the weight (runtime.parallel.cpu_linear)
+        self.packed: Packed | None = None     # packed copy of the weight (runtime.parallel.cpu_linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)
@@ -65,7 +65,7 @@ class RowParallelLinear(nn.Module):
         self.local_in = tp.shard(in_features, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.packed: torch.Tensor | None = None
+        self.packed: Packed | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.tp.all_reduce(linear(x, self.weight, None, self.packed))

@@ -63,7 +63,7 @@ def step_gemms(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor 
     gemms = []
     for module in model.modules():
         packed = getattr(module, "packed", None)
-        if isinstance(packed, torch.Tensor):     # an MoE layer keeps a list per expert: not a dense step's GEMM
+        if isinstance(packed, (torch.Tensor, tuple)):   # an MoE layer keeps a list per expert: not a dense step's GEMM
             weight = module.table() if callable(getattr(module, "table", None)) else module.weight
             gemms.append((weight, getattr(module, "bias", None), packed))
     return gemms

@@ -73,8 +73,9 @@ def test_bf16_weights_on_a_cpu_without_bf16_kernels_are_left_and_said(monkeypatc
 
 def test_auto_takes_the_panel_gemm_except_for_bf16_on_amx_cpus(monkeypatch) -> None:
     """`auto`: the panel GEMM wherever it builds (measured faster than oneDNN on AVX2 and AVX-512 CPUs, and in fp32
-    on AMX ones), oneDNN for bf16 where the CPU has AMX tiles (its tile kernels measured 1.5-2.8x the panel GEMM at
-    batch 16 / 64); the flags are this CPU's with and without amx_bf16."""
+    on AMX ones); for bf16 where the CPU has AMX tiles, both by row count ("split": oneDNN's tile kernels measured
+    1.6x the panel GEMM at 16 rows, the panel GEMM 1.3-1.8x oneDNN at 1-8); the flags are this CPU's with and
+    without amx_bf16."""
     from runtime.kernels import cpu as cpu_kernels
     if not onednn_available():
         pytest.skip("this torch has no oneDNN linear")
@@ -84,7 +85,36 @@ def test_auto_takes_the_panel_gemm_except_for_bf16_on_amx_cpus(monkeypatch) -> N
     assert gemm_kernel() == gemm_kernel(torch.bfloat16) == "mstar"
     monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: " ".join(flags + ["amx_bf16", "amx_tile"]))
     assert gemm_kernel(torch.float32) == "mstar"
+    assert gemm_kernel(torch.bfloat16) == "split"
+    monkeypatch.setenv("MSTAR_CPU_LINEAR", "onednn")       # one packed copy, whatever the rows
     assert gemm_kernel(torch.bfloat16) == "onednn"
+
+
+@pytest.mark.parametrize("rows", [1, 3, cpu_linear.AMX_PANEL_ROWS, cpu_linear.AMX_PANEL_ROWS + 1, 37])
+def test_split_runs_few_rows_on_the_panel_gemm_and_more_on_onednn(monkeypatch, rows) -> None:
+    """bf16 on an AMX CPU keeps both packed copies and picks by the call's rows: up to AMX_PANEL_ROWS the result is
+    the panel GEMM's bit for bit, above it oneDNN's (so the choice is really made), and either is F.linear's to
+    bf16 rounding (2e-2: a bf16 output is rounded to 8 mantissa bits, ~4e-3 relative, over a 40-term sum)."""
+    from runtime.kernels import cpu as cpu_kernels
+    if not onednn_available() or not bf16_packable():
+        pytest.skip("oneDNN has no bf16 kernels for this CPU (AVX2 only)")
+    flags = cpu_kernels.cpu_flags()          # this CPU's, with AMX added where it has none: the choice is the test
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: flags + " amx_bf16 amx_tile")
+    g = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(48, 40, generator=g).bfloat16(), torch.randn(48, generator=g).bfloat16()
+    x = torch.randn(rows, 40, generator=g).bfloat16()
+    monkeypatch.setenv("MSTAR_CPU_LINEAR", "auto")
+    assert gemm_kernel(torch.bfloat16) == "split"
+    pair = pack_weight(weight)
+    assert isinstance(pair, tuple) and pair[0].dim() == 3 and pair[1].dim() == 2
+    out = linear(x, weight, bias, pair)
+    alone = {}
+    for kernel in ("mstar", "onednn"):
+        monkeypatch.setenv("MSTAR_CPU_LINEAR", kernel)
+        alone[kernel] = linear(x, weight, bias, pack_weight(weight))
+    assert torch.equal(out, alone["mstar" if rows <= cpu_linear.AMX_PANEL_ROWS else "onednn"])
+    ref = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+    assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-1)
 
 
 def test_the_kernel_switch_refuses_unknown_values(monkeypatch) -> None:
