@@ -98,7 +98,7 @@ def _has_amx() -> bool:
 def bf16_gemm_note() -> str | None:
     """What a bf16 model should be told on a CPU where its GEMMs run torch's generic kernel (None: they don't)."""
     kernel = gemm_kernel(torch.bfloat16)
-    if kernel == "mstar" or (kernel == "onednn" and bf16_packable()) or kernel == "torch":
+    if kernel in ("mstar", "split", "torch") or (kernel == "onednn" and bf16_packable()):
         return None
     return ("this CPU has no bf16 instructions oneDNN can use (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX): bf16 "
             "linears run through torch's generic kernel, several times slower than fp32 here; serve the fp32 "
