@@ -13,7 +13,7 @@ per process and weight dtype by `gemm_kernel(dtype)` (`MSTAR_CPU_LINEAR`: auto, 
   faster in fp32 and bf16 alike; on a Sapphire Rapids Xeon (2 cores, AMX) 1.05-1.38x faster in fp32,
   but in bf16 0.68x / 0.35x of oneDNN's AMX tile kernels at batch 16 / 64 (`python tools/bench.py
   kernels`, its GEMM rows). It takes bf16 weights on any CPU (without bf16 instructions: converted to
-  fp32 in registers). `auto` picks it wherever it builds, except for bf16 weights on CPUs with AMX.
+  fp32 in registers). `auto` picks it wherever it builds (for bf16 weights on CPUs with AMX: "split").
 * "onednn": oneDNN with the weight reordered into its blocked layout (the op torch's own
   compiler uses after freezing). bf16 needs oneDNN's bf16 kernels for the CPU (AVX-512 BW/VL/DQ,
   AVX-NE-CONVERT or AMX); without them bf16 weights stay unpacked.
@@ -78,17 +78,15 @@ def gemm_kernel(dtype: torch.dtype = torch.float32) -> str:
     if choice == "torch":
         return "torch"
     panel = cpu_kernels.status() == ""
-    if choice == "mstar" and not panel:
-        raise RuntimeError(f"MSTAR_CPU_LINEAR=mstar, but the CPU kernels are {cpu_kernels.status()}")
-    if choice == "auto" and dtype == torch.bfloat16 and _has_amx():
-        choice = "split" if panel else "onednn"
-    elif choice == "auto":
-        choice = "mstar" if panel else "onednn"
-    if choice == "split" and not onednn_available():
-        choice = "mstar"
+    if choice == "auto":
+        choice = ("split" if dtype == torch.bfloat16 and _has_amx() else "mstar") if panel else "onednn"
     if choice == "mstar":
+        if not panel:
+            raise RuntimeError(f"MSTAR_CPU_LINEAR=mstar, but the CPU kernels are {cpu_kernels.status()}")
         return choice
-    return choice if onednn_available() else "torch"
+    if not onednn_available():
+        return "mstar" if choice == "split" else "torch"
+    return choice
 
 
 def _has_amx() -> bool:

@@ -10,8 +10,9 @@ measurement: greedy decode steps of a batch after a 32-token prefill, tokens/s; 
 checked to pick the same first tokens. Prefill rows: one request's prompt of 256 / 1,024 tokens
 fed in chunks of 256 (the server's --prefill-chunk-tokens), seconds to its first token.
 
-GEMM rows (fp32 and bf16, the same batches): the panel GEMM against oneDNN's packed GEMM, both with the
-fused kernels between them (MSTAR_CPU_LINEAR=mstar vs onednn): what `auto`'s choice rests on. bf16 rows
+GEMM rows (fp32 and bf16, the decode batches and 8): the panel GEMM against oneDNN's packed GEMM, both with the
+fused kernels between them (MSTAR_CPU_LINEAR=mstar vs onednn): what `auto`'s choice rests on, batch 8 for
+"split"'s row cut on AMX CPUs (runtime.parallel.cpu_linear.AMX_PANEL_ROWS). bf16 rows
 are left out where oneDNN has no bf16 kernels for the CPU (said among the results' needs).
 """
 from __future__ import annotations
@@ -63,7 +64,7 @@ def run(ctx: Context) -> list[Row]:
         gemms = {"mstar": Decoder(plan, linear="mstar"), "baseline": Decoder(plan, linear="onednn")}
         rows.extend(_row(ctx, dtype, gemms, batch, steps, (GEMM_MSTAR, GEMM_BASELINE), "kernels gemm",
                          "GEMMs panel vs oneDNN, ")
-                    for batch in batches)
+                    for batch in sorted({*batches, 8}))
         del gemms
     return rows
 
