@@ -4,19 +4,35 @@
 // flag: each kernel is a template instantiated for both, so its inner loops are branch-free and
 // the compiler vectorises them) and computes in fp32. OpenMP parallel loops run only where the work is large enough to
 // pay for waking the pool's sleeping threads (the workers' threads wait passively).
-#include "cpu_common.h"
+#include "cpu_lanes.h"
 
 namespace {
 
 using namespace mstar;
 
-// one row (fp32 in `x`): sum of squares, x * rsqrt(mean + eps) in the dtype, times the weight
+// Each row runs 16 lanes at a time (cpu_lanes.h), its last n % 16 values one by one through the same steps.
+
+// one row: x * rsqrt(mean of squares + eps) in the dtype, times the weight. `squares`: the row's sum of squares
 template <typename T>
-inline void norm_row(const float* x, const T* weight, T* out, int64_t n, float eps) {
-    float ss = 0.f;
-    for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-    const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-    for (int64_t i = 0; i < n; ++i) out[i] = from_f32<T>(to_f32(weight[i]) * round_to<T>(x[i] * r));
+inline void norm_row(const T* x, const T* weight, T* out, int64_t n, float squares, float eps) {
+    const float r = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        store_lanes(out + i, load_lanes(weight + i) * round_lanes<T>(load_lanes(x + i) * r));
+    for (; i < n; ++i) out[i] = from_f32<T>(to_f32(weight[i]) * round_to<T>(to_f32(x[i]) * r));
+}
+
+template <typename T>
+inline float sum_of_squares(const T* x, int64_t n) {
+    vf lanes{};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        const vf v = load_lanes(x + i);
+        lanes += v * v;
+    }
+    float ss = sum_lanes(lanes);
+    for (; i < n; ++i) ss += to_f32(x[i]) * to_f32(x[i]);
+    return ss;
 }
 
 template <typename T>
@@ -24,28 +40,23 @@ void rms_norm(const T* x, int64_t x_stride, const T* weight, T* out, int64_t out
               float eps) {
 #pragma omp parallel for if (rows * n >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) {
-        float buf[8192];
-        float* xf = n <= 8192 ? buf : new float[n];
-        for (int64_t i = 0; i < n; ++i) xf[i] = to_f32(x[r * x_stride + i]);
-        norm_row(xf, weight, out + r * out_stride, n, eps);
-        if (xf != buf) delete[] xf;
+        const T* row = x + r * x_stride;
+        norm_row(row, weight, out + r * out_stride, n, sum_of_squares(row, n), eps);
     }
 }
 
+// residual += delta (one rounding to the dtype), then the sum's norm; the sum is read back from the row it was
+// stored in (in cache)
 template <typename T>
 void add_rms_norm(T* residual, const T* delta, const T* weight, T* out, int64_t rows, int64_t n, float eps) {
 #pragma omp parallel for if (rows * n >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) {
-        float buf[8192];
-        float* xf = n <= 8192 ? buf : new float[n];
         T* res = residual + r * n;
         const T* del = delta + r * n;
-        for (int64_t i = 0; i < n; ++i) {
-            res[i] = from_f32<T>(to_f32(res[i]) + to_f32(del[i]));
-            xf[i] = to_f32(res[i]);
-        }
-        norm_row(xf, weight, out + r * n, n, eps);
-        if (xf != buf) delete[] xf;
+        int64_t i = 0;
+        for (; i + kLanes <= n; i += kLanes) store_lanes(res + i, load_lanes(res + i) + load_lanes(del + i));
+        for (; i < n; ++i) res[i] = from_f32<T>(to_f32(res[i]) + to_f32(del[i]));
+        norm_row(res, weight, out + r * n, n, sum_of_squares(res, n), eps);
     }
 }
 
@@ -56,7 +67,12 @@ void silu_mul(const T* x, T* out, int64_t rows, int64_t n) {
         const T* gate = x + r * 2 * n;
         const T* up = gate + n;
         T* o = out + r * n;
-        for (int64_t i = 0; i < n; ++i) {          // torch: silu(gate) in the dtype, then * up
+        int64_t i = 0;                             // torch: silu(gate) in the dtype, then * up
+        for (; i + kLanes <= n; i += kLanes) {
+            const vf g = load_lanes(gate + i);
+            store_lanes(o + i, round_lanes<T>(g / (1.f + exp_lanes(-g))) * load_lanes(up + i));
+        }
+        for (; i < n; ++i) {
             const float g = to_f32(gate[i]);
             o[i] = from_f32<T>(round_to<T>(g / (1.f + fast_exp(-g))) * to_f32(up[i]));
         }
@@ -70,21 +86,63 @@ void rope_cache(T* q, int64_t q_stride, int64_t hq, T* k, int64_t k_stride, int6
     const int64_t half = d / 2;
 #pragma omp parallel for if (rows * (hq + hkv) * d >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) {
-        float c[kMaxHeadDim], s[kMaxHeadDim], x[kMaxHeadDim];
-        for (int64_t i = 0; i < d; ++i) {
-            c[i] = to_f32(cos[r * d + i]);
-            s[i] = to_f32(sin[r * d + i]);
-        }
+        const T* c = cos + r * d;
+        const T* s = sin + r * d;
         for (int64_t h = 0; h < hq + hkv; ++h) {
             T* head = h < hq ? q + r * q_stride + h * d : k + r * k_stride + (h - hq) * d;
-            for (int64_t i = 0; i < d; ++i) x[i] = to_f32(head[i]);
-            for (int64_t i = 0; i < half; ++i) {      // torch: addcmul(x * cos (in the dtype), swapped, sin)
-                head[i] = from_f32<T>(round_to<T>(x[i] * c[i]) + x[i + half] * s[i]);
-                head[i + half] = from_f32<T>(round_to<T>(x[i + half] * c[i + half]) + x[i] * s[i + half]);
+            int64_t i = 0;                         // torch: addcmul(x * cos (in the dtype), swapped, sin)
+            for (; i + kLanes <= half; i += kLanes) {
+                const vf x0 = load_lanes(head + i), x1 = load_lanes(head + half + i);
+                store_lanes(head + i, round_lanes<T>(x0 * load_lanes(c + i)) + x1 * load_lanes(s + i));
+                store_lanes(head + half + i,
+                            round_lanes<T>(x1 * load_lanes(c + half + i)) + x0 * load_lanes(s + half + i));
+            }
+            for (; i < half; ++i) {
+                const float x0 = to_f32(head[i]), x1 = to_f32(head[i + half]);
+                head[i] = from_f32<T>(round_to<T>(x0 * to_f32(c[i])) + x1 * to_f32(s[i]));
+                head[i + half] = from_f32<T>(round_to<T>(x1 * to_f32(c[i + half])) + x0 * to_f32(s[i + half]));
             }
         }
         std::memcpy(k_cache + slots[r] * hkv * d, k + r * k_stride, hkv * d * sizeof(T));
         std::memcpy(v_cache + slots[r] * hkv * d, v + r * v_stride, hkv * d * sizeof(T));
+    }
+}
+
+// the index of each row's largest value, as torch.argmax: the first of equal maxima, the first NaN where a row
+// has one (NaN counts as the largest). Lanes keep their own first maximum (a strict > never moves an equal one
+// later); across lanes the smallest index of the largest value wins.
+template <typename T>
+void argmax_rows(const T* x, int64_t stride, int64_t rows, int64_t n, int64_t* out) {
+#pragma omp parallel for if (rows * n >= 4 * kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* row = x + r * stride;
+        float best = -INFINITY;
+        int64_t at = 0, i = 0;
+        bool nan = false;
+        if (n >= kLanes) {
+            vf top = load_lanes(row), where = kLaneIndex, seen = top != top ? vf{} + 1.f : vf{};
+            // lane indices run in fp32: exact below 2^24, which cpu.py checks
+            for (i = kLanes; i + kLanes <= n; i += kLanes) {
+                const vf v = load_lanes(row + i);
+                where = v > top ? kLaneIndex + static_cast<float>(i) : where;
+                top = v > top ? v : top;
+                seen = v != v ? vf{} + 1.f : seen;
+            }
+            nan = max_lanes(seen) > 0.f;
+            if (!nan) {
+                best = max_lanes(top);
+                float first = static_cast<float>(n);
+                for (int j = 0; j < kLanes; ++j)
+                    if (top[j] == best) first = std::min(first, where[j]);
+                at = static_cast<int64_t>(first);
+            }
+        }
+        for (int64_t j = nan ? 0 : i; j < n; ++j) {    // the tail; the whole row, one by one, where it has a NaN
+            const float v = to_f32(row[j]);
+            if (v != v) { at = j; break; }
+            if (v > best || (j == 0 && !nan)) best = v, at = j;
+        }
+        out[r] = at;
     }
 }
 
@@ -353,6 +411,11 @@ void mstar_rope_cache(void* q, int64_t q_stride, int64_t hq, void* k, int64_t k_
                         (const float*)cos, (const float*)sin, d, slots, (float*)k_cache, (float*)v_cache, rows),
              rope_cache((bf16_t*)q, q_stride, hq, (bf16_t*)k, k_stride, hkv, (const bf16_t*)v, v_stride,
                         (const bf16_t*)cos, (const bf16_t*)sin, d, slots, (bf16_t*)k_cache, (bf16_t*)v_cache, rows));
+}
+
+// the index of the largest value of each of `rows` rows of n (row r at x + r * stride), as torch.argmax
+void mstar_argmax(const void* x, int64_t stride, int64_t rows, int64_t n, int64_t* out, int bf16) {
+    DISPATCH(argmax_rows((const float*)x, stride, rows, n, out), argmax_rows((const bf16_t*)x, stride, rows, n, out));
 }
 
 // the k extent of a packed panel (k, or k rounded up to even for bf16 pairs on AVX512-BF16 CPUs)

@@ -129,6 +129,7 @@ def _load() -> ctypes.CDLL:
         "mstar_paged_prefill": [p, p, p, p, i, i, p, i, i, i, i, f, ctypes.c_int],
         "mstar_pack_panels": [p, i, i, p, ctypes.c_int],
         "mstar_gemm": [p, i, p, p, p, i, i, i, i, ctypes.c_int],
+        "mstar_argmax": [p, i, i, i, p, ctypes.c_int],
     }
     for name, args in signatures.items():
         fn = getattr(lib, name)
@@ -208,6 +209,18 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     out = torch.empty((rows, two_n // 2), dtype=gate_up.dtype)
     _lib.mstar_silu_mul(_ptr(gate_up), _ptr(out), rows, two_n // 2, _DTYPES[gate_up.dtype])
+    return out
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) of rows x (rows, n), last dim contiguous: (rows,) int64, the first maximum of a
+    row (its first NaN where it has one). Rows of more than 2^24 values (the kernel's fp32 lane indices) take
+    torch's op."""
+    rows, n = x.shape
+    if x.stride(1) != 1 or n >= 1 << 24 or n == 0:
+        return torch.argmax(x, dim=-1)
+    out = torch.empty(rows, dtype=torch.int64)
+    _lib.mstar_argmax(_ptr(x), x.stride(0), rows, n, _ptr(out), _DTYPES[x.dtype])
     return out
 
 

@@ -103,27 +103,23 @@ void paged_decode_item(const T* q, const T* k_cache, const T* v_cache, const int
 // keys t0 .. t0 + n - 1 of kv head h for its kG query rows; `state` carries each row's sums (kG x kD), max and
 // sum of p (kG each) from one chunk of keys to the next, `qs` the rows' scaled queries (kG x kD)
 template <typename T, int kD, int kG>
-void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int64_t* table, int64_t t0, int64_t n,
-                 int64_t len, int64_t hkv, int64_t h, int64_t block_size, int64_t fetch_bytes, float* state,
-                 float* sc) {
+void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int64_t* rows, int64_t n, int64_t ahead,
+                 int64_t h, int64_t fetch_bytes, float* state, float* sc) {
     constexpr int kV = kD / kLanes;
     vf qv[kG][kV], acc[kG][kV];
     float* m = state + kG * kD;
     float* l = m + kG;
     for (int g = 0; g < kG; ++g)
         for (int j = 0; j < kV; ++j) qv[g][j] = load_lanes(qs + g * kD + j * kLanes);
-    const int64_t row_stride = hkv * kD;
-    auto token = [&](const T* cache, int64_t t) {
-        return cache + (table[t / block_size] * block_size + t % block_size) * row_stride + h * kD;
-    };
+    auto token = [&](const T* cache, int64_t t) { return cache + rows[t] + h * kD; };
     auto fetch = [&](const T* cache, int64_t t) {     // fetch_bytes: the item's heads from this one on (0: none)
-        if (t >= len) return;
+        if (t >= ahead) return;
         const char* p = reinterpret_cast<const char*>(token(cache, t));
         for (int64_t b = 0; b < fetch_bytes; b += 64) __builtin_prefetch(p + b);
     };
     for (int64_t t = 0; t < n; ++t) {
-        const T* key = token(k_cache, t0 + t);
-        fetch(k_cache, t0 + t + kAheadTokens);
+        const T* key = token(k_cache, t);
+        fetch(k_cache, t + kAheadTokens);
         vf kv[kV];
         for (int j = 0; j < kV; ++j) kv[j] = load_lanes(key + j * kLanes);
         for (int g = 0; g < kG; ++g) {
@@ -147,8 +143,8 @@ void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int6
         for (int j = 0; j < kV; ++j) acc[g][j] = load_lanes(state + g * kD + j * kLanes) * rescale;
     }
     for (int64_t t = 0; t < n; ++t) {
-        const T* value = token(v_cache, t0 + t);
-        fetch(v_cache, t0 + t + kAheadTokens);
+        const T* value = token(v_cache, t);
+        fetch(v_cache, t + kAheadTokens);
         vf v[kV];
         for (int j = 0; j < kV; ++j) v[j] = load_lanes(value + j * kLanes);
         for (int g = 0; g < kG; ++g) {
@@ -163,7 +159,7 @@ void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int6
 // the register path's instance for (head dim, group), or null where it has none
 template <typename T>
 using DecodeHead = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
-                            int64_t, int64_t, int64_t, float*, float*);
+                            float*, float*);
 
 template <typename T>
 DecodeHead<T> decode_head_for(int64_t d, int64_t group) {
@@ -196,6 +192,9 @@ void decode_heads(DecodeHead<T> head, const T* q, const T* k_cache, const T* v_c
     float* qs = work;                                        // (rows, d)
     float* state = qs + rows * d;                            // per head: (group, d) sums, group maxima, group sums
     float* sc = state + (h1 - h0) * group * (d + 2);         // (group, kScoreChunk)
+    // (kScoreChunk + kAheadTokens): where each token of a chunk (and the ones prefetched after it) starts in
+    // the caches, found once per chunk for every head, keys and values (no division per token and head)
+    int64_t* rows_at = reinterpret_cast<int64_t*>(sc + group * kScoreChunk);
     const int64_t per_head = group * (d + 2);
     for (int64_t r = 0; r < rows; ++r) {
         for (int64_t i = 0; i < d; ++i) qs[r * d + i] = to_f32(q[(h0 * group + r) * d + i]) * scale;
@@ -206,10 +205,17 @@ void decode_heads(DecodeHead<T> head, const T* q, const T* k_cache, const T* v_c
         st[group * d + group + g] = 0.f;
     }
     const int64_t fetch_bytes = (h1 - h0) * d * static_cast<int64_t>(sizeof(T));
-    for (int64_t t0 = 0; t0 < len; t0 += kScoreChunk)
+    for (int64_t t0 = 0; t0 < len; t0 += kScoreChunk) {
+        const int64_t n = std::min(len - t0, kScoreChunk), ahead = std::min(len - t0, kScoreChunk + kAheadTokens);
+        int64_t block = t0 / block_size, in_block = t0 % block_size;
+        for (int64_t t = 0; t < ahead; ++t) {
+            rows_at[t] = (table[block] * block_size + in_block) * hkv * d;
+            if (++in_block == block_size) in_block = 0, ++block;
+        }
         for (int64_t h = h0; h < h1; ++h)
-            head(qs + (h - h0) * group * d, k_cache, v_cache, table, t0, std::min(len - t0, kScoreChunk), len, hkv, h,
-                 block_size, h == h0 ? fetch_bytes : 0, state + (h - h0) * per_head, sc);
+            head(qs + (h - h0) * group * d, k_cache, v_cache, rows_at, n, ahead, h, h == h0 ? fetch_bytes : 0,
+                 state + (h - h0) * per_head, sc);
+    }
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t h = r / group, g = r % group;
         const float* st = state + h * per_head;
@@ -231,7 +237,8 @@ void paged_decode(const T* q, int64_t q_stride, const T* k_cache, const T* v_cac
     const DecodeHead<T> head = decode_head_for<T>(d, hq / hkv);
 #pragma omp parallel if (work >= kParallelWork)
     {
-        std::vector<float> scratch(static_cast<size_t>(hq * (2 * d + kScoreChunk + 2)));
+        std::vector<float> scratch(static_cast<size_t>(hq * (2 * d + kScoreChunk + 2) +
+                                                       2 * (kScoreChunk + kAheadTokens)));  // + decode_heads' rows_at
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < batch * split; ++item) {
             const int64_t b = item / split, h0 = (item % split) * per;

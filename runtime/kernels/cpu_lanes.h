@@ -22,6 +22,25 @@ inline vf load_lanes(const bf16_t* p) {
     return out;
 }
 inline void store_lanes(float* p, vf v) { *reinterpret_cast<vfu*>(p) = v; }
+
+// the bf16 bits of 16 floats, as from_f32<bf16_t> rounds each (to nearest even; a NaN stays a NaN)
+inline vu bf16_bits(vf v) {
+    vu u;
+    std::memcpy(&u, &v, sizeof(u));
+    const vu nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : nearest;
+}
+inline void store_lanes(bf16_t* p, vf v) { *reinterpret_cast<vh*>(p) = __builtin_convertvector(bf16_bits(v), vh); }
+
+// 16 values as the dtype holds them (round_to in cpu_common.h, lane by lane)
+template <typename T> inline vf round_lanes(vf v);
+template <> inline vf round_lanes<float>(vf v) { return v; }
+template <> inline vf round_lanes<bf16_t>(vf v) {
+    const vu bits = bf16_bits(v) << 16;
+    vf out;
+    std::memcpy(&out, &bits, sizeof(out));
+    return out;
+}
 const vf kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 inline float max_lanes(vf v) {

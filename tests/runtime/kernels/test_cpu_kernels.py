@@ -60,6 +60,37 @@ def test_silu_mul_matches_torch(dtype, rows, n) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, n", [(1, 5), (16, 49152), (3, 101), (7, 16), (2, 33)])
+def test_argmax_is_torchs_first_maximum(dtype, rows, n) -> None:
+    g = torch.Generator().manual_seed(n)
+    wide = (torch.randn(rows, n + 3, generator=g) * 3).to(dtype)
+    x = wide[:, :n]                                          # a row-strided view
+    want = torch.argmax(x, dim=-1)
+    assert torch.equal(cpu_kernels.argmax(x), want)
+    # ties: the row's maximum placed again after (and before) its first place, in other lanes and the tail
+    tied = x.clone()
+    for r in range(rows):
+        top = tied[r].max()
+        for at in (n - 1, n // 2, max(n // 3, 0), 0):
+            tied[r, at] = top
+    assert torch.equal(cpu_kernels.argmax(tied), torch.argmax(tied, dim=-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_takes_the_first_nan_and_all_minus_inf_rows_as_torch_does(dtype) -> None:
+    n = 100
+    x = torch.randn(5, n, generator=torch.Generator().manual_seed(1)).to(dtype)
+    x[0, 40], x[0, 70] = float("nan"), float("nan")         # in the lanes
+    x[1, 98] = float("nan")                                  # in the tail
+    x[1, 3] = 1e4
+    x[2, 0] = float("nan")
+    x[3] = float("-inf")
+    x[4, 50] = float("inf")
+    got = cpu_kernels.argmax(x)
+    assert got.tolist() == torch.argmax(x, dim=-1).tolist() == [40, 98, 0, 0, 50]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq, hkv, d", [(9, 3, 64), (4, 4, 128), (8, 1, 16)])
 def test_rope_cache_rotates_in_place_and_writes_the_slots(dtype, hq, hkv, d) -> None:
     g = torch.Generator().manual_seed(d)
