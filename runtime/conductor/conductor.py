@@ -20,7 +20,6 @@ import zmq
 import zmq.asyncio
 
 from mstar_compiler.plan import DONE, Plan
-from runtime.conductor.cursor import resolve_count
 from runtime.conductor.joining import Joining
 from runtime.conductor.kv_ledger import KVLedger
 from runtime.conductor.live_state import LiveState
@@ -238,17 +237,18 @@ class Conductor:
         a KV cache moving with a Run is sent by its old rank first, worker to worker."""
         batch_id = next(self._batch_ids)
         tensors = {}
-        has_kv = self.index.nodes[batch.node].has_kv_cache
+        has_kv, group = self.index.nodes[batch.node].has_kv_cache, batch.group
         for e in batch.entries:
-            req = e.request
+            req, item = e.request, e.item
             # every rank this Run reaches is opened first: a worker refuses anything of a request it was not opened for
-            if e.item.routes or e.item.stream_out or not req.ranks_opened.issuperset(batch.group):
-                self._open_ranks(req, set(batch.group) | {r.rank for r in e.item.routes}
-                                 | {s.rank for s in e.item.stream_out})
+            if item.routes or item.stream_out or not req.ranks_opened.issuperset(group):
+                self._open_ranks(req, set(group) | {r.rank for r in item.routes} | {s.rank for s in item.stream_out})
             if e.kv_from is not None:
                 self._send(e.kv_from, MoveKV(request_id=req.request_id, node=batch.node, dst_rank=batch.rank))
-            e.kv_added = req.note_kv(batch.node, e.item.tokens) if has_kv else 0
-            tensors.update(e.tensors)
+            if has_kv:
+                e.kv_added = req.note_kv(batch.node, item.tokens)
+            if e.tensors:
+                tensors.update(e.tensors)
         self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group))
         items = [e.item for e in batch.entries]
         for rank in batch.group:
@@ -349,9 +349,10 @@ class Conductor:
         self.ledger.note_used(msg.rank, msg.kv_used, batch.node)
         self.live.observe_batch(batch.group, batch.node, len(batch.entries), msg.run_ms)
         token_keys, other_keys = self.index.output_keys(batch.node)
+        finished, streams = RequestState.FINISHED, self.streams
         for entry, result in zip(batch.entries, msg.items):     # per row: the conductor's hot loop
             req = entry.request
-            if req.state >= RequestState.FINISHED:    # final (is_final, without the property call per row)
+            if req.state >= finished:    # final (is_final, without the property call per row)
                 continue
             cursor = req.tracks[entry.pending.track]
             if entry.item.partial:      # a prompt chunk: its Run is ready again for the next one
@@ -367,19 +368,19 @@ class Conductor:
                 if result.finished:    # the node ends this track's loop (e.g. the talker's codec EOS)
                     cursor.forced_exit = result.finished
                 cursor.complete(entry.pending, req)
-            if self.streams.has_edges(req):
-                self.streams.on_result(req, result.streamed)
-                self.streams.settle(req)
-            if req.is_done and not self._is_in_flight(req):
+            if streams.has_edges(req):
+                streams.on_result(req, result.streamed)
+                streams.settle(req)
+            # the request is done when every track is, this one first (asked of the others only then)
+            if cursor.state == DONE and req.is_done and not self._is_in_flight(req):
                 self._finish(req)
 
     def _client_output(self, req: Request, entry: Any, result: ItemResult, env: Envelope) -> None:
-        facts = self.index.facts(entry.pending.walk, entry.pending.run.node)
+        facts = entry.facts
         # a prompt read in pieces (for_each): a token sampled after a middle piece predicts prompt text
         if result.tokens and facts.client_tokens and req.tracks[entry.pending.track].is_on_last_item:
             req.emit_tokens(result.tokens, result.logprobs)
-            budget = facts.token_budget
-            if budget is not None and len(req.output_ids) >= resolve_count(budget, req.params):
+            if facts.token_budget is not None and len(req.output_ids) >= req.token_cap(facts.token_budget):
                 for cursor in req.tracks:
                     if cursor.index == entry.pending.track:   # other tracks (a vocoder) still drain
                         cursor.force_exit("max")

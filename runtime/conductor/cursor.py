@@ -10,7 +10,9 @@ or the track is done.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
+
+import msgspec
 
 from mstar_compiler.plan import (
     DONE, Cond, Count, DynamicLoopBegin, DynamicLoopEnd, ExitCond, LoopBegin, LoopEnd,
@@ -29,8 +31,8 @@ class RequestView(Protocol):
     def last_token(self, key: str) -> int | None: ...  # last id of token value "<node>.<port>"
 
 
-class PendingRun(NamedTuple):
-    """One `Run` a request is ready to do (a named tuple: one is built per Run per step)."""
+class PendingRun(msgspec.Struct, frozen=True):
+    """One `Run` a request is ready to do (a struct, built in C: one is built per Run per step)."""
 
     track: int          # track index in the task
     branch: int         # Parallel branch index, -1 outside a Parallel
@@ -91,7 +93,20 @@ class TrackCursor:
         """A dispatched Run came back: move past it and settle."""
         self.in_flight.discard(pending.branch)
         if pending.branch < 0:
-            self.pc += 1
+            pc, program = self.pc + 1, self.walk.program
+            end = program[pc] if pc < len(program) else None
+            if type(end) is DynamicLoopEnd and end.begin == pc - 2:
+                # a loop whose body is this one Run (a decode loop): its end is the only op to pass,
+                # passed here as settle() would (once per row of every decode step)
+                loop = self.loops[end.loop]
+                loop.counter += 1
+                reason = self._exit_reason(loop.op, req)
+                if not reason and loop.counter < loop.trips:
+                    return          # the pc stays on the Run: the loop's next iteration
+                self.exit_reason = reason or "max"
+                del self.loops[end.loop]
+                pc += 1
+            self.pc = pc
         else:
             self.branch_pos[pending.branch] += 1
             if self.in_flight or any(p < len(b) for p, b in zip(self.branch_pos, self.walk.program[self.pc].branches)):
@@ -159,7 +174,10 @@ class TrackCursor:
             return ""
         counter = self.loops[op.loop].counter
         for cond in op.until:
-            if _holds(cond, counter, req):
+            if cond.kind == "eos":      # _holds' eos case inline (asked after every decode step)
+                if req.last_token(f"{cond.node}.{cond.port}") in req.stop_token_ids:
+                    return "eos"
+            elif _holds(cond, counter, req):
                 return cond.kind
         return ""
 

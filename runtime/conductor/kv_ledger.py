@@ -53,6 +53,11 @@ class KVPoolLedger:
     peak_blocks: int = 0                                     # most blocks ever held at once
     used_blocks: int = 0                                     # blocks held now: the sum over `tokens`
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "try_grow" not in cls.__dict__:    # a pool with its own count: the inline one is not its
+            cls.try_grow = KVPoolLedger.checked_grow
+
     def _blocks(self, n: int) -> int:
         return -(-n // self.block_size)
 
@@ -66,6 +71,24 @@ class KVPoolLedger:
 
     def can_grow(self, request_id: int, n_new: int, reserved: int = 0, tokens: Sequence[int] | None = None) -> bool:
         return self.needed(request_id, n_new) + reserved <= self.num_blocks - self.used_blocks
+
+    def try_grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int | None:
+        """`grow` if `can_grow`, else None: one call for each row the scheduler places (here the
+        two inline, one count of the blocks; the other pools check then grow, `checked_grow`)."""
+        held, size = self.tokens.get(request_id, 0), self.block_size
+        needed = (-held // size) - (-(held + n_new) // size)
+        if needed > self.num_blocks - self.used_blocks:
+            return None
+        self.used_blocks += needed
+        self.tokens[request_id] = held + n_new
+        if self.used_blocks > self.peak_blocks:
+            self.peak_blocks = self.used_blocks
+        return 0
+
+    def checked_grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int | None:
+        if not self.can_grow(request_id, n_new, tokens=tokens):
+            return None
+        return self.grow(request_id, n_new, tokens)
 
     def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
         """Count `n_new` more tokens (ids `tokens` if known); returns the cached prompt tokens

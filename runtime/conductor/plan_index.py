@@ -36,6 +36,8 @@ class RunFacts:
     is_tp: bool                         # its ranks form one tensor-parallel group
     is_replicated: bool                 # its ranks are data-parallel replicas (pick one per request)
     has_routes: bool                    # some of its outputs cross to another rank in this walk
+    fed_back: str | None = None         # its one input port takes tokens, first from this value of a node
+                                        # (a decode loop's last token): bound without asking each source
 
 
 class PlanIndex:
@@ -73,22 +75,24 @@ class PlanIndex:
             len(ranks) > 1 for ranks in (n.placement.ranks, *n.placement.walk_ranks.values())))
         self._tensor_sources = self._nodes_read_for_tensors()
         self.token_budgets = self._token_budgets()
-        self._facts: dict[tuple[str, str], RunFacts] = {}
+        self.facts_memo: dict[tuple[str, str], RunFacts] = {}     # `facts`' answers so far
 
     def facts(self, walk: str, node: str) -> RunFacts:
         """The `RunFacts` of a Run of `node` in `walk` (memoised: the plan never changes)."""
-        found = self._facts.get((walk, node))
+        found = self.facts_memo.get((walk, node))
         if found is None:
             client_tokens = self.client_tokens(walk, node)
             ports = tuple((port, tuple(sources), self.is_token_port(node, port, output=False))
                           for port, sources in self.sources(walk, node).items())
             spec = self.nodes[node]
-            found = self._facts[(walk, node)] = RunFacts(
+            found = self.facts_memo[(walk, node)] = RunFacts(
                 ports, client_tokens, tuple(self.client_tensors(walk, node)),
                 self.token_budgets.get(node) if client_tokens else None,
                 has_kv=spec.has_kv_cache, is_tp=spec.placement.tp_size > 1, is_replicated=node in self.replicated,
                 has_routes=any(t.kind in ("edge", "carry") and t.walk == walk and t.src_node == node
-                               and t.dst_rank != t.src_rank for t in self.plan.transfers))
+                               and t.dst_rank != t.src_rank for t in self.plan.transfers),
+                fed_back=ports[0][1][0].key if len(ports) == 1 and ports[0][2] and ports[0][1]
+                and not ports[0][1][0].is_request_input else None)
         return found
 
     def _token_budgets(self) -> dict[str, Count]:

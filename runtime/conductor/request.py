@@ -13,7 +13,8 @@ from typing import Any, Sequence
 
 import msgspec
 
-from runtime.conductor.cursor import TrackCursor
+from mstar_compiler.plan import Count
+from runtime.conductor.cursor import TrackCursor, resolve_count
 from runtime.conductor.output_queue import OutputQueue
 from runtime.transport.messages import TokenLogprob
 from runtime.transport.request_params import RequestParams
@@ -105,6 +106,7 @@ class Request:
     first_token_at: float | None = None
     deadline: float | None = None          # monotonic time after which it is aborted
     finish_reason: str | None = None
+    _caps: dict[Count, int] = field(default_factory=dict, repr=False)   # token_cap's answers
 
     # ---- transitions (the only way `state` changes) --------------------------------
 
@@ -199,8 +201,12 @@ class Request:
             self.prefill_sent.pop(node, None)
         return chunk, bool(rest)
 
-    def runs_of(self, node: str) -> int:
-        return self.produced.get(node, (0, 0))[1]
+    def token_cap(self, budget: Count) -> int:
+        """The most client tokens `budget` (a loop's `max`) allows this request (its params are fixed)."""
+        cap = self._caps.get(budget)
+        if cap is None:
+            cap = self._caps[budget] = resolve_count(budget, self.params)
+        return cap
 
     def value_key(self, key: str, rank: int) -> str:
         """Where a Run on `rank` finds value `key` ("<node>.<port>"): the plain key on the

@@ -45,6 +45,7 @@ class Entry(msgspec.Struct):
     request: Request
     pending: PendingRun
     item: WorkItem
+    facts: RunFacts                    # what the plan fixes for Runs of its node in its walk
     tensors: dict[str, torch.Tensor] = {}   # frames to attach (a fresh dict per entry)
     read: list[int] = []               # request input items this Run reads
     version: int = 0                   # this Run's count of its node's runs
@@ -98,6 +99,7 @@ class Scheduler:
         # per-node facts asked for every placed Run, read once from the plan
         self._batch_limit = {n: 1 if config.batch_invariant else node.max_batch for n, node in index.nodes.items()}
         self._tp = {n: node.placement.tp_size > 1 for n, node in index.nodes.items()}
+        self._facts = index.facts_memo     # (walk, node) -> RunFacts asked so far (index.facts adds the rest)
 
     def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
                  ready_ranks: set[int]) -> list[PlannedBatch]:
@@ -146,7 +148,7 @@ class Scheduler:
         for cursor in req.tracks:
             for pending in cursor.ready():
                 run = pending.run
-                facts = self.index.facts(pending.walk, run.node)
+                facts = self._facts.get((pending.walk, run.node)) or self.index.facts(pending.walk, run.node)
                 rank = run.ranks[0] if len(run.ranks) == 1 else self._rank(pending, req, ready_ranks)
                 key = (rank, run.node)
                 if key not in self._open or (not ready_ranks.issuperset(run.ranks) if facts.is_tp
@@ -160,9 +162,10 @@ class Scheduler:
                 elif batch.entries and (req.isolated or batch.entries[0].request.isolated):
                     continue    # a suspect of a failed batch runs alone (Conductor._batch_failed)
                 entry = self._entry(req, pending, rank, facts)
-                self._chunk(req, entry, rank)
+                if run.node in req.prefill_rest or 0 < self.config.prefill_chunk_tokens < len(entry.item.tokens):
+                    self._chunk(req, entry, rank)       # else a decode row or a short prompt: whole
                 moved = req.kv_fed.get(run.node, 0) if entry.kv_from is not None else 0
-                if not self._reserve(req, entry, rank, batch, placed, admitting, moved):
+                if not self._reserve(req, entry, key, batch, placed, admitting, moved):
                     return False
                 if entry.kv_from is not None:
                     self._moved(req, entry, run.node)
@@ -171,27 +174,27 @@ class Scheduler:
                     self._held.discard(req.request_id)
                     self.admitted.append(req)
                     admitting = False
-                self._add(batch, entry, key)
+                entries = batch.entries
+                entries.append(entry)
+                batch.num_tokens += len(entry.item.tokens) - entry.item.cached
+                if len(entries) >= self._batch_limit[run.node]:
+                    self._open.discard(key)
                 if streams is not None:
                     streams.bind(req, pending, entry.item)
-                req.note_dispatch(run.node, rank, entry.version, entry.read,
-                                  self._reader(req, pending) if entry.read else None)
+                if entry.read:
+                    req.note_dispatch(run.node, rank, entry.version, entry.read, self._reader(req, pending))
+                else:                                   # note_dispatch without inputs read, inline
+                    req.produced[run.node] = (rank, entry.version)
                 placed.add(req.request_id)
                 if facts.is_replicated:
                     self._stick(req, pending, rank)
-                cursor.start(pending)
+                cursor.in_flight.add(pending.branch)    # cursor.start, inline
         return True
 
-    def _add(self, batch: PlannedBatch, entry: Entry, key: tuple[int, str]) -> None:
-        batch.entries.append(entry)
-        batch.num_tokens += len(entry.item.tokens) - entry.item.cached
-        if len(batch.entries) >= self._batch_limit[batch.node]:
-            self._open.discard(key)
-
-    def _reserve(self, req: Request, entry: Entry, rank: int, batch: PlannedBatch, placed: set, admitting: bool,
-                 moved: int = 0) -> bool:
-        """Room in the pool for the item's tokens (and `moved` tokens of a cache moving here)."""
-        pool = self.ledger.pools.get((rank, batch.node))
+    def _reserve(self, req: Request, entry: Entry, key: tuple[int, str], batch: PlannedBatch, placed: set,
+                 admitting: bool, moved: int = 0) -> bool:
+        """Room in the (rank, node) `key` pool for the item's tokens (and `moved` tokens of a cache moving here)."""
+        pool = self.ledger.pools.get(key)
         n_new = len(entry.item.tokens)
         tokens = entry.item.tokens if not moved else None    # a moved cache's contents are not hashed
         if n_new + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
@@ -202,7 +205,8 @@ class Scheduler:
         if pool is None:
             return True
         n_new += moved
-        while not pool.can_grow(req.request_id, n_new, tokens=tokens):
+        cached = pool.try_grow(req.request_id, n_new, tokens)
+        while cached is None:
             if not pool.fits_alone(req.request_id, n_new):     # asked only here: what can grow fits alone
                 self._reject(req, pool.tokens.get(req.request_id, 0) + n_new, batch, pool)
                 return False
@@ -214,7 +218,8 @@ class Scheduler:
                 return False
             self.preempt(victim)
             self.preemptions += 1
-        entry.item.cached = pool.grow(req.request_id, n_new, tokens=tokens)
+            cached = pool.try_grow(req.request_id, n_new, tokens)
+        entry.item.cached = cached
         return True
 
     def _chunk(self, req: Request, entry: Entry, rank: int) -> None:
@@ -301,14 +306,22 @@ class Scheduler:
 
     def _entry(self, req: Request, pending: PendingRun, rank: int, facts: RunFacts) -> Entry:
         node = pending.run.node
-        item = WorkItem(request_id=req.request_id, step=pending.step, walk=pending.walk)
-        entry = Entry(req, pending, item, version=req.runs_of(node) + 1)
-        for port, sources, is_tokens in facts.ports:
-            self._bind(entry, rank, port, sources, is_tokens)
+        produced = req.produced.get(node)      # (rank, runs) of its last Run of the node
+        fed_back = facts.fed_back
+        if fed_back is not None and fed_back in req.values:     # a decode row: its last token
+            item = WorkItem(request_id=req.request_id, tokens=list(req.last_values[fed_back]), step=pending.step,
+                            walk=pending.walk)
+            entry = Entry(req, pending, item, facts, version=produced[1] + 1 if produced is not None else 1)
+        else:
+            item = WorkItem(request_id=req.request_id, step=pending.step, walk=pending.walk)
+            entry = Entry(req, pending, item, facts, version=produced[1] + 1 if produced is not None else 1)
+            for port, sources, is_tokens in facts.ports:
+                self._bind(entry, rank, port, sources, is_tokens)
         if facts.has_kv:
             if req.kv_fed.get(node, 0):      # its cache is on the rank that ran it last: moved if not here
-                held = req.produced.get(node, (rank, 0))[0]
-                entry.kv_from = held if held != rank else None
+                held = produced[0] if produced is not None else rank
+                if held != rank:
+                    entry.kv_from = held
             elif req.kv_history.get(node):
                 item.tokens = [*req.kv_history[node], *item.tokens]   # recompute after preemption
         if facts.has_routes:   # another rank keeps every value it receives under a versioned key: never a stale one

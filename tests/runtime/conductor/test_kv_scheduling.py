@@ -140,3 +140,36 @@ def test_a_reported_pool_preempts_one_victim_per_worker_report(plan) -> None:
     assert bench.step() == [] and bench.scheduler.stats()["kv_preemptions"] == 1   # ... until it is reported
     report(closed=[4])
     assert bench.step() == [1] and bench.scheduler.stats()["kv_preemptions"] == 2  # 1 grows; 3 goes for 2
+
+
+def test_try_grow_is_can_grow_then_grow_for_every_kind_of_pool() -> None:
+    """The scheduler grows each row with one `try_grow` call: the plain pool counts inline, the
+    others check then grow. Fed the same random requests, each pool ends every call as the pair
+    `can_grow` / `grow` leaves a twin of it (tokens, blocks, peak, the answer)."""
+    import random
+
+    from runtime.conductor.kv_ledger import KVPoolLedger, PrefixPoolLedger, ReportedCache, ReportedPoolLedger
+
+    def pools():
+        cache = ReportedCache()
+        return [KVPoolLedger(40, 16), PrefixPoolLedger(40, 16, b"root"), ReportedPoolLedger(40, 16, cache, "lm")]
+
+    for one, twin in zip(pools(), pools()):
+        rng, answers = random.Random(1), set()
+        prompts = {rid: [rng.randrange(50) for _ in range(200)] for rid in range(6)}
+        for _ in range(300):
+            rid = rng.randrange(6)
+            if rng.random() < 0.15:
+                one.free(rid)
+                twin.free(rid)
+                continue
+            held = one.tokens.get(rid, 0)
+            n = rng.randint(1, 40)
+            tokens = prompts[rid][held:held + n] if held + n <= 200 else None
+            got = one.try_grow(rid, n, tokens)
+            want = twin.grow(rid, n, tokens=tokens) if twin.can_grow(rid, n, tokens=tokens) else None
+            assert got == want, type(one).__name__
+            answers.add(got is None)
+            assert (one.tokens, one.used_blocks, one.peak_blocks) == (twin.tokens, twin.used_blocks, twin.peak_blocks)
+        assert answers == {True, False}      # both answers were compared: grown and refused
+    assert PrefixPoolLedger.try_grow is KVPoolLedger.checked_grow is ReportedPoolLedger.try_grow

@@ -92,3 +92,45 @@ def test_kv_ledger_counts_blocks_like_the_block_manager() -> None:
     assert pool.can_grow(2, 32) and not pool.can_grow(2, 33)
     pool.free(1)
     assert pool.used_blocks == 0
+
+
+def _cursor_state(cursor: TrackCursor) -> tuple:
+    return (cursor.state, cursor.walk.name if cursor.walk else None, cursor.pc, cursor.exit_reason,
+            {k: (v.counter, v.trips) for k, v in cursor.loops.items()}, [(p.walk, p.step) for p in cursor.ready()])
+
+
+@pytest.mark.parametrize("max_tokens, stop, tokens, forced_at", [
+    (3, frozenset(), [1, 2, 3, 4, 5], None),          # leaves by "max"
+    (10, frozenset({9}), [1, 2, 9, 4], None),          # by "eos"
+    (10, frozenset(), [1, 2, 3, 4, 5, 6], 3),          # a stop string set on the cursor mid-loop
+    (1, frozenset(), [1, 2, 3], None),                 # a one-trip loop
+])
+def test_a_decode_loop_end_passed_in_complete_is_what_settle_does(plan, max_tokens, stop, tokens, forced_at) -> None:
+    """complete() passes the end of a loop whose body is one Run itself (every decode row of every
+    step); the reference moves the pc past the Run and lets settle() pass the end, op by op. After
+    every Run both cursors are in the same state with the same ready Runs, whatever ends the loop."""
+    fast, slow = _request(plan, max_tokens, stop), _request(plan, max_tokens, stop)
+    for req in (fast, slow):
+        req.tracks[0].settle(req)
+    passed = 0
+    for i, tok in enumerate(tokens):
+        assert _cursor_state(fast.tracks[0]) == _cursor_state(slow.tracks[0])
+        if fast.tracks[0].is_done:
+            break
+        for req in (fast, slow):
+            cursor = req.tracks[0]
+            (pending,) = cursor.ready()
+            cursor.start(pending)
+            req.values.setdefault("lm.token", []).append(tok)
+            req.last_values["lm.token"] = [tok]
+            if i == forced_at:
+                cursor.forced_exit = "stop"
+            if req is fast:
+                cursor.complete(pending, req)
+            else:
+                passed += pending.walk == "decode"
+                cursor.in_flight.discard(pending.branch)
+                cursor.pc += 1
+                cursor.settle(req)
+    assert fast.tracks[0].is_done and _cursor_state(fast.tracks[0]) == _cursor_state(slow.tracks[0])
+    assert passed >= 1      # the decode loop ran: the path under test was taken
