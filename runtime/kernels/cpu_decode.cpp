@@ -10,6 +10,22 @@ using namespace mstar;
 constexpr int64_t kScoreChunk = 256;         // keys scored per pass of the decode attention
 constexpr int64_t kAheadTokens = 8;          // how far ahead the decode attention prefetches cache rows
 
+// a chunk's n scores of one query row turned into exp(score - max) in place, under the row's running max `m`
+// and sum of p `l` (both updated); returns the factor the row's earlier sums are rescaled by
+inline float chunk_softmax(float* s, int64_t n, float& m, float& l) {
+    float mx = m;
+    for (int64_t t = 0; t < n; ++t) mx = std::max(mx, s[t]);
+    const float rescale = fast_exp(m - mx);
+    float sum = 0.f;
+    for (int64_t t = 0; t < n; ++t) {
+        s[t] = fast_exp(s[t] - mx);
+        sum += s[t];
+    }
+    l = l * rescale + sum;
+    m = mx;
+    return rescale;
+}
+
 // one work item: request b's kv heads h0 .. h1-1, each token's keys (and values) of those heads read
 // together from its block row, rows ahead prefetched. kD: the head dim fixed at compile time (64 and 128, so
 // the loops over it unroll into whole vectors), or 0 for any other
@@ -62,18 +78,8 @@ void paged_decode_item(const T* q, const T* k_cache, const T* v_cache, const int
             }
         }
         for (int64_t r = 0; r < rows; ++r) {
-            float* s = sc + r * kScoreChunk;
-            float mx = m[r];
-            for (int64_t t = 0; t < t1 - t0; ++t) mx = std::max(mx, s[t]);
-            const float rescale = fast_exp(m[r] - mx);
-            float sum = 0.f;
-            for (int64_t t = 0; t < t1 - t0; ++t) {
-                s[t] = fast_exp(s[t] - mx);
-                sum += s[t];
-            }
-            l[r] = l[r] * rescale + sum;
+            const float rescale = chunk_softmax(sc + r * kScoreChunk, t1 - t0, m[r], l[r]);
             for (int64_t i = 0; i < d; ++i) acc[r * d + i] *= rescale;
-            m[r] = mx;
         }
         for (int64_t t = t0; t < t1; ++t) {
             const T* value = token(v_cache, t);
@@ -100,6 +106,60 @@ void paged_decode_item(const T* q, const T* k_cache, const T* v_cache, const int
 // once into registers, each query row's dot product (or p-weighted sum) straight from them — no copy of the
 // row, no sums through memory (the general item above keeps both in buffers).
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// AVX2 (16 ymm registers): the 16-lane vectors below would be pairs of registers and a group's sums (kG x kD / 8
+// of them) spill through the stack half by half, each reload stalling on the two halves just stored. Here each
+// vector is one ymm: per token the key's kD / 8 vectors meet each query row's (read from the item's buffer) in
+// two sums; then each row's p-weighted sums stay in registers while it runs over the chunk's values.
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v8fu __attribute__((vector_size(32), aligned(4)));
+inline v8f load8f(const float* p) { return *reinterpret_cast<const v8fu*>(p); }
+inline v8f load8f(const bf16_t* p) {
+    const __m256i bits = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+    return reinterpret_cast<v8f>(_mm256_castsi256_ps(bits));
+}
+
+template <typename T, int kD, int kG>
+void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int64_t* rows, int64_t n, int64_t ahead,
+                 int64_t h, int64_t fetch_bytes, float* state, float* sc) {
+    constexpr int kV = kD / 8;
+    float* m = state + kG * kD;
+    float* l = m + kG;
+    auto token = [&](const T* cache, int64_t t) { return cache + rows[t] + h * kD; };
+    auto fetch = [&](const T* cache, int64_t t) {
+        if (t >= ahead) return;
+        const char* p = reinterpret_cast<const char*>(token(cache, t));
+        for (int64_t b = 0; b < fetch_bytes; b += 64) __builtin_prefetch(p + b);
+    };
+    for (int64_t t = 0; t < n; ++t) {
+        const T* key = token(k_cache, t);
+        fetch(k_cache, t + kAheadTokens);
+        for (int g = 0; g < kG; ++g) {
+            const float* qg = qs + g * kD;
+            v8f s0 = load8f(qg) * load8f(key), s1 = load8f(qg + 8) * load8f(key + 8);
+            for (int j = 2; j < kV; j += 2) {
+                s0 += load8f(qg + j * 8) * load8f(key + j * 8);
+                s1 += load8f(qg + j * 8 + 8) * load8f(key + j * 8 + 8);
+            }
+            sc[g * kScoreChunk + t] = sum8(reinterpret_cast<__m256>(s0 + s1));
+        }
+    }
+    for (int g = 0; g < kG; ++g) {
+        const float rescale = chunk_softmax(sc + g * kScoreChunk, n, m[g], l[g]);
+        const float* p = sc + g * kScoreChunk;
+        for (int half = 0; half < kV; half += 8) {       // 8 vectors (64 lanes) of sums in registers at a time
+            v8f acc[8];
+            for (int j = 0; j < 8; ++j) acc[j] = load8f(state + g * kD + (half + j) * 8) * rescale;
+            for (int64_t t = 0; t < n; ++t) {
+                const T* value = token(v_cache, t) + half * 8;
+                if (g == 0 && half == 0) fetch(v_cache, t + kAheadTokens);
+                for (int j = 0; j < 8; ++j) acc[j] += p[t] * load8f(value + j * 8);
+            }
+            for (int j = 0; j < 8; ++j) *reinterpret_cast<v8fu*>(state + g * kD + (half + j) * 8) = acc[j];
+        }
+    }
+}
+#else
 // keys t0 .. t0 + n - 1 of kv head h for its kG query rows; `state` carries each row's sums (kG x kD), max and
 // sum of p (kG each) from one chunk of keys to the next, `qs` the rows' scaled queries (kG x kD)
 template <typename T, int kD, int kG>
@@ -129,17 +189,7 @@ void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int6
         }
     }
     for (int g = 0; g < kG; ++g) {
-        float* s = sc + g * kScoreChunk;
-        float mx = m[g];
-        for (int64_t t = 0; t < n; ++t) mx = std::max(mx, s[t]);
-        const float rescale = fast_exp(m[g] - mx);
-        float sum = 0.f;
-        for (int64_t t = 0; t < n; ++t) {
-            s[t] = fast_exp(s[t] - mx);
-            sum += s[t];
-        }
-        l[g] = l[g] * rescale + sum;
-        m[g] = mx;
+        const float rescale = chunk_softmax(sc + g * kScoreChunk, n, m[g], l[g]);
         for (int j = 0; j < kV; ++j) acc[g][j] = load_lanes(state + g * kD + j * kLanes) * rescale;
     }
     for (int64_t t = 0; t < n; ++t) {
@@ -155,6 +205,7 @@ void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int6
     for (int g = 0; g < kG; ++g)
         for (int j = 0; j < kV; ++j) store_lanes(state + g * kD + j * kLanes, acc[g][j]);
 }
+#endif
 
 // the register path's instance for (head dim, group), or null where it has none
 template <typename T>

@@ -2,7 +2,7 @@
 // on AVX2), shared by cpu_decode.cpp and cpu_prefill.cpp.
 #pragma once
 #include "cpu_common.h"
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -43,9 +43,31 @@ template <> inline vf round_lanes<bf16_t>(vf v) {
 }
 const vf kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// AVX2: a 16-lane vector is two ymm registers; folded into one, then halved three times (a loop over the lanes
+// would move each lane out on its own: the decode attention reduces a vector per key and query row)
+inline __m256 half_lanes(vf v, int which) {
+    __m256 h;
+    std::memcpy(&h, reinterpret_cast<const char*>(&v) + which * sizeof(h), sizeof(h));
+    return h;
+}
+inline float sum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+inline float max8(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+#endif
+
 inline float max_lanes(vf v) {
 #if defined(__AVX512F__)
     return _mm512_reduce_max_ps(reinterpret_cast<__m512>(v));
+#elif defined(__AVX2__)
+    return max8(_mm256_max_ps(half_lanes(v, 0), half_lanes(v, 1)));
 #else
     float top = v[0];
     for (int j = 1; j < kLanes; ++j) top = std::max(top, v[j]);
@@ -72,6 +94,8 @@ inline vf exp_lanes(vf x) {
 inline float sum_lanes(vf v) {
 #if defined(__AVX512F__)
     return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
+#elif defined(__AVX2__)
+    return sum8(_mm256_add_ps(half_lanes(v, 0), half_lanes(v, 1)));
 #else
     float s = 0.f;
     for (int j = 0; j < kLanes; ++j) s += v[j];
