@@ -7,8 +7,7 @@ fp32. Prefill chunks go to `paged_prefill`, flash-style over the same blocks (ti
 running max: memory linear in the prompt), about twice torch's fused SDPA on these chunks
 (`python tools/bench.py kernels`), each row bit-equal however its prompt is cut, as the torch path's.
 `select_backend` picks this backend on CPU when the kernels are built, else the torch one; heads
-the kernels do not take (head_dim > 256, or not a multiple of 16 for prefill) take the torch path,
-and so do prefill chunks on a CPU without AVX-512 (`MSTAR_CPU_PREFILL`, runtime/kernels/cpu.py).
+the kernels do not take (head_dim > 256, or not a multiple of 16 for prefill) take the torch path.
 """
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ class CpuAttention(TorchAttention):
         self._tables = torch.tensor(tables, dtype=torch.long).view(len(decode), width)
         self._lengths = torch.tensor([batch.seq_lens_cpu[b] for b in decode], dtype=torch.long)
         self._fits = cpu_kernels.heads_fit(shape.head_dim)
-        self._prefill_fits = cpu_kernels.prefill_heads_fit(shape.head_dim) and not cpu_kernels.prefill_note()
+        self._prefill_fits = cpu_kernels.prefill_heads_fit(shape.head_dim)
 
     def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        scale: float) -> torch.Tensor:

@@ -30,10 +30,6 @@ torch headers, no pickle). The OpenMP runtime is torch's own libgomp, already lo
 kernels share the worker's thread pool and its passive waits.
 
 `MSTAR_CPU_KERNELS=torch` switches them off (the panel GEMM too: `auto` then picks oneDNN).
-`MSTAR_CPU_PREFILL` says where prefill chunks are attended: `auto` (the default) by `paged_prefill`
-where the CPU has AVX-512 and by torch's fused SDPA where it has not (there the kernel's 16-lane
-tiles, two ymm registers each, run through the stack: 0.07-0.14x of SDPA's speed on an AMD EPYC
-Zen 3, `bench.py attention`), `kernel` or `torch` everywhere; `describe()` names the choice.
 Where they cannot build (no compiler) the layers
 run their torch ops and `status()` says why; the worker logs it as a warning and `/v1/models`
 lists it (`cpu_kernels`): a slower mode, never a silent one.
@@ -70,7 +66,6 @@ _status: str | None = None                 # "" once loaded; else why not
 
 
 @functools.cache
-@functools.lru_cache(maxsize=1)
 def cpu_flags() -> str:
     """This CPU's flags line of /proc/cpuinfo ("flags : fpu vme ..."), or the platform's processor name."""
     try:
@@ -171,27 +166,8 @@ def switched_off(reason: str = "switched off for this caller") -> Iterator[None]
 
 
 def describe() -> str:
-    """What /v1/models says of a CPU decoder node: "fused" (and where prefill attention goes, when not to
-    `paged_prefill`), or why its layers run torch ops."""
-    if status() != "":
-        return status()
-    return f"fused; {prefill_note()}" if prefill_note() else "fused"
-
-
-PREFILL_CHOICES = ("auto", "kernel", "torch")
-
-
-def prefill_note() -> str:
-    """"" where the CPU attention backend gives prefill chunks to `paged_prefill`, else why they go to torch's
-    fused SDPA (`MSTAR_CPU_PREFILL`, module doc)."""
-    choice = os.environ.get("MSTAR_CPU_PREFILL", "auto")
-    if choice not in PREFILL_CHOICES:
-        raise ValueError(f"MSTAR_CPU_PREFILL={choice!r}: choose one of {', '.join(PREFILL_CHOICES)}")
-    if choice == "torch":
-        return "prefill attention by torch's SDPA (MSTAR_CPU_PREFILL=torch)"
-    if choice == "auto" and "avx512f" not in cpu_flags().split():
-        return "prefill attention by torch's SDPA: no AVX-512 here, where it is faster than the prefill kernel"
-    return ""
+    """What /v1/models says of a CPU decoder node: "fused", or why its layers run torch ops."""
+    return "fused" if status() == "" else status()
 
 
 def usable(x: torch.Tensor) -> bool:

@@ -142,7 +142,7 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
             log.debug("rank %d: %s: %d linear weights packed for oneDNN", rank, name, pack_linears(module))
             if device.type == "cpu" and (note := bf16_gemm_note()) and _has_bf16_weights(module):
                 log.warning("rank %d: %s: %s", rank, name, note)
-            if (kernels := cpu_kernels_note(module)) and not kernels.startswith("fused"):
+            if (kernels := cpu_kernels_note(module)) and kernels != "fused":
                 log.warning("rank %d: %s: fused CPU kernels %s; its layers run torch ops (slower)", rank, name, kernels)
             progress.advance(f"loaded {name}")
         out[name] = (by_key[node.weight_key], source.describe())

@@ -211,7 +211,6 @@ def test_a_decoder_on_the_kernels_gives_its_torch_tokens(case: str, monkeypatch)
     (30-odd fp32 kernels in a row, each a few ulps, on logits of order 1..10)."""
     kind, overrides = CASES[case]
     runs = {}
-    monkeypatch.setenv("MSTAR_CPU_PREFILL", "kernel")     # the prefill kernel too, on any CPU (auto spares AVX2 it)
     for mode in ("fused", "torch"):
         monkeypatch.setattr(cpu_kernels, "_status", "" if mode == "fused" else "switched off for the test")
         model = build(kind, tiny_dims(kind, **overrides), backend="auto")
@@ -259,37 +258,3 @@ def test_switched_off_and_unbuildable_kernels_are_said(monkeypatch, tmp_path) ->
     monkeypatch.setenv("MSTAR_KERNEL_CACHE", str(tmp_path / "cache"))     # nothing built there yet
     assert cpu_kernels.status().startswith("not built: ") and "no-such-compiler" in cpu_kernels.status()
     assert cpu_kernels.describe() == cpu_kernels.status()
-
-
-def test_prefill_chunks_go_to_the_kernel_where_the_cpu_has_avx512_and_the_choice_is_named(monkeypatch) -> None:
-    """`auto` gives prefill chunks to paged_prefill only on AVX-512 (on AVX2 torch's SDPA is faster);
-    `MSTAR_CPU_PREFILL` overrides either way and /v1/models' kernel note names a chunk's path off the kernel."""
-    from runtime.attention.backend import AttentionShape
-    from runtime.attention.cpu_backend import CpuAttention
-    from runtime.attention.metadata import AttentionMetadata
-
-    if cpu_kernels.status():
-        pytest.skip(f"the CPU kernels are {cpu_kernels.status()}")
-    flags = " ".join(f for f in cpu_kernels.cpu_flags().split() if not f.startswith("avx512"))
-    calls = []
-    monkeypatch.setattr(cpu_kernels, "paged_prefill", lambda *a, **k: calls.append("kernel"))
-    torch.manual_seed(0)
-    q, k_cache, v_cache = torch.randn(6, 4, 16), torch.randn(4, 4, 2, 16), torch.randn(4, 4, 2, 16)
-    batch = AttentionMetadata.build([6], [6], [(0, 1)], block_size=4)
-    for avx512, env, kernel in [(True, None, True), (False, None, False), (False, "kernel", True),
-                                (True, "torch", False)]:
-        monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda a=avx512: flags + (" avx512f avx512bw" if a else ""))
-        if env is None:
-            monkeypatch.delenv("MSTAR_CPU_PREFILL", raising=False)
-        else:
-            monkeypatch.setenv("MSTAR_CPU_PREFILL", env)
-        calls.clear()
-        backend = CpuAttention()
-        backend.plan(batch, AttentionShape(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype=torch.float32))
-        backend.attend(q, k_cache, v_cache, batch, 0.25)
-        assert (calls == ["kernel"]) == kernel, (avx512, env)
-        assert (cpu_kernels.describe() == "fused") == kernel
-        assert kernel or "prefill attention by torch's SDPA" in cpu_kernels.describe()
-    monkeypatch.setenv("MSTAR_CPU_PREFILL", "fast")
-    with pytest.raises(ValueError, match="MSTAR_CPU_PREFILL='fast'"):
-        cpu_kernels.prefill_note()
