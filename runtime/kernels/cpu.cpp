@@ -10,7 +10,7 @@ namespace {
 
 using namespace mstar;
 
-// Each row runs 16 lanes at a time (cpu_lanes.h), its last n % 16 values one by one through the same steps.
+// Each row runs kLanes values at a time (cpu_lanes.h: 16 on AVX-512, 8 on AVX2), the last few one by one, same steps.
 
 // one row: x * rsqrt(mean of squares + eps) in the dtype, times the weight. `squares`: the row's sum of squares
 template <typename T>

@@ -229,7 +229,7 @@ def heads_fit(head_dim: int) -> bool:
 
 
 def prefill_heads_fit(head_dim: int) -> bool:
-    """Whether `paged_prefill` takes heads of this size (it runs over whole 16-lane vectors of a head)."""
+    """Whether `paged_prefill` takes heads of this size (it runs over a head 16 values at a time)."""
     return head_dim % 16 == 0
 
 

@@ -106,23 +106,14 @@ void paged_decode_item(const T* q, const T* k_cache, const T* v_cache, const int
 // once into registers, each query row's dot product (or p-weighted sum) straight from them — no copy of the
 // row, no sums through memory (the general item above keeps both in buffers).
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
-// AVX2 (16 ymm registers): the 16-lane vectors below would be pairs of registers and a group's sums (kG x kD / 8
-// of them) spill through the stack half by half, each reload stalling on the two halves just stored. Here each
-// vector is one ymm: per token the key's kD / 8 vectors meet each query row's (read from the item's buffer) in
-// two sums; then each row's p-weighted sums stay in registers while it runs over the chunk's values.
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v8fu __attribute__((vector_size(32), aligned(4)));
-inline v8f load8f(const float* p) { return *reinterpret_cast<const v8fu*>(p); }
-inline v8f load8f(const bf16_t* p) {
-    const __m256i bits = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
-    return reinterpret_cast<v8f>(_mm256_castsi256_ps(bits));
-}
-
+#if !defined(__AVX512F__)
+// 16 registers of 8 lanes (AVX2): a group's sums (kG x kD / 8 vectors) do not fit beside the queries, so per
+// token the key's vectors meet each query row's (read from the item's buffer) in two sums, and then each row's
+// p-weighted sums stay in registers, 64 lanes at a time, while it runs over the chunk's values.
 template <typename T, int kD, int kG>
 void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int64_t* rows, int64_t n, int64_t ahead,
                  int64_t h, int64_t fetch_bytes, float* state, float* sc) {
-    constexpr int kV = kD / 8;
+    constexpr int kV = kD / kLanes;
     float* m = state + kG * kD;
     float* l = m + kG;
     auto token = [&](const T* cache, int64_t t) { return cache + rows[t] + h * kD; };
@@ -136,26 +127,26 @@ void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int6
         fetch(k_cache, t + kAheadTokens);
         for (int g = 0; g < kG; ++g) {
             const float* qg = qs + g * kD;
-            v8f s0 = load8f(qg) * load8f(key), s1 = load8f(qg + 8) * load8f(key + 8);
+            vf s0 = load_lanes(qg) * load_lanes(key), s1 = load_lanes(qg + kLanes) * load_lanes(key + kLanes);
             for (int j = 2; j < kV; j += 2) {
-                s0 += load8f(qg + j * 8) * load8f(key + j * 8);
-                s1 += load8f(qg + j * 8 + 8) * load8f(key + j * 8 + 8);
+                s0 += load_lanes(qg + j * kLanes) * load_lanes(key + j * kLanes);
+                s1 += load_lanes(qg + (j + 1) * kLanes) * load_lanes(key + (j + 1) * kLanes);
             }
-            sc[g * kScoreChunk + t] = sum8(reinterpret_cast<__m256>(s0 + s1));
+            sc[g * kScoreChunk + t] = sum_lanes(s0 + s1);
         }
     }
     for (int g = 0; g < kG; ++g) {
         const float rescale = chunk_softmax(sc + g * kScoreChunk, n, m[g], l[g]);
         const float* p = sc + g * kScoreChunk;
         for (int half = 0; half < kV; half += 8) {       // 8 vectors (64 lanes) of sums in registers at a time
-            v8f acc[8];
-            for (int j = 0; j < 8; ++j) acc[j] = load8f(state + g * kD + (half + j) * 8) * rescale;
+            vf acc[8];
+            for (int j = 0; j < 8; ++j) acc[j] = load_lanes(state + g * kD + (half + j) * kLanes) * rescale;
             for (int64_t t = 0; t < n; ++t) {
-                const T* value = token(v_cache, t) + half * 8;
+                const T* value = token(v_cache, t) + half * kLanes;
                 if (g == 0 && half == 0) fetch(v_cache, t + kAheadTokens);
-                for (int j = 0; j < 8; ++j) acc[j] += p[t] * load8f(value + j * 8);
+                for (int j = 0; j < 8; ++j) acc[j] += p[t] * load_lanes(value + j * kLanes);
             }
-            for (int j = 0; j < 8; ++j) *reinterpret_cast<v8fu*>(state + g * kD + (half + j) * 8) = acc[j];
+            for (int j = 0; j < 8; ++j) store_lanes(state + g * kD + (half + j) * kLanes, acc[j]);
         }
     }
 }

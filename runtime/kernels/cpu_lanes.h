@@ -1,5 +1,7 @@
-// 16-lane float vectors for the CPU kernels (GCC's vector extension: one zmm register on AVX-512, two ymm
-// on AVX2), shared by cpu_decode.cpp and cpu_prefill.cpp.
+// Float vectors of one register for the CPU kernels (GCC's vector extension): 16 lanes in a zmm on AVX-512,
+// 8 in a ymm on AVX2, shared by cpu.cpp, cpu_decode.cpp and cpu_prefill.cpp. (A 16-lane vector on AVX2 is no
+// register of GCC's: every operation on one went through the stack, its halves stored and reloaded, which ran
+// the kernels 2-14x slower than torch's ops there.)
 #pragma once
 #include "cpu_common.h"
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -8,11 +10,16 @@
 
 namespace mstar {
 
-typedef float vf __attribute__((vector_size(64)));
-typedef float vfu __attribute__((vector_size(64), aligned(4)));
-typedef uint16_t vh __attribute__((vector_size(32), aligned(2)));
-typedef uint32_t vu __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
 constexpr int64_t kLanes = 16;
+#else
+constexpr int64_t kLanes = 8;
+#endif
+typedef float vf __attribute__((vector_size(kLanes * 4)));
+typedef float vfu __attribute__((vector_size(kLanes * 4), aligned(4)));
+typedef uint16_t vh __attribute__((vector_size(kLanes * 2), aligned(2)));
+typedef uint32_t vu __attribute__((vector_size(kLanes * 4)));
+typedef int32_t vi __attribute__((vector_size(kLanes * 4)));
 
 inline vf load_lanes(const float* p) { return *reinterpret_cast<const vfu*>(p); }
 inline vf load_lanes(const bf16_t* p) {
@@ -41,33 +48,22 @@ template <> inline vf round_lanes<bf16_t>(vf v) {
     std::memcpy(&out, &bits, sizeof(out));
     return out;
 }
+#if defined(__AVX512F__)
 const vf kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-
-#if defined(__AVX2__) && !defined(__AVX512F__)
-// AVX2: a 16-lane vector is two ymm registers; folded into one, then halved three times (a loop over the lanes
-// would move each lane out on its own: the decode attention reduces a vector per key and query row)
-inline __m256 half_lanes(vf v, int which) {
-    __m256 h;
-    std::memcpy(&h, reinterpret_cast<const char*>(&v) + which * sizeof(h), sizeof(h));
-    return h;
-}
-inline float sum8(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
-inline float max8(__m256 v) {
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
-}
+#else
+const vf kLaneIndex = {0, 1, 2, 3, 4, 5, 6, 7};
 #endif
 
+// the lanes' largest value / sum: AVX2 halves the vector three times (a loop over the lanes would move each lane
+// out on its own)
 inline float max_lanes(vf v) {
 #if defined(__AVX512F__)
     return _mm512_reduce_max_ps(reinterpret_cast<__m512>(v));
 #elif defined(__AVX2__)
-    return max8(_mm256_max_ps(half_lanes(v, 0), half_lanes(v, 1)));
+    const __m256 y = reinterpret_cast<__m256>(v);
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
 #else
     float top = v[0];
     for (int j = 1; j < kLanes; ++j) top = std::max(top, v[j]);
@@ -75,9 +71,8 @@ inline float max_lanes(vf v) {
 #endif
 }
 
-// fast_exp (cpu_common.h) on 16 lanes at once, the same steps
+// fast_exp (cpu_common.h) on every lane at once, the same steps
 inline vf exp_lanes(vf x) {
-    typedef int32_t vi __attribute__((vector_size(64)));
     x = x < -87.33654f ? vf{} - 87.33654f : x;
     x = x > 88.72283f ? vf{} + 88.72283f : x;
     const vf y0 = x * 1.44269504088896341f + 0.5f;
@@ -95,7 +90,10 @@ inline float sum_lanes(vf v) {
 #if defined(__AVX512F__)
     return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
 #elif defined(__AVX2__)
-    return sum8(_mm256_add_ps(half_lanes(v, 0), half_lanes(v, 1)));
+    const __m256 y = reinterpret_cast<__m256>(v);
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 #else
     float s = 0.f;
     for (int j = 0; j < kLanes; ++j) s += v[j];

@@ -22,8 +22,8 @@ using namespace mstar;
 
 #if defined(__AVX512F__)     // 32 vector registers of 16 lanes
 constexpr int kScoreRows = 12, kKeyPanels = 2, kValueRows = 6, kValueVecs = 4;
-#else                        // AVX2: 16 registers of 8 lanes (a 16-lane vector takes two)
-constexpr int kScoreRows = 6, kKeyPanels = 1, kValueRows = 3, kValueVecs = 2;
+#else                        // AVX2: 16 registers of 8 lanes
+constexpr int kScoreRows = 6, kKeyPanels = 2, kValueRows = 6, kValueVecs = 2;
 #endif
 constexpr int64_t kKeyTile = kKeyPanels * kLanes;
 constexpr int64_t kItemRows = 48;            // query rows (positions x group) a work item aims at
