@@ -371,8 +371,7 @@ class Conductor:
             if streams.has_edges(req):
                 streams.on_result(req, result.streamed)
                 streams.settle(req)
-            # the request is done when every track is, this one first (asked of the others only then)
-            if cursor.state == DONE and req.is_done and not self._is_in_flight(req):
+            if cursor.state == DONE and req.is_done and not self._is_in_flight(req):   # this track first, then all
                 self._finish(req)
 
     def _client_output(self, req: Request, entry: Any, result: ItemResult, env: Envelope) -> None:

@@ -308,13 +308,11 @@ class Scheduler:
         node = pending.run.node
         produced = req.produced.get(node)      # (rank, runs) of its last Run of the node
         fed_back = facts.fed_back
-        if fed_back is not None and fed_back in req.values:     # a decode row: its last token
-            item = WorkItem(request_id=req.request_id, tokens=list(req.last_values[fed_back]), step=pending.step,
-                            walk=pending.walk)
-            entry = Entry(req, pending, item, facts, version=produced[1] + 1 if produced is not None else 1)
-        else:
-            item = WorkItem(request_id=req.request_id, step=pending.step, walk=pending.walk)
-            entry = Entry(req, pending, item, facts, version=produced[1] + 1 if produced is not None else 1)
+        is_decode = fed_back is not None and fed_back in req.values     # a decode row: its last token
+        item = WorkItem(request_id=req.request_id, tokens=list(req.last_values[fed_back]) if is_decode else [],
+                        step=pending.step, walk=pending.walk)
+        entry = Entry(req, pending, item, facts, version=produced[1] + 1 if produced is not None else 1)
+        if not is_decode:
             for port, sources, is_tokens in facts.ports:
                 self._bind(entry, rank, port, sources, is_tokens)
         if facts.has_kv:

@@ -106,6 +106,20 @@ void paged_decode_item(const T* q, const T* k_cache, const T* v_cache, const int
 // once into registers, each query row's dot product (or p-weighted sum) straight from them — no copy of the
 // row, no sums through memory (the general item above keeps both in buffers).
 
+// where a decode head finds token t's row of kv head h in a cache (`rows`: each token's offset), and the rows it
+// prefetches ahead: `fetch_bytes` of the item's heads from this one on (0: none), for tokens before `ahead`
+template <typename T, int kD>
+struct HeadRows {
+    const int64_t* rows;
+    int64_t ahead, h, fetch_bytes;
+    const T* at(const T* cache, int64_t t) const { return cache + rows[t] + h * kD; }
+    void fetch(const T* cache, int64_t t) const {
+        if (t >= ahead) return;
+        const char* p = reinterpret_cast<const char*>(at(cache, t));
+        for (int64_t b = 0; b < fetch_bytes; b += 64) __builtin_prefetch(p + b);
+    }
+};
+
 #if !defined(__AVX512F__)
 // 16 registers of 8 lanes (AVX2): a group's sums (kG x kD / 8 vectors) do not fit beside the queries, so per
 // token the key's vectors meet each query row's (read from the item's buffer) in two sums, and then each row's
@@ -116,15 +130,10 @@ void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int6
     constexpr int kV = kD / kLanes;
     float* m = state + kG * kD;
     float* l = m + kG;
-    auto token = [&](const T* cache, int64_t t) { return cache + rows[t] + h * kD; };
-    auto fetch = [&](const T* cache, int64_t t) {
-        if (t >= ahead) return;
-        const char* p = reinterpret_cast<const char*>(token(cache, t));
-        for (int64_t b = 0; b < fetch_bytes; b += 64) __builtin_prefetch(p + b);
-    };
+    const HeadRows<T, kD> head{rows, ahead, h, fetch_bytes};
     for (int64_t t = 0; t < n; ++t) {
-        const T* key = token(k_cache, t);
-        fetch(k_cache, t + kAheadTokens);
+        const T* key = head.at(k_cache, t);
+        head.fetch(k_cache, t + kAheadTokens);
         for (int g = 0; g < kG; ++g) {
             const float* qg = qs + g * kD;
             vf s0 = load_lanes(qg) * load_lanes(key), s1 = load_lanes(qg + kLanes) * load_lanes(key + kLanes);
@@ -142,8 +151,8 @@ void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int6
             vf acc[8];
             for (int j = 0; j < 8; ++j) acc[j] = load_lanes(state + g * kD + (half + j) * kLanes) * rescale;
             for (int64_t t = 0; t < n; ++t) {
-                const T* value = token(v_cache, t) + half * kLanes;
-                if (g == 0 && half == 0) fetch(v_cache, t + kAheadTokens);
+                const T* value = head.at(v_cache, t) + half * kLanes;
+                if (g == 0 && half == 0) head.fetch(v_cache, t + kAheadTokens);
                 for (int j = 0; j < 8; ++j) acc[j] += p[t] * load_lanes(value + j * kLanes);
             }
             for (int j = 0; j < 8; ++j) store_lanes(state + g * kD + (half + j) * kLanes, acc[j]);
@@ -162,15 +171,10 @@ void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int6
     float* l = m + kG;
     for (int g = 0; g < kG; ++g)
         for (int j = 0; j < kV; ++j) qv[g][j] = load_lanes(qs + g * kD + j * kLanes);
-    auto token = [&](const T* cache, int64_t t) { return cache + rows[t] + h * kD; };
-    auto fetch = [&](const T* cache, int64_t t) {     // fetch_bytes: the item's heads from this one on (0: none)
-        if (t >= ahead) return;
-        const char* p = reinterpret_cast<const char*>(token(cache, t));
-        for (int64_t b = 0; b < fetch_bytes; b += 64) __builtin_prefetch(p + b);
-    };
+    const HeadRows<T, kD> head{rows, ahead, h, fetch_bytes};
     for (int64_t t = 0; t < n; ++t) {
-        const T* key = token(k_cache, t);
-        fetch(k_cache, t + kAheadTokens);
+        const T* key = head.at(k_cache, t);
+        head.fetch(k_cache, t + kAheadTokens);
         vf kv[kV];
         for (int j = 0; j < kV; ++j) kv[j] = load_lanes(key + j * kLanes);
         for (int g = 0; g < kG; ++g) {
@@ -184,8 +188,8 @@ void decode_head(const float* qs, const T* k_cache, const T* v_cache, const int6
         for (int j = 0; j < kV; ++j) acc[g][j] = load_lanes(state + g * kD + j * kLanes) * rescale;
     }
     for (int64_t t = 0; t < n; ++t) {
-        const T* value = token(v_cache, t);
-        fetch(v_cache, t + kAheadTokens);
+        const T* value = head.at(v_cache, t);
+        head.fetch(v_cache, t + kAheadTokens);
         vf v[kV];
         for (int j = 0; j < kV; ++j) v[j] = load_lanes(value + j * kLanes);
         for (int g = 0; g < kG; ++g) {
