@@ -28,7 +28,8 @@ from runtime.conductor.playback import PlaybackBook
 from runtime.conductor.replies import InFlight, ReplyCheck, can_retry_alone, retry_alone
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.running import RunningSet
-from runtime.conductor.scheduler import PlannedBatch, Scheduler, SchedulerConfig
+from runtime.conductor.batch import PlannedBatch
+from runtime.conductor.scheduler import Scheduler, SchedulerConfig
 from runtime.conductor.start_watch import StartFailed, StartWatch
 from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import RankLauncher, WorkerSet
@@ -238,7 +239,7 @@ class Conductor:
         batch_id = next(self._batch_ids)
         tensors = {}
         has_kv, group = self.index.nodes[batch.node].has_kv_cache, batch.group
-        for e in batch.entries:
+        for e in [e for e in batch.entries if not e.steady]:   # a steady row was counted when placed (steady.py)
             req, item = e.request, e.item
             # every rank this Run reaches is opened first: a worker refuses anything of a request it was not opened for
             if item.routes or item.stream_out or not req.ranks_opened.issuperset(group):
@@ -354,6 +355,10 @@ class Conductor:
             req = entry.request
             if req.state >= finished:    # final (is_final, without the property call per row)
                 continue
+            if (row := req.steady) is not None and row.entry is entry:     # a steady decode row (steady.py)
+                if row.apply(req, result, token_keys, other_keys) and req.is_done and not self._is_in_flight(req):
+                    self._finish(req)
+                continue
             cursor = req.tracks[entry.pending.track]
             if entry.item.partial:      # a prompt chunk: its Run is ready again for the next one
                 cursor.requeue(entry.pending)
@@ -380,14 +385,8 @@ class Conductor:
         if result.tokens and facts.client_tokens and req.tracks[entry.pending.track].is_on_last_item:
             req.emit_tokens(result.tokens, result.logprobs)
             if facts.token_budget is not None and len(req.output_ids) >= req.token_cap(facts.token_budget):
-                for cursor in req.tracks:
-                    if cursor.index == entry.pending.track:   # other tracks (a vocoder) still drain
-                        cursor.force_exit("max")
-        if not env.tensors:
-            return
-        prefix = f"{req.request_id}/"
-        tensors = {k[len(prefix):]: t for k, t in env.tensors.items() if k.startswith(prefix)}
-        if tensors:
+                req.tracks[entry.pending.track].force_exit("max")    # other tracks (a vocoder) still drain
+        if env.tensors and (tensors := req.own_tensors(env.tensors)):
             self.playback.on_tensors(req, tensors)
             req.emit_tensors(tensors)
 

@@ -98,20 +98,28 @@ class TrackCursor:
             if type(end) is DynamicLoopEnd and end.begin == pc - 2:
                 # a loop whose body is this one Run (a decode loop): its end is the only op to pass,
                 # passed here as settle() would (once per row of every decode step)
-                loop = self.loops[end.loop]
-                loop.counter += 1
-                reason = self._exit_reason(loop.op, req)
-                if not reason and loop.counter < loop.trips:
-                    return          # the pc stays on the Run: the loop's next iteration
-                self.exit_reason = reason or "max"
-                del self.loops[end.loop]
-                pc += 1
+                if not self.next_iteration(self.loops[end.loop], req):
+                    self.leave_loop(end, req)
+                return
             self.pc = pc
         else:
             self.branch_pos[pending.branch] += 1
             if self.in_flight or any(p < len(b) for p, b in zip(self.branch_pos, self.walk.program[self.pc].branches)):
                 return
             self.pc += 1
+        self.settle(req)
+
+    def next_iteration(self, loop: _Loop, req: RequestView) -> bool:
+        """Count an iteration of a DynamicLoop whose body is the one Run the pc rests on; whether
+        the loop goes on (the pc stays on the Run)."""
+        loop.counter += 1
+        return loop.counter < loop.trips and not self._exit_reason(loop.op, req)
+
+    def leave_loop(self, end: DynamicLoopEnd, req: RequestView) -> None:
+        """The loop of `next_iteration` ends: its exit reason is kept, the pc passes its end and settles."""
+        self.exit_reason = self._exit_reason(self.loops[end.loop].op, req) or "max"
+        del self.loops[end.loop]
+        self.pc += 2
         self.settle(req)
 
     def requeue(self, pending: PendingRun) -> None:

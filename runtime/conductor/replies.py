@@ -13,7 +13,7 @@ from typing import Any
 
 from dataclasses import dataclass, field
 
-from runtime.conductor.scheduler import Entry, PlannedBatch
+from runtime.conductor.batch import Entry, PlannedBatch
 from runtime.transport.messages import BatchDone, BatchFailed
 from runtime.transport.queues import Envelope, is_worth_logging
 

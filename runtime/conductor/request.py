@@ -107,6 +107,7 @@ class Request:
     deadline: float | None = None          # monotonic time after which it is aborted
     finish_reason: str | None = None
     _caps: dict[Count, int] = field(default_factory=dict, repr=False)   # token_cap's answers
+    steady: Any = field(default=None, repr=False)   # its SteadyRow while it decodes steadily (steady.py)
 
     # ---- transitions (the only way `state` changes) --------------------------------
 
@@ -120,6 +121,7 @@ class Request:
 
     def preempt(self) -> None:
         self._move(RequestState.PREEMPTED)
+        self.steady = None        # its row is built again once its context is recomputed
         self.kv_fed.clear()
         for node, sent in self.prefill_sent.items():   # a prompt half prefilled in chunks restarts whole
             del self.kv_history[node][len(self.kv_history[node]) - sent:]
@@ -225,6 +227,11 @@ class Request:
             self.first_token_at = time.monotonic()
         self.output_ids.extend(token_ids)
         self.events.put_nowait(OutputEvent(token_ids=list(token_ids), logprobs=list(logprobs)))
+
+    def own_tensors(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        """This request's share of a batch's tensors ("<request_id>/<key>"), by key."""
+        prefix = f"{self.request_id}/"
+        return {k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)}
 
     def emit_tensors(self, tensors: dict[str, Any]) -> None:
         self.events.put_nowait(OutputEvent(tensors=tensors))

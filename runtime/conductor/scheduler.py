@@ -20,16 +20,15 @@ tail (at most a quarter chunk) rides with the chunk before it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-import msgspec
-import torch
-
+from runtime.conductor.batch import Entry, PlannedBatch
 from runtime.conductor.cursor import PendingRun
 from runtime.conductor.kv_ledger import KVLedger, KVPoolLedger
 from runtime.conductor.plan_index import PlanIndex, RunFacts
 from runtime.conductor.request import Request, RequestState
+from runtime.conductor.steady import steady_row
 from runtime.conductor.streams import StreamLedger
 from runtime.transport.messages import Route, WorkItem
 
@@ -37,32 +36,6 @@ from runtime.transport.messages import Route, WorkItem
 # a prompt's last piece of at most 1/TAIL_FRACTION of a chunk joins the chunk before it (a 276-token
 # prompt is one forward, not 256 + 20: the second forward costs a decode step's fixed ~40 ms)
 TAIL_FRACTION = 4
-
-
-class Entry(msgspec.Struct):
-    """One request's Run inside a batch (one is built per row per step: a struct, built in C)."""
-
-    request: Request
-    pending: PendingRun
-    item: WorkItem
-    facts: RunFacts                    # what the plan fixes for Runs of its node in its walk
-    tensors: dict[str, torch.Tensor] = {}   # frames to attach (a fresh dict per entry)
-    read: list[int] = []               # request input items this Run reads
-    version: int = 0                   # this Run's count of its node's runs
-    kv_from: int | None = None         # rank whose KV cache of the node moves here
-    kv_added: int = 0                  # tokens this Run added to the KV history
-
-
-@dataclass
-class PlannedBatch:
-    rank: int                                          # the rank whose results count (a TP group's lead)
-    node: str
-    entries: list[Entry] = field(default_factory=list)
-    group: list[int] = field(default_factory=list)     # every rank that runs it, lead first ([rank] without TP)
-    num_tokens: int = 0                                # tokens its entries compute (cached ones are reused)
-
-    def __post_init__(self) -> None:
-        self.group = self.group or [self.rank]
 
 
 @dataclass
@@ -126,7 +99,9 @@ class Scheduler:
             if not self._open:                        # every batch is full or in flight: the rest wait
                 break
             if req.state == RequestState.RUNNING:     # not one preempted earlier in this loop
-                self._place(req, batches, ready_ranks, placed, admitting=False)
+                row = req.steady
+                if row is None or not row.place(req, batches, self._open, ready_ranks, placed):
+                    self._place(req, batches, ready_ranks, placed, admitting=False)
         for req in waiting:
             if num_admitted >= self.config.max_running or not self._open:
                 break
@@ -189,6 +164,9 @@ class Scheduler:
                 if facts.is_replicated:
                     self._stick(req, pending, rank)
                 cursor.in_flight.add(pending.branch)    # cursor.start, inline
+                if facts.fed_back is not None:          # a decode row: kept from step to step if it can be
+                    req.steady = steady_row(req, entry, cursor, facts, self.ledger.pools.get(key),
+                                            self._batch_limit[run.node], self.config.max_batch_tokens)
         return True
 
     def _reserve(self, req: Request, entry: Entry, key: tuple[int, str], batch: PlannedBatch, placed: set,

@@ -7,51 +7,18 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import RequestState
-from runtime.transport.messages import BatchDone, BatchFailed, CloseRequest, ItemResult, OpenRequest, RunBatch
+from runtime.transport.messages import BatchDone, BatchFailed, ItemResult, RunBatch
 from runtime.transport.queues import Envelope
-from runtime.worker.null import NullWorkers
 from runtime.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
+from tests.runtime.conductor.cache_workers import POISON, CacheWorkers
 
 ROOT = Path(__file__).resolve().parents[3]
-POISON = 13    # a request with this top_k makes the fake node raise (as top_k=2**63 once did)
-
-
-class CacheWorkers(NullWorkers):
-    """Each item's token is the request's KV length after it, so a wrong recompute shows."""
-
-    def __init__(self, conductor: Conductor) -> None:
-        super().__init__(conductor)
-        self.kv: dict[int, int] = {}
-        self.poisoned: set[int] = set()
-        self.failed_batches = 0
-
-    def send(self, rank: int, msg, tensors: dict | None = None) -> None:
-        if isinstance(msg, OpenRequest) and msg.params.sampling.top_k == POISON:
-            self.poisoned.add(msg.request_id)
-        elif isinstance(msg, CloseRequest):
-            for rid in msg.request_ids:
-                self.kv.pop(rid, None)
-        elif isinstance(msg, RunBatch):
-            self._run(rank, msg)
-
-    def _run(self, rank: int, msg: RunBatch) -> None:
-        if any(item.request_id in self.poisoned for item in msg.items):
-            self.failed_batches += 1
-            reply = BatchFailed(batch_id=msg.batch_id, rank=rank, message="OverflowError: int too big to convert")
-            self.conductor._events.put_nowait((rank, Envelope(reply)))
-            return
-        items = []
-        for item in msg.items:
-            self.kv[item.request_id] = self.kv.get(item.request_id, 0) + len(item.tokens)
-            items.append(ItemResult(request_id=item.request_id, tokens=[self.kv[item.request_id]]))
-        self.conductor._events.put_nowait((rank, Envelope(BatchDone(batch_id=msg.batch_id, rank=rank, items=items))))
 
 
 def run_requests(prompts: list[list[int]], poisoned: set[int], max_tokens: int = 6):
