@@ -165,7 +165,7 @@ class Scheduler:
                     self._stick(req, pending, rank)
                 cursor.in_flight.add(pending.branch)    # cursor.start, inline
                 if facts.fed_back is not None:          # a decode row: kept from step to step if it can be
-                    req.steady = steady_row(req, entry, cursor, facts, self.ledger.pools.get(key),
+                    req.steady = steady_row(req, entry, cursor, facts, self.ledger.pools,
                                             self._batch_limit[run.node], self.config.max_batch_tokens)
         return True
 

@@ -52,8 +52,7 @@ class SteadyRow(msgspec.Struct):
     loop: _Loop                        # the decode loop (its counter is the item's step)
     end: DynamicLoopEnd                # that loop's end op (passed when it ends)
     fed_back: str                      # the value whose last ids are the next item's tokens
-    pool: KVPoolLedger | None          # the node's KV pool on the rank (None: no KV counted)
-    plain: bool                        # the pool is a plain `KVPoolLedger` (its grow is inlined)
+    pools: dict[tuple[int, str], KVPoolLedger]   # the ledger's pools (a rank that reports Ready anew gets new ones)
     history: list[int] | None          # the request's KV history of the node (None: no KV node)
     client_tokens: bool                # its tokens go to the client
     cap: int | None                    # the most client tokens the request may get (max_tokens)
@@ -74,13 +73,13 @@ class SteadyRow(msgspec.Struct):
             if batch.num_tokens >= self.max_batch_tokens:
                 req.steady = None
                 return False
-        entry, pool = self.entry, self.pool
+        entry, pool = self.entry, self.pools.get(key)
         item = entry.item
         item.tokens = tokens = list(req.last_values[self.fed_back])
         cached = 0
         if pool is not None:
             rid = req.request_id
-            held = pool.tokens.get(rid, 0) if self.plain and len(tokens) == 1 else 0
+            held = pool.tokens.get(rid, 0) if type(pool) is KVPoolLedger and len(tokens) == 1 else 0
             if held % pool.block_size:           # a plain pool's last block has room: no block taken
                 pool.tokens[rid] = held + 1
             elif (cached := pool.try_grow(rid, len(tokens), tokens)) is None:
@@ -130,8 +129,8 @@ class SteadyRow(msgspec.Struct):
         return cursor.state == DONE
 
 
-def steady_row(req: Request, entry: Entry, cursor: TrackCursor, facts: RunFacts, pool: KVPoolLedger | None,
-               limit: int, max_batch_tokens: int) -> SteadyRow | None:
+def steady_row(req: Request, entry: Entry, cursor: TrackCursor, facts: RunFacts,
+               pools: dict[tuple[int, str], KVPoolLedger], limit: int, max_batch_tokens: int) -> SteadyRow | None:
     """The row to keep if `entry`, just placed by the general path, is a decode row that only its
     token and counts change from step to step; else None."""
     item, run = entry.item, entry.pending.run
@@ -146,7 +145,7 @@ def steady_row(req: Request, entry: Entry, cursor: TrackCursor, facts: RunFacts,
     if type(end) is not DynamicLoopEnd or end.begin != pc - 1 or end.loop != max(cursor.loops):
         return None       # not the one Run of the innermost loop
     rank = run.ranks[0]
-    return SteadyRow(entry, (rank, run.node), rank, run.node, limit, max_batch_tokens, cursor, cursor.loops[end.loop], end, fed_back,
-                     pool, type(pool) is KVPoolLedger, req.kv_history[run.node] if facts.has_kv else None,
+    return SteadyRow(entry, (rank, run.node), rank, run.node, limit, max_batch_tokens, cursor, cursor.loops[end.loop],
+                     end, fed_back, pools, req.kv_history[run.node] if facts.has_kv else None,
                      facts.client_tokens and cursor.is_on_last_item,
                      req.token_cap(facts.token_budget) if facts.token_budget is not None else None)

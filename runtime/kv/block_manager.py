@@ -109,8 +109,10 @@ class KVBlockManager:
         """Leading rows of `tokens` held in cached full blocks, leaving at least one to compute (the
         forward must produce the last row's logits) and reusing none at or past row `limit`; 0
         without prefix caching. `after`: a request that holds rows already, which `tokens` continue."""
+        if len(tokens) < 2:      # a decode step's one row: it is computed, nothing to look up
+            return 0
         end = self._chain_end(after)
-        if end is None or not tokens or self._stops(tokens):
+        if end is None or self._stops(tokens):
             return 0
         parent, pending = end
         usable = len(tokens) - 1 if limit is None else min(limit, len(tokens) - 1)
@@ -177,8 +179,8 @@ class KVBlockManager:
         """Make the request's full, written blocks findable (call after the forward that wrote them);
         returns the blocks newly keyed. `tails`: key the partly filled last block by its rows too."""
         table = self._tables[req]
-        if self.prefix_root is None or table.pending is None:
-            return []
+        if self.prefix_root is None or table.pending is None or (len(table.pending) < self.block_size and not tails):
+            return []            # (no block filled since the last commit: a decode step's usual case)
         parent = table.keys[-1] if table.keys else self.prefix_root
         new = chain_keys(parent, table.pending, self.block_size)
         for i, key in enumerate(new, start=len(table.keys)):
@@ -256,13 +258,37 @@ class KVBlockManager:
                reuse: int = 0) -> list[tuple[int, int]]:
         """Room for `n` more tokens (ids `tokens`, if known), the first `reuse` of them in cached
         blocks (`prefix_hit(tokens, after=req)`); returns (src, dst) block copies to apply before writing."""
-        end = self._chain_end(req) if tokens is not None else None
+        if n == 1 and not reuse and self._append_in_place(req, tokens):
+            return []
         # a lookup when a full block could be found: rows after the partly filled last block's reach it
+        # (never one row: a last block's rows are fewer than a block, see _chain_end)
+        end = self._chain_end(req) if tokens is not None and len(tokens) > 1 else None
         is_lookup = end is not None and len(end[1]) + len(tokens) > self.block_size
         copies = self._grow(req, n, tokens, reuse)
         if is_lookup:
             self.allocator.note_query(len(tokens), reuse)    # a later prompt chunk: a lookup too
         return copies
+
+    def _append_in_place(self, req: RequestId, tokens: Sequence[Row] | None) -> bool:
+        """One row (a decode step's) into the request's own partly filled last block, as `_grow` would
+        put it there (no block taken, none copied, nothing to look up); False, changing nothing, if
+        it needs more than that."""
+        table = self._tables[req]
+        if (not table.num_tokens % self.block_size or len(table.blocks) != table.num_tokens // self.block_size + 1
+                or self.allocator.ref_count(table.blocks[-1]) != 1):
+            return False
+        self._note_rows(table, tokens, 0)
+        table.num_tokens += 1
+        return True
+
+    def _note_rows(self, table: BlockTable, tokens: Sequence[Row] | None, reuse: int) -> None:
+        """The rows after the first `reuse` of `tokens` wait in the table to be keyed (`commit`); rows
+        not known, or past a placeholder, end its caching."""
+        if table.pending is not None:     # the table's own list (allocate, open and a reuse give it a new one)
+            if tokens is None or self._stops(tokens):
+                table.pending = None
+            else:
+                table.pending.extend(tokens[reuse:] if reuse else tokens)
 
     def _grow(self, req: RequestId, n: int, tokens: Sequence[Row] | None, reuse: int) -> list[tuple[int, int]]:
         table = self._tables[req]
@@ -282,8 +308,7 @@ class KVBlockManager:
             table.blocks.extend(reused)
             table.pending = []
         fresh = self.allocator.allocate(needed, after=table.blocks[-1] if table.blocks else None)
-        if table.pending is not None:
-            table.pending = None if tokens is None or self._stops(tokens) else [*table.pending, *tokens[reuse:]]
+        self._note_rows(table, tokens, reuse)
         copies = []
         if cow:
             src, dst = table.blocks[-1], fresh.pop()

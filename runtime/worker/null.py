@@ -15,7 +15,9 @@ from runtime.transport.queues import Envelope
 class NullWorkers:
     """Marks every rank ready with roomy KV pools and replaces the conductor's `_send`."""
 
-    def __init__(self, conductor: Conductor, kv_blocks: int = 1 << 16, block_size: int = 16, token: int = 7) -> None:
+    def __init__(self, conductor: Conductor, kv_blocks: int = 1 << 16, block_size: int = 16, token: int = 7,
+                 prefix_root: bytes | None = None) -> None:
+        """`prefix_root`: the pools mirror a prefix cache keyed from it (as a served LM's, by default)."""
         self.conductor = conductor
         self.token = token
         self.batches = 0          # RunBatch messages answered (lead ranks)
@@ -25,7 +27,7 @@ class NullWorkers:
             status.is_ready = True
         for node in conductor.index.kv_nodes():
             for rank in node.placement.ranks:
-                conductor.ledger.add_pool(rank, node.name, kv_blocks, block_size)
+                conductor.ledger.add_pool(rank, node.name, kv_blocks, block_size, prefix_root)
         conductor._send = self.send    # type: ignore[method-assign]
 
     def send(self, rank: int, msg: Any, tensors: dict | None = None) -> None:

@@ -29,7 +29,7 @@ def test_null_workers_answer_every_row_and_keep_requests_live() -> None:
 def test_quick_suite_reports_plain_rows_with_no_baseline() -> None:
     rows = run(Context(rounds=1, quick=True, root=ROOT))
     cpu = "conductor CPU time per step (thread time)"
-    assert [(r.case, r.metric) for r in rows][::5] == [("1 live", cpu), ("8 live", cpu)]
+    assert [(r.case, r.metric) for r in rows][::5] == [("1 live", cpu), ("8 live", cpu), ("8 live, prefix cache", cpu)]
     assert rows[1].metric.startswith("conductor wall time per step")
     assert rows[3].metric.startswith("one /v1/state snapshot")
     assert rows[4].metric.startswith("conductor Python opcodes per step")

@@ -20,6 +20,9 @@ The count is the same on any machine and any load (but for a few opcodes of the 
 time-based checks), so a change to the conductor's hot path shows in it when the timed rows
 are lost in a shared machine's noise; per decode row it is the step's count minus the
 1-live count, divided by the rows.
+The last case runs the 512 with the KV pool mirroring a prefix cache (`PrefixPoolLedger`), as a
+served LM's pool does by default (`--no-prefix-cache` turns it off): each decode row then also
+advances the mirror's block table, and a filled block is hashed and registered.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ STEPS = 200                # timed steps per round
 SNAPSHOTS = 20             # timed /v1/state snapshots per round
 TRACED_STEPS = 20          # steps whose opcodes are counted per round (tracing runs ~50x slower)
 MAX_TOKENS = 8192          # decode loops far longer than a run: every request stays live
+PREFIX_ROOT = bytes(16)     # the "prefix cache" case: the pool mirrors a prefix cache, as a served LM's does by default
 LABEL = "mstar Conductor.step() with null workers (tiny smollm2 plan, one lm node, batch {batch})"
 NOTE = "absolute figure: there is no baseline peer for the conductor's own cost"
 
@@ -44,7 +48,7 @@ NOTE = "absolute figure: there is no baseline peer for the conductor's own cost"
 class NullConductor:
     """A conductor of `live` decode loops answered instantly by null workers."""
 
-    def __init__(self, ctx: Context, live: int) -> None:
+    def __init__(self, ctx: Context, live: int, prefix_cache: bool = False) -> None:
         try:
             from mstar_compiler.ir import Options
             from mstar_compiler.pipeline import compile_file
@@ -57,7 +61,7 @@ class NullConductor:
         config = ConductorConfig(plan_path="null", scheduler=SchedulerConfig(max_running=max(live, 256)))
         self.loop = asyncio.new_event_loop()
         self.conductor = Conductor(plan, config)
-        self.workers = NullWorkers(self.conductor)
+        self.workers = NullWorkers(self.conductor, prefix_root=PREFIX_ROOT if prefix_cache else None)
         self.batch = plan.node("lm").max_batch
         self.reqs = [self.conductor.submit("chat", RequestParams(declared={"max_tokens": MAX_TOKENS}), [("text", list(range(1, 9)))])
                      for _ in range(live)]
@@ -125,22 +129,23 @@ class NullConductor:
         self.loop.close()
 
 
-def _rows(live: int, label: str, samples: dict[str, list[float]]) -> list[Row]:
-    case = f"{live} live"
+def _rows(live: int, label: str, samples: dict[str, list[float]], prefix_cache: bool = False) -> list[Row]:
+    case, series = (f"{live} live, prefix cache", "-prefix") if prefix_cache else (f"{live} live", "")
     rows_per_step = sum(samples["rows"]) / len(samples["rows"])
     advanced = min(samples["advanced"])
     note = f"{NOTE}; {rows_per_step:.1f} rows per step; {advanced:.0f} of {live} requests got a token while timed"
     return [Row(case, "conductor CPU time per step (thread time)", "µs", LOWER, Side(label, samples["cpu_us"]),
-                plot="step", x=live, xlabel="live requests", note=note, names=("mstar", "")),
+                plot="step" + series, x=live, xlabel="live requests", note=note, names=("mstar", "")),
             Row(case, "conductor wall time per step (holds the machine's other load)", "µs", LOWER,
-                Side(label, samples["us"]), plot="step-wall", x=live, xlabel="live requests", names=("mstar", "")),
+                Side(label, samples["us"]), plot="step-wall" + series, x=live, xlabel="live requests",
+                names=("mstar", "")),
             Row(case, "conductor CPU time per step per live request", "µs", LOWER, Side(label, samples["per_req"]),
-                plot="per-request", x=live, xlabel="live requests", names=("mstar", "")),
+                plot="per-request" + series, x=live, xlabel="live requests", names=("mstar", "")),
             Row(case, "one /v1/state snapshot (at most 4 per second, shared by every viewer)", "µs", LOWER,
-                Side(label, samples["snapshot_us"]), plot="snapshot", x=live, xlabel="live requests",
+                Side(label, samples["snapshot_us"]), plot="snapshot" + series, x=live, xlabel="live requests",
                 names=("mstar", "")),
             Row(case, "conductor Python opcodes per step (the work: the same on any machine)", "opcodes", LOWER,
-                Side(label, samples["opcodes"]), plot="opcodes", x=live, xlabel="live requests",
+                Side(label, samples["opcodes"]), plot="opcodes" + series, x=live, xlabel="live requests",
                 names=("mstar", ""))]
 
 
@@ -149,11 +154,15 @@ def run(ctx: Context) -> list[Row]:
     ctx.settings.update(live_requests=list(LIVE_REQUESTS), steps_per_round=STEPS, max_tokens=MAX_TOKENS,
                         baseline="none: absolute figures and their per-request scaling")
     rows: list[Row] = []
-    for live in (1, 8) if ctx.quick else LIVE_REQUESTS:
-        harness = NullConductor(ctx, live)
+    # plain KV pools at each size, then the largest with the prefix cache's mirror (a served LM's default)
+    cases = [(1, False), (8, False), (8, True)] if ctx.quick else [*((n, False) for n in LIVE_REQUESTS),
+                                                                   (LIVE_REQUESTS[-1], True)]
+    for live, prefix_cache in cases:
+        harness = NullConductor(ctx, live, prefix_cache)
         try:
-            samples = ctx.alternate(f"sched {live} live", {"mstar": harness.measure})["mstar"]
+            name = f"sched {live} live" + (", prefix cache" if prefix_cache else "")
+            samples = ctx.alternate(name, {"mstar": harness.measure})["mstar"]
         finally:
             harness.close()
-        rows.extend(_rows(live, LABEL.format(batch=harness.batch), samples))
+        rows.extend(_rows(live, LABEL.format(batch=harness.batch), samples, prefix_cache))
     return rows

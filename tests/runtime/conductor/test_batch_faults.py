@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.conductor.conductor import Conductor, ConductorConfig

@@ -58,9 +58,9 @@ def run(steady: bool, monkeypatch: pytest.MonkeyPatch, kv_blocks: int, max_batch
             # a stop id the KV length reaches after `stop * 7` tokens, for about a third of them
             stops = frozenset({len(prompt) + 7 * stop}) if stop else frozenset()
             poisoned = rng.random() < 0.05
-            reqs.append(conductor.submit("chat", RequestParams(declared={"max_tokens": max_tokens},
-                                                               sampling=SamplingParams(top_k=POISON if poisoned else 0)),
-                                         [("text", prompt)], stop_token_ids=stops))
+            params = RequestParams(declared={"max_tokens": max_tokens},
+                                   sampling=SamplingParams(top_k=POISON if poisoned else 0))
+            reqs.append(conductor.submit("chat", params, [("text", prompt)], stop_token_ids=stops))
 
         async def drive() -> None:
             nonlocal steady_rows

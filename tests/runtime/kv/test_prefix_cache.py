@@ -288,3 +288,52 @@ def test_a_piece_holding_a_placeholder_is_neither_looked_up_nor_cached() -> None
         cache.commit(2)
         cache.free(2)
     assert ledger.cached_prefix(3, text[:8] + picture) == 0 and kv.allocator.num_cached == 2
+
+
+@pytest.mark.parametrize("root", [ROOT, None])
+def test_a_row_appended_in_place_leaves_what_the_general_append_leaves(monkeypatch: pytest.MonkeyPatch, root) -> None:
+    """`append` of one row into a request's own partly filled last block takes a short way
+    (`_append_in_place`, every decode step's usual case); driven by the same random calls (forks
+    that share a last block, rows unknown or holding a placeholder, commits, frees), a manager that
+    always takes the general way ends every call in the same state and returns the same copies."""
+    def drive(in_place: bool) -> tuple[list, int]:
+        rng = random.Random(11)
+        kv = KVBlockManager(40, BS, root, stop_ids=frozenset({49}))
+        if not in_place:
+            monkeypatch.setattr(kv, "_append_in_place", lambda req, tokens: False)
+        trace, live, short_ways, next_id = [], [], 0, 0
+        for _ in range(3000):
+            op = rng.random()
+            if op < 0.15 or not live:
+                tokens = [rng.randrange(50) for _ in range(rng.randrange(1, 11))]
+                if not kv.can_allocate(len(tokens), tokens):
+                    continue
+                kv.allocate(next_id, len(tokens), tokens)
+                out: object = "allocated"
+                live.append(next_id)
+                next_id += 1
+            elif op < 0.22:
+                kv.fork(rng.choice(live), next_id)          # a shared, maybe partly filled, last block
+                out = "forked"
+                live.append(next_id)
+                next_id += 1
+            elif op < 0.8:
+                req = rng.choice(live)
+                if not kv.can_append(req, 1):
+                    continue
+                table = kv.table(req)
+                short_ways += table.num_tokens % BS != 0 and kv.allocator.ref_count(table.blocks[-1]) == 1
+                out = kv.append(req, 1, None if rng.random() < 0.05 else [rng.randrange(50)])
+            elif op < 0.9:
+                out = kv.commit(rng.choice(live))
+            else:
+                req = live.pop(rng.randrange(len(live)))
+                kv.free(req)
+                out = "freed"
+            tables = {r: (list(t.blocks), t.num_tokens, list(t.keys), None if t.pending is None else list(t.pending))
+                      for r in live for t in [kv.table(r)]}
+            trace.append((out, tables, kv.allocator.num_free, [kv.allocator.ref_count(b) for b in range(40)]))
+        return trace, short_ways
+    (short, used), (general, _) = drive(True), drive(False)
+    assert used > 500    # the short way was taken (795 times here)
+    assert short == general
