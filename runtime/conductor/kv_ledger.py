@@ -166,6 +166,15 @@ class PrefixPoolLedger(KVPoolLedger):
     def can_grow(self, request_id: int, n_new: int, reserved: int = 0, tokens: Sequence[int] | None = None) -> bool:
         return self.needed(request_id, n_new, tokens) + reserved <= self.mirror.allocator.num_free
 
+    def try_grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int | None:
+        """`checked_grow`, but a decode step's one row into its own partly filled last block goes
+        straight there: it needs no block (so it always fits), reuses nothing and frees nothing."""
+        if n_new == 1 and self.mirror.append_in_place(request_id, tokens):
+            self._grown.add(request_id)
+            self.tokens[request_id] = self.tokens.get(request_id, 0) + 1
+            return 0
+        return self.checked_grow(request_id, n_new, tokens)
+
     def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
         reuse = self._reuse(request_id, tokens)
         if request_id in self.mirror:

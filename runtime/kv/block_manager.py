@@ -258,7 +258,7 @@ class KVBlockManager:
                reuse: int = 0) -> list[tuple[int, int]]:
         """Room for `n` more tokens (ids `tokens`, if known), the first `reuse` of them in cached
         blocks (`prefix_hit(tokens, after=req)`); returns (src, dst) block copies to apply before writing."""
-        if n == 1 and not reuse and self._append_in_place(req, tokens):
+        if n == 1 and not reuse and self.append_in_place(req, tokens):
             return []
         # a lookup when a full block could be found: rows after the partly filled last block's reach it
         # (never one row: a last block's rows are fewer than a block, see _chain_end)
@@ -269,11 +269,13 @@ class KVBlockManager:
             self.allocator.note_query(len(tokens), reuse)    # a later prompt chunk: a lookup too
         return copies
 
-    def _append_in_place(self, req: RequestId, tokens: Sequence[Row] | None) -> bool:
-        """One row (a decode step's) into the request's own partly filled last block, as `_grow` would
-        put it there (no block taken, none copied, nothing to look up); False, changing nothing, if
-        it needs more than that."""
-        table = self._tables[req]
+    def append_in_place(self, req: RequestId, tokens: Sequence[Row] | None) -> bool:
+        """One row (a decode step's) into the request's own partly filled last block, as `append`
+        would put it there (no block taken, none copied, nothing to look up); False, changing
+        nothing, if it needs more than that (or the request holds no table)."""
+        table = self._tables.get(req)
+        if table is None:
+            return False
         if (not table.num_tokens % self.block_size or len(table.blocks) != table.num_tokens // self.block_size + 1
                 or self.allocator.ref_count(table.blocks[-1]) != 1):
             return False

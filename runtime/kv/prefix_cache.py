@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 import hashlib
+import struct
 from typing import Iterable, Sequence
 
 import torch
@@ -52,7 +53,11 @@ def tensor_digest(t: torch.Tensor) -> bytes:
 
 
 def _row_bytes(rows: Sequence[Row]) -> bytes:
-    return b"".join(r if isinstance(r, bytes) else int(r).to_bytes(4, "little", signed=True) for r in rows)
+    """Each row as its bytes: a token id as 4 little-endian signed bytes, a digest as itself."""
+    try:
+        return struct.pack(f"<{len(rows)}i", *rows)      # token ids (a block of them, in one call)
+    except struct.error:                                 # digests among them (or an id past int32: raises below)
+        return b"".join(r if isinstance(r, bytes) else int(r).to_bytes(4, "little", signed=True) for r in rows)
 
 
 def chain_keys(parent: Key, tokens: Sequence[Row], block_size: int) -> list[Key]:

@@ -144,7 +144,7 @@ def test_a_reported_pool_preempts_one_victim_per_worker_report(plan) -> None:
 
 def test_try_grow_is_can_grow_then_grow_for_every_kind_of_pool() -> None:
     """The scheduler grows each row with one `try_grow` call: the plain pool counts inline, the
-    others check then grow. Fed the same random requests, each pool ends every call as the pair
+    prefix pool puts a decode row in its last block directly, the others check then grow. Fed the same random requests, each pool ends every call as the pair
     `can_grow` / `grow` leaves a twin of it (tokens, blocks, peak, the answer)."""
     import random
 
@@ -157,19 +157,25 @@ def test_try_grow_is_can_grow_then_grow_for_every_kind_of_pool() -> None:
     for one, twin in zip(pools(), pools()):
         rng, answers = random.Random(1), set()
         prompts = {rid: [rng.randrange(50) for _ in range(200)] for rid in range(6)}
-        for _ in range(300):
+        for _ in range(600):
             rid = rng.randrange(6)
             if rng.random() < 0.15:
                 one.free(rid)
                 twin.free(rid)
                 continue
             held = one.tokens.get(rid, 0)
-            n = rng.randint(1, 40)
+            n = 1 if rng.random() < 0.5 else rng.randint(2, 40)     # a decode row half the time
             tokens = prompts[rid][held:held + n] if held + n <= 200 else None
             got = one.try_grow(rid, n, tokens)
             want = twin.grow(rid, n, tokens=tokens) if twin.can_grow(rid, n, tokens=tokens) else None
             assert got == want, type(one).__name__
             answers.add(got is None)
             assert (one.tokens, one.used_blocks, one.peak_blocks) == (twin.tokens, twin.used_blocks, twin.peak_blocks)
+            if isinstance(one, PrefixPoolLedger):   # its mirror's tables too (a decode row's short way)
+                one.commit()
+                twin.commit()
+                assert {r: vars(one.mirror.table(r)) for r in one.tokens if r in one.mirror} == \
+                    {r: vars(twin.mirror.table(r)) for r in twin.tokens if r in twin.mirror}
         assert answers == {True, False}      # both answers were compared: grown and refused
-    assert PrefixPoolLedger.try_grow is KVPoolLedger.checked_grow is ReportedPoolLedger.try_grow
+    # the reported pool checks then grows; the prefix pool's own try_grow takes a decode row's short way
+    assert ReportedPoolLedger.try_grow is KVPoolLedger.checked_grow is not PrefixPoolLedger.try_grow

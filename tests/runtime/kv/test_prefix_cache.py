@@ -293,14 +293,14 @@ def test_a_piece_holding_a_placeholder_is_neither_looked_up_nor_cached() -> None
 @pytest.mark.parametrize("root", [ROOT, None])
 def test_a_row_appended_in_place_leaves_what_the_general_append_leaves(monkeypatch: pytest.MonkeyPatch, root) -> None:
     """`append` of one row into a request's own partly filled last block takes a short way
-    (`_append_in_place`, every decode step's usual case); driven by the same random calls (forks
+    (`append_in_place`, every decode step's usual case); driven by the same random calls (forks
     that share a last block, rows unknown or holding a placeholder, commits, frees), a manager that
     always takes the general way ends every call in the same state and returns the same copies."""
     def drive(in_place: bool) -> tuple[list, int]:
         rng = random.Random(11)
         kv = KVBlockManager(40, BS, root, stop_ids=frozenset({49}))
         if not in_place:
-            monkeypatch.setattr(kv, "_append_in_place", lambda req, tokens: False)
+            monkeypatch.setattr(kv, "append_in_place", lambda req, tokens: False)
         trace, live, short_ways, next_id = [], [], 0, 0
         for _ in range(3000):
             op = rng.random()
@@ -337,3 +337,22 @@ def test_a_row_appended_in_place_leaves_what_the_general_append_leaves(monkeypat
     (short, used), (general, _) = drive(True), drive(False)
     assert used > 500    # the short way was taken (795 times here)
     assert short == general
+
+
+def test_a_block_key_hashes_each_token_id_as_4_little_endian_bytes() -> None:
+    """Keys name the same blocks in every process and every version that hashes them alike: ids
+    as 4 signed little-endian bytes each (packed in one call), digests (media rows) as themselves."""
+    import hashlib
+
+    from runtime.kv.prefix_cache import chain_keys
+
+    rng = random.Random(3)
+    for _ in range(200):
+        rows = [rng.randrange(-2**31, 2**31) for _ in range(BS)]
+        if rng.random() < 0.3:
+            rows[rng.randrange(BS)] = rng.randbytes(16)
+        h = hashlib.blake2b(ROOT, digest_size=16)
+        h.update(b"".join(r if isinstance(r, bytes) else r.to_bytes(4, "little", signed=True) for r in rows))
+        assert chain_keys(ROOT, rows, BS) == [h.digest()]
+    with pytest.raises(OverflowError):
+        chain_keys(ROOT, [2**31] * BS, BS)
