@@ -21,7 +21,7 @@ using namespace mstar;
 // prefix, or beside other rows is bit-equal: what keeps answers with the prefix cache equal to answers without.
 
 #if defined(__AVX512F__)     // 32 vector registers of 16 lanes
-constexpr int kScoreRows = 12, kKeyPanels = 2, kValueRows = 6, kValueVecs = 4;
+constexpr int kScoreRows = 6, kKeyPanels = 4, kValueRows = 6, kValueVecs = 4;
 #else                        // AVX2: 16 registers of 8 lanes
 constexpr int kScoreRows = 6, kKeyPanels = 2, kValueRows = 6, kValueVecs = 2;
 #endif
@@ -65,6 +65,52 @@ inline void value_rows(const float* p, const float* rescale, const T* const* val
         for (int j = 0; j < VECS; ++j) store_lanes(o + r * d + c + j * kLanes, acc[r][j]);
 }
 
+// exp(x) for x <= 0 (scores less their max): fast_exp's steps (cpu_common.h) less its upper clamp; AVX-512
+// rounds n = x / ln 2 and scales by 2^n in one instruction each
+inline vf exp_nonpositive(vf x) {
+    x = x < -87.33654f ? vf{} - 87.33654f : x;
+#if defined(__AVX512F__)
+    const __m512 n = _mm512_roundscale_ps(reinterpret_cast<__m512>(x * 1.44269504088896341f),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const vf nf = reinterpret_cast<vf>(n);
+    const vf y = exp_reduced(x - nf * 0.693359375f + nf * 2.12194440e-4f);
+    return reinterpret_cast<vf>(_mm512_scalef_ps(reinterpret_cast<__m512>(y), n));
+#else
+    const vf y0 = x * 1.44269504088896341f + 0.5f;
+    vi n = __builtin_convertvector(y0, vi);                                     // toward zero, then down: floor
+    n += __builtin_convertvector(n, vf) > y0;
+    const vf nf = __builtin_convertvector(n, vf);
+    const vf y = exp_reduced(x - nf * 0.693359375f + nf * 2.12194440e-4f);
+    const vi e = (n + 127) << 23;
+    vf scale;
+    std::memcpy(&scale, &e, sizeof(scale));
+    return y * scale;
+#endif
+}
+
+// a row's scores sr of a key tile -> its p, in place; its running max m, lane-wise sums l and the rescale of its
+// sums so far. MASKED: keys from `seen` on are past the row (p = 0); either way a key it sees gets the same bits.
+template <bool MASKED>
+inline void softmax_row(float* sr, float* l, float* m, float* rescale, int64_t seen) {
+    vf sv[kKeyPanels], top = vf{} - 3.0e38f;
+    for (int p = 0; p < kKeyPanels; ++p) {
+        sv[p] = load_lanes(sr + p * kLanes);
+        if (MASKED) sv[p] = kLaneIndex + static_cast<float>(p * kLanes - seen) < 0.f ? sv[p] : vf{} - 3.0e38f;
+        top = top > sv[p] ? top : sv[p];
+    }
+    const float mx = std::max(*m, max_lanes(top));
+    *rescale = mx == *m ? 1.f : exp_nonpositive(vf{} + (*m - mx))[0];     // exp(0) is 1: the same bits
+    vf sum = load_lanes(l) * *rescale;
+    for (int p = 0; p < kKeyPanels; ++p) {
+        vf e = exp_nonpositive(sv[p] - mx);
+        if (MASKED) e = kLaneIndex + static_cast<float>(p * kLanes - seen) < 0.f ? e : vf{};
+        store_lanes(sr + p * kLanes, e);
+        sum += e;
+    }
+    store_lanes(l, sum);
+    *m = mx;
+}
+
 template <typename T>
 struct PrefillTask {
     const T* q;             // (n, hq, d)
@@ -104,27 +150,13 @@ void prefill_item(const PrefillTask<T>& task, int64_t h, int64_t t0, int64_t t1,
     for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
         const float* tile = task.kt + ((h * task.tiles) + k0 / kKeyTile) * d * kKeyTile;
         for (int64_t r = 0; r < padded; r += kScoreRows) score_rows(qs + r * d, d, tile, s + r * kKeyTile);
-        for (int64_t r = 0; r < padded; ++r) {         // mask, running max, p, the lane-wise running sums
-            float* sr = s + r * kKeyTile;
-            const float seen = static_cast<float>(std::min<int64_t>(std::max<int64_t>(last[r] + 1 - k0, 0),
-                                                                    kKeyTile));
-            vf sv[kKeyPanels], top = vf{} - 3.0e38f;
-            for (int p = 0; p < kKeyPanels; ++p) {
-                sv[p] = load_lanes(sr + p * kLanes);
-                sv[p] = kLaneIndex + static_cast<float>(p * kLanes) < seen ? sv[p] : vf{} - 3.0e38f;
-                top = top > sv[p] ? top : sv[p];
-            }
-            const float mx = std::max(m[r], max_lanes(top));
-            rescale[r] = fast_exp(m[r] - mx);
-            vf sum = load_lanes(l + r * kLanes) * rescale[r];
-            for (int p = 0; p < kKeyPanels; ++p) {
-                const vf e = kLaneIndex + static_cast<float>(p * kLanes) < seen ? exp_lanes(sv[p] - mx) : vf{};
-                store_lanes(sr + p * kLanes, e);
-                sum += e;
-            }
-            store_lanes(l + r * kLanes, sum);
-            m[r] = mx;
-        }
+        // only a tile that reaches past the item's first position masks: below it every row sees every key
+        if (k0 + kKeyTile > task.context + t0)
+            for (int64_t r = 0; r < padded; ++r)
+                softmax_row<true>(s + r * kKeyTile, l + r * kLanes, m + r, rescale + r, last[r] + 1 - k0);
+        else
+            for (int64_t r = 0; r < padded; ++r)
+                softmax_row<false>(s + r * kKeyTile, l + r * kLanes, m + r, rescale + r, kKeyTile);
         const int64_t tile_keys = std::min(kKeyTile, keys - k0);
         for (int64_t j = 0; j < tile_keys; ++j) {
             const int64_t t = k0 + j;
