@@ -183,19 +183,55 @@ void prefill_item(const PrefillTask<T>& task, int64_t h, int64_t t0, int64_t t1,
     }
 }
 
+#if defined(__AVX512F__)
+// 16 vectors, rows of a 16 x 16 block -> its columns: pairs of lanes, then of pairs, of quarters, of halves
+inline void transpose_lanes(vf* v) {
+    __m512 a[16], b[16];
+    for (int r = 0; r < 16; r += 2) {
+        a[r] = _mm512_unpacklo_ps(reinterpret_cast<__m512>(v[r]), reinterpret_cast<__m512>(v[r + 1]));
+        a[r + 1] = _mm512_unpackhi_ps(reinterpret_cast<__m512>(v[r]), reinterpret_cast<__m512>(v[r + 1]));
+    }
+    for (int r = 0; r < 16; r += 4)
+        for (int k = 0; k < 2; ++k) {
+            b[r + 2 * k] = _mm512_shuffle_ps(a[r + k], a[r + k + 2], 0x44);
+            b[r + 2 * k + 1] = _mm512_shuffle_ps(a[r + k], a[r + k + 2], 0xee);
+        }
+    for (int r = 0; r < 16; r += 8)
+        for (int k = 0; k < 4; ++k) {
+            a[r + k] = _mm512_shuffle_f32x4(b[r + k], b[r + k + 4], 0x88);
+            a[r + k + 4] = _mm512_shuffle_f32x4(b[r + k], b[r + k + 4], 0xdd);
+        }
+    for (int k = 0; k < 8; ++k) {
+        v[k] = reinterpret_cast<vf>(_mm512_shuffle_f32x4(a[k], a[k + 8], 0x88));
+        v[k + 8] = reinterpret_cast<vf>(_mm512_shuffle_f32x4(a[k], a[k + 8], 0xdd));
+    }
+}
+#endif
+
 // the keys of kv head h, tile j, transposed into kt (zero past the last key)
 template <typename T>
 void pack_key_tile(const T* k_cache, const int64_t* table, int64_t keys, int64_t hkv, int64_t d,
                    int64_t block_size, int64_t h, int64_t j, float* tile) {
+    const T* rows[kKeyTile];                            // a key's row in the cache, null past the last key
     for (int64_t c = 0; c < kKeyTile; ++c) {
         const int64_t t = j * kKeyTile + c;
-        if (t >= keys) {
-            for (int64_t i = 0; i < d; ++i) tile[i * kKeyTile + c] = 0.f;
-            continue;
-        }
-        const T* key = k_cache + ((table[t / block_size] * block_size + t % block_size) * hkv + h) * d;
-        for (int64_t i = 0; i < d; ++i) tile[i * kKeyTile + c] = to_f32(key[i]);
+        rows[c] = t < keys ? k_cache + ((table[t / block_size] * block_size + t % block_size) * hkv + h) * d
+                           : nullptr;
     }
+#if defined(__AVX512F__)
+    // blocks of 16 keys x 16 dims through registers (d is a multiple of 16: cpu.py's prefill_heads_fit), not
+    // element by element
+    for (int64_t c0 = 0; c0 < kKeyTile; c0 += kLanes)
+        for (int64_t i0 = 0; i0 < d; i0 += kLanes) {
+            vf v[kLanes];
+            for (int64_t c = 0; c < kLanes; ++c) v[c] = rows[c0 + c] ? load_lanes(rows[c0 + c] + i0) : vf{};
+            transpose_lanes(v);
+            for (int64_t i = 0; i < kLanes; ++i) store_lanes(tile + (i0 + i) * kKeyTile + c0, v[i]);
+        }
+#else
+    for (int64_t c = 0; c < kKeyTile; ++c)
+        for (int64_t i = 0; i < d; ++i) tile[i * kKeyTile + c] = rows[c] ? to_f32(rows[c][i]) : 0.f;
+#endif
 }
 
 template <typename T>
