@@ -122,6 +122,16 @@ struct PrefillTask {
     float scale;
 };
 
+// the cache rows of kv head h's values for keys k0 .. k0 + count - 1 (one division, then block by block)
+template <typename T>
+void value_rows_of(const PrefillTask<T>& task, int64_t h, int64_t k0, int64_t count, const T** rows) {
+    int64_t b = k0 / task.block_size, i = k0 % task.block_size;
+    for (int64_t j = 0; j < count; ++j) {
+        rows[j] = task.v_cache + ((task.table[b] * task.block_size + i) * task.hkv + h) * task.d;
+        if (++i == task.block_size) i = 0, ++b;
+    }
+}
+
 // the work item (kv head h, query positions t0 .. t1 - 1); `work` holds its rows' state
 template <typename T>
 void prefill_item(const PrefillTask<T>& task, int64_t h, int64_t t0, int64_t t1, float* work) {
@@ -146,8 +156,21 @@ void prefill_item(const PrefillTask<T>& task, int64_t h, int64_t t0, int64_t t1,
         last[r] = task.context + t0 + t;
     }
     const int64_t keys = task.context + t1;             // keys the item's last position sees
-    const T* values[kKeyTile];
+    const T* rows_of[2][kKeyTile];                      // this tile's value rows, the next one's
+    value_rows_of(task, h, 0, std::min(kKeyTile, keys), rows_of[0]);
     for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
+        const T* const* values = rows_of[k0 / kKeyTile % 2];
+        const int64_t tile_keys = std::min(kKeyTile, keys - k0);
+        if (k0 + kKeyTile < keys) {
+            // the next tile's values on their way to the cache while this one is worked on: their rows are
+            // scattered over the cache's blocks, out of the hardware prefetcher's sight
+            const T** next = rows_of[(k0 / kKeyTile + 1) % 2];
+            const int64_t next_keys = std::min(kKeyTile, keys - k0 - kKeyTile);
+            value_rows_of(task, h, k0 + kKeyTile, next_keys, next);
+            for (int64_t j = 0; j < next_keys; ++j)
+                for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(T)); b += 64)
+                    __builtin_prefetch(reinterpret_cast<const char*>(next[j]) + b, 0, 2);
+        }
         const float* tile = task.kt + ((h * task.tiles) + k0 / kKeyTile) * d * kKeyTile;
         for (int64_t r = 0; r < padded; r += kScoreRows) score_rows(qs + r * d, d, tile, s + r * kKeyTile);
         // only a tile that reaches past the item's first position masks: below it every row sees every key
@@ -157,12 +180,6 @@ void prefill_item(const PrefillTask<T>& task, int64_t h, int64_t t0, int64_t t1,
         else
             for (int64_t r = 0; r < padded; ++r)
                 softmax_row<false>(s + r * kKeyTile, l + r * kLanes, m + r, rescale + r, kKeyTile);
-        const int64_t tile_keys = std::min(kKeyTile, keys - k0);
-        for (int64_t j = 0; j < tile_keys; ++j) {
-            const int64_t t = k0 + j;
-            values[j] = task.v_cache + ((task.table[t / task.block_size] * task.block_size + t % task.block_size) *
-                                        task.hkv + h) * d;
-        }
         for (int64_t r = 0; r < padded; r += kValueRows) {
             // keys past the block's last row leave every row as it is: not read
             const int64_t used = std::min(tile_keys, std::max<int64_t>(last[r + kValueRows - 1] + 1 - k0, 0));
