@@ -26,7 +26,8 @@ constexpr int kScoreRows = 6, kKeyPanels = 4, kValueRows = 6, kValueVecs = 4;
 constexpr int kScoreRows = 6, kKeyPanels = 2, kValueRows = 6, kValueVecs = 2;
 #endif
 constexpr int64_t kKeyTile = kKeyPanels * kLanes;
-constexpr int64_t kItemRows = 48;            // query rows (positions x group) a work item aims at
+constexpr int64_t kItemRows = 192;           // query rows (positions x group) a work item aims at: each item
+                                             // streams its head's keys and values through the cache once
 constexpr int64_t kRowQuantum = 12;          // rows are padded to a multiple of both microkernels' heights
 
 // s (kScoreRows, kKeyTile) = qs (kScoreRows, d) . tile (d, kKeyTile)
@@ -258,7 +259,9 @@ void paged_prefill(const T* q, const T* k_cache, const T* v_cache, const int64_t
     thread_local std::vector<float> kt_buffer;          // the calling thread's, reused across layers
     kt_buffer.resize(static_cast<size_t>(hkv * tiles * d * kKeyTile));
     float* kt = kt_buffer.data();
-    const int64_t positions = std::max<int64_t>(1, kItemRows / group);
+    // fewer positions where the chunk is short, so that every thread has two items to balance
+    const int64_t per_head = (2 * omp_get_max_threads() + hkv - 1) / hkv;
+    const int64_t positions = std::max<int64_t>(1, std::min(kItemRows / group, (n + per_head - 1) / per_head));
     const int64_t blocks = (n + positions - 1) / positions, items = hkv * blocks;
     const int64_t padded = (positions * group + kRowQuantum - 1) / kRowQuantum * kRowQuantum;
     const PrefillTask<T> task{q, v_cache, table, kt, out, context, n, hq, hkv, d, block_size, tiles, scale};
