@@ -21,12 +21,13 @@ using namespace mstar;
 // prefix, or beside other rows is bit-equal: what keeps answers with the prefix cache equal to answers without.
 
 #if defined(__AVX512F__)     // 32 vector registers of 16 lanes
-constexpr int kScoreRows = 12, kKeyPanels = 2, kValueRows = 6, kValueVecs = 4;
+constexpr int kScoreRows = 6, kKeyPanels = 4, kValueRows = 6, kValueVecs = 4;
 #else                        // AVX2: 16 registers of 8 lanes
 constexpr int kScoreRows = 6, kKeyPanels = 2, kValueRows = 6, kValueVecs = 2;
 #endif
 constexpr int64_t kKeyTile = kKeyPanels * kLanes;
-constexpr int64_t kItemRows = 48;            // query rows (positions x group) a work item aims at
+constexpr int64_t kItemRows = 192;           // query rows (positions x group) a work item aims at: each item
+                                             // streams its head's keys and values through the cache once
 constexpr int64_t kRowQuantum = 12;          // rows are padded to a multiple of both microkernels' heights
 
 // s (kScoreRows, kKeyTile) = qs (kScoreRows, d) . tile (d, kKeyTile)
@@ -65,6 +66,52 @@ inline void value_rows(const float* p, const float* rescale, const T* const* val
         for (int j = 0; j < VECS; ++j) store_lanes(o + r * d + c + j * kLanes, acc[r][j]);
 }
 
+// exp(x) for x <= 0 (scores less their max): fast_exp's steps (cpu_common.h) less its upper clamp; AVX-512
+// rounds n = x / ln 2 and scales by 2^n in one instruction each
+inline vf exp_nonpositive(vf x) {
+    x = x < -87.33654f ? vf{} - 87.33654f : x;
+#if defined(__AVX512F__)
+    const __m512 n = _mm512_roundscale_ps(reinterpret_cast<__m512>(x * 1.44269504088896341f),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const vf nf = reinterpret_cast<vf>(n);
+    const vf y = exp_reduced(x - nf * 0.693359375f + nf * 2.12194440e-4f);
+    return reinterpret_cast<vf>(_mm512_scalef_ps(reinterpret_cast<__m512>(y), n));
+#else
+    const vf y0 = x * 1.44269504088896341f + 0.5f;
+    vi n = __builtin_convertvector(y0, vi);                                     // toward zero, then down: floor
+    n += __builtin_convertvector(n, vf) > y0;
+    const vf nf = __builtin_convertvector(n, vf);
+    const vf y = exp_reduced(x - nf * 0.693359375f + nf * 2.12194440e-4f);
+    const vi e = (n + 127) << 23;
+    vf scale;
+    std::memcpy(&scale, &e, sizeof(scale));
+    return y * scale;
+#endif
+}
+
+// a row's scores sr of a key tile -> its p, in place; its running max m, lane-wise sums l and the rescale of its
+// sums so far. MASKED: keys from `seen` on are past the row (p = 0); either way a key it sees gets the same bits.
+template <bool MASKED>
+inline void softmax_row(float* sr, float* l, float* m, float* rescale, int64_t seen) {
+    vf sv[kKeyPanels], top = vf{} - 3.0e38f;
+    for (int p = 0; p < kKeyPanels; ++p) {
+        sv[p] = load_lanes(sr + p * kLanes);
+        if (MASKED) sv[p] = kLaneIndex + static_cast<float>(p * kLanes - seen) < 0.f ? sv[p] : vf{} - 3.0e38f;
+        top = top > sv[p] ? top : sv[p];
+    }
+    const float mx = std::max(*m, max_lanes(top));
+    *rescale = mx == *m ? 1.f : exp_nonpositive(vf{} + (*m - mx))[0];     // exp(0) is 1: the same bits
+    vf sum = load_lanes(l) * *rescale;
+    for (int p = 0; p < kKeyPanels; ++p) {
+        vf e = exp_nonpositive(sv[p] - mx);
+        if (MASKED) e = kLaneIndex + static_cast<float>(p * kLanes - seen) < 0.f ? e : vf{};
+        store_lanes(sr + p * kLanes, e);
+        sum += e;
+    }
+    store_lanes(l, sum);
+    *m = mx;
+}
+
 template <typename T>
 struct PrefillTask {
     const T* q;             // (n, hq, d)
@@ -75,6 +122,16 @@ struct PrefillTask {
     int64_t context, n, hq, hkv, d, block_size, tiles;
     float scale;
 };
+
+// the cache rows of kv head h's values for keys k0 .. k0 + count - 1 (one division, then block by block)
+template <typename T>
+void value_rows_of(const PrefillTask<T>& task, int64_t h, int64_t k0, int64_t count, const T** rows) {
+    int64_t b = k0 / task.block_size, i = k0 % task.block_size;
+    for (int64_t j = 0; j < count; ++j) {
+        rows[j] = task.v_cache + ((task.table[b] * task.block_size + i) * task.hkv + h) * task.d;
+        if (++i == task.block_size) i = 0, ++b;
+    }
+}
 
 // the work item (kv head h, query positions t0 .. t1 - 1); `work` holds its rows' state
 template <typename T>
@@ -100,37 +157,30 @@ void prefill_item(const PrefillTask<T>& task, int64_t h, int64_t t0, int64_t t1,
         last[r] = task.context + t0 + t;
     }
     const int64_t keys = task.context + t1;             // keys the item's last position sees
-    const T* values[kKeyTile];
+    const T* rows_of[2][kKeyTile];                      // this tile's value rows, the next one's
+    value_rows_of(task, h, 0, std::min(kKeyTile, keys), rows_of[0]);
     for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
+        const T* const* values = rows_of[k0 / kKeyTile % 2];
+        const int64_t tile_keys = std::min(kKeyTile, keys - k0);
+        if (k0 + kKeyTile < keys) {
+            // the next tile's values on their way to the cache while this one is worked on: their rows are
+            // scattered over the cache's blocks, out of the hardware prefetcher's sight
+            const T** next = rows_of[(k0 / kKeyTile + 1) % 2];
+            const int64_t next_keys = std::min(kKeyTile, keys - k0 - kKeyTile);
+            value_rows_of(task, h, k0 + kKeyTile, next_keys, next);
+            for (int64_t j = 0; j < next_keys; ++j)
+                for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(T)); b += 64)
+                    __builtin_prefetch(reinterpret_cast<const char*>(next[j]) + b, 0, 2);
+        }
         const float* tile = task.kt + ((h * task.tiles) + k0 / kKeyTile) * d * kKeyTile;
         for (int64_t r = 0; r < padded; r += kScoreRows) score_rows(qs + r * d, d, tile, s + r * kKeyTile);
-        for (int64_t r = 0; r < padded; ++r) {         // mask, running max, p, the lane-wise running sums
-            float* sr = s + r * kKeyTile;
-            const float seen = static_cast<float>(std::min<int64_t>(std::max<int64_t>(last[r] + 1 - k0, 0),
-                                                                    kKeyTile));
-            vf sv[kKeyPanels], top = vf{} - 3.0e38f;
-            for (int p = 0; p < kKeyPanels; ++p) {
-                sv[p] = load_lanes(sr + p * kLanes);
-                sv[p] = kLaneIndex + static_cast<float>(p * kLanes) < seen ? sv[p] : vf{} - 3.0e38f;
-                top = top > sv[p] ? top : sv[p];
-            }
-            const float mx = std::max(m[r], max_lanes(top));
-            rescale[r] = fast_exp(m[r] - mx);
-            vf sum = load_lanes(l + r * kLanes) * rescale[r];
-            for (int p = 0; p < kKeyPanels; ++p) {
-                const vf e = kLaneIndex + static_cast<float>(p * kLanes) < seen ? exp_lanes(sv[p] - mx) : vf{};
-                store_lanes(sr + p * kLanes, e);
-                sum += e;
-            }
-            store_lanes(l + r * kLanes, sum);
-            m[r] = mx;
-        }
-        const int64_t tile_keys = std::min(kKeyTile, keys - k0);
-        for (int64_t j = 0; j < tile_keys; ++j) {
-            const int64_t t = k0 + j;
-            values[j] = task.v_cache + ((task.table[t / task.block_size] * task.block_size + t % task.block_size) *
-                                        task.hkv + h) * d;
-        }
+        // only a tile that reaches past the item's first position masks: below it every row sees every key
+        if (k0 + kKeyTile > task.context + t0)
+            for (int64_t r = 0; r < padded; ++r)
+                softmax_row<true>(s + r * kKeyTile, l + r * kLanes, m + r, rescale + r, last[r] + 1 - k0);
+        else
+            for (int64_t r = 0; r < padded; ++r)
+                softmax_row<false>(s + r * kKeyTile, l + r * kLanes, m + r, rescale + r, kKeyTile);
         for (int64_t r = 0; r < padded; r += kValueRows) {
             // keys past the block's last row leave every row as it is: not read
             const int64_t used = std::min(tile_keys, std::max<int64_t>(last[r + kValueRows - 1] + 1 - k0, 0));
@@ -151,19 +201,55 @@ void prefill_item(const PrefillTask<T>& task, int64_t h, int64_t t0, int64_t t1,
     }
 }
 
+#if defined(__AVX512F__)
+// 16 vectors, rows of a 16 x 16 block -> its columns: pairs of lanes, then of pairs, of quarters, of halves
+inline void transpose_lanes(vf* v) {
+    __m512 a[16], b[16];
+    for (int r = 0; r < 16; r += 2) {
+        a[r] = _mm512_unpacklo_ps(reinterpret_cast<__m512>(v[r]), reinterpret_cast<__m512>(v[r + 1]));
+        a[r + 1] = _mm512_unpackhi_ps(reinterpret_cast<__m512>(v[r]), reinterpret_cast<__m512>(v[r + 1]));
+    }
+    for (int r = 0; r < 16; r += 4)
+        for (int k = 0; k < 2; ++k) {
+            b[r + 2 * k] = _mm512_shuffle_ps(a[r + k], a[r + k + 2], 0x44);
+            b[r + 2 * k + 1] = _mm512_shuffle_ps(a[r + k], a[r + k + 2], 0xee);
+        }
+    for (int r = 0; r < 16; r += 8)
+        for (int k = 0; k < 4; ++k) {
+            a[r + k] = _mm512_shuffle_f32x4(b[r + k], b[r + k + 4], 0x88);
+            a[r + k + 4] = _mm512_shuffle_f32x4(b[r + k], b[r + k + 4], 0xdd);
+        }
+    for (int k = 0; k < 8; ++k) {
+        v[k] = reinterpret_cast<vf>(_mm512_shuffle_f32x4(a[k], a[k + 8], 0x88));
+        v[k + 8] = reinterpret_cast<vf>(_mm512_shuffle_f32x4(a[k], a[k + 8], 0xdd));
+    }
+}
+#endif
+
 // the keys of kv head h, tile j, transposed into kt (zero past the last key)
 template <typename T>
 void pack_key_tile(const T* k_cache, const int64_t* table, int64_t keys, int64_t hkv, int64_t d,
                    int64_t block_size, int64_t h, int64_t j, float* tile) {
+    const T* rows[kKeyTile];                            // a key's row in the cache, null past the last key
     for (int64_t c = 0; c < kKeyTile; ++c) {
         const int64_t t = j * kKeyTile + c;
-        if (t >= keys) {
-            for (int64_t i = 0; i < d; ++i) tile[i * kKeyTile + c] = 0.f;
-            continue;
-        }
-        const T* key = k_cache + ((table[t / block_size] * block_size + t % block_size) * hkv + h) * d;
-        for (int64_t i = 0; i < d; ++i) tile[i * kKeyTile + c] = to_f32(key[i]);
+        rows[c] = t < keys ? k_cache + ((table[t / block_size] * block_size + t % block_size) * hkv + h) * d
+                           : nullptr;
     }
+#if defined(__AVX512F__)
+    // blocks of 16 keys x 16 dims through registers (d is a multiple of 16: cpu.py's prefill_heads_fit), not
+    // element by element
+    for (int64_t c0 = 0; c0 < kKeyTile; c0 += kLanes)
+        for (int64_t i0 = 0; i0 < d; i0 += kLanes) {
+            vf v[kLanes];
+            for (int64_t c = 0; c < kLanes; ++c) v[c] = rows[c0 + c] ? load_lanes(rows[c0 + c] + i0) : vf{};
+            transpose_lanes(v);
+            for (int64_t i = 0; i < kLanes; ++i) store_lanes(tile + (i0 + i) * kKeyTile + c0, v[i]);
+        }
+#else
+    for (int64_t c = 0; c < kKeyTile; ++c)
+        for (int64_t i = 0; i < d; ++i) tile[i * kKeyTile + c] = rows[c] ? to_f32(rows[c][i]) : 0.f;
+#endif
 }
 
 template <typename T>
@@ -173,7 +259,9 @@ void paged_prefill(const T* q, const T* k_cache, const T* v_cache, const int64_t
     thread_local std::vector<float> kt_buffer;          // the calling thread's, reused across layers
     kt_buffer.resize(static_cast<size_t>(hkv * tiles * d * kKeyTile));
     float* kt = kt_buffer.data();
-    const int64_t positions = std::max<int64_t>(1, kItemRows / group);
+    // fewer positions where the chunk is short, so that every thread has two items to balance
+    const int64_t per_head = (2 * omp_get_max_threads() + hkv - 1) / hkv;
+    const int64_t positions = std::max<int64_t>(1, std::min(kItemRows / group, (n + per_head - 1) / per_head));
     const int64_t blocks = (n + positions - 1) / positions, items = hkv * blocks;
     const int64_t padded = (positions * group + kRowQuantum - 1) / kRowQuantum * kRowQuantum;
     const PrefillTask<T> task{q, v_cache, table, kt, out, context, n, hq, hkv, d, block_size, tiles, scale};

@@ -190,15 +190,15 @@ def test_paged_prefill_matches_dense_causal_attention(dtype, hq, hkv, d, block_s
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_paged_prefill_rows_are_bit_equal_however_the_prompt_is_cut(dtype) -> None:
     """What keeps answers with the prefix cache (which computes a prompt's uncached rows only) equal to answers
-    without it: a row attended after any context, key tile edges (32 keys) and block edges included, or beside
-    any other rows, is bit-equal to the same row attended with the whole prompt."""
+    without it: a row attended after any context, key tile edges (16 keys on AVX2, 64 on AVX-512) and block edges
+    included, or beside any other rows, is bit-equal to the same row attended with the whole prompt."""
     g = torch.Generator().manual_seed(7)
     seq, block_size = 333, 16
     k_cache, v_cache = (torch.randn(24, block_size, 3, 64, generator=g).to(dtype) for _ in range(2))
     blocks = torch.randperm(24, generator=g)[:21]
     q = torch.randn(seq, 9, 64, generator=g).to(dtype)
     whole = cpu_kernels.paged_prefill(q, k_cache, v_cache, blocks, 0, 0.125)
-    for context in (1, 15, 16, 31, 32, 37, 64, 200, 331, 332):
+    for context in (1, 15, 16, 31, 32, 37, 63, 64, 65, 128, 200, 331, 332):
         rows = cpu_kernels.paged_prefill(q[context:], k_cache, v_cache, blocks, context, 0.125)
         assert torch.equal(rows, whole[context:]), f"rows after a context of {context} differ"
     middle = cpu_kernels.paged_prefill(q[100:140], k_cache, v_cache, blocks[:9], 100, 0.125)   # keys 0 .. 139
