@@ -192,9 +192,9 @@ inline void gemm_block(const T* a, int64_t lda, const T* panel, int64_t k_size, 
 }
 
 #if defined(__AVX512F__)
-// ---- the same GEMM on AVX-512: a panel row is one 16-wide register, so a block of up to 12 rows over two panels
-// holds 24 accumulators of the 32 registers; the first block over a pair reads it from memory, later ones (a
-// batch of 16 runs as 8 + 8 rows) from L2. Where the CPU has
+// ---- the same GEMM on AVX-512: a panel row is one 16-wide register, so a block of up to 8 rows over three panels
+// (or 12 over two) holds 24 accumulators of the 32 registers; the first block over a set reads it from memory,
+// later ones (a batch of 16 runs as 8 + 8 rows) from L2 (gemm_blocks). Where the CPU has
 // AVX512-BF16 a bf16 panel stores its k values in pairs (k, k + 1 side by side per column: one 64-byte row per
 // pair) for `vdpbf16ps`, which adds both exact products to the fp32 accumulator in turn: still one in-order
 // sum per output (pair by pair), whatever the batch.
