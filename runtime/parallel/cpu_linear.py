@@ -9,7 +9,8 @@ per process and weight dtype by `gemm_kernel(dtype)` (`MSTAR_CPU_LINEAR`: auto, 
   blocks of rows over one or two panels, each output one in-order sum over k, whatever the
   batch). On an AVX2 CPU (AMD EPYC Zen 2, 2 cores; 6 x 16 blocks) it ran SmolLM2's decode GEMMs
   1.15-1.3x faster than oneDNN at batch 1 / 16 / 64; on an AVX-512 one (AMD EPYC Zen 5, 2 cores;
-  up to 12 rows x 2 panels of 16-wide registers, bf16 through AVX512-BF16's `vdpbf16ps`) 1.03-1.25x
+  then up to 12 rows x 2 panels of 16-wide registers, now mostly 8 rows x 3 panels, bf16 through AVX512-BF16's
+  `vdpbf16ps`) 1.03-1.25x
   faster in fp32 and bf16 alike; on a Sapphire Rapids Xeon (2 cores, AMX) 1.05-1.38x faster in fp32,
   but in bf16 0.68x / 0.35x of oneDNN's AMX tile kernels at batch 16 / 64 (`python tools/bench.py
   kernels`, its GEMM rows). It takes bf16 weights on any CPU (without bf16 instructions: converted to
@@ -21,7 +22,9 @@ per process and weight dtype by `gemm_kernel(dtype)` (`MSTAR_CPU_LINEAR`: auto, 
   calls of at most `AMX_PANEL_ROWS` rows and oneDNN's tile kernels above. On the Sapphire Rapids Xeon a
   decode layer's four GEMMs (30 layers of SmolLM2, weights streamed from DRAM) ran 1.3-1.8x faster on the
   panel GEMM at 1-8 rows, 1.08x at 10, 0.91x at 12 and 0.62x at 16 (oneDNN's AMX ahead from ~11 rows).
-  It costs the weight's size a second time in host memory (`MSTAR_CPU_LINEAR=onednn`: one packed copy).
+  It costs the weight's size a second time in host memory (`MSTAR_CPU_LINEAR=onednn`: one packed copy). The cut
+  was measured before the panel GEMM's 8 x 3 blocks (2026-12-05: 1.07-1.16x faster in bf16 at 8-16 rows on a
+  Zen 4), which may move it up; not re-measured on an AMX machine.
 * "torch": nothing packed, `F.linear` (also where neither kernel is available).
 
 `python tools/bench.py linear` measures the chosen kernel against F.linear on the same
