@@ -306,11 +306,12 @@ inline int64_t panel_depth(int64_t k, bool bf16) { return bf16 && kPairs ? k + (
 
 // Panels are split over the threads in groups that fit L2, and run NP at a time; each group runs every row block of
 // A (rows split evenly into blocks of at most MR) before the next group, so a prefill chunk streams each weight once
-// and a decode batch reads it once from memory. While a set of NP panels runs, each row block fetches its share of
-// the next set into L2, two lines a k step from its start. Measured against the first block fetching the whole
-// next set into L1, a line a k step and panel (SmolLM2's GEMMs, 30 layers from DRAM, Zen 4, alternated in one
-// process): batch 16 1.10x, 32 1.03x, 1 1.03x; prefill chunks of 256 rows the same. Fetching the share evenly over
-// the block's steps, or all of a set at one row, was slower (32 rows 0.89x).
+// and a decode batch reads it once from memory. In a decode batch (at most kAheadBlocks row blocks), while a set of
+// NP panels runs, each row block fetches its share of the next set into L2, two lines a k step from its start;
+// against the first block fetching the whole next set into L1, a line a k step and panel (SmolLM2's GEMMs, 30
+// layers from DRAM, Zen 4, alternated in one process): 8 / 16 rows 1.06x / 1.07x, 1 and 32 rows level. A prefill
+// chunk's many row blocks read each group from L2 and leave its stream to the hardware (256 rows: level with the
+// first block fetching). Shares fetched evenly over a block's steps were slower (32 rows 0.9x).
 template <int MR, int NP, typename T>
 void gemm_blocks(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
                  int64_t k) {
