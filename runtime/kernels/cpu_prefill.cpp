@@ -66,26 +66,18 @@ inline void value_rows(const float* p, const float* rescale, const T* const* val
         for (int j = 0; j < VECS; ++j) store_lanes(o + r * d + c + j * kLanes, acc[r][j]);
 }
 
-// exp(x) for x <= 0 (scores less their max): fast_exp's steps (cpu_common.h) less its upper clamp; AVX-512
+// exp(x) for x <= 0 (scores less their max): fast_exp's steps (cpu_common.h); AVX-512 skips the upper clamp, and
 // rounds n = x / ln 2 and scales by 2^n in one instruction each
 inline vf exp_nonpositive(vf x) {
-    x = x < -87.33654f ? vf{} - 87.33654f : x;
 #if defined(__AVX512F__)
+    x = x < -87.33654f ? vf{} - 87.33654f : x;
     const __m512 n = _mm512_roundscale_ps(reinterpret_cast<__m512>(x * 1.44269504088896341f),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const vf nf = reinterpret_cast<vf>(n);
     const vf y = exp_reduced(x - nf * 0.693359375f + nf * 2.12194440e-4f);
     return reinterpret_cast<vf>(_mm512_scalef_ps(reinterpret_cast<__m512>(y), n));
 #else
-    const vf y0 = x * 1.44269504088896341f + 0.5f;
-    vi n = __builtin_convertvector(y0, vi);                                     // toward zero, then down: floor
-    n += __builtin_convertvector(n, vf) > y0;
-    const vf nf = __builtin_convertvector(n, vf);
-    const vf y = exp_reduced(x - nf * 0.693359375f + nf * 2.12194440e-4f);
-    const vi e = (n + 127) << 23;
-    vf scale;
-    std::memcpy(&scale, &e, sizeof(scale));
-    return y * scale;
+    return exp_lanes(x);
 #endif
 }
 
