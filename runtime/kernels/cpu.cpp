@@ -307,7 +307,8 @@ inline int64_t panel_depth(int64_t k, bool bf16) { return bf16 && kPairs ? k + (
 // Panels are split over the threads in groups that fit L2, and run NP at a time; each group runs every row block of
 // A (rows split evenly into blocks of at most MR) before the next group, so a prefill chunk streams each weight once
 // and a decode batch reads it once from memory. In a decode batch (at most kAheadBlocks row blocks), while a set of
-// NP panels runs, each row block fetches its share of the next set into L2, two lines a k step from its start;
+// NP panels runs, each row block fetches its share of the next set into L2, two lines a k step from its start (a
+// batch of one block, up to 8 rows, so fetches the set's first two thirds and leaves the rest to the hardware);
 // against the first block fetching the whole next set into L1, a line a k step and panel (SmolLM2's GEMMs, 30
 // layers from DRAM, Zen 4, alternated in one process): 8 / 16 rows 1.06x / 1.07x, 1 and 32 rows level. A prefill
 // chunk's many row blocks read each group from L2 and leave its stream to the hardware (256 rows: level with the

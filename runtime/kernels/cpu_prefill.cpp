@@ -86,9 +86,13 @@ inline vf exp_nonpositive(vf x) {
 template <bool MASKED>
 inline void softmax_row(float* sr, float* l, float* m, float* rescale, int64_t seen) {
     vf sv[kKeyPanels], top = vf{} - 3.0e38f;
+    vi sees[kKeyPanels];                                // per lane: the row sees this key (all ones) or not
     for (int p = 0; p < kKeyPanels; ++p) {
         sv[p] = load_lanes(sr + p * kLanes);
-        if (MASKED) sv[p] = kLaneIndex + static_cast<float>(p * kLanes - seen) < 0.f ? sv[p] : vf{} - 3.0e38f;
+        if (MASKED) {
+            sees[p] = kLaneIndex + static_cast<float>(p * kLanes - seen) < 0.f;
+            sv[p] = sees[p] ? sv[p] : vf{} - 3.0e38f;
+        }
         top = top > sv[p] ? top : sv[p];
     }
     const float mx = std::max(*m, max_lanes(top));
@@ -96,7 +100,7 @@ inline void softmax_row(float* sr, float* l, float* m, float* rescale, int64_t s
     vf sum = load_lanes(l) * *rescale;
     for (int p = 0; p < kKeyPanels; ++p) {
         vf e = exp_nonpositive(sv[p] - mx);
-        if (MASKED) e = kLaneIndex + static_cast<float>(p * kLanes - seen) < 0.f ? e : vf{};
+        if (MASKED) e = sees[p] ? e : vf{};
         store_lanes(sr + p * kLanes, e);
         sum += e;
     }
@@ -115,14 +119,21 @@ struct PrefillTask {
     float scale;
 };
 
-// the cache rows of kv head h's values for keys k0 .. k0 + count - 1 (one division, then block by block)
+// the rows of kv head h in a paged cache (keys or values) for tokens k0 .. k0 + count - 1, null from token `keys`
+// on (one division, then block by block)
+template <typename T>
+void cache_rows(const T* cache, const int64_t* table, int64_t block_size, int64_t hkv, int64_t d, int64_t h,
+                int64_t k0, int64_t count, int64_t keys, const T** rows) {
+    int64_t b = k0 / block_size, i = k0 % block_size;
+    for (int64_t j = 0; j < count; ++j) {
+        rows[j] = k0 + j < keys ? cache + ((table[b] * block_size + i) * hkv + h) * d : nullptr;
+        if (++i == block_size) i = 0, ++b;
+    }
+}
+
 template <typename T>
 void value_rows_of(const PrefillTask<T>& task, int64_t h, int64_t k0, int64_t count, const T** rows) {
-    int64_t b = k0 / task.block_size, i = k0 % task.block_size;
-    for (int64_t j = 0; j < count; ++j) {
-        rows[j] = task.v_cache + ((task.table[b] * task.block_size + i) * task.hkv + h) * task.d;
-        if (++i == task.block_size) i = 0, ++b;
-    }
+    cache_rows(task.v_cache, task.table, task.block_size, task.hkv, task.d, h, k0, count, k0 + count, rows);
 }
 
 // the work item (kv head h, query positions t0 .. t1 - 1); `work` holds its rows' state
@@ -223,11 +234,7 @@ template <typename T>
 void pack_key_tile(const T* k_cache, const int64_t* table, int64_t keys, int64_t hkv, int64_t d,
                    int64_t block_size, int64_t h, int64_t j, float* tile) {
     const T* rows[kKeyTile];                            // a key's row in the cache, null past the last key
-    for (int64_t c = 0; c < kKeyTile; ++c) {
-        const int64_t t = j * kKeyTile + c;
-        rows[c] = t < keys ? k_cache + ((table[t / block_size] * block_size + t % block_size) * hkv + h) * d
-                           : nullptr;
-    }
+    cache_rows(k_cache, table, block_size, hkv, d, h, j * kKeyTile, kKeyTile, keys, rows);
 #if defined(__AVX512F__)
     // blocks of 16 keys x 16 dims through registers (d is a multiple of 16: cpu.py's prefill_heads_fit), not
     // element by element
