@@ -1,7 +1,7 @@
 """`mstar-run`: serve a compiled plan, or run one worker rank that joins a running server.
 
     mstar-run plan.bin [--host 127.0.0.1] [--port 8000 | --port 0 --port-file F] [--api-key KEY]
-                       [--max-concurrency N] [--prefill-chunk 256]
+                       [--max-concurrency N] [--prefill-chunk 256] [--prefill-chunk-alone 1024]
                        [--weights ROOT] [--weights REPO=DIR] [--random-weights]
                        [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2 --keys DIR]
                        [--batch-invariant] [--no-prefix-cache]
@@ -67,6 +67,10 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-chunk", type=int, default=256, metavar="TOKENS",
                    help="cut prompts longer than this into chunks that run in the same batches as the decoding "
                         "requests, so streams keep flowing while a long prompt prefills (0: whole prompts)")
+    p.add_argument("--prefill-chunk-alone", type=int, default=1024, metavar="TOKENS",
+                   help="the chunk of a prompt whose request is the only one in the server: no stream waits on "
+                        "it, and fewer, larger forwards are faster; a request arriving meanwhile waits for at most "
+                        "one such chunk (0: --prefill-chunk whatever else runs)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _ray_args(p)
     return p
@@ -167,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.prefill_chunk < 0:
             parser.error(f"--prefill-chunk must be 0 (whole prompts) or a positive number of tokens, "
                          f"got {args.prefill_chunk}")
+        if args.prefill_chunk_alone < 0:
+            parser.error(f"--prefill-chunk-alone must be 0 (--prefill-chunk) or a positive number of tokens, "
+                         f"got {args.prefill_chunk_alone}")
         _logging(args.log_level)
         from runtime.server.app import ServerConfig, serve
         remote = frozenset(int(r) for r in args.remote_ranks.split(",") if r.strip())
@@ -182,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                            remote_ranks=remote, request_timeout_s=args.request_timeout,
                            ready_timeout_s=args.ready_timeout,
                            batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
-                           prefill_chunk_tokens=args.prefill_chunk, keys_dir=args.keys, ray=_ray_options(args)))
+                           prefill_chunk_tokens=args.prefill_chunk,
+                           prefill_chunk_alone_tokens=args.prefill_chunk_alone,
+                           keys_dir=args.keys, ray=_ray_options(args)))
         return 0
     except (PlanFormatError, ClusterError) as exc:
         print(f"mstar-run: {exc}", file=sys.stderr)

@@ -64,6 +64,7 @@ class ServerConfig:
     batch_invariant: bool = False        # every forward holds one request's Run (see `mstar-run --help`)
     prefix_cache: bool = True            # reuse the KV blocks of equal prompt prefixes across requests
     prefill_chunk_tokens: int = 256      # prompt tokens per prefill chunk (0: whole prompts)
+    prefill_chunk_alone_tokens: int = 1024   # the chunk of a request alone in the server (0: the above)
     drain_timeout_s: float = 30.0
     ready_timeout_s: float = 300.0       # a worker not ready and without a start step this long fails the start
     ray: RayOptions | None = None        # --ray: the ranks run as actors on a Ray cluster
@@ -91,7 +92,8 @@ class MstarServer:
             keys_dir=config.keys_dir, max_queue=config.max_queue,
             weights=config.weights, log_level=config.log_level,
             scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant,
-                                      prefill_chunk_tokens=config.prefill_chunk_tokens),
+                                      prefill_chunk_tokens=config.prefill_chunk_tokens,
+                                      prefill_chunk_alone_tokens=config.prefill_chunk_alone_tokens),
             prefix_cache=config.prefix_cache),
             on_batch=self.metrics.observe_batch)
         self.metrics.registry.register(PrefixCacheCollector(self.conductor.ledger))

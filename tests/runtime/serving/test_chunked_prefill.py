@@ -1,7 +1,8 @@
 """Chunked prefill through a real `mstar-run` serving SmolLM2-135M (real weights), driven by `openai`.
 
 A long prompt is cut into chunks (`--prefill-chunk 64` here, so a ~600-token prompt makes
-ten of them; the default is 256) that ride in the same batches as the running decodes: a
+ten of them, for a request alone too: `--prefill-chunk-alone 0`; the defaults are 256 and
+1,024 alone) that ride in the same batches as the running decodes: a
 stream that is decoding gets tokens while the prompt prefills, and the prompt's greedy
 answer is the one a whole-prompt prefill gives (`--prefill-chunk 0`). Workers run one
 torch thread: on a shared 2-core machine a second one spin-waits against other processes.
@@ -35,7 +36,7 @@ def plan(plan_dir) -> str:
 
 @pytest.fixture(scope="module")
 def chunked(plan: str) -> Iterator[Server]:
-    yield from serve(plan, "--prefill-chunk", str(CHUNK))
+    yield from serve(plan, "--prefill-chunk", str(CHUNK), "--prefill-chunk-alone", "0")   # alone too
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,8 @@ def plan(plan_dir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def cached(plan: str):
-    yield from serve(plan)
+    # chunks of 256 even for a request alone (whose default chunk, 1,024, would take LONG_SYSTEM whole)
+    yield from serve(plan, "--prefill-chunk-alone", "0")
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,8 @@ def test_after_eviction_and_recomputation_answers_are_unchanged(small: Server, u
     assert counters(small)["hit_tokens"] > seen["hit_tokens"]
 
 
-# ~700 tokens: prefilled in three chunks of the default --prefill-chunk 256
+# ~700 tokens: prefilled in three chunks of the default --prefill-chunk 256 (`cached` keeps them for a
+# request alone too)
 LONG_SYSTEM = "You are a careful archivist. " + " ".join(
     f"Record {i}: parcel {i} was filed on shelf {i % 7} in room {i % 3}." for i in range(40))
 
