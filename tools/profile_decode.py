@@ -13,7 +13,10 @@ attention (the backend's paged attend and the KV cache write), RoPE and RMSNorms
 sampling. "other" is the rest of the step (embedding, the SiLU*up product, residual adds,
 batch metadata, Python). With the fused CPU kernels (runtime/kernels/cpu.py, the default on
 CPU) the residual adds count in RoPE/norms (each fused into the norm after it) and so does the
-KV write (fused into RoPE); MSTAR_CPU_KERNELS=torch profiles the torch ops instead. Printed: ms per step and share of the step, per category.
+KV write (fused into RoPE); MSTAR_CPU_KERNELS=torch profiles the torch ops instead. The layers run
+their kernels one by one from Python here, each call in its range: served, a model the layer stack
+takes (runtime/layers/cpu_stack.py) makes the same calls from one C++ call, without most of "other".
+Printed: ms per step and share of the step, per category.
 """
 from __future__ import annotations
 
@@ -73,6 +76,7 @@ def instrument(ex: Any) -> None:
     import runtime.layers.attention as attention_layer
     from runtime.kernels import cpu as cpu_kernels
     model = ex.model
+    model.cpu_stack = False       # the layers' kernels one by one, each in its range (not one C++ call)
     scoped: list[str] = []        # a range inside another of its category would count twice
     for name, module in model.named_modules():
         kind = type(module).__name__

@@ -54,7 +54,7 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu.cpp", HERE / "cpu_decode.cpp", HERE / "cpu_prefill.cpp")   # one library
+SOURCES = (HERE / "cpu.cpp", HERE / "cpu_decode.cpp", HERE / "cpu_prefill.cpp", HERE / "cpu_stack.cpp")   # one library
 HEADERS = (HERE / "cpu_common.h", HERE / "cpu_lanes.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-Wno-psabi", "-fno-math-errno", "-fassociative-math",
          "-fno-signed-zeros", "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17")
@@ -130,6 +130,7 @@ def _load() -> ctypes.CDLL:
         "mstar_pack_panels": [p, i, i, p, ctypes.c_int],
         "mstar_gemm": [p, i, p, p, p, i, i, i, i, ctypes.c_int],
         "mstar_argmax": [p, i, i, i, p, ctypes.c_int],
+        "mstar_decoder_stack": [p, i, p, p, p, i, i, i, i, i, i, i, f, f, p, p, p, p, p, ctypes.c_int],
     }
     for name, args in signatures.items():
         fn = getattr(lib, name)
@@ -277,6 +278,16 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     _lib.mstar_paged_prefill(_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(blocks), context, n, _ptr(out), hq,
                              k_cache.shape[2], d, k_cache.shape[1], scale, _DTYPES[q.dtype])
     return out
+
+
+def decoder_stack(table: torch.Tensor, num_layers: int, first_norm: torch.Tensor, residual: torch.Tensor,
+                  out: torch.Tensor, n: int, hidden: int, hq: int, hkv: int, d: int, inter: int, block_size: int,
+                  eps: float, scale: float, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                  rows_info: torch.Tensor, rows_ptrs: torch.Tensor) -> None:
+    """A decoder's layers in one call: runtime/layers/cpu_stack.py builds the arguments (cpu_stack.cpp)."""
+    _lib.mstar_decoder_stack(_ptr(table), num_layers, _ptr(first_norm), _ptr(residual), _ptr(out), n, hidden, hq,
+                             hkv, d, inter, block_size, eps, scale, _ptr(cos), _ptr(sin), _ptr(slots),
+                             _ptr(rows_info), _ptr(rows_ptrs), _DTYPES[residual.dtype])
 
 
 PANEL = 16

@@ -39,6 +39,7 @@ from runtime.kv import PagedKVCache
 from runtime.kernels import cpu as cpu_kernels
 from runtime.layers.attention import BatchContext, DecoderAttention
 from runtime.layers.config import DecoderConfig, DecoderFamily
+from runtime.layers.cpu_stack import LayerStack
 from runtime.layers.mlp import GatedMLP
 from runtime.layers.moe import SparseMoE
 from runtime.layers.norm import RMSNorm
@@ -97,6 +98,9 @@ class DecoderLM(nn.Module):
         self.lm_head = ParallelLMHead(self.model.embed_tokens, tied=config.tie_word_embeddings)
         self.backend_name: str = args.get("attention_backend", "auto")
         self._backend: AttentionBackend | None = None
+        # the layers in one C++ call on CPU (runtime/layers/cpu_stack.py): None until the first fused forward
+        # decides, False where it cannot (or is switched off)
+        self.cpu_stack: LayerStack | bool | None = None
         if args.get("weights"):
             self.load_weights(args["weights"])
         else:
@@ -180,6 +184,12 @@ class DecoderLM(nn.Module):
     def _forward_fused(self, residual: torch.Tensor, ctx: BatchContext) -> torch.Tensor:
         """The layers on CPU with each residual add fused into the norm after it (runtime/kernels/cpu.py):
         the same sums and norms as DecoderLayer.forward, `residual` updated in place."""
+        if self.cpu_stack is None:
+            self.cpu_stack = LayerStack.for_model(self) or False
+        if self.cpu_stack:      # the same kernel calls in one C++ call, when this batch can (cpu_stack.py)
+            out = self.cpu_stack.run(residual, ctx)
+            if out is not None:
+                return out
         layers = self.model.layers
         first = layers[0].input_layernorm
         x = cpu_kernels.rms_norm(residual, first.weight, first.eps)

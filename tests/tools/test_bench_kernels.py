@@ -16,12 +16,15 @@ def test_the_sides_run_the_kernels_and_gemms_they_name(tmp_path, monkeypatch) ->
     plan = compile_plan(tmp_path, "smollm2", preset="tiny")
     sides = {"mstar": Decoder(plan), "baseline": Decoder(plan, linear="onednn", kernels=False)}
     calls = {"n": 0}
-    fused = cpu_kernels.add_rms_norm
 
-    def counted(*args, **kwargs):
-        calls["n"] += 1
-        return fused(*args, **kwargs)
-    monkeypatch.setattr(cpu_kernels, "add_rms_norm", counted)
+    def counting(fused):
+        def counted(*args, **kwargs):
+            calls["n"] += 1
+            return fused(*args, **kwargs)
+        return counted
+    # the fused kernels one by one, or all of a forward's in one call (runtime/layers/cpu_stack.py)
+    for name in ("add_rms_norm", "decoder_stack"):
+        monkeypatch.setattr(cpu_kernels, name, counting(getattr(cpu_kernels, name)))
     seen = {}
     for name, side in sides.items():
         calls["n"] = 0
