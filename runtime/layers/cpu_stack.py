@@ -54,7 +54,9 @@ class LayerStack:
         self.hidden = config.hidden_size
         self.table = torch.zeros((self.num_layers, len(LAYER_FIELDS)), dtype=torch.int64)
         self._cache_of: Any = None       # the PagedKVCache whose addresses the table holds
-        self._filled: tuple | None = None      # (dtype, rows <= AMX_PANEL_ROWS) the weight columns are for
+        self._mods = [m for layer in layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                      layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        self._filled: tuple | None = None      # what the weight columns were filled for (_fill's key)
         self._cannot: set[tuple] = set()       # such keys whose linears are not all panel-packed in the dtype
         self._keep: Any = None
 
@@ -78,25 +80,22 @@ class LayerStack:
 
     def _linears(self, rows: int, dtype: torch.dtype) -> list[list[torch.Tensor]] | None:
         """Per layer the panel-packed qkv, o, gate_up and down weights that run `rows` rows, or None."""
-        out = []
         probe = torch.empty((rows, 1))
-        for layer in self.lm.model.layers:
-            mods = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-            packed = []
-            for mod in mods:
-                if mod.packed is None:
-                    return None
-                p = cpu_linear._for_rows(mod.packed, probe)
-                if p.dim() != 3 or p.dtype != dtype or mod.weight.dtype != dtype:
-                    return None
-                packed.append(p)
-            out.append(packed)
-        return out
+        packed = []
+        for mod in self._mods:
+            if mod.packed is None:
+                return None
+            p = cpu_linear._for_rows(mod.packed, probe)
+            if p.dim() != 3 or p.dtype != dtype or mod.weight.dtype != dtype:
+                return None
+            packed.append(p)
+        return [packed[i:i + 4] for i in range(0, len(packed), 4)]
 
     def _fill(self, dtype: torch.dtype, rows: int, kv_cache: Any) -> bool:
         """The table's weight columns for this row count's kernel choice (once per choice) and the cache's
         addresses (once per cache)."""
-        key = (dtype, rows <= cpu_linear.AMX_PANEL_ROWS)   # which copy of a "split" pair runs
+        # which copy of a "split" pair runs, and the packed copies themselves (packed again: other addresses)
+        key = (dtype, rows <= cpu_linear.AMX_PANEL_ROWS, tuple(id(m.packed) for m in self._mods))
         if key in self._cannot:
             return False
         if self._filled != key:

@@ -45,7 +45,11 @@ def _script() -> list[list[tuple[str, list[int]]]]:
 
 
 def _logits(model, stack: bool) -> list[torch.Tensor]:
-    model.cpu_stack = None if stack else False
+    """The script's logits, with the stack (the model's own, kept from an earlier call) or without."""
+    if not stack:
+        model.cpu_stack = False
+    elif not isinstance(model.cpu_stack, LayerStack):
+        model.cpu_stack = None        # the next forward decides
     runner = PagedRunner(model, num_blocks=64, block_size=4)
     return [rows for batch in _script() for rows in runner.step(batch)]
 
@@ -91,4 +95,18 @@ def test_with_split_packing_only_batches_on_the_panel_copy_take_the_stack(calls,
     assert isinstance(model.model.layers[0].mlp.down_proj.packed, tuple)
     stacked = _logits(model, stack=True)
     assert calls == [r for r in (7, 1, 10, 15, 17, 4, 2) if r <= cpu_linear.AMX_PANEL_ROWS]
+    assert all(torch.equal(a, b) for a, b in zip(stacked, _logits(model, stack=False)))
+
+
+def test_weights_loaded_and_packed_again_are_the_ones_the_stack_reads(calls) -> None:
+    """The layer table holds addresses of packed copies: packing again (after new weights) must reach it."""
+    model = _model("llama", torch.float32)
+    before = _logits(model, stack=True)
+    other = build(CASES["llama"][0], tiny_dims(CASES["llama"][0]), backend="auto", seed=1)
+    model.load_state_dict(other.state_dict())
+    assert pack_linears(model) > 0
+    stack = model.cpu_stack
+    stacked = _logits(model, stack=True)
+    assert model.cpu_stack is stack and len(calls) == 2 * len(_script())     # the same table, filled again
+    assert not torch.equal(stacked[0], before[0])
     assert all(torch.equal(a, b) for a, b in zip(stacked, _logits(model, stack=False)))
