@@ -15,7 +15,8 @@ batch metadata, Python). With the fused CPU kernels (runtime/kernels/cpu.py, the
 CPU) the residual adds count in RoPE/norms (each fused into the norm after it) and so does the
 KV write (fused into RoPE); MSTAR_CPU_KERNELS=torch profiles the torch ops instead. The layers run
 their kernels one by one from Python here, each call in its range: served, a model the layer stack
-takes (runtime/layers/cpu_stack.py) makes the same calls from one C++ call, without most of "other".
+takes (runtime/layers/cpu_stack.py) makes the same calls from one C++ call, without most of "other";
+a last line gives both paths' decode step times, not profiled (alternated, medians of 3 rounds).
 Printed: ms per step and share of the step, per category.
 """
 from __future__ import annotations
@@ -134,6 +135,27 @@ def profile_steps(ex: Any, batch: int, context: int, steps: int) -> dict[str, fl
     return out
 
 
+def stack_vs_per_layer(ex: Any, batch: int, context: int, steps: int, rounds: int = 3) -> dict[str, float]:
+    """ms per decode step, not profiled, with the layers in one C++ call (runtime/layers/cpu_stack.py; what a
+    worker runs) and one kernel call at a time from Python (what the profile times): the medians of `rounds`
+    alternated rounds of `steps` steps. Call before `instrument`, whose ranges would slow the second."""
+    import statistics
+    import time
+    model, times = ex.model, {"stack": [], "per-layer": []}
+    with decoding(ex, batch, context) as step:
+        for _ in range(rounds):
+            for name, mode in (("per-layer", False), ("stack", None)):
+                model.cpu_stack = mode
+                step()                  # warm-up (and, for the stack, its table)
+                start = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                times[name].append((time.perf_counter() - start) / steps * 1e3)
+    took = bool(model.cpu_stack)
+    model.cpu_stack = None
+    return {name: statistics.median(ms) for name, ms in times.items()} if took else {}
+
+
 def profile_prefill(ex: Any, tokens: int, chunk: int) -> dict[str, float]:
     """ms of one request's prefill of `tokens` random tokens in chunks of `chunk` (as the conductor
     cuts it, `--prefill-chunk-tokens`) in each category, and ms per token in "step"."""
@@ -176,17 +198,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     ex = load_executor(args.graph, args.preset)
-    instrument(ex)
     if args.prefill:
+        instrument(ex)
         rows = {n: profile_prefill(ex, n, args.chunk) for n in map(int, args.prefill.split(","))}
         print(f"chunked prefill of {ex.node.name} ({args.graph.name}, preset {args.preset or 'default'}), "
               f"{torch.get_num_threads()} threads, chunks of {args.chunk}, one request per prompt length (ms)")
         print(table(rows, "tokens"))
         return 0
-    rows = {b: profile_steps(ex, b, args.context, args.steps) for b in map(int, args.batches.split(","))}
+    batches = [int(b) for b in args.batches.split(",")]
+    unprofiled = {b: stack_vs_per_layer(ex, b, args.context, args.steps) for b in batches}
+    instrument(ex)
+    rows = {b: profile_steps(ex, b, args.context, args.steps) for b in batches}
     print(f"decode step of {ex.node.name} ({args.graph.name}, preset {args.preset or 'default'}), "
           f"{torch.get_num_threads()} threads, context {args.context}, mean of {args.steps} steps")
     print(table(rows))
+    if all(unprofiled.values()):
+        print("not profiled, the layers' kernels one by one from Python (as above) vs in one C++ call (served): "
+              + "; ".join(f"batch {b} {t['per-layer']:.1f} vs {t['stack']:.1f} ms" for b, t in unprofiled.items()))
+    else:
+        print("the layer stack does not take this model (runtime/layers/cpu_stack.py): served as profiled")
     return 0
 
 

@@ -33,3 +33,11 @@ def test_a_chunked_prefill_is_profiled_chunk_by_chunk_and_frees_its_blocks() -> 
         assert sum(got[c] for c in profile_decode.CATEGORIES if c != "other") <= got["step"]
     assert profile_decode.table(rows, "tokens").splitlines()[0] == "| category | tokens 40 | tokens 64 |"
     assert ex.blocks.allocator.num_free == ex.kv_blocks
+
+
+def test_the_unprofiled_steps_time_both_paths_of_a_model_the_stack_takes() -> None:
+    ex = profile_decode.load_executor(ROOT / "graphs/smollm2.yaml", "tiny")
+    got = profile_decode.stack_vs_per_layer(ex, batch=2, context=8, steps=1, rounds=1)
+    assert set(got) == {"stack", "per-layer"} and all(ms > 0 for ms in got.values())
+    assert ex.model.cpu_stack is None, "the choice is left to the next forward"
+    assert ex.blocks.allocator.num_free == ex.kv_blocks
