@@ -1,5 +1,5 @@
 // A decoder's whole layer stack in one call (runtime/layers/cpu_stack.py): the same kernels, with the same
-// arguments and in the same order, as the per-layer Python path (DecoderModel._forward_fused with the `cpu`
+// arguments and in the same order, as the per-layer Python path (DecoderLM._forward_fused with the `cpu`
 // attention backend) calls them one by one, so the results are bit-equal; what goes is the Python between
 // them (module calls, views, allocations, ~10 foreign calls a layer: ~4 ms of SmolLM2's 21 ms decode step).
 #include <cstdint>
@@ -63,7 +63,7 @@ void mstar_decoder_stack(const int64_t* layers, int64_t num_layers, const void* 
     // the Python path's tensors, reused across layers: x (n, h), qkv (n, qkv_n), attention out (n, hq, d),
     // a projection's delta (n, h), gate_up (n, 2 inter), act (n, inter), q rows gathered for a kernel
     thread_local std::vector<char> buffer;
-    const int64_t gather = std::max(rows.decode, int64_t{0}) * hd * 2;
+    const int64_t gather = rows.decode * hd * 2;          // decode rows' q in, their out back
     int64_t chunk_rows = 0;
     for (int64_t c = 0; c < rows.chunks; ++c) chunk_rows = std::max(chunk_rows, rows.sizes[c]);
     const int64_t elems = n * h + n * qkv_n + n * hd + n * h + n * 2 * inter + n * inter +
