@@ -32,10 +32,6 @@ class CpuAttention(TorchAttention):
         self._fits = cpu_kernels.heads_fit(shape.head_dim)
         self._prefill_fits = cpu_kernels.prefill_heads_fit(shape.head_dim)
 
-    def kernels_take(self, dtype: torch.dtype) -> bool:
-        """Whether every row of the planned batch goes to the kernels (runtime/layers/cpu_stack.py)."""
-        return self._fits and self._prefill_fits and dtype in (torch.float32, torch.bfloat16)
-
     def stack_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The planned batch for cpu_stack.cpp: [decode rows, table width, prefill chunks] and the addresses of
         the decode rows' indices, tables and lengths and of the chunks' first rows, sizes, contexts and block
@@ -43,13 +39,10 @@ class CpuAttention(TorchAttention):
         chunks = self._prefill
         self._chunk_rows = torch.tensor([[c.rows.start for c in chunks], [c.rows.stop - c.rows.start for c in chunks],
                                          [c.context for c in chunks]], dtype=torch.long).view(3, len(chunks))
-        blocks = [c.blocks.to(torch.long).contiguous() for c in chunks]
-        self._chunk_blocks = (blocks, torch.tensor([b.data_ptr() for b in blocks], dtype=torch.long))
-        rows = self._decode_rows.to(torch.long).contiguous()
-        self._stack_decode = rows
-        info = torch.tensor([rows.numel(), self._tables.shape[1], len(chunks)], dtype=torch.long)
-        addresses = [rows.data_ptr(), self._tables.data_ptr(), self._lengths.data_ptr(),
-                     *(self._chunk_rows[i].data_ptr() for i in range(3)), self._chunk_blocks[1].data_ptr()]
+        self._chunk_blocks = torch.tensor([c.blocks.data_ptr() for c in chunks], dtype=torch.long)
+        info = torch.tensor([self._decode_rows.numel(), self._tables.shape[1], len(chunks)], dtype=torch.long)
+        addresses = [self._decode_rows.data_ptr(), self._tables.data_ptr(), self._lengths.data_ptr(),
+                     *(self._chunk_rows[i].data_ptr() for i in range(3)), self._chunk_blocks.data_ptr()]
         return info, torch.tensor(addresses, dtype=torch.long)
 
     def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -6,7 +6,7 @@ plus the module calls, views and allocations between them. At batch 1 that Pytho
 SmolLM2's ~21 ms decode step. `LayerStack` hands the layers' packed weights and the batch's
 attention rows to one C++ function that makes the same kernel calls, with the same arguments in
 the same order, so its output is bit-equal to the per-layer path's
-(tests/runtime/models/test_cpu_stack.py).
+(tests/runtime/models/decoder_lm/test_cpu_stack.py).
 
 It takes the layers the per-layer path would run on those kernels, nothing else: no tensor
 parallelism, no sparse MoE or replaced MLP, no q/k norms, no bias on the row-parallel
@@ -130,7 +130,7 @@ class LayerStack:
         n, dtype = residual.shape[0], residual.dtype
         if (type(backend) is not CpuAttention or ctx.rope is None or kv.dtype != dtype
                 or not residual.is_contiguous() or self.first_norm.dtype != dtype
-                or not backend.kernels_take(dtype) or not self._fill(dtype, n, kv)):
+                or not self._fill(dtype, n, kv)):
             return None
         rows_info, rows_ptrs = backend.stack_rows()
         cos, sin = (t.contiguous() for t in ctx.rope)
