@@ -1,11 +1,12 @@
-"""The bound suite's measurements: weight bytes (a tied weight once), read bandwidth, and the GEMMs
-of a decode step alone (every packed linear and the LM head)."""
+"""The bound suite's measurements: weight bytes (a tied weight once), read bandwidth, the GEMMs
+of a decode step alone (every packed linear and the LM head), their FLOPs and the cache-resident
+torch.mm rate that sets their compute floor."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from bench.suite_bound import gemms_ms, read_bandwidth, step_gemms, weight_bytes
+from bench.suite_bound import gemm_flops, gemm_rate, gemms_ms, read_bandwidth, step_gemms, weight_bytes
 
 
 def test_weight_bytes_count_a_tied_weight_once_and_every_dtype_at_its_size() -> None:
@@ -18,6 +19,15 @@ def test_weight_bytes_count_a_tied_weight_once_and_every_dtype_at_its_size() -> 
 def test_read_bandwidth_is_bytes_over_the_median_sum_time() -> None:
     buffer = torch.ones(1 << 20)
     assert 1e8 < read_bandwidth(buffer) < 1e13                     # 4 MiB read: between 0.1 GB/s and 10 TB/s
+
+
+def test_gemm_flops_are_two_per_multiply_add_of_every_gemm() -> None:
+    gemms = [(torch.zeros(6, 4), None, torch.zeros(1)), (torch.zeros(3, 6), torch.zeros(3), torch.zeros(1))]
+    assert gemm_flops(gemms, 5) == 2 * 5 * (6 * 4 + 3 * 6)
+
+
+def test_gemm_rate_is_flops_over_the_median_time() -> None:
+    assert 1e8 < gemm_rate(torch.float32) < 1e15                   # between 0.1 GFLOP/s and 1 PFLOP/s
 
 
 def test_step_gemms_are_every_packed_linear_and_the_lm_head_in_model_order() -> None:

@@ -61,6 +61,30 @@ def test_a_panel_gemm_row_does_not_depend_on_the_batch(monkeypatch, dtype, tol) 
         assert torch.equal(linear(x[a:b], weight, None, packed), together[a:b])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [16, 50])
+def test_a_panel_gemm_does_not_depend_on_the_thread_count(monkeypatch, dtype, rows) -> None:
+    """Each thread takes a contiguous share of the sets of panels (cpu.cpp gemm_blocks): 1, 2, 3 and 7
+    threads split 14 panels (5 sets of three on AVX-512, the last partial) unevenly, one thread's share
+    empty at 7; every output is still the same one in-order sum, so the results are bit-equal."""
+    monkeypatch.setenv("MSTAR_CPU_LINEAR", "mstar")
+    g = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(213, 333, generator=g).to(dtype), torch.randn(rows, 333, generator=g).to(dtype)
+    packed = pack_weight(weight)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3, 7):
+            torch.set_num_threads(threads)
+            outs.append(linear(x, weight, None, packed))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    # the same bound as above: fp32 sums of ~20 (ulp 2e-6); bf16 adds one rounding of each output (2^-8)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(outs[0].float(), torch.nn.functional.linear(x.float(), weight.float()), rtol=tol, atol=tol * 10)
+
+
 def test_bf16_weights_on_a_cpu_without_bf16_kernels_are_left_and_said(monkeypatch) -> None:
     """oneDNN refuses to pack bf16 where the CPU has no bf16 instructions it uses (AVX2 only; it raised at
     load, and the worker was restarted forever): there, with oneDNN chosen, the weight stays unpacked, its
