@@ -227,7 +227,8 @@ inline void store_block(const __m512* acc, int rows, const T* bias, T* c, int64_
 // Lines of the panels a block's caller runs next, fetched into L2 while the block runs: lines first .. end - 1 of
 // 64 bytes from `base`, kAheadRate of them a k step from the block's first.
 constexpr int64_t kAheadRate = 2;
-constexpr int64_t kAheadBlocks = 6;     // row blocks of a decode batch: more (a prefill chunk) read the set from L2
+constexpr int64_t kAheadBlocks = 6;
+constexpr int64_t kSetMajorBlocks = 3;  // row blocks of a decode batch that run over a set in turn (gemm_blocks)     // row blocks of a decode batch: more (a prefill chunk) read the set from L2
 struct Ahead {
     const char* base;
     int64_t first, end;
@@ -307,30 +308,41 @@ inline int64_t panel_depth(int64_t k, bool bf16) { return bf16 && kPairs ? k + (
 // Panels p0 .. p1 - 1 (one group) for every row block of A, NP panels at a time (gemm_blocks)
 template <int MR, int NP, typename T>
 void run_group(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
-               int64_t k, int64_t p0, int64_t p1, int64_t per_block, int64_t share, int64_t set_lines, bool fetch) {
+               int64_t k, int64_t p0, int64_t p1, int64_t per_block, int64_t share, int64_t set_lines, bool fetch,
+               bool set_major) {
     const int64_t panels = (n + kPanel - 1) / kPanel, depth = panel_depth(k, sizeof(T) == 2);
-    for (int64_t r = 0, i = 0; r < m; r += per_block, ++i) {
+    auto one_set = [&](int64_t p, int64_t r, int64_t i) {
         const int rows = static_cast<int>(std::min(per_block, m - r));
         const T* ar = a + r * lda;
         T* cr = c + r * ldc;
-        int64_t p = p0;
-        for (; p + NP <= p1; p += NP) {
-            const T* panel = packed + p * depth * kPanel;
-            const int64_t col = p * kPanel, cols = std::min(NP * kPanel, n - col);
-            const T* b = bias ? bias + col : nullptr;
-            const Ahead ahead{reinterpret_cast<const char*>(panel + NP * depth * kPanel), i * share,
-                              std::min(set_lines, (i + 1) * share)};
-            if (fetch && p + 2 * NP <= panels)
-                wide_rows<MR, NP, true>(rows, ar, lda, panel, depth, k, b, cr + col, ldc, cols, ahead);
-            else
-                wide_rows<MR, NP, false>(rows, ar, lda, panel, depth, k, b, cr + col, ldc, cols, ahead);
-        }
-        for (; p < p1; ++p) {     // a group's last panels, one at a time
-            const T* panel = packed + p * depth * kPanel;
-            const int64_t col = p * kPanel;
-            wide_rows<MR, 1, false>(rows, ar, lda, panel, depth, k, bias ? bias + col : nullptr, cr + col, ldc,
-                                    std::min(kPanel, n - col), Ahead{});
-        }
+        const T* panel = packed + p * depth * kPanel;
+        const int64_t col = p * kPanel, cols = std::min(NP * kPanel, n - col);
+        const T* b = bias ? bias + col : nullptr;
+        const Ahead ahead{reinterpret_cast<const char*>(panel + NP * depth * kPanel), i * share,
+                          std::min(set_lines, (i + 1) * share)};
+        if (fetch && p + 2 * NP <= panels)
+            wide_rows<MR, NP, true>(rows, ar, lda, panel, depth, k, b, cr + col, ldc, cols, ahead);
+        else
+            wide_rows<MR, NP, false>(rows, ar, lda, panel, depth, k, b, cr + col, ldc, cols, ahead);
+    };
+    auto tail = [&](int64_t p, int64_t r) {
+        const int rows = static_cast<int>(std::min(per_block, m - r));
+        const T* panel = packed + p * depth * kPanel;
+        const int64_t col = p * kPanel;
+        wide_rows<MR, 1, false>(rows, a + r * lda, lda, panel, depth, k, bias ? bias + col : nullptr,
+                                c + r * ldc + col, ldc, std::min(kPanel, n - col), Ahead{});
+    };
+    const int64_t full = p0 + (p1 - p0) / NP * NP;
+    if (set_major) {
+        for (int64_t p = p0; p < full; p += NP)
+            for (int64_t r = 0, i = 0; r < m; r += per_block, ++i) one_set(p, r, i);
+        for (int64_t p = full; p < p1; ++p)
+            for (int64_t r = 0; r < m; r += per_block) tail(p, r);
+        return;
+    }
+    for (int64_t r = 0, i = 0; r < m; r += per_block, ++i) {
+        for (int64_t p = p0; p < full; p += NP) one_set(p, r, i);
+        for (int64_t p = full; p < p1; ++p) tail(p, r);     // a group's last panels, one at a time
     }
 }
 
@@ -343,9 +355,12 @@ void run_group(const T* a, int64_t lda, const T* packed, const T* bias, T* c, in
 // NP panels runs, each row block fetches its share of the next set into L2, two lines a k step from its start (a
 // batch of one block, up to 8 rows, so fetches the set's first two thirds and leaves the rest to the hardware);
 // against the first block fetching the whole next set into L1, a line a k step and panel (SmolLM2's GEMMs, 30
-// layers from DRAM, Zen 4, alternated in one process): 8 / 16 rows 1.06x / 1.07x, 1 and 32 rows level. A prefill
-// chunk's many row blocks read each group from L2 and leave its stream to the hardware (256 rows: level with the
-// first block fetching). Shares fetched evenly over a block's steps were slower (32 rows 0.9x).
+// layers from DRAM, Zen 4, alternated in one process): 8 / 16 rows 1.06x / 1.07x, 1 and 32 rows level. A batch of
+// 2 or 3 blocks (9-36 rows) runs them over each set in turn before the next set (set_major), so every share of the
+// next set is fetched before that set runs; group by group, the first block ran over half-fetched sets: against that,
+// 16 / 24 rows 1.06x / 1.05x fp32, 1.11x / 1.09x bf16 (same A/B); 6 blocks (48 rows) level to 0.99x, so they keep
+// group order. A prefill chunk's many row blocks read each group from L2 and leave its stream to the hardware (256
+// rows: level with the first block fetching). Shares fetched evenly over a block's steps were slower (32 rows 0.9x).
 template <int MR, int NP, typename T>
 void gemm_blocks(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
                  int64_t k) {
@@ -355,14 +370,14 @@ void gemm_blocks(const T* a, int64_t lda, const T* packed, const T* bias, T* c, 
     const int64_t blocks = (m + MR - 1) / MR, per_block = blocks ? (m + blocks - 1) / blocks : 0;
     const int64_t group = blocks <= 1 ? NP : std::max<int64_t>(NP, kGroupBytes / panel_bytes / NP * NP);
     const int64_t set_lines = NP * panel_bytes / 64, share = blocks ? (set_lines + blocks - 1) / blocks : 0;
-    const bool fetch = blocks <= kAheadBlocks;
+    const bool fetch = blocks <= kAheadBlocks, set_major = blocks >= 2 && blocks <= kSetMajorBlocks;
 #pragma omp parallel if (m * n * k >= (1 << 18))
     {
         const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t first = std::min(panels, sets * t / threads * NP), last = std::min(panels, sets * (t + 1) / threads * NP);
         for (int64_t p0 = first; p0 < last; p0 += group)
             run_group<MR, NP>(a, lda, packed, bias, c, ldc, m, n, k, p0, std::min(last, p0 + group), per_block, share,
-                              set_lines, fetch);
+                              set_lines, fetch, set_major);
     }
 }
 
