@@ -11,7 +11,9 @@ checked to pick the same first tokens. Prefill rows: one request's prompt of 256
 fed in chunks of 256 (the server's --prefill-chunk-tokens), seconds to its first token.
 
 GEMM rows (fp32 and bf16, the decode batches and 8): the panel GEMM against oneDNN's packed GEMM, both with the
-fused kernels between them (MSTAR_CPU_LINEAR=mstar vs onednn): what `auto`'s choice rests on, batch 8 for
+fused kernels between them (MSTAR_CPU_LINEAR=mstar vs onednn) and both layer by layer from Python: the panel
+side's layer stack in one C++ call (runtime/layers/cpu_stack.py) is switched off, since oneDNN-packed layers cannot
+take it, so the rows compare the GEMMs and nothing else. What `auto`'s choice rests on, batch 8 for
 "split"'s row cut on AMX CPUs (runtime.parallel.cpu_linear.AMX_PANEL_ROWS). bf16 rows
 are left out where oneDNN has no bf16 kernels for the CPU (said among the results' needs).
 """
@@ -33,8 +35,8 @@ from runtime.parallel.cpu_linear import bf16_packable, gemm_kernel
 
 KERNELS_MSTAR = "the {kernel} GEMM and the fused CPU kernels (mstar's CPU default here)"
 KERNELS_BASELINE = "oneDNN GEMMs, torch ops between them (MSTAR_CPU_LINEAR=onednn MSTAR_CPU_KERNELS=torch)"
-GEMM_MSTAR = "the panel GEMM (MSTAR_CPU_LINEAR=mstar), fused kernels between"
-GEMM_BASELINE = "oneDNN's packed GEMM (MSTAR_CPU_LINEAR=onednn), fused kernels between"
+GEMM_MSTAR = "the panel GEMM (MSTAR_CPU_LINEAR=mstar), fused kernels between, layer by layer (no layer stack)"
+GEMM_BASELINE = "oneDNN's packed GEMM (MSTAR_CPU_LINEAR=onednn), fused kernels between, layer by layer"
 
 
 @register("kernels", "SmolLM2 decode steps: mstar's CPU default (its GEMM and fused kernels) vs oneDNN GEMMs + torch ops")
@@ -62,6 +64,7 @@ def run(ctx: Context) -> list[Row]:
             continue
         plan = mstar_plan(ctx, dtype)
         gemms = {"mstar": Decoder(plan, linear="mstar"), "baseline": Decoder(plan, linear="onednn")}
+        gemms["mstar"].executor.model.cpu_stack = False     # oneDNN's side runs layer by layer: so does this one
         rows.extend(_row(ctx, dtype, gemms, batch, steps, (GEMM_MSTAR, GEMM_BASELINE), "kernels gemm",
                          "GEMMs panel vs oneDNN, ")
                     for batch in sorted({*batches, 8}))
