@@ -227,8 +227,8 @@ inline void store_block(const __m512* acc, int rows, const T* bias, T* c, int64_
 // Lines of the panels a block's caller runs next, fetched into L2 while the block runs: lines first .. end - 1 of
 // 64 bytes from `base`, kAheadRate of them a k step from the block's first.
 constexpr int64_t kAheadRate = 2;
-constexpr int64_t kAheadBlocks = 6;
-constexpr int64_t kSetMajorBlocks = 3;  // row blocks of a decode batch that run over a set in turn (gemm_blocks)     // row blocks of a decode batch: more (a prefill chunk) read the set from L2
+constexpr int64_t kAheadBlocks = 6;     // row blocks of a decode batch: more (a prefill chunk) read the set from L2
+constexpr int64_t kSetMajorBlocks = 3;  // row blocks of a decode batch that run over each set in turn (gemm_blocks)
 struct Ahead {
     const char* base;
     int64_t first, end;
@@ -350,7 +350,7 @@ void run_group(const T* a, int64_t lda, const T* packed, const T* bias, T* c, in
 // at a time; each group runs every row block of A (rows split evenly into blocks of at most MR) before the next group,
 // so a prefill chunk streams each weight once and a decode batch reads it once from memory. (Whole groups dealt to the
 // threads left one of 2 idle for a fifth of SmolLM2's bf16 q/k/v GEMM, 5 groups, and a third of its o projection, 3:
-// shares of sets ran its 121 GEMMs of a bf16 step 1.02-1.06x faster at 1, 16, 64 and 256 rows, fp32 level; Zen 4,
+// shares of sets ran its 121 GEMMs of a bf16 step 1.02-1.06x faster at 16, 64 and 256 rows, fp32 level; Zen 4,
 // two builds alternated in one process.) In a decode batch (at most kAheadBlocks row blocks), while a set of
 // NP panels runs, each row block fetches its share of the next set into L2, two lines a k step from its start (a
 // batch of one block, up to 8 rows, so fetches the set's first two thirds and leaves the rest to the hardware);
@@ -374,7 +374,8 @@ void gemm_blocks(const T* a, int64_t lda, const T* packed, const T* bias, T* c, 
 #pragma omp parallel if (m * n * k >= (1 << 18))
     {
         const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t first = std::min(panels, sets * t / threads * NP), last = std::min(panels, sets * (t + 1) / threads * NP);
+        const int64_t first = std::min(panels, sets * t / threads * NP);
+        const int64_t last = std::min(panels, sets * (t + 1) / threads * NP);
         for (int64_t p0 = first; p0 < last; p0 += group)
             run_group<MR, NP>(a, lda, packed, bias, c, ldc, m, n, k, p0, std::min(last, p0 + group), per_block, share,
                               set_lines, fetch, set_major);
