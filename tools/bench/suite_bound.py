@@ -9,9 +9,9 @@ in the same run, alternating round by round:
   bound: the model's unique parameter bytes (in the plan's dtype) divided by the read
          bandwidth of one `torch.sum` over a tensor 8x the L2+L3 size of any server CPU
          (`BANDWIDTH_BYTES`, so it streams from DRAM), on the same threads. On the 2-core Zen 4
-         VM this read 30-35 GB/s most of the time and 58-64 GB/s at other times, in whole
-         processes, on 4 KiB and on 2 MiB pages alike (the host's state, not the page size);
-         the sides alternate round by round so the bound and the step see the same state.
+         VM this read 30-35 GB/s most of the time and 58-64 GB/s at other times (one run saw
+         both, minutes apart), on 4 KiB and on 2 MiB pages alike (the host's state, not the page
+         size); the sides alternate round by round so the bound and the step see the same state.
 "A's advantage" is bound / step: 1.0 would be a step at the bound; the issue asks ≥ 0.67
 (within 1.5x). The KV cache reads (batch x context x layers x 2 x kv width) are left out
 of the bound: at a 32..64-token context they are < 1 % of the weights.
