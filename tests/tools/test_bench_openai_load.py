@@ -31,11 +31,13 @@ def test_burst_streams_forced_lengths_and_times_the_first_content_token(server: 
 def test_prefill_load_times_a_prompt_beside_decoding_streams_then_cuts_them(server: Server) -> None:
     model = model_card(server.url)["id"]
     words = ["apple", "river", "stone", "house"] * 5
-    got, gaps = prefill_load.loaded(server.url, model, prefill_load.prompt_words(words, 200, nonce=1),
-                                    [prefill_load.prompt_words(words, 8, nonce=i) for i in (2, 3)], 1000,
-                                    max_tokens=16)   # random weights: a token's text may be empty
+    loaded = prefill_load.loaded(server.url, model, prefill_load.prompt_words(words, 200, nonce=1),
+                                 [prefill_load.prompt_words(words, 8, nonce=i) for i in (2, 3)], 1000,
+                                 max_tokens=16)   # random weights: a token's text may be empty
+    got = loaded.timed
     assert got.completion_tokens == 16 and got.prompt_tokens > 200 and got.ttft_s > 0
-    assert len(gaps) == 2 and all(g > 0 for g in gaps)
+    assert len(loaded.gaps) == 2 and all(g > 0 for g in loaded.gaps)
+    assert len(loaded.served) == 2           # one count a stream (Background.served, tested below)
     deadline = time.monotonic() + 10     # the cut streams are aborted: the server holds no request
     while _num_requests(server) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -47,10 +49,12 @@ def _num_requests(server: Server) -> int:
         return json.load(resp)["num_requests"]
 
 
-def test_decode_gap_runs_from_the_last_chunk_before_to_the_first_after() -> None:
+def test_decode_gap_runs_from_the_last_chunk_before_to_the_first_after_and_served_counts_the_wait() -> None:
     stream = prefill_load.Background(arrivals=[1.0, 1.1, 2.5, 2.6, 4.0])
     assert stream.max_gap(start=2.0, end=3.0, now=9.0) == pytest.approx(1.4)     # 1.1 -> 2.5
     assert stream.max_gap(start=2.7, end=3.0, now=9.0) == pytest.approx(1.4)     # 2.6 -> 4.0
     assert stream.max_gap(start=4.5, end=5.0, now=9.0) == pytest.approx(5.0)     # 4.0 -> nothing yet (now)
+    assert stream.served(start=1.0, end=2.6) == 3                                # 1.1, 2.5, 2.6: (start, end]
+    assert stream.served(start=4.0, end=9.0) == 0
     assert prefill_load.prompt_words(["a", "b"], 3, nonce=7).startswith("Words: ")
     assert len(prefill_load.prompt_words(["a", "b"], 3, nonce=7).split()) == 4

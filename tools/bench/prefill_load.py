@@ -50,6 +50,19 @@ class Background:
         times = [before, *(t for t in self.arrivals if start < t <= end), after]
         return max(b - a for a, b in zip(times, times[1:]))
 
+    def served(self, start: float, end: float) -> int:
+        """Content chunks that arrived in (start, end]: what the stream got while the long prompt waited."""
+        return sum(start < t <= end for t in self.arrivals)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The long prompt's timing and what its background streams saw while it waited."""
+
+    timed: Timed
+    gaps: list[float]        # each stream's longest wait between chunks around the wait (Background.max_gap)
+    served: list[int]        # each stream's content chunks during the wait (Background.served)
+
 
 def prompt_words(words: Sequence[str], num_words: int, nonce: int) -> str:
     """"Words:" and `num_words` one-token words, each after a space (so each stays one token);
@@ -99,9 +112,10 @@ async def background(session: aiohttp.ClientSession, url: str, model: str, conte
 
 
 async def under_load(url: str, model: str, content: str, streams: Sequence[str], stream_tokens: int,
-                     max_tokens: int = 1) -> tuple[Timed, list[float]]:
+                     max_tokens: int = 1) -> Loaded:
     """Start `streams` decoding, wait until each has sent content, then time `content`; the
-    streams' longest gap between chunks while it waited. The streams are cut afterwards."""
+    streams' longest gap between chunks and their chunks received while it waited. The streams
+    are cut afterwards."""
     async with session() as http:
         runs = [Background() for _ in streams]
         tasks = [asyncio.create_task(background(http, url, model, s, stream_tokens, r))
@@ -117,7 +131,7 @@ async def under_load(url: str, model: str, content: str, streams: Sequence[str],
             end = start + got.ttft_s
             await asyncio.sleep(0.5)      # the chunk that ends a stream's last gap has time to arrive
             now = time.perf_counter()
-            return got, [r.max_gap(start, end, now) for r in runs]
+            return Loaded(got, [r.max_gap(start, end, now) for r in runs], [r.served(start, end) for r in runs])
         finally:
             for task in tasks:
                 task.cancel()
@@ -132,7 +146,7 @@ def alone(url: str, model: str, content: str, max_tokens: int = 1) -> Timed:
 
 
 def loaded(url: str, model: str, content: str, streams: Sequence[str], stream_tokens: int,
-           max_tokens: int = 1) -> tuple[Timed, list[float]]:
+           max_tokens: int = 1) -> Loaded:
     return asyncio.run(under_load(url, model, content, streams, stream_tokens, max_tokens))
 
 

@@ -11,7 +11,9 @@ chunk costs only a few decode steps of this model, so the running streams keep f
 `--prefill-chunk-alone` of 1,024 tokens (no stream to keep flowing; fewer forwards); vLLM
 runs with its own chunked-prefill defaults (2,048-token steps here). Under
 load, the row "longest decode gap" is the worst wait any of the 8 streams saw between two
-tokens while the long prompt waited for its first one.
+tokens while the long prompt waited for its first one, and "content chunks the 8 streams
+received" what they got meanwhile (one decode step's text each): the decoding the prompt's
+TTFT shared the machine with.
 
 Peak RSS is the VmHWM of each server's largest process (mstar's worker, vLLM's engine
 core) before and after the 8,191-token prompt, read from /proc: a lifetime peak, so
@@ -31,7 +33,7 @@ from bench.openai_load import model_card
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.servers import Server
-from bench.stats import LOWER
+from bench.stats import HIGHER, LOWER
 from bench.suite_chat import bench_dir, mstar_server, vllm_server
 
 LENGTHS = (256, 1024, 4096)
@@ -95,10 +97,11 @@ def _side(srv: Server, maker: PromptMaker, n: int, is_loaded: bool) -> Callable[
             gaps: list[float] = []
         else:
             streams = [maker.make(64) for _ in range(NUM_STREAMS)]
-            got, gaps = prefill_load.loaded(srv.url, model, content, streams, STREAM_TOKENS)
+            loaded = prefill_load.loaded(srv.url, model, content, streams, STREAM_TOKENS)
+            got, gaps, served = loaded.timed, loaded.gaps, sum(loaded.served)
         if got.prompt_tokens != n:
             raise Needs(f"{srv.name} to count {n} prompt tokens; it counted {got.prompt_tokens}")
-        return {"ttft": got.ttft_s, **({"gap": max(gaps)} if gaps else {})}
+        return {"ttft": got.ttft_s, **({"gap": max(gaps), "served": served} if gaps else {})}
     return measure
 
 
@@ -115,6 +118,11 @@ def _rows(case: str, samples: dict) -> list[Row]:
         rows.append(Row(case, f"longest decode gap of {NUM_STREAMS} streams while it prefilled", "s", LOWER,
                         Side(LABELS["mstar"], samples["mstar"]["gap"]), Side(LABELS["vllm"], samples["vllm"]["gap"]),
                         names=("mstar", "vllm"), plot="gap", x=case))
+        rows.append(Row(case, f"content chunks the {NUM_STREAMS} streams received while it prefilled", "chunks",
+                        HIGHER, Side(LABELS["mstar"], samples["mstar"]["served"]),
+                        Side(LABELS["vllm"], samples["vllm"]["served"]), names=("mstar", "vllm"), plot="served",
+                        x=case, note="each chunk carries one decode step's text of one stream: the decoding the "
+                                     "prompt shared the machine with while it waited"))
     return rows
 
 
