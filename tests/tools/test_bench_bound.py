@@ -3,10 +3,14 @@ of a decode step alone (every packed linear and the LM head), their FLOPs and th
 torch.mm rate that sets their compute floor."""
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
-from bench.suite_bound import gemm_flops, gemm_rate, gemms_ms, read_bandwidth, step_gemms, weight_bytes
+from bench import stats
+
+from bench.suite_bound import PEAK_PRODUCTS, PEAK_SIZE, gemm_flops, gemm_rate, gemms_ms, read_bandwidth, step_gemms, weight_bytes
 
 
 def test_weight_bytes_count_a_tied_weight_once_and_every_dtype_at_its_size() -> None:
@@ -26,8 +30,13 @@ def test_gemm_flops_are_two_per_multiply_add_of_every_gemm() -> None:
     assert gemm_flops(gemms, 5) == 2 * 5 * (6 * 4 + 3 * 6)
 
 
-def test_gemm_rate_is_flops_over_the_median_time() -> None:
+def test_gemm_rate_is_flops_over_the_median_time(monkeypatch) -> None:
     assert 1e8 < gemm_rate(torch.float32) < 1e15                   # between 0.1 GFLOP/s and 1 PFLOP/s
+    # the arithmetic, on a clock that moves 0.25 s a reading: every timing is 0.25 s
+    ticks = itertools.count()
+    monkeypatch.setattr(stats, "perf_counter", lambda: 0.25 * next(ticks))
+    assert gemm_rate(torch.float32) == 2 * PEAK_SIZE ** 3 * PEAK_PRODUCTS / 0.25
+    assert read_bandwidth(torch.ones(1 << 10)) == 4 * (1 << 10) / 0.25
 
 
 def test_step_gemms_are_every_packed_linear_and_the_lm_head_in_model_order() -> None:

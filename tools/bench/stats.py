@@ -1,4 +1,5 @@
-"""Summary statistics of benchmark samples: median/min/max, percentiles, A/B ratios.
+"""Summary statistics of benchmark samples: median/min/max, percentiles, A/B ratios, and the median
+time of a few calls (what in-process kernel suites keep of each sample).
 
 Ratios are taken per alternation round (A_i against B_i, measured back to back on the
 same weights), then summarised; a ratio > 1 always means mstar (side A) is ahead,
@@ -9,7 +10,8 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from time import perf_counter
+from typing import Callable, Sequence
 
 LOWER, HIGHER = "lower", "higher"  # which way a metric is better
 
@@ -31,6 +33,16 @@ def summarize(samples: Sequence[float]) -> Summary:
     if not samples:
         raise ValueError("cannot summarise an empty list of samples")
     return Summary(statistics.median(samples), min(samples), max(samples), len(samples))
+
+
+def median_time(fn: Callable[[], object], calls: int) -> float:
+    """Seconds of the median of `calls` timed calls of `fn`."""
+    times = []
+    for _ in range(calls):
+        start = perf_counter()
+        fn()
+        times.append(perf_counter() - start)
+    return statistics.median(times)
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

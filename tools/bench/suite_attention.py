@@ -12,13 +12,11 @@ Prefill rows: one 256-row chunk's attention after 0 / 3,840 / 7,936 cached token
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
-from bench.stats import LOWER
+from bench.stats import LOWER, median_time
 
 HQ, HKV, D, BLOCK, LAYERS = 9, 3, 64, 16, 30
 REQUESTS, PROMPT, CONTEXT = 16, 32, 256
@@ -48,12 +46,7 @@ def scattered_tables() -> torch.Tensor:
 
 
 def _median_us(fn, per: int) -> float:
-    times = []
-    for _ in range(CALLS):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[CALLS // 2] / per * 1e6
+    return median_time(fn, CALLS) / per * 1e6
 
 
 def _decode_rows(ctx: Context, dtype: torch.dtype, name: str) -> Row:

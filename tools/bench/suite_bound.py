@@ -31,13 +31,14 @@ step's ratio to the higher of the two floors (the roofline).
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
 
 from bench.registry import Context, register
 from bench.results import Row, Side
-from bench.stats import LOWER
+from bench.stats import LOWER, median_time
 from bench.suite_chat import mstar_plan
 from bench.suite_linear import Decoder
 
@@ -61,12 +62,7 @@ def weight_bytes(module: torch.nn.Module) -> int:
 
 def read_bandwidth(buffer: torch.Tensor) -> float:
     """Bytes per second of a streaming read: the median of `SUMS` sums over `buffer`."""
-    times = []
-    for _ in range(SUMS):
-        start = time.perf_counter()
-        buffer.sum()
-        times.append(time.perf_counter() - start)
-    return buffer.numel() * buffer.element_size() / sorted(times)[SUMS // 2]
+    return buffer.numel() * buffer.element_size() / median_time(buffer.sum, SUMS)
 
 
 def gemm_rate(dtype: torch.dtype) -> float:
@@ -74,13 +70,11 @@ def gemm_rate(dtype: torch.dtype) -> float:
     timings of `PEAK_PRODUCTS` products."""
     a, b = torch.randn(PEAK_SIZE, PEAK_SIZE, dtype=dtype), torch.randn(PEAK_SIZE, PEAK_SIZE, dtype=dtype)
     torch.mm(a, b)
-    times = []
-    for _ in range(SUMS):
-        start = time.perf_counter()
+
+    def products() -> None:
         for _ in range(PEAK_PRODUCTS):
             torch.mm(a, b)
-        times.append(time.perf_counter() - start)
-    return 2 * PEAK_SIZE ** 3 * PEAK_PRODUCTS / sorted(times)[SUMS // 2]
+    return 2 * PEAK_SIZE ** 3 * PEAK_PRODUCTS / median_time(products, SUMS)
 
 
 def gemm_flops(gemms: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]], batch: int) -> int:
@@ -122,10 +116,6 @@ def _floor(flops: int, dtype: torch.dtype) -> dict[str, float]:
     return {"ms": 1e3 * flops / rate, "gflop_s": rate / 1e9}
 
 
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
 def _rows(ctx: Context, dtype: str, decoder: Decoder, steps: int) -> list[Row]:
     model = decoder.executor.model
     nbytes, gemms = weight_bytes(model), step_gemms(model)
@@ -139,9 +129,9 @@ def _rows(ctx: Context, dtype: str, decoder: Decoder, steps: int) -> list[Row]:
         "bound": lambda: _bound(nbytes, buffer),
         "floor": lambda: _floor(flops, getattr(torch, dtype))}, warmup=0)
     del buffer
-    gb_s = _median(samples["bound"]["gb_s"])
-    bound_ms, floor_ms = _median(samples["bound"]["ms"]), _median(samples["floor"]["ms"])
-    step_ms, gflop_s = _median(samples["mstar"]["ms"]), _median(samples["floor"]["gflop_s"])
+    gb_s = statistics.median(samples["bound"]["gb_s"])
+    bound_ms, floor_ms = statistics.median(samples["bound"]["ms"]), statistics.median(samples["floor"]["ms"])
+    step_ms, gflop_s = statistics.median(samples["mstar"]["ms"]), statistics.median(samples["floor"]["gflop_s"])
     label = MSTAR + (", decode steps compiled (cpu_compile)" if ctx.cpu_compile else "")
     note = f"{nbytes / 1e6:.0f} MB of weights, median read bandwidth {gb_s:.1f} GB/s; advantage = bound / step " \
            "(1.0 = at the bound)"
