@@ -163,6 +163,13 @@ class WeightMap(Base):
     reshape: list[str] = []             # regexes (mapped names): view as the module's shape (1x1 conv -> linear)
     config: dict[str, str] = {}         # dotted key in the repository's `config_file` -> node dim it must equal
     config_file: str = "config.json"    # the repository's JSON config `config` reads (BAGEL: llm_config.json, ...)
+    # What the library that defines the config format takes where the file lacks a key (older releases
+    # serialise fewer keys): `config_defaults` when the key is absent, `config_derive` (an expression over
+    # the keys beside it, mstar_compiler.config_expr) when it is absent or null; `config_library` names the
+    # library, version and class they come from ("transformers 5.25.0 Qwen3OmniMoeConfig").
+    config_defaults: dict[str, Any] = {}
+    config_derive: dict[str, str] = {}
+    config_library: str = ""
 
 
 class Node(Base):

@@ -62,6 +62,8 @@ def check_plan(plan: Plan, options: WeightOptions, out=sys.stdout) -> bool:
             print(f"  ERROR {exc}", file=out)
             ok = False
             continue
+        for note in report.config_notes:
+            print(f"  config: {note}", file=out)
         read[source.path].update(report.read | report.excluded)
         published[source.path].update(report.published)
         print(f"  matched {report.matched}, missing {len(report.missing)}, unexpected {len(report.unexpected)}, "

@@ -13,6 +13,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
+from mstar_compiler.config_expr import MISSING, ExprError, names, read_value
 from mstar_compiler.plan import Node, WeightMap
 from runtime.weights.headers import TensorInfo
 
@@ -106,20 +107,44 @@ def node_tensors(cmap: CompiledMap, infos: Mapping[str, TensorInfo]) -> Iterator
             yield name, info, targets
 
 
-def config_mismatches(node: Node, config: Mapping[str, Any]) -> list[str]:
-    """Each disagreement between the repository's config file and the node's preset dims."""
-    assert node.weight_map is not None
-    problems, file = [], node.weight_map.config_file
-    for key, dim in node.weight_map.config.items():
-        value: Any = config
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is None:
-            problems.append(f"{file} has no `{key}` (the graph checks it against dim {dim})")
-        elif _as_json(value) != _as_json(node.dims.get(dim)):
-            problems.append(f"{file} `{key}` = {value!r} but preset '{node.preset}' of node '{node.name}' has "
-                            f"{dim} = {node.dims.get(dim)!r}")
-    return problems
+def config_mismatches(node: Node, config: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(each disagreement between the repository's config file and the node's preset dims, each value
+    taken as the mapping's `config_library` takes it because the file lacks the key)."""
+    wm = node.weight_map
+    assert wm is not None
+    problems, notes, file = [], [], wm.config_file
+    for key, dim in wm.config.items():
+        default = wm.config_defaults.get(key, MISSING)
+        try:
+            found = read_value(config, key, default, wm.config_derive.get(key))
+        except ExprError as exc:
+            problems.append(f"{file} `{key}`: {wm.config_library} derives it as {wm.config_derive[key]}, which "
+                            f"does not compute here: {exc}")
+            continue
+        if found is None:
+            problems.append(f"{file} has no `{key}` (the graph checks it against dim {dim}){_needs(wm, key)}")
+            continue
+        taken = "" if found.source == "file" else f" ({_how(wm, key, file, found.source)})"
+        if found.source != "file":
+            notes.append(f"{file} `{key}` = {found.value!r}{taken}")
+        if _as_json(found.value) != _as_json(node.dims.get(dim)):
+            problems.append(f"{file} `{key}` = {found.value!r}{taken} but preset '{node.preset}' of node "
+                            f"'{node.name}' has {dim} = {node.dims.get(dim)!r}")
+    return problems, notes
+
+
+
+def _how(wm: WeightMap, key: str, file: str, source: str) -> str:
+    if source == "default":
+        return f"absent from {file}: the default of {wm.config_library}"
+    return f"null or absent in {file}: {wm.config_library} derives it as {wm.config_derive[key]}"
+
+
+def _needs(wm: WeightMap, key: str) -> str:
+    """Why no value could be taken: the derivation's inputs are missing too, or none is declared."""
+    if key in wm.config_derive:
+        return f", nor what {wm.config_library} derives it from ({', '.join(names(wm.config_derive[key]))})"
+    return ""
 
 
 def _as_json(value: Any) -> Any:

@@ -37,6 +37,7 @@ class MatchReport:
     read: set[str] = field(default_factory=set)           # published names this node consumes (or skips as optional)
     published: set[str] = field(default_factory=set)      # every tensor name of the files the node's mapping reads
     excluded: set[str] = field(default_factory=set)       # published names the mapping leaves out on purpose
+    config_notes: list[str] = field(default_factory=list)  # config values the library's default or derivation gave
 
     @property
     def is_ok(self) -> bool:

@@ -6,10 +6,12 @@
 
 All raise for people: a config file (config.json, ...) that disagrees with the preset names both values
 (ConfigMismatch), a mapping that does not cover the module names the first offending keys
-and the fix (WeightMismatch).
+and the fix (WeightMismatch). A config value the file lacks and the mapping's library supplies (its
+class default, or what it derives from other keys) is said: check-weights prints it, the server logs it.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Mapping
 
@@ -21,6 +23,8 @@ from runtime.weights.match import MatchReport, load_matched, match_node
 from runtime.weights.repository import read_config, repository_files, tensor_infos
 from runtime.weights.slots import Slot, module_slots
 from runtime.weights.sources import NodeWeights
+
+log = logging.getLogger(__name__)
 
 
 class ConfigMismatch(ValueError):
@@ -49,27 +53,31 @@ def mismatch_fix(node: Node, report: MatchReport) -> str:
     return f"incomplete download? the files read ({files}) lack these tensors; or a `rename:` rule in {rule} is wrong"
 
 
-def check_config(node: Node, root: Path) -> None:
+def check_config(node: Node, root: Path) -> list[str]:
     """Raise ConfigMismatch when the repository's config (the mapping's `config_file`) disagrees with the
-    node's dims on a value the mapping's `config:` names."""
+    node's dims on a value the mapping's `config:` names; else the values taken as the mapping's library
+    takes them because the file lacks the key (said to the user: a checkpoint read by a default)."""
     assert node.weight_map is not None
     if not node.weight_map.config:
-        return
+        return []
     name = node.weight_map.config_file
-    problems = config_mismatches(node, read_config(root, name))
+    problems, notes = config_mismatches(node, read_config(root, name))
     if problems:
         raise ConfigMismatch(f"node '{node.name}' ({node.kind}): {root / name} disagrees with the graph:\n"
                              + "\n".join(f"  {p}" for p in problems)
                              + "\n  fix: compile the preset that matches this checkpoint, or download the "
                                f"repository the graph names ({node.weight_map.source})")
+    return notes
 
 
 def check_published(node: Node, root: Path, slots: Mapping[str, Slot]) -> MatchReport:
     """The node's key-by-key report against the repository at `root` (config checked first)."""
     assert node.weight_map is not None
-    check_config(node, root)
+    notes = check_config(node, root)
     infos = tensor_infos(repository_files(root, node.weight_map.files))
-    return match_node(node.name, CompiledMap(node.weight_map), infos, slots)
+    report = match_node(node.name, CompiledMap(node.weight_map), infos, slots)
+    report.config_notes = notes
+    return report
 
 
 def load_published(module: nn.Module, node: Node, root: Path) -> MatchReport:
@@ -94,3 +102,5 @@ def check_plan_sources(plan: Plan, sources: Mapping[str, NodeWeights]) -> None:
         report = check_published(node, Path(source.path), meta_slots(node))
         if not report.is_ok:
             raise WeightMismatch(node, Path(source.path), report)
+        for note in report.config_notes:
+            log.warning("node '%s': %s", node.name, note)

@@ -11,6 +11,7 @@ import gzip
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 from mstar_compiler.plan import Node
 from runtime.weights.headers import TensorInfo
@@ -70,3 +71,25 @@ def _numel(shape) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def published_config(node: Node) -> dict[str, Any]:
+    """The node's config file as published: the preset's value at every key its mapping checks."""
+    assert node.weight_map is not None
+    config: dict[str, Any] = {}
+    for key, dim in node.weight_map.config.items():
+        *parents, field = key.split(".")
+        section = config
+        for part in parents:
+            section = section.setdefault(part, {})
+        section[field] = json.loads(json.dumps(node.dims[dim]))
+    return config
+
+
+def merge_sections(into: dict[str, Any], config: dict[str, Any]) -> None:
+    """Add `config`'s keys to `into`, section by section (several nodes read one config.json)."""
+    for key, value in config.items():
+        if isinstance(value, dict):
+            merge_sections(into.setdefault(key, {}), value)
+        else:
+            into[key] = value

@@ -12,7 +12,8 @@ import pytest
 from mstar_compiler.plan import Plan, load_plan
 from tests.runtime.serving.conftest import REPO, compile_plan
 from tests.runtime.serving.published_layouts import write_bagel_configs
-from tests.runtime.weights.published_layouts import BAGEL_LLM, BAGEL_VIT, repository, write_header_only
+from tests.runtime.weights.published_layouts import (BAGEL_LLM, BAGEL_VIT, merge_sections, published_config, repository,
+                                                    write_header_only)
 
 ORPHEUS_CONFIG = {"architectures": ["LlamaForCausalLM"], "vocab_size": 156940, "num_hidden_layers": 28,
                   "hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 8,
@@ -126,12 +127,8 @@ def write_omni_root(repo: Path, plan: Plan) -> None:
     (repo / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
     config: dict = {}
     for node in plan.nodes:
-        for key, dim in (node.weight_map.config.items() if node.weight_map else ()):
-            *parents, field = key.split(".")
-            section = config
-            for part_name in parents:
-                section = section.setdefault(part_name, {})
-            section[field] = json.loads(json.dumps(node.dims[dim]))
+        if node.weight_map is not None:
+            merge_sections(config, published_config(node))
     (repo / "config.json").write_text(json.dumps(config))
 
 
