@@ -19,8 +19,9 @@ def serve(tmp_path_factory: pytest.TempPathFactory, graph: str, placement: str =
     yield from serve_tiny(tmp_path_factory, graph, placement)
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def omni_single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One Qwen3-Omni tiny server for the input tests (audio, images): neither reads counters, so
-    sharing it saves a server start (~20 s on 2 cores)."""
+    sharing it saves a server start (~20 s on 2 cores). Session-scoped: the suite runs its modules in
+    a random order, and a package-scoped server would start again each time the order re-enters the package."""
     yield from serve(tmp_path_factory, "qwen3_omni", "single")

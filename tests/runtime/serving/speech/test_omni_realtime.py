@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import socket
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import aiohttp
 import openai
@@ -236,3 +238,51 @@ def test_the_listen_task_is_refused_where_nothing_can_feed_its_stream(omni_singl
     status, body = http("POST", f"{omni_single.url}/v1/tasks/listen", {"inputs": []})
     assert status == 400 and body["error"]["code"] == "task_needs_stream"
     assert "user_audio" in body["error"]["message"] and "/v1/realtime" in body["error"]["message"]
+
+
+def _frames(sock: socket.socket) -> Iterator[tuple[int, bytes]]:
+    """(opcode, payload) of each unmasked frame the server sends (RFC 6455 section 5.2)."""
+    buf = b""
+
+    def take(n: int) -> bytes:
+        nonlocal buf
+        while len(buf) < n:
+            more = sock.recv(65536)
+            assert more, "the server closed the connection without a close frame"
+            buf += more
+        out, buf = buf[:n], buf[n:]
+        return out
+    while True:
+        first, second = take(2)
+        length = second & 0x7F
+        if length >= 126:
+            length = int.from_bytes(take(2 if length == 126 else 8), "big")
+        yield first & 0x0F, take(length)
+
+
+def test_a_message_over_the_cap_closes_the_socket_with_1009_and_the_server_keeps_serving(omni_single):
+    """The WebSocket protocol's answer to a message over MAX_MESSAGE_BYTES (the README states the cap).
+    The client speaks RFC 6455 by hand and sends only the frame's header: the server refuses on the
+    declared length, and a client still sending the 16 MiB would race the server's close (a reset)."""
+    from runtime.server.realtime import MAX_MESSAGE_BYTES
+    host, port = omni_single.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        key = base64.b64encode(os.urandom(16)).decode()
+        sock.sendall(f"GET /v1/realtime HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        # FIN + text; masked, 64-bit length: one byte over the cap; the mask; no payload yet
+        sock.sendall(bytes([0x81, 0x80 | 127]) + (MAX_MESSAGE_BYTES + 1).to_bytes(8, "big") + os.urandom(4))
+        frames = _frames(sock)
+        opcode, payload = next(frames)
+        assert opcode == 0x1 and json.loads(payload)["type"] == "session.created"
+        opcode, payload = next(frames)
+        assert opcode == 0x8 and int.from_bytes(payload[:2], "big") == 1009, (opcode, payload)
+
+    async def update(client: Client) -> dict:
+        await client.send("session.update", session={"modalities": ["text"]})
+        return await client.recv()
+    assert session(omni_single, update)["type"] == "session.updated", "a new session is served"
