@@ -14,9 +14,11 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import os
+import random
 import socket
 import struct
 import time
+from pathlib import Path
 
 WILDCARDS = frozenset({"0.0.0.0", "*", "::", ""})
 _SIOCGIFADDR = 0x8915   # Linux ioctl: an interface's IPv4 address
@@ -82,11 +84,34 @@ def pin_collectives_to(address: str) -> None:
         os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
 
 
+PORT_FLOOR = 20000    # free_port looks from here up to the kernel's ephemeral range (Linux: 32768 by default)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768    # Linux's default low end
+
+
+_pick = random.Random()
+
+
 def free_port(host: str) -> int:
-    """A port free on `host` now (for a rendezvous another process binds moments later)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free on `host` now, for a rendezvous another process binds moments later. Not one the kernel
+    hands out (bind to port 0): any process's outgoing connection may take such a port between this check and
+    that bind (seen as a TP group failing to start at random); one below the ephemeral range (and ZeroMQ's
+    random ports, 49152 up) is taken only by an explicit bind."""
+    low, high = PORT_FLOOR, max(PORT_FLOOR + 1000, min(_ephemeral_low(), 49152))
+    for _ in range(1000):
+        port = _pick.randrange(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port on {host} in {low}..{high - 1}")
 
 
 def probe(endpoint: str, timeout_s: float = 2.0) -> str | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,12 +20,12 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from bench.registry import Needs
+from runtime.transport import addresses
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a peer server that must be told its port (outside the kernel's ephemeral range)."""
+    return addresses.free_port("127.0.0.1")
 
 
 # environment tools/bench.py set for its in-process sides (a worker's OpenMP wait policy), which no server

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,18 +13,13 @@ from safetensors.torch import load_file
 from tests.runtime.models.decoder_lm.lm_factories import tiny_dims
 from runtime.parallel import SINGLE
 from tests.runtime.parallel.tp_worker import TP_CASES, run_schedule
+from tests.runtime.serving.conftest import free_port
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_tp2_logits_equal_tp1(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     repo = str(WORKER.resolve().parents[3])    # tp_worker imports the decoder-LM test factories as tests.*
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(rank), "2", str(port), str(tmp_path)],

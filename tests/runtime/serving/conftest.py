@@ -18,14 +18,15 @@ import pytest
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
+from runtime.transport import addresses
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, for the tests that must name one in advance (a worker endpoint, a gloo
+    rendezvous): picked as the runtime picks its TP rendezvous port, outside the kernel's ephemeral range."""
+    return addresses.free_port("127.0.0.1")
 
 
 def compile_plan(tmp: Path, graph: str, preset: str | None = None, placement: str | None = None) -> str:
