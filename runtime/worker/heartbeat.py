@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from runtime.worker.worker import Worker
 
 HEARTBEAT_S = 0.5
+SNAPSHOT_TRIES = 20      # reads of the worker's tables per beat (each a few microseconds) before it goes without
 
 
 def start_heartbeat(worker: Worker, conductor: str) -> None:
@@ -31,21 +32,31 @@ def start_heartbeat(worker: Worker, conductor: str) -> None:
 
 
 def heartbeat(worker: Worker) -> Heartbeat:
-    """Alive, with what the rank holds (read from the heartbeat thread: plain counters; the worker may still
-    be starting, so each part it has not built yet is left out)."""
+    """Alive, with what the rank holds. Read from the heartbeat thread while the worker changes its tables:
+    a read that meets a table changing size is tried again, since a beat without its numbers replaces the
+    conductor's (a /metrics scrape then finds the rank's KV gauges gone); after SNAPSHOT_TRIES it goes
+    without them, so the rank still counts as alive."""
+    for _ in range(SNAPSHOT_TRIES):
+        try:
+            return _snapshot(worker)
+        except RuntimeError:   # a table changed size under us
+            continue
+    steps, last = progress.snapshot()
+    return Heartbeat(rank=worker.rank, start_steps=steps, start_last=last)
+
+
+def _snapshot(worker: Worker) -> Heartbeat:
+    """What the rank holds (the worker may still be starting: each part it has not built yet is left out)."""
     executors = dict(getattr(worker, "executors", {}))
     streams = getattr(worker, "streams", None)
     guard = getattr(worker, "guard", None)
     governor = getattr(worker, "governor", None)
     steps, last = progress.snapshot()
-    try:
-        return Heartbeat(rank=worker.rank, start_steps=steps, start_last=last,
-                         kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items() if ex.kv_blocks},
-                         stream_buffers=streams.num_buffers if streams else 0,
-                         value_stores=len(getattr(worker, "values", {})),
-                         dropped_messages=getattr(worker, "dropped", 0),
-                         refused_peers=guard.admission.refused if guard else 0,
-                         threads=governor.threads if governor else 0,
-                         threads_allotted=governor.allotted if governor else 0)
-    except RuntimeError:   # a table changed size under us: this beat goes without numbers
-        return Heartbeat(rank=worker.rank, start_steps=steps, start_last=last)
+    return Heartbeat(rank=worker.rank, start_steps=steps, start_last=last,
+                     kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items() if ex.kv_blocks},
+                     stream_buffers=streams.num_buffers if streams else 0,
+                     value_stores=len(getattr(worker, "values", {})),
+                     dropped_messages=getattr(worker, "dropped", 0),
+                     refused_peers=guard.admission.refused if guard else 0,
+                     threads=governor.threads if governor else 0,
+                     threads_allotted=governor.allotted if governor else 0)

@@ -42,11 +42,13 @@ class Cluster:
                                     "--port", str(port), "--worker-endpoint", self.conductor,
                                     "--remote-ranks", remote, "--keys", str(keys), "--log-level", "warning", *extra],
                                 cwd=REPO, env=ENV, stderr=None if log is None else log.open("w"))
+        self.flags: dict[int, tuple[str, ...]] = {}   # rank -> the extra flags its worker was started with
         self.workers = {rank: self.start_worker(rank) for rank in hosts}
 
     def start_worker(self, rank: int, *flags: str) -> subprocess.Popen:
         """`mstar-run worker` of `rank` on its host (more `flags` for it); without `--host`/`--advertise`
         it finds its own address: the route to the conductor."""
+        self.flags[rank] = flags
         return self.net.popen(self.hosts[rank], [
             sys.executable, "-m", "runtime.cli", "worker", "--conductor", self.conductor, "--rank", str(rank),
             "--key", str(self.keys / f"rank-{rank}.json"), "--threads", "1", "--log-level", "warning",

@@ -57,18 +57,6 @@ def cluster(net, tmp_path_factory) -> Iterator[Cluster]:
                             "--batch-invariant", log=tmp / "server.log")
 
 
-def test_image_across_hosts_matches_the_single_rank_plan(cluster: Cluster, reference: np.ndarray) -> None:
-    rx1, tx1 = cluster.net.counters(1)
-    rx2, tx2 = cluster.net.counters(2)
-    got = cluster.call(lambda: image(cluster.client()))
-    assert got.std() > 5 and np.array_equal(got, reference)
-    for host, (rx, tx) in ((1, (rx1, tx1)), (2, (rx2, tx2))):
-        now_rx, now_tx = cluster.net.counters(host)
-        # 3 Euler steps: each branch receives the latent state and sends its velocity back (a few KB at
-        # 64x64; the heartbeats of the same second are a few hundred bytes)
-        assert now_rx - rx > 8_000 and now_tx - tx > 2_000, (host, now_rx - rx, now_tx - tx)
-
-
 def wait_health(cluster: Cluster, want: str, timeout: float = 60) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
@@ -100,7 +88,34 @@ def fail_in_flight(cluster: Cluster, break_host) -> tuple[openai.APIStatusError,
     return result["error"], result["at"] - broken
 
 
-def test_a_pulled_cable_fails_the_rank_requests_and_the_rank_rejoins(cluster: Cluster, reference) -> None:
+@pytest.fixture
+def whole(cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster with every rank serving, before the test and after it, whatever the test broke (each test
+    starts from a whole cluster, in any order)."""
+    wait_health(cluster, "ok", timeout=120)
+    try:
+        yield cluster
+    finally:
+        cluster.net.restore(2)
+        if cluster.flags[2] or cluster.http("GET", "/health", timeout=5)[1].get("status") != "ok":
+            replace_worker(cluster)
+
+
+def test_image_across_hosts_matches_the_single_rank_plan(whole: Cluster, reference: np.ndarray) -> None:
+    cluster = whole
+    rx1, tx1 = cluster.net.counters(1)
+    rx2, tx2 = cluster.net.counters(2)
+    got = cluster.call(lambda: image(cluster.client()))
+    assert got.std() > 5 and np.array_equal(got, reference)
+    for host, (rx, tx) in ((1, (rx1, tx1)), (2, (rx2, tx2))):
+        now_rx, now_tx = cluster.net.counters(host)
+        # 3 Euler steps: each branch receives the latent state and sends its velocity back (a few KB at
+        # 64x64; the heartbeats of the same second are a few hundred bytes)
+        assert now_rx - rx > 8_000 and now_tx - tx > 2_000, (host, now_rx - rx, now_tx - tx)
+
+
+def test_a_pulled_cable_fails_the_rank_requests_and_the_rank_rejoins(whole: Cluster, reference) -> None:
+    cluster = whole
     error, after = fail_in_flight(cluster, lambda: cluster.net.cut(2))
     assert error.status_code >= 500 and "rank 2" in error.message, (error.status_code, error.message)
     assert error.body["type"] and error.body["code"], error.body   # an OpenAI-style error object
@@ -115,7 +130,8 @@ def test_a_pulled_cable_fails_the_rank_requests_and_the_rank_rejoins(cluster: Cl
     assert np.array_equal(cluster.call(lambda: image(cluster.client())), reference)
 
 
-def test_a_host_that_lost_power_rejoins_with_a_fresh_worker(cluster: Cluster, reference) -> None:
+def test_a_host_that_lost_power_rejoins_with_a_fresh_worker(whole: Cluster, reference) -> None:
+    cluster = whole
     error, after = fail_in_flight(cluster, lambda: cluster.net.kill_host(2))
     assert error.status_code >= 500 and "rank 2" in error.message, (error.status_code, error.message)
     assert after < FAIL_WITHIN_S
@@ -132,8 +148,9 @@ def replace_worker(cluster: Cluster, *flags: str) -> None:
     wait_health(cluster, "ok", timeout=120)
 
 
-def test_a_rank_advertising_an_address_nobody_holds_is_named(cluster: Cluster) -> None:
-    """Leaves rank 2 unusable: the module's last test that serves."""
+def test_a_rank_advertising_an_address_nobody_holds_is_named(whole: Cluster) -> None:
+    """Leaves rank 2 unusable (joined, but at an address nobody holds): `whole` starts a usable one after it."""
+    cluster = whole
     replace_worker(cluster, "--host", "0.0.0.0", "--advertise", NOBODY)
     start = time.monotonic()
     with pytest.raises(openai.APIStatusError) as caught:
