@@ -5,7 +5,8 @@
                        [--weights ROOT] [--weights REPO=DIR] [--random-weights]
                        [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2 --keys DIR]
                        [--batch-invariant] [--no-prefix-cache]
-                       [--ray [ADDRESS] [--ray-cpus-per-rank 1] [--ray-strategy PACK]]   # ranks as Ray actors
+                       [--ray [ADDRESS] [--ray-cpus-per-rank 1] [--ray-strategy PACK]   # ranks as Ray actors
+                        [--ray-allow-unauthenticated]]      # else the cluster must check Ray tokens
     mstar-run worker --conductor tcp://HOST:PORT --rank R --key rank-R.json plan.bin [--weights ROOT ...]
                      [--host BIND] [--advertise ADDRESS]
     mstar-run keygen --ranks N --out DIR      CURVE keys for a cluster with remote ranks (server `--keys DIR`)
@@ -85,11 +86,15 @@ def _ray_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-strategy", default="PACK", choices=STRATEGIES,
                    help="how ranks outside a tensor-parallel group spread over the nodes (a TP group always "
                         "shares one node)")
+    p.add_argument("--ray-allow-unauthenticated", action="store_true",
+                   help="serve on a Ray cluster that does not check tokens (RAY_AUTH_MODE=token is off), where "
+                        "anyone who reaches it can run code in every rank; logged as a warning and shown in /health")
 
 
 def _ray_options(args: argparse.Namespace) -> RayOptions | None:
     from runtime.cluster.ray_launcher import RayOptions
-    return None if args.ray is None else RayOptions(args.ray, args.ray_cpus_per_rank, args.ray_strategy)
+    return None if args.ray is None else RayOptions(args.ray, args.ray_cpus_per_rank, args.ray_strategy,
+                                                    allow_unauthenticated=args.ray_allow_unauthenticated)
 
 
 def _worker_parser() -> argparse.ArgumentParser:

@@ -10,8 +10,12 @@ for each rank and again when a rank died, and watches the returned `RayRank` as 
 subprocess: the actor's `run` call ends (with an error, when the actor died) and the rank is
 dead; a replacement actor goes into the same bundle, so it lands where the plan needs it.
 The conductor's endpoint must be reachable from every node: a loopback one becomes this node's
-Ray IP. A tensor-parallel rank that comes back restarts its whole group, since the others are
-still in the old torch.distributed group.
+Ray IP. No secret goes through Ray (its channels are plaintext unless the cluster runs TLS): each
+actor makes its rank's CURVE pair itself (`keygen`) and hands back the public half, which the
+conductor admits; the actor gets the plan, the conductor's address and public key, and flags.
+The cluster must refuse callers without its token (token_auth.py), unless the operator says
+--ray-allow-unauthenticated, which is logged and shown in /health. A tensor-parallel rank that
+comes back restarts its whole group, since the others are still in the old torch.distributed group.
 """
 from __future__ import annotations
 
@@ -28,7 +32,8 @@ from mstar_compiler.plan import Plan
 from runtime.cluster import ClusterError
 from runtime.cluster.bundles import pack_groups, rank_resources
 from runtime.cluster.rank_actor import RankActor
-from runtime.conductor.workers import RankLaunch
+from runtime.cluster.token_auth import HOW_TO, requires_token
+from runtime.conductor.workers import LaunchedRank, RankLaunch
 
 log = logging.getLogger(__name__)
 LOOPBACK = ("127.", "localhost", "[::1]")
@@ -43,6 +48,7 @@ class RayOptions:
     cpus_per_rank: float = 1.0      # CPUs each rank's actor reserves (its torch threads)
     strategy: str = "PACK"          # placement of the ranks outside a tensor-parallel group
     placement_timeout_s: float = 120.0
+    allow_unauthenticated: bool = False   # serve on a cluster without token authentication (warned, in /health)
 
 
 @dataclass
@@ -86,10 +92,11 @@ def reachable_endpoint(endpoint: str, node_ip: str) -> str:
 class RayRank:
     """A rank's actor, watched as the WorkerSet watches a subprocess (poll / kill / wait)."""
 
-    def __init__(self, ray: Any, rank: int, actor: Any, run_ref: Any, where_ref: Any) -> None:
+    def __init__(self, ray: Any, rank: int, actor: Any, run_ref: Any, where_ref: Any, key_ref: Any) -> None:
         self.ray, self.rank, self.actor = ray, rank, actor
         self._run = run_ref.future()      # done when the worker returned or the actor died
         self._where = where_ref.future()
+        self.public_key = key_ref.future()   # the public half of the pair the actor made (z85)
         self._said = False
 
     def poll(self) -> int | None:
@@ -119,7 +126,10 @@ class RayRank:
         """The actor's node and pid once it answered; its state until then."""
         if not self._where.done():
             return {"state": "starting"}
-        return {"state": "ended"} if self._where.exception() is not None else self._where.result()
+        if self._where.exception() is not None:
+            return {"state": "ended"}
+        has_key = self.public_key.done() and self.public_key.exception() is None
+        return {**self._where.result(), **({"public_key": self.public_key.result().decode()} if has_key else {})}
 
 
 class RayLauncher:
@@ -129,11 +139,16 @@ class RayLauncher:
         self.ray = _import_ray()
         self.options = options
         _probe(os.environ.get("RAY_ADDRESS", "") if options.address == "auto" else options.address)
+        from ray.exceptions import AuthenticationError
         try:
             self.ray.init(address=options.address, namespace="mstar", logging_level=logging.WARNING)
+        except AuthenticationError as exc:
+            raise ClusterError(f"--ray {options.address}: the cluster refused this server's Ray token ({exc.message}); "
+                               f"{HOW_TO}") from None
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise ClusterError(f"--ray {options.address}: cannot connect to a Ray cluster ({exc}); start one with "
                                "`ray start --head` or pass its head's host:port") from None
+        self.has_token_auth = self._check_token_auth()
         self.node_ip = self.ray.util.get_node_ip_address()
         self.plan_bytes = Path(plan_path).read_bytes()
         has_gpus = self.ray.cluster_resources().get("GPU", 0) > 0
@@ -141,6 +156,24 @@ class RayLauncher:
         self.groups = self._reserve(plan)
         self.actor_class = self.ray.remote(RankActor)
         self.ranks: dict[int, RayRank] = {}
+
+    def _check_token_auth(self) -> bool:
+        """Whether the cluster refuses callers without its token; if it does not, ClusterError unless the
+        operator allowed it, and then one warning."""
+        gcs = self.ray.get_runtime_context().gcs_address
+        try:
+            if requires_token(gcs):
+                return True
+        except ClusterError:
+            self.ray.shutdown()
+            raise
+        if not self.options.allow_unauthenticated:
+            self.ray.shutdown()
+            raise ClusterError(f"--ray {self.options.address}: the Ray cluster at {gcs} runs without token "
+                               f"authentication, so anyone who reaches it can run code in every rank: {HOW_TO}")
+        log.warning("the Ray cluster at %s runs WITHOUT token authentication (--ray-allow-unauthenticated): anyone "
+                    "who reaches it can run code in every rank", gcs)
+        return False
 
     def _reserve(self, plan: Plan) -> dict[int, _Group]:
         """One placement group per pack group, all ready before any worker starts."""
@@ -162,27 +195,28 @@ class RayLauncher:
         """Where actors on every node reach the conductor: a loopback endpoint becomes this node's Ray IP."""
         return reachable_endpoint(endpoint, self.node_ip)
 
-    def start(self, launch: RankLaunch) -> RayRank:
-        """A fresh actor for `launch.rank` in its bundle, running the rank's worker."""
+    def start(self, launch: RankLaunch) -> LaunchedRank:
+        """A fresh actor for `launch.rank` in its bundle, making the rank's key pair and running its worker."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         group, res = self.groups[launch.rank], self.resources[launch.rank]
         actor = self.actor_class.options(
             num_cpus=res.num_cpus, num_gpus=res.num_gpus, memory=res.memory_bytes, max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=group.pg, placement_group_bundle_index=group.ranks.index(launch.rank))).remote()
-        where = actor.where.remote()   # before run: an actor runs its calls in order, and run never returns early
-        key = Path(launch.key_file).read_text() if launch.key_file else None
-        launch = replace(launch, threads=max(1, int(res.num_cpus)))
+        # an actor runs its calls in order: the key file exists before run, and where answers before run blocks
+        public_key = actor.keygen.remote(launch.rank, launch.server_key)
+        where = actor.where.remote()
+        launch = replace(launch, key_file=None, threads=max(1, int(res.num_cpus)))
         self.ranks[launch.rank] = rank = RayRank(self.ray, launch.rank, actor,
-                                                 actor.run.remote(launch, self.plan_bytes, key), where)
-        return rank
+                                                 actor.run.remote(launch, self.plan_bytes), where, public_key)
+        return LaunchedRank(rank, rank.public_key)
 
     def describe(self) -> dict[str, Any]:
         """Where each rank runs, for /v1/models."""
         ranks = {str(r): {**rank.where(), "bundle": self.resources[r].bundle(),
                           "placement_group": self.groups[r].pg.id.hex(), "strategy": self.groups[r].strategy}
                  for r, rank in sorted(self.ranks.items())}
-        return {"manager": "ray", "node_ip": self.node_ip, "ranks": ranks}
+        return {"manager": "ray", "node_ip": self.node_ip, "token_auth": self.has_token_auth, "ranks": ranks}
 
     def close(self) -> None:
         for rank in self.ranks.values():

@@ -40,7 +40,8 @@ from runtime.transport.messages import (
     Peers, Ready, RunBatch, Shutdown, StreamItems,
 )
 from runtime.transport.keys import cluster_keys, start_guard
-from runtime.transport.queues import ConductorQueue, Envelope, is_worth_logging
+from runtime.transport.log_rate import is_worth_logging
+from runtime.transport.queues import ConductorQueue, Envelope
 from runtime.transport.request_params import RequestParams
 
 log = logging.getLogger(__name__)
@@ -101,12 +102,15 @@ class Conductor:
         """Bind the control socket, start local workers, wait until every rank is ready: for as long as each
         rank not yet ready reports start steps `ready_timeout` s apart and no worker exits (start_watch.py)."""
         self.ctx = zmq.asyncio.Context()
-        keys, key_files = cluster_keys(self.config.keys_dir, len(self.plan.ranks))
+        # key files for the ranks started here as subprocesses; a launcher's ranks make their own pairs
+        file_ranks = range(len(self.plan.ranks)) if self.config.launcher is None else ()
+        keys, key_files = cluster_keys(self.config.keys_dir, file_ranks)
         self.guard = start_guard(self.ctx, keys)
         self.queue = ConductorQueue(self.ctx, self.config.endpoint, keys)
         self.workers = WorkerSet(self.config.plan_path, self.queue.endpoint, len(self.plan.ranks),
                                  set(self.config.remote_ranks), self.config.weights, self.config.log_level,
-                                 key_files, self.config.worker_host, self.config.launcher)
+                                 key_files, self.config.worker_host, self.config.launcher, self.guard.admission,
+                                 keys.server_public)
         self.joining = Joining(self.plan, self.workers, self._send, self.config.prefix_cache)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]
@@ -327,8 +331,9 @@ class Conductor:
         self.ledger.note_reported(rank, msg.prefix)     # /metrics shows those caches' counters from the start
         self.scheduler.chunked_prefill.update((rank, info.name) for info in msg.nodes if info.prefill_chunks)
         peers = {r: s.peer_endpoint for r, s in self.workers.ranks.items() if s.peer_endpoint}
+        keys = {r: k.decode() for r, k in self.guard.admission.keys().items()}   # what each inbox serves with
         for r in self.workers.ready_ranks():
-            self._send(r, Peers(endpoints=peers))
+            self._send(r, Peers(endpoints=peers, keys=keys))
         log.info("rank %d ready: %s", rank, ", ".join(f"{n.name} ({n.weight_source})" for n in msg.nodes))
 
     def _batch_done(self, msg: BatchDone, env: Envelope) -> None:
@@ -457,6 +462,7 @@ class Conductor:
     # ---- workers -------------------------------------------------------------------
 
     def _check_workers(self) -> None:
+        self.workers.admit_keys()
         dead = set(self.workers.dead_ranks())
         for rank in list(dead):   # a tensor-parallel group dies whole: its survivors hold a broken collective group
             dead.update(tp_ranks(self.plan, rank) or ())

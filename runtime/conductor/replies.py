@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from runtime.conductor.batch import Entry, PlannedBatch
 from runtime.transport.messages import BatchDone, BatchFailed
-from runtime.transport.queues import Envelope, is_worth_logging
+from runtime.transport.log_rate import is_worth_logging
+from runtime.transport.queues import Envelope
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,9 @@ a remote one is given up (`is_given_up`) until it speaks again, then asked to re
 Local workers bind and advertise the server's `--host` (loopback by default), so what they
 announce is what ranks on other hosts can dial when the server listens on a network address.
 A `RankLauncher` (runtime/cluster: Ray actors) may start the local ranks elsewhere instead
-of as subprocesses here; the set watches what it returns as it watches a process.
+of as subprocesses here; the set watches what it returns as it watches a process. Such a rank
+makes its own CURVE pair where it runs; the set admits the public key it returns (and no
+longer the key of the rank's previous process), so no secret is handed to a launcher.
 """
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from runtime.transport.keys import Admission
 from runtime.transport.messages import NodeInfo
 from runtime.weights.sources import WeightOptions
 
@@ -41,10 +45,11 @@ class RankLaunch:
     rank: int
     conductor: str            # the conductor's worker endpoint
     plan_path: str            # plan.bin on this host
-    key_file: str | None      # the rank's 0600 CURVE key file on this host
+    key_file: str | None      # the rank's 0600 CURVE key file on this host (None: the rank makes its own pair)
     weights: WeightOptions
     log_level: str
     threads: int              # torch intra-op threads
+    server_key: str = ""      # the conductor's CURVE public key (z85), for a rank that makes its own pair
 
     def argv(self, plan_path: str | None = None, key_file: str | None = None, host: str | None = None) -> list[str]:
         """`mstar-run worker` arguments; a launcher on another host passes its own copies' paths
@@ -55,10 +60,19 @@ class RankLaunch:
                 *(["--host", host] if host else []), *self.weights.cli_args(), plan_path or self.plan_path]
 
 
+@dataclass(frozen=True)
+class LaunchedRank:
+    """What a launcher's `start` returns: the process to watch, and the public half of the CURVE pair
+    the rank made where it runs (its secret stays there)."""
+
+    process: RankProcess
+    public_key: Future[bytes]    # z85; fails when the rank died before making it (then `process` ends too)
+
+
 class RankLauncher(Protocol):
     """Starts local ranks somewhere else than as subprocesses of this process."""
 
-    def start(self, launch: RankLaunch) -> RankProcess: ...
+    def start(self, launch: RankLaunch) -> LaunchedRank: ...
     def describe(self) -> dict[str, Any]: ...   # where each rank runs, for /v1/models
     def close(self) -> None: ...
 
@@ -80,6 +94,7 @@ class RankStatus:
     last_seen: float = field(default_factory=time.monotonic)
     nodes: list[NodeInfo] = field(default_factory=list)
     restarts: int = 0
+    key: Future[bytes] | None = None   # a launcher rank's public key, not admitted yet
 
 
 class WorkerSet:
@@ -87,7 +102,8 @@ class WorkerSet:
 
     def __init__(self, plan_path: str, endpoint: str, num_ranks: int, remote: set[int],
                  weights: WeightOptions, log_level: str, key_files: dict[int, str] | None = None,
-                 host: str = "127.0.0.1", launcher: RankLauncher | None = None) -> None:
+                 host: str = "127.0.0.1", launcher: RankLauncher | None = None,
+                 admission: Admission | None = None, server_key: bytes = b"") -> None:
         self.plan_path = plan_path
         self.host = host   # the server's --host: where local workers bind and what they advertise
         self.key_files = key_files or {}   # rank -> its 0600 key file (the path travels in argv, not the key)
@@ -96,6 +112,8 @@ class WorkerSet:
         self.log_level = log_level
         self.ranks = {r: RankStatus(r, is_local=r not in remote) for r in range(num_ranks)}
         self.launcher = launcher
+        self.admission = admission         # the conductor's guard: which key is which rank's
+        self.server_key = server_key.decode()   # the conductor's public key, for ranks that make their own pair
 
     def start_local(self) -> None:
         for status in self.ranks.values():
@@ -104,15 +122,27 @@ class WorkerSet:
 
     def _spawn(self, status: RankStatus) -> None:
         launch = RankLaunch(status.rank, self.endpoint, self.plan_path, self.key_files.get(status.rank), self.weights,
-                            self.log_level, self.threads_per_worker())
+                            self.log_level, self.threads_per_worker(), self.server_key)
         if self.launcher is not None:
-            status.process = self.launcher.start(launch)   # the launcher's worker advertises its own node's address
+            if self.admission is not None:    # the previous process's key (or a keygen one) no longer gets in
+                self.admission.revoke(status.rank)
+            launched = self.launcher.start(launch)   # the launcher's worker advertises its own node's address
+            status.process, status.key = launched.process, launched.public_key
         else:
             # -P: a folder named runtime/ in the server's working directory must not shadow the package
             status.process = subprocess.Popen([sys.executable, "-P", "-m", "runtime.cli", "worker",
                                                *launch.argv(host=self.host)])
         status.is_ready = False
         status.last_seen = time.monotonic()
+
+    def admit_keys(self) -> None:
+        """Admit the public keys launcher ranks returned since the last call (polled by the conductor; a
+        worker that dialled before is let in when it dials again, keys.py)."""
+        for status in self.ranks.values():
+            if status.key is not None and status.key.done():
+                key, status.key = status.key, None
+                if key.exception() is None and self.admission is not None:
+                    self.admission.admit(status.rank, key.result())
 
     def threads_per_worker(self) -> int:
         return threads_per_local_worker(sum(1 for s in self.ranks.values() if s.is_local))
@@ -149,7 +179,8 @@ class WorkerSet:
         """Delete the ranks' key files and their folder (keys made for this start only)."""
         for path in self.key_files.values():
             os.remove(path)
-        os.rmdir(os.path.dirname(next(iter(self.key_files.values()))))
+        if self.key_files:
+            os.rmdir(os.path.dirname(next(iter(self.key_files.values()))))
 
     def placement(self) -> dict[str, Any] | None:
         """Where the launcher put each rank, with the inbox address the rank advertises to its peers

@@ -164,14 +164,16 @@ class MstarServer:
     # ---- simple routes ---------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
-        """ok / degraded for anyone; ranks and worker pids only for a caller with the API key
-        (every caller when the server has none)."""
+        """ok / degraded for anyone; ranks, worker pids and whether the Ray cluster checks tokens only
+        for a caller with the API key (every caller when the server has none)."""
         ready = self.conductor.workers.ready_ranks()
         ok = len(ready) == len(self.plan.ranks) and not self.draining
         body: dict[str, Any] = {"status": "ok" if ok else "degraded", "random_weights": self.random_nodes}
         if self.is_authorised(request):
             body.update(ready_ranks=sorted(ready),
                         worker_pids={str(r): s.pid for r, s in self.conductor.workers.ranks.items()})
+            if self.launcher is not None:   # a cluster anyone may run code in is said, not kept quiet
+                body["ray_token_auth"] = self.launcher.has_token_auth
         return web.json_response(body, status=200 if ok else 503)
 
     def is_authorised(self, request: web.Request) -> bool:

@@ -10,7 +10,7 @@ Who sends what:
       blocks after a close)
   conductor -> worker: Welcome (the answer to Hello: where its tensor-parallel group meets),
       Rejoin (a rank given up as dead speaks again: reset and join anew),
-      Peers (where every rank listens for tensors), OpenRequest (a
+      Peers (where every rank listens for tensors, with its public key), OpenRequest (a
       request's full data, once per rank), RunBatch (one node, many requests; only diffs),
       CloseRequest (free every resource of these requests), MoveKV (hand a request's KV
       cache of one node to another rank), Shutdown
@@ -91,9 +91,11 @@ class Ready(_Msg, tag="ready"):
 
 
 class Peers(_Msg, tag="peers"):
-    """Where each rank listens for EdgeTensors (sent whenever a rank (re)joins)."""
+    """Where each rank listens for EdgeTensors, and the key it serves that inbox with (sent whenever a
+    rank (re)joins, over the authenticated control channel; a restarted Ray rank brings a new key)."""
 
     endpoints: dict[int, str]   # rank -> tcp://host:port
+    keys: dict[int, str] = {}   # rank -> its CURVE public key (z85): a pusher dials with it, an inbox admits it
 
 
 class OpenRequest(_Msg, tag="open"):

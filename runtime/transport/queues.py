@@ -6,9 +6,10 @@
   EdgeInbox       a worker's PULL socket where other ranks push EdgeTensors.
   EdgeOutbox      PUSH sockets to other ranks' inboxes, connected lazily.
 
-With `keys` (runtime/transport/keys.py) every socket speaks CURVE: the ROUTER and the
-inboxes are servers, ranks are clients with their own key; the conductor drops a message
-whose socket identity names another rank than the key its sender authenticated with.
+With `keys` (runtime/transport/keys.py) every socket speaks CURVE: the ROUTER serves with the
+server pair and each inbox with its own rank's pair, so a pusher dials a peer with that peer's
+public key; ranks are clients with their own key; the conductor drops a message whose socket
+identity names another rank than the key its sender authenticated with.
 
 A multipart ZeroMQ message is [msgpack envelope, tensor frames...]; `tensors` passed to a
 send are attached as frames and their headers written into the message's `tensors` field.
@@ -71,11 +72,6 @@ def _pack(msg: Message, tensors: Tensors | None) -> list:
 
 class MalformedMessage(ValueError):
     """Frames that are not a message of the protocol; the receiver counts, logs and drops them."""
-
-
-def is_worth_logging(count: int) -> bool:
-    """Log the 1st..10th dropped message, then every 1000th: a flood must not flood the log too."""
-    return count <= 10 or count % 1000 == 0
 
 
 def _unpack(parts: list) -> Envelope:
@@ -152,7 +148,7 @@ class WorkerQueue:
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._sock.setsockopt(zmq.IDENTITY, identity or rank_identity(rank))
         if keys is not None:
-            make_client(self._sock, keys)
+            make_client(self._sock, keys, keys.server_public)
         self._sock.setsockopt(zmq.LINGER, 1000)
         _heartbeats(self._sock)
         self._sock.connect(endpoint)
@@ -190,22 +186,30 @@ class EdgeInbox:
 
 
 class EdgeOutbox:
-    """PUSH sockets to other ranks' inboxes, one per rank, connected on first use."""
+    """PUSH sockets to other ranks' inboxes, one per rank, connected on first use. With keys, each
+    inbox is dialled with its rank's public key (`keys.rank_publics`, then what Peers says)."""
 
     def __init__(self, ctx: zmq.Context, keys: ClusterKeys | None = None) -> None:
         self._ctx = ctx
         self._keys = keys
         self._endpoints: dict[int, str] = {}
+        self._publics: dict[int, bytes] = dict(keys.rank_publics) if keys is not None else {}
         self._socks: dict[int, zmq.Socket] = {}
 
     def endpoint(self, rank: int) -> str | None:
         return self._endpoints.get(rank)
 
-    def set_peers(self, endpoints: dict[int, str]) -> None:
+    def set_peers(self, endpoints: dict[int, str], publics: dict[int, bytes] | None = None) -> None:
+        """Where each rank listens, and its public key: a rank whose address or key changed (it restarted)
+        is dialled anew."""
+        publics = publics or {}
         for rank, ep in endpoints.items():
-            if self._endpoints.get(rank) != ep and rank in self._socks:
+            key = publics.get(rank, self._publics.get(rank))
+            if (self._endpoints.get(rank) != ep or self._publics.get(rank) != key) and rank in self._socks:
                 self._socks.pop(rank).close(0)
             self._endpoints[rank] = ep
+            if key is not None:
+                self._publics[rank] = key
 
     def send(self, rank: int, msg: Message, tensors: Tensors | None = None) -> None:
         """Push to `rank`; PeerUnreachableError when no connection to it is up within PUSH_TIMEOUT_S
@@ -218,7 +222,7 @@ class EdgeOutbox:
             sock.setsockopt(zmq.SNDTIMEO, int(PUSH_TIMEOUT_S * 1000))
             _heartbeats(sock)
             if self._keys is not None:
-                make_client(sock, self._keys)
+                make_client(sock, self._keys, self._publics[rank])
             sock.connect(self._endpoints[rank])
             self._socks[rank] = sock
         try:

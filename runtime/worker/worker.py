@@ -41,8 +41,9 @@ from runtime.transport.messages import (
     Welcome, WorkItem,
 )
 from runtime.transport.keys import ClusterKeys, start_guard
+from runtime.transport.log_rate import is_worth_logging
 from runtime.transport.queues import (
-    EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, PeerUnreachableError, WorkerQueue, is_worth_logging,
+    EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, PeerUnreachableError, WorkerQueue,
 )
 from runtime.weights.sources import WeightOptions
 from runtime.worker.heartbeat import start_heartbeat
@@ -226,7 +227,7 @@ class Worker:
             self._close(msg)
             self._report_kv(msg.request_ids)
         elif isinstance(msg, Peers):
-            self._set_peers(msg.endpoints)
+            self._set_peers(msg)
         elif isinstance(msg, Rejoin):
             return self._rejoin()
         elif isinstance(msg, Welcome):
@@ -242,11 +243,16 @@ class Worker:
             self._drop(f"a {type(msg).__name__} on the control channel")
         return True
 
-    def _set_peers(self, endpoints: dict[int, str]) -> None:
-        """Take the peers' addresses; check that each new one takes a TCP connection from here and tell
-        the conductor which do not (its log then names the rank and address, not a batch 30 s later)."""
+    def _set_peers(self, peers: Peers) -> None:
+        """Take the peers' addresses and keys (the inbox admits exactly the ranks' keys the conductor names:
+        a restarted Ray rank's new one, not its old); check that each new address takes a TCP connection
+        from here and tell the conductor which do not (its log then names the rank and address, not a
+        batch 30 s later)."""
+        endpoints, publics = peers.endpoints, {r: k.encode() for r, k in peers.keys.items()}
         new = {r: ep for r, ep in endpoints.items() if r != self.rank and self.outbox.endpoint(r) != ep}
-        self.outbox.set_peers(endpoints)
+        self.outbox.set_peers(endpoints, publics)
+        if self.guard is not None and publics:
+            self.guard.admission.replace(publics)
         for peer, endpoint in sorted(new.items()):
             reason = probe(endpoint)
             if reason is not None:

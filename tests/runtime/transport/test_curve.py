@@ -55,13 +55,13 @@ def test_key_files_are_private(keys_dir) -> None:
     assert stat.S_IMODE(os.stat(keys_dir).st_mode) == 0o700
 
 
-def unknown_peer(ctx: zmq.Context, kind: int, keys_dir: str | None) -> zmq.Socket:
-    """A socket with no key (keys_dir None: plain ZeroMQ, which libzmq refuses before ZAP as a
+def unknown_peer(ctx: zmq.Context, kind: int, server_public: bytes | None) -> zmq.Socket:
+    """A socket with no key (server_public None: plain ZeroMQ, which libzmq refuses before ZAP as a
     mechanism mismatch) or with a fresh key of no rank and the server's public key (ZAP refuses it)."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    if keys_dir is not None:
-        sock.curve_serverkey = ClusterKeys.load(f"{keys_dir}/server.json").server_public
+    if server_public is not None:
+        sock.curve_serverkey = server_public
         sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
     return sock
 
@@ -72,7 +72,7 @@ def test_a_peer_without_the_key_claiming_rank_0_is_refused_and_gets_nothing(serv
     ctx = zmq.Context()
     try:
         thieves = []
-        for where in (None, keys_dir):
+        for where in (None, ClusterKeys.load(f"{keys_dir}/server.json").server_public):
             sock = unknown_peer(ctx, zmq.DEALER, where)
             sock.setsockopt(zmq.IDENTITY, b"rank-0")
             sock.connect(server.endpoint)
@@ -95,7 +95,7 @@ def test_a_peer_without_the_key_cannot_push_into_a_worker_inbox(server, keys_dir
     refused = server.metric("mstar_refused_peers")
     ctx = zmq.Context()
     try:
-        push = unknown_peer(ctx, zmq.PUSH, keys_dir)
+        push = unknown_peer(ctx, zmq.PUSH, ClusterKeys.load(f"{keys_dir}/rank-0.json").public)   # its inbox's key
         push.setsockopt(zmq.IMMEDIATE, 1)          # writable only once a handshake has completed
         push.connect(f"tcp://127.0.0.1:{port}")
         assert not push.poll(1000, zmq.POLLOUT)     # the handshake never completes: nothing can be sent

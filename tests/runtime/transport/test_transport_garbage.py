@@ -65,7 +65,8 @@ def test_ten_thousand_garbage_frames_leave_the_worker_serving(server, keys_dir) 
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 5000)
-    make_client(push, ClusterKeys.load(f"{keys_dir}/rank-0.json"))
+    rank0 = ClusterKeys.load(f"{keys_dir}/rank-0.json")
+    make_client(push, rank0, rank0.public)    # rank 0's inbox serves with rank 0's own pair
     push.connect(f"tcp://127.0.0.1:{inbox_port}")
     rng = random.Random(14)
     for _ in range(10_000):

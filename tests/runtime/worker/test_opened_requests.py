@@ -84,7 +84,8 @@ def _push(keys_dir: str, endpoint: str, *messages: tuple[Any, dict]) -> None:
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 5000)      # close() delivers what is queued first
-    make_client(push, ClusterKeys.load(f"{keys_dir}/rank-0.json"))
+    rank0 = ClusterKeys.load(f"{keys_dir}/rank-0.json")
+    make_client(push, rank0, rank0.public)    # rank 0's inbox serves with rank 0's own pair
     push.connect(endpoint)
     for msg, tensors in messages:
         metas, frames = zip(*(tensor_to_frame(name, t) for name, t in tensors.items())) if tensors else ((), ())
