@@ -102,6 +102,17 @@ class Server:
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
 
+    def wait_metric(self, name: str, timeout: float = 30) -> float:
+        """`metric(name)` once the server exports it (a worker's gauges come with its heartbeats)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.metric(name)
+            except KeyError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -109,9 +109,11 @@ def test_image_across_hosts_matches_the_single_rank_plan(whole: Cluster, referen
     assert got.std() > 5 and np.array_equal(got, reference)
     for host, (rx, tx) in ((1, (rx1, tx1)), (2, (rx2, tx2))):
         now_rx, now_tx = cluster.net.counters(host)
-        # 3 Euler steps: each branch receives the latent state and sends its velocity back (a few KB at
-        # 64x64; the heartbeats of the same second are a few hundred bytes)
-        assert now_rx - rx > 8_000 and now_tx - tx > 2_000, (host, now_rx - rx, now_tx - tx)
+        # 3 Euler steps: each branch receives the latent state and answers every step. Host 2 sent 1.7-1.9 KB
+        # per image (heartbeats included) on a cluster that had served before; only a fresh cluster's first
+        # request, which also carries the connections' CURVE handshakes, passed 2 KB: the bound leaves the
+        # handshakes out, so the test holds in any order
+        assert now_rx - rx > 8_000 and now_tx - tx > 1_000, (host, now_rx - rx, now_tx - tx)
 
 
 def test_a_pulled_cable_fails_the_rank_requests_and_the_rank_rejoins(whole: Cluster, reference) -> None:
