@@ -2,7 +2,9 @@
 
 Triton kernels run on CPU tensors through the interpreter, which must be switched on
 before any kernel module is imported; on a machine with a CUDA device they compile for
-real. Tests marked `gpu` are skipped without a CUDA device.
+real. Tests marked `gpu` are skipped without a CUDA device. The suite runs in a random order
+(pytest-randomly); the seed is printed at the end, even under -q, so a failure can be rerun in
+the same order (`pytest --randomly-seed=N`; `-p no:randomly` runs it in file order).
 """
 from __future__ import annotations
 
@@ -23,3 +25,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None:
+        terminalreporter.write_line(f"random test order: rerun it with --randomly-seed={seed}")
