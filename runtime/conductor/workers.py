@@ -28,6 +28,11 @@ from runtime.weights.sources import WeightOptions
 
 log = logging.getLogger(__name__)
 HEARTBEAT_TIMEOUT_S = 5.0
+# A rank still loading (not yet Ready) may go silent for seconds: building a part can hold the GIL
+# (torch.jit.script of SNAC's decoder: ~0.9 s without a beat on an idle 2-core machine, several times that
+# beside other busy processes), so its heartbeat thread stalls. Its exit is seen at once; its silence
+# counts only past this.
+LOADING_TIMEOUT_S = 60.0
 
 
 class RankProcess(Protocol):
@@ -152,7 +157,8 @@ class WorkerSet:
         dead = []
         for status in self.ranks.values():
             exited = status.process is not None and status.process.poll() is not None
-            silent = status.pid and now - status.last_seen > HEARTBEAT_TIMEOUT_S
+            limit = HEARTBEAT_TIMEOUT_S if status.is_ready else LOADING_TIMEOUT_S
+            silent = status.pid and now - status.last_seen > limit
             if exited or silent:
                 dead.append(status.rank)
         return dead

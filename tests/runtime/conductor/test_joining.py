@@ -4,6 +4,7 @@ given-up remote rank asked to rejoin until its Hello comes."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from mstar_compiler.ir import Options
@@ -71,3 +72,17 @@ def test_a_rejoin_that_found_no_connection_is_asked_again() -> None:
     for _ in range(3):
         join.ask_to_rejoin(1)
     assert sent == [(1, Rejoin()), (1, Rejoin())]
+
+
+def test_a_loading_rank_is_judged_by_its_silence_only_after_the_loading_timeout() -> None:
+    """A rank not yet Ready may hold the GIL for seconds while it builds its parts (its heartbeats stall):
+    silence past HEARTBEAT_TIMEOUT_S kills a ready rank, a loading one only past LOADING_TIMEOUT_S."""
+    from runtime.conductor.workers import HEARTBEAT_TIMEOUT_S, LOADING_TIMEOUT_S
+    workers = WorkerSet("plan.bin", "tcp://fake", 2, {0, 1}, None, "info")
+    now = time.monotonic()
+    for status in workers.ranks.values():
+        status.pid, status.last_seen = 100 + status.rank, now - HEARTBEAT_TIMEOUT_S - 1
+    workers.ranks[1].is_ready = True
+    assert workers.dead_ranks() == [1], "the ready rank is dead, the loading one is not"
+    workers.ranks[0].last_seen = now - LOADING_TIMEOUT_S - 1
+    assert workers.dead_ranks() == [0, 1]
