@@ -133,7 +133,6 @@ def config_mismatches(node: Node, config: Mapping[str, Any]) -> tuple[list[str],
     return problems, notes
 
 
-
 def _how(wm: WeightMap, key: str, file: str, source: str) -> str:
     if source == "default":
         return f"absent from {file}: the default of {wm.config_library}"
