@@ -25,9 +25,16 @@ def schema() -> dict[str, Any]:
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
+# JSON Schema counts 0.0 as an integer; YAML's `0.0` is a float to every pass after this one (a rank,
+# a count, an index), so "integer" here means a YAML integer
+_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_TYPES)
+
+
 @functools.cache
 def _validator() -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(schema())
+    return _Validator(schema())
 
 
 def run(doc: Doc) -> Doc:
