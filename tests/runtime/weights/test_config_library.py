@@ -11,6 +11,7 @@ says which values came from the library; a value the library takes that disagree
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import inspect
 import json
@@ -37,7 +38,8 @@ NO_VALUE = object()   # the library has no value for the key (it would fail, as 
 REFUSED = object()    # the library refuses the whole config (its own validation; mstar must refuse it too)
 
 
-def _plan(graph: str) -> Plan:
+@functools.cache
+def _plan(graph: str) -> Plan:   # compiled once: collection and every test read the same plan
     return compile_file(str(REPO / "graphs" / f"{graph}.yaml"), Options(preset=SEED_PRESETS[graph])).plan
 
 
