@@ -36,7 +36,7 @@ from runtime.transport.messages import Route, WorkItem
 
 
 # a prompt's last piece of at most 1/TAIL_FRACTION of a chunk joins the chunk before it (a 276-token
-# prompt is one forward, not 256 + 20: the second forward costs a decode step's fixed ~40 ms)
+# prompt is one forward, not 256 + 20: the second forward would cost a whole decode step's fixed work)
 TAIL_FRACTION = 4
 
 
@@ -50,8 +50,8 @@ class SchedulerConfig:
     # a few decode steps of a small model, so running streams keep flowing
     prefill_chunk_tokens: int = 256
     # the chunk of a prompt whose request is the only one in the system (0: prefill_chunk_tokens).
-    # No stream waits on it, and fewer, larger forwards take SmolLM2's 1,024-4,096-token prompts
-    # 2-3 % faster on CPU (fewer forwards' fixed costs, the keys packed for attention fewer times);
+    # No stream waits on it, and fewer, larger forwards take long prompts faster on CPU (fewer
+    # forwards' fixed costs, the keys packed for attention fewer times; docs/benchmark-log.md);
     # a request arriving meanwhile waits for at most one such chunk, then chunks shrink again
     prefill_chunk_alone_tokens: int = 1024
 

@@ -168,7 +168,7 @@ inline v8 load8(const bf16_t* p) {
 }
 
 // `ahead` (kAhead): the next panel, fetched a line per k while the first 6-row block runs over this one, so
-// the weights stream from memory under the FMAs (batch 16: 1.13x; below 6 rows it cost 4 %, so it is off there)
+// the weights stream from memory under the FMAs (it paid at decode batches, not below 6 rows: off there)
 template <int MR, bool kAhead, typename T>
 inline void gemm_block(const T* a, int64_t lda, const T* panel, int64_t k_size, const T* bias, T* c, int64_t ldc,
                        int64_t cols, const T* ahead) {
@@ -349,18 +349,15 @@ void run_group(const T* a, int64_t lda, const T* packed, const T* bias, T* c, in
 // Each thread takes an even, contiguous share of the sets of NP panels and runs it in groups that fit L2, NP panels
 // at a time; each group runs every row block of A (rows split evenly into blocks of at most MR) before the next group,
 // so a prefill chunk streams each weight once and a decode batch reads it once from memory. (Whole groups dealt to the
-// threads left one of 2 idle for a fifth of SmolLM2's bf16 q/k/v GEMM, 5 groups, and a third of its o projection, 3:
-// shares of sets ran its 121 GEMMs of a bf16 step 1.02-1.06x faster at 16, 64 and 256 rows, fp32 level; Zen 4,
-// two builds alternated in one process.) In a decode batch (at most kAheadBlocks row blocks), while a set of
-// NP panels runs, each row block fetches its share of the next set into L2, two lines a k step from its start (a
-// batch of one block, up to 8 rows, so fetches the set's first two thirds and leaves the rest to the hardware);
-// against the first block fetching the whole next set into L1, a line a k step and panel (SmolLM2's GEMMs, 30
-// layers from DRAM, Zen 4, alternated in one process): 8 / 16 rows 1.06x / 1.07x, 1 and 32 rows level. A batch of
-// 2 or 3 blocks (9-36 rows) runs them over each set in turn before the next set (set_major), so every share of the
-// next set is fetched before that set runs; group by group, the first block ran over half-fetched sets: against that,
-// 16 / 24 rows 1.06x / 1.05x fp32, 1.11x / 1.09x bf16 (same A/B); 6 blocks (48 rows) level to 0.99x, so they keep
-// group order. A prefill chunk's many row blocks read each group from L2 and leave its stream to the hardware (256
-// rows: level with the first block fetching). Shares fetched evenly over a block's steps were slower (32 rows 0.9x).
+// threads left one of 2 idle for part of a GEMM of few groups, such as SmolLM2's bf16 q/k/v and o projections.) In a
+// decode batch (at most kAheadBlocks row blocks), while a set of NP panels runs, each row block fetches its share of
+// the next set into L2, two lines a k step from its start (a batch of one block, up to 8 rows, so fetches the set's
+// first two thirds and leaves the rest to the hardware); that beat the first block fetching the whole next set into L1
+// at 8-16 rows. A batch of 2 or 3 blocks (9-36 rows) runs them over each set in turn before the next set (set_major),
+// so every share of the next set is fetched before that set runs (group by group, the first block ran over
+// half-fetched sets); 6 blocks (48 rows) gained nothing from it, so they keep group order. A prefill chunk's many row
+// blocks read each group from L2 and leave its stream to the hardware (fetching gained nothing there). Shares fetched
+// evenly over a block's steps were slower. Figures: docs/benchmark-log.md.
 template <int MR, int NP, typename T>
 void gemm_blocks(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
                  int64_t k) {
@@ -384,8 +381,8 @@ void gemm_blocks(const T* a, int64_t lda, const T* packed, const T* bias, T* c, 
 
 // The block shape by the row count. Blocks of up to 8 rows over three panels (per k: three panel loads and eight
 // broadcasts feed 24 FMAs) ran SmolLM2's GEMMs faster than blocks of up to 12 over two (14 loads for 24 FMAs) at
-// 256 rows (1.07x fp32, 1.14x bf16) and at most batch sizes (bf16 1.10x at 16); 12 x 2 stays where it needs fewer
-// blocks of a small batch (9-12 rows: one block, not two; 17-36 rows). Zen 4, 2 threads, 30 layers from DRAM.
+// prefill chunks and at most batch sizes; 12 x 2 stays where it needs fewer
+// blocks of a small batch (9-12 rows: one block, not two; 17-36 rows). Figures: docs/benchmark-log.md.
 template <typename T>
 void gemm(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
           int64_t k) {

@@ -1,7 +1,7 @@
 // Float vectors of one register for the CPU kernels (GCC's vector extension): 16 lanes in a zmm on AVX-512,
 // 8 in a ymm on AVX2, shared by cpu.cpp, cpu_decode.cpp and cpu_prefill.cpp. (A 16-lane vector on AVX2 is no
 // register of GCC's: every operation on one went through the stack, its halves stored and reloaded, which ran
-// the kernels 2-14x slower than torch's ops there.)
+// the kernels slower than torch's ops there; docs/benchmark-log.md, the Zen 3 runs.)
 #pragma once
 #include "cpu_common.h"
 #if defined(__AVX512F__) || defined(__AVX2__)

@@ -12,11 +12,9 @@ the free list (a run's start) sends its next RUN_BLOCKS - 1 free neighbours to t
 requests that grow side by side (decodes, a block each every block_size steps) still get
 their blocks next to each other in memory. A kept neighbour is still free: any request takes
 it once the others are gone, so nothing is reserved and no count changes. Why: attention
-reads a request's blocks in table order, and the CPU's prefetchers follow a run, not a scatter:
-the decode kernel as it was when runs came in read interleaved 16-token blocks 2.3x slower than
-the same blocks in a row (16 requests x 256 tokens x 30 layers from memory, 552 vs 244 µs a
-layer); today's kernel, a kv head at a time, is less sensitive (`python tools/bench.py attention`:
-fp32 270 vs 308 µs, 1.13x; bf16 level).
+reads a request's blocks in table order, and the CPU's prefetchers follow a run, not a scatter
+(`python tools/bench.py attention` times the decode kernel over blocks in runs against interleaved
+ones; figures in docs/benchmark-log.md).
 """
 from __future__ import annotations
 

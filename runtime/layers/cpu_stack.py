@@ -2,10 +2,10 @@
 
 `DecoderLM._forward_fused` calls the fused CPU kernels layer by layer from Python: per layer
 four GEMMs, RoPE with the KV write, attention, two residual adds with their norms and SiLU·up,
-plus the module calls, views and allocations between them. At batch 1 that Python is ~4 ms of
-SmolLM2's ~21 ms decode step. `LayerStack` hands the layers' packed weights and the batch's
-attention rows to one C++ function that makes the same kernel calls, with the same arguments in
-the same order, so its output is bit-equal to the per-layer path's
+plus the module calls, views and allocations between them: at small batches that Python is a
+large share of a decode step (docs/benchmark-log.md). `LayerStack` hands the layers' packed
+weights and the batch's attention rows to one C++ function that makes the same kernel calls, with
+the same arguments in the same order, so its output is bit-equal to the per-layer path's
 (tests/runtime/models/decoder_lm/test_cpu_stack.py).
 
 It takes the layers the per-layer path would run on those kernels, nothing else: no tensor

@@ -6,29 +6,25 @@ per process and weight dtype by `gemm_kernel(dtype)` (`MSTAR_CPU_LINEAR`: auto, 
 `auto` may also take both by row count, "split"):
 
 * "mstar": runtime/kernels/cpu.cpp's panel GEMM (weights in 16-column k-major panels, register
-  blocks of rows over one or two panels, each output one in-order sum over k, whatever the
-  batch). On an AVX2 CPU (AMD EPYC Zen 2, 2 cores; 6 x 16 blocks) it ran SmolLM2's decode GEMMs
-  1.15-1.3x faster than oneDNN at batch 1 / 16 / 64; on an AVX-512 one (AMD EPYC Zen 5, 2 cores;
-  then up to 12 rows x 2 panels of 16-wide registers, now mostly 8 rows x 3 panels, bf16 through AVX512-BF16's
-  `vdpbf16ps`) 1.03-1.25x
-  faster in fp32 and bf16 alike; on a Sapphire Rapids Xeon (2 cores, AMX) 1.05-1.38x faster in fp32,
-  but in bf16 0.68x / 0.35x of oneDNN's AMX tile kernels at batch 16 / 64 (`python tools/bench.py
-  kernels`, its GEMM rows). It takes bf16 weights on any CPU (without bf16 instructions: converted to
-  fp32 in registers). `auto` picks it wherever it builds (for bf16 weights on CPUs with AMX: "split").
+  blocks of rows over one to three panels by the CPU's vector width and the batch's row count, each
+  output one in-order sum over k, whatever the batch; bf16 through AVX512-BF16's `vdpbf16ps` where the
+  CPU has it). It takes bf16 weights on any CPU (without bf16 instructions: converted to
+  fp32 in registers). `auto` picks it wherever it builds (for bf16 weights on CPUs with AMX: "split"):
+  on every CPU measured it ran SmolLM2's decode GEMMs faster than oneDNN, in fp32 and bf16 alike, except
+  bf16 on AMX, where oneDNN's tile kernels lead above `AMX_PANEL_ROWS` rows.
 * "onednn": oneDNN with the weight reordered into its blocked layout (the op torch's own
   compiler uses after freezing). bf16 needs oneDNN's bf16 kernels for the CPU (AVX-512 BW/VL/DQ,
   AVX-NE-CONVERT or AMX); without them bf16 weights stay unpacked.
 * "split" (`auto`'s choice for bf16 weights on AMX CPUs, not a setting): both copies, the panel GEMM for
-  calls of at most `AMX_PANEL_ROWS` rows and oneDNN's tile kernels above. On the Sapphire Rapids Xeon a
-  decode layer's four GEMMs (30 layers of SmolLM2, weights streamed from DRAM) ran 1.3-1.8x faster on the
-  panel GEMM at 1-8 rows, 1.08x at 10, 0.91x at 12 and 0.62x at 16 (oneDNN's AMX ahead from ~11 rows).
+  calls of at most `AMX_PANEL_ROWS` rows and oneDNN's tile kernels above, the row count where the two
+  crossed on a Sapphire Rapids Xeon (a decode layer's GEMMs, weights streamed from DRAM).
   It costs the weight's size a second time in host memory (`MSTAR_CPU_LINEAR=onednn`: one packed copy). The cut
-  was measured before the panel GEMM's 8 x 3 blocks (2026-12-05: 1.07-1.16x faster in bf16 at 8-16 rows on a
-  Zen 4), which may move it up; not re-measured on an AMX machine.
+  was measured before the panel GEMM's 8 x 3 blocks, which may move it up; not re-measured on an AMX machine.
 * "torch": nothing packed, `F.linear` (also where neither kernel is available).
 
 `python tools/bench.py linear` measures the chosen kernel against F.linear on the same
-weights; the README's benchmark table holds the figures.
+weights and `python tools/bench.py kernels` the two kernels against each other; the figures are in
+docs/benchmark-log.md.
 
 `pack_linears(module)` runs after a rank's weights are loaded (runtime.worker.loader):
 every linear of the module tree on CPU keeps its dense weight (state_dict, tied

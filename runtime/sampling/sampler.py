@@ -51,8 +51,8 @@ class Sampler:
             raise ValueError(f"logits must be (B, V) with B = {len(states)} states, got {tuple(logits.shape)}")
         raw = logits.float()
         processed = apply_penalties(raw, states)
-        # greedy rows keep this (the CPU kernel: torch's argmax runs a row on one thread, ~1.5 ms a step of
-        # 16 rows of SmolLM2's 49,152 logits)
+        # greedy rows keep this (the CPU kernel: torch's argmax runs a row on one thread, the kernel reads each
+        # row in vector lanes and spreads the rows over the worker's threads)
         token_ids = cpu_kernels.argmax(processed) if cpu_kernels.usable(processed) else torch.argmax(processed, -1)
         sampled_rows = [i for i, s in enumerate(states) if not s.params.is_greedy]
         if sampled_rows:

@@ -5,12 +5,12 @@ parallel regions (each GEMM, each fused kernel), a few microseconds to a millise
 how a thread waits between them decides much of the step:
 
 * Sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs a futex wake-up per region. On a KVM guest
-  (AMD EPYC Zen 5, 2 cores) that halved SmolLM2's served chat throughput: 130 tok/s against
-  250-300 with brief spinning (README, `bench.py threads`).
+  that halved SmolLM2's served chat throughput against brief spinning (`bench.py threads`;
+  docs/benchmark-log.md).
 * Spinning for long (libgomp's default) is what a neighbour punishes: while another process
   holds one of the cores, a region waits for its descheduled thread a whole time slice, and the
-  spinners burn theirs (on 2 shared Intel cores beside one busy process: 62 tok/s spinning,
-  125 sleeping, 140 on one thread).
+  spinners burn theirs (beside one busy process, spinning threads ran slower than sleeping ones
+  and than a single thread).
 
 So a worker spins briefly (`SPIN_COUNT` iterations, a few milliseconds: longer than the gaps
 inside a step and the conductor's round trip between steps) and a `ThreadGovernor` runs as many
@@ -34,8 +34,8 @@ from typing import Callable, MutableMapping
 log = logging.getLogger(__name__)
 
 # libgomp's spin iterations before an idle thread sleeps: a `pause` each, ~65 cycles on AMD Zen 2..5 and ~140
-# on Intel since Skylake, so 2.5-6 ms at 2.5 GHz. On the Zen 5 guest 100k served as fast as spinning forever
-# and 10k lost 15 % (`/tmp` A/B of the chat burst's bare loop, README)
+# on Intel since Skylake, so 2.5-6 ms at 2.5 GHz: longer than the gaps inside a decode step. The smallest of the
+# counts tried that served as fast as spinning forever (docs/benchmark-log.md)
 SPIN_COUNT = "100000"
 WINDOW_S = 0.5            # the shortest span the governor measures others' load over
 AGREE = 2                 # windows in a row that must ask for the same count before it changes
