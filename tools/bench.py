@@ -3,7 +3,7 @@
     python tools/bench.py [suite ...] [--rounds N] [--quick] [--out bench-results]
     python tools/bench.py --list            # suites and what they compare
     python tools/bench.py --render          # re-render table and plots from saved JSON
-    python tools/bench.py chat --vllm VENV/bin/vllm   # the vLLM peer from its own venv (README)
+    python tools/bench.py chat --vllm VENV/bin/vllm   # the vLLM peer from its own venv (docs/benchmarks.md)
 
 Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound, threads, network, realtime,
 prefill (default: all).

@@ -1,4 +1,4 @@
-"""Markdown rendering of result records: the table the README shows.
+"""Markdown rendering of result records: bench-results/latest.md, the table docs/benchmarks.md shows.
 
 One section per suite: the command that made it, when, how loaded the machine was, a
 table (mstar, baseline, mstar's advantage as median and range of per-round ratios, the

@@ -261,7 +261,7 @@ def _frames(sock: socket.socket) -> Iterator[tuple[int, bytes]]:
 
 
 def test_a_message_over_the_cap_closes_the_socket_with_1009_and_the_server_keeps_serving(omni_single):
-    """The WebSocket protocol's answer to a message over MAX_MESSAGE_BYTES (the README states the cap).
+    """The WebSocket protocol's answer to a message over MAX_MESSAGE_BYTES (docs/serving.md states the cap).
     The client speaks RFC 6455 by hand and sends only the frame's header: the server refuses on the
     declared length, and a client still sending the 16 MiB would race the server's close (a reset)."""
     from runtime.server.realtime import MAX_MESSAGE_BYTES
