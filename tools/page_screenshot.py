@@ -17,10 +17,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))   # this checkout's runtime package, installed or not
 
-from tests.runtime.serving.conftest import Server, compile_plan  # noqa: E402
-from tests.runtime.serving.page.conftest import ARGS, CHROMIUM  # noqa: E402
+from runtime.launch.browser import launch_chromium  # noqa: E402
+from runtime.launch.server import Server, compile_plan  # noqa: E402
 
 
 def _chat(url: str, model: str, max_tokens: int) -> None:
@@ -45,7 +45,7 @@ def main() -> int:
         srv.wait_ready(180)
         model = json.load(urllib.request.urlopen(f"{srv.url}/v1/models"))["data"][0]["id"]
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            browser = launch_chromium(pw)
             page = browser.new_page(viewport={"width": 1500, "height": 900})
             page.goto(srv.url + "/")
             page.wait_for_selector("body[data-ready='1']")

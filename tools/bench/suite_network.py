@@ -1,6 +1,6 @@
 """network: what a real network between ranks costs, the same plan across hosts vs on one host.
 
-Hosts are Linux network namespaces joined by veths to one bridge (tests/netns.py; needs root):
+Hosts are Linux network namespaces joined by veths to one bridge (runtime/launch/netns.py; needs root):
 the server and rank 0 on host 0, every other rank a remote `mstar-run worker` on a host of its
 own, joined with its CURVE key; everything that crosses a rank boundary crosses a veth.
   across hosts: that cluster; per request, the time and the bytes sent by all hosts' eth0
@@ -14,7 +14,6 @@ torch on one thread on both sides, so the two differ only in the network.
 """
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +24,8 @@ from bench.results import Row, Side
 from bench.servers import mstar_run
 from bench.stats import LOWER
 from bench.suite_chat import compile_plan
+from runtime.launch.cluster import Cluster, keygen
+from runtime.launch.netns import Network, unavailable_reason
 
 ACROSS = "across namespaces: ranks on other hosts over veths (CURVE ZeroMQ, gloo)"
 ONE_HOST = "one host: the same placement, ranks local processes on loopback"
@@ -51,21 +52,10 @@ def _request(graph: str) -> Callable[[str], object]:
     return bagel if graph == "bagel" else orpheus
 
 
-def _harness(ctx: Context):
-    sys.path.insert(0, str(ctx.root))
-    try:
-        from tests.netns import Network, unavailable_reason
-        from tests.runtime.serving.network.conftest import Cluster, keygen
-    except ImportError as exc:
-        raise Needs(f"the namespace harness (tests/netns.py): {exc}") from exc
+def _case_rows(ctx: Context, case: str, graph: str, placement: str, hosts: dict[int, int]) -> list[Row]:
     reason = unavailable_reason()
     if reason is not None:
         raise Needs(reason)
-    return Network, Cluster, keygen
-
-
-def _case_rows(ctx: Context, case: str, graph: str, placement: str, hosts: dict[int, int]) -> list[Row]:
-    Network, Cluster, keygen = _harness(ctx)
     plan = compile_plan(ctx.root / f"graphs/{graph}.yaml", ctx.root / f"bench-results/plans/{graph}-{placement}.plan.bin",
                         "--preset", "tiny", "--placement", placement)
     send = _request(graph)

@@ -1,8 +1,8 @@
 """Browser tests of the page: headless Chromium (Debian's `chromium` package) driven by Playwright.
 
 Playwright's own browser download is not reachable from these machines, so the tests
-point Playwright at the system Chromium; they skip only where /usr/bin/chromium is
-absent (`.ci/run` installs it with apt-get).
+point Playwright at the system Chromium (runtime/launch/browser.py); they skip only where
+/usr/bin/chromium is absent (`.ci/run` installs it with apt-get).
 """
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ import pytest
 
 from tests.runtime.serving.conftest import Server, plan_dir, serve  # noqa: F401  (plan_dir: the session fixture)
 from mstar_compiler.plan import load_plan
+from runtime.launch.browser import CHROMIUM, launch_chromium
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # Records, per node, the highest `running` the feed showed, whether the page lit it up and whether
 # it marked the followed request there.
 WATCH_JS = """() => {
@@ -42,7 +40,7 @@ def browser() -> Iterator[Any]:
         pytest.skip(f"{CHROMIUM} is not installed (Debian: apt-get install -y chromium; .ci/run does it)")
     from playwright.sync_api import sync_playwright
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        b = launch_chromium(pw)
         yield b
         b.close()
 
