@@ -16,17 +16,15 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 from typing import TYPE_CHECKING
 
 from mstar_compiler.plan import PlanFormatError
 from runtime.cluster import ClusterError
+from runtime.worker.cli import setup_logging, weight_args, weight_options, worker_main
 
 if TYPE_CHECKING:
     from runtime.cluster.ray_launcher import RayOptions
-    from runtime.weights.sources import WeightOptions
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -46,7 +44,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=256, help="requests admitted at once; more wait")
     p.add_argument("--max-queue", type=int, default=1024,
                    help="requests waiting for admission at once; more are answered 429 with Retry-After")
-    _weights_args(p)
+    weight_args(p)
     p.add_argument("--worker-endpoint", default="tcp://127.0.0.1:0",
                    help="where workers connect (a fixed port lets `mstar-run worker` join from elsewhere)")
     p.add_argument("--remote-ranks", default="", help="comma-separated ranks started by hand with `mstar-run worker`")
@@ -97,26 +95,6 @@ def _ray_options(args: argparse.Namespace) -> RayOptions | None:
                                                     allow_unauthenticated=args.ray_allow_unauthenticated)
 
 
-def _worker_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mstar-run worker", description="Run one rank and join a conductor.")
-    p.add_argument("plan", help="the same plan.bin the server serves")
-    p.add_argument("--conductor", required=True, help="the server's worker endpoint, tcp://HOST:PORT")
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--key", default=None, help="this rank's key file (rank-R.json from `mstar-run keygen`)")
-    _weights_args(p)
-    p.add_argument("--host", default=None,
-                   help="address this worker's tensor inbox binds (0.0.0.0: every interface; default: the "
-                        "address of the interface that routes to the conductor)")
-    p.add_argument("--advertise", default=None,
-                   help="address other ranks dial to reach this worker (default: --host when it names one "
-                        "interface, else the interface that routes to the conductor); set it behind NAT")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: torch's; the server gives its local workers "
-                        "an equal share of the CPU cores)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return p
-
-
 def _keygen(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="mstar-run keygen", description="Write CURVE keys for a serving cluster.")
     p.add_argument("--ranks", type=int, required=True, help="number of ranks of the plan")
@@ -128,46 +106,13 @@ def _keygen(argv: list[str]) -> int:
     return 0
 
 
-def _weights_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--weights", action="append", default=[], metavar="ROOT|REPO=DIR",
-                   help="ROOT: one directory per published repository, named after it (ROOT/orpheus-3b-0.1-ft/, "
-                        "as `huggingface-cli download REPO --local-dir ROOT/NAME` leaves it); REPO=DIR: that "
-                        "repository from DIR; repeatable")
-    p.add_argument("--random-weights", action="store_true",
-                   help="seeded random weights for nodes given none (reported in the log, /v1/models, /health)")
-
-
-def _weight_options(args: argparse.Namespace) -> WeightOptions:
-    from runtime.weights.sources import WeightOptions
-    return WeightOptions(tuple(args.weights), args.random_weights)
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv and argv[0] == "keygen":
             return _keygen(argv[1:])
         if argv and argv[0] == "worker":
-            args = _worker_parser().parse_args(argv[1:])
-            _logging(args.log_level)
-            from runtime.worker.openmp import worker_waits
-            worker_waits(os.environ)      # before torch loads: idle OpenMP threads spin briefly, then sleep
-            from runtime.transport.addresses import NoRouteError
-            from runtime.worker.worker import run_worker
-            if args.threads:
-                import torch
-                torch.set_num_threads(args.threads)
-            try:
-                run_worker(args.plan, args.rank, args.conductor, _weight_options(args), args.host, args.key,
-                           args.advertise)
-            except (TimeoutError, NoRouteError) as exc:   # no conductor answered, or no route to it: said, not traced
-                print(f"mstar-run worker: {exc}", file=sys.stderr)
-                return 1
-            return 0
+            return worker_main(argv[1:])
         if argv and argv[0] in ("check-weights", "convert-weights"):
             from runtime.weights.commands import main as weights_main
             return weights_main(argv)
@@ -179,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.prefill_chunk_alone < 0:
             parser.error(f"--prefill-chunk-alone must be 0 (--prefill-chunk) or a positive number of tokens, "
                          f"got {args.prefill_chunk_alone}")
-        _logging(args.log_level)
-        from runtime.server.app import ServerConfig, serve
+        setup_logging(args.log_level)
+        from runtime.server.app import serve
+        from runtime.server.context import ServerConfig
         remote = frozenset(int(r) for r in args.remote_ranks.split(",") if r.strip())
         if remote and not args.keys:
             print("mstar-run: --remote-ranks needs --keys DIR: run `mstar-run keygen --ranks N --out DIR` and hand "
@@ -189,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         serve(ServerConfig(plan_path=args.plan, host=args.host, port=args.port, port_file=args.port_file,
                            api_key=args.api_key,
                            metrics_public=args.metrics_public, max_queue=args.max_queue,
-                           max_concurrency=args.max_concurrency, weights=_weight_options(args),
+                           max_concurrency=args.max_concurrency, weights=weight_options(args),
                            log_level=args.log_level, worker_endpoint=args.worker_endpoint,
                            remote_ranks=remote, request_timeout_s=args.request_timeout,
                            ready_timeout_s=args.ready_timeout,

@@ -1,4 +1,4 @@
-"""One rank's worker inside a Ray actor: the normal `mstar-run worker` entry, run in the actor's process.
+"""One rank's worker inside a Ray actor: `mstar-run worker`'s entry (runtime/worker/cli.py), run in the actor's process.
 
 Ray's channels are plaintext (unless the cluster runs TLS), so no secret goes through them:
 `keygen` makes the rank's CURVE key pair here, writes it 0600 into a private 0700 directory
@@ -45,11 +45,11 @@ class RankActor:
         """Serve the rank until the conductor says Shutdown (blocks; the actor runs one worker)."""
         import ray
 
-        from runtime.cli import main
+        from runtime.worker.cli import worker_main
         try:
             plan_path = os.path.join(self.directory, "plan.bin")
             with open(plan_path, "wb") as f:
                 f.write(plan)
-            return main(["worker", *launch.argv(plan_path, self.key_path, ray.util.get_node_ip_address())])
+            return worker_main(launch.argv(plan_path, self.key_path, ray.util.get_node_ip_address()))
         finally:
             shutil.rmtree(self.directory, ignore_errors=True)

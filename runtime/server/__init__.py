@@ -1,14 +1,18 @@
-"""The HTTP server: OpenAI-compatible endpoints, native task endpoints, /metrics, /health.
+"""The HTTP server: OpenAI-compatible endpoints, native task endpoints, the page, /metrics, /health.
 
-  app.py      the aiohttp application, its life cycle (start/drain) and the simple routes
-  chat.py     /v1/chat/completions (text; streaming over SSE; usage and finish_reason)
-  tasks.py    /v1/tasks/{task}: any task of the plan with its declared params
-  errors.py   OpenAI's error body and the middleware that guarantees it
-  metrics.py  Prometheus metrics
-  text.py     tokenizer of the served LM and incremental detokenisation
-  streaming.py   wires in the streaming endpoints below and their metrics (stream_metrics.py)
-  speech.py      /v1/audio/speech (Orpheus, Qwen3-Omni), audio streamed as decoded (audio_io.py,
-                 speech_model.py: prompts, voices, playback measurement)
-  audio_chat.py  /v1/chat/completions with modalities ["text", "audio"] (Qwen3-Omni)
-  rollouts.py    /v1/rollouts (V-JEPA 2-AC world-model rollouts, optionally one frame per SSE event)
+Imports point one way: app.py (the composition root) builds the server and installs the handlers;
+the handlers see the server only through context.py's `ServerContext`, never app.py.
+
+  app.py          `MstarServer`: the aiohttp application, its life cycle (start/drain), the simple routes
+  context.py      `ServerConfig` and `ServerContext`: what every handler may use of the server
+  families.py     what a model family adds (its routes, speaker, chat inputs, realtime listener)
+  errors.py       OpenAI's error body and the middleware that guarantees it
+  params.py, limits.py, logprobs.py   a request's params and bounds, checked before admission
+  chat.py         /v1/chat/completions (text, images, a family's media parts; SSE streaming)
+  audio_routes.py the audio endpoints: audio_chat.py (chat answered in speech), speech.py
+                  (/v1/audio/speech), realtime.py (/v1/realtime, realtime_session.py, realtime_utterance.py)
+  transcriptions.py  /v1/audio/transcriptions
+  tasks.py        /v1/tasks/{task}: any task of the plan with its declared params
+  state_feed.py, page.py   /v1/state (and its SSE stream), the page and /v1/graph
+  metrics.py, audio_metrics.py, prefix_metrics.py   Prometheus metrics
 """

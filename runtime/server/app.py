@@ -12,66 +12,42 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from aiohttp import web
 
 from mstar_compiler.plan import Plan, load_plan
-from runtime.cluster.ray_launcher import RayLauncher, RayOptions
+from runtime.cluster.ray_launcher import RayLauncher
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import Request
 from runtime.conductor.start_watch import StartFailed
 from runtime.conductor.scheduler import SchedulerConfig
 from runtime.sampling import SamplingParams, stop_token_ids
-from runtime.server.chat import ChatRequest
+from runtime.server.audio_metrics import AudioMetrics, RealtimeMetrics, RuntimeCollector
+from runtime.server.audio_routes import install_audio_routes
 from runtime.server.chat_inputs import chat_inputs_for
+from runtime.server.context import ServerConfig
 from runtime.server.errors import ApiError, error_middleware
 from runtime.server.families import families_of
-from runtime.server.limits import check_context, max_context, strict_json
+from runtime.server.limits import strict_json
 from runtime.server.metrics import Metrics
 from runtime.server.page import install_page
-from runtime.server.state_feed import install_state_feed
 from runtime.server.prefix_metrics import PrefixCacheCollector
-from runtime.server.audio_routes import install_audio_routes
+from runtime.server.realtime import realtime_listener
+from runtime.server.speech_model import speech_model
+from runtime.server.state_feed import install_state_feed
 from runtime.server.tasks import run_task
 from runtime.server.transcriptions import audio_transcriptions
 from runtime.text import load_text_tokenizer
 from runtime.transport.messages import NodeInfo
 from runtime.weights.published import check_plan_sources
-from runtime.weights.sources import WeightOptions, resolve_all
+from runtime.weights.sources import resolve_all
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    plan_path: str
-    host: str = "127.0.0.1"
-    port: int = 8000                     # 0: the system picks a free one (see port_file)
-    port_file: str | None = None         # written with the bound port once HTTP serves (--port-file)
-    api_key: str | None = None           # guards /v1/* and /metrics; /health shows internals only with it
-    metrics_public: bool = False         # /metrics without the key (a scraper on a trusted network)
-    max_concurrency: int = 256           # requests admitted at once; more wait in the queue
-    max_queue: int = 1024                # requests waiting at once; more get 429 with Retry-After
-    max_body_bytes: int = 16 << 20
-    weights: WeightOptions = WeightOptions()   # --weights values and --random-weights
-    log_level: str = "info"
-    worker_endpoint: str = "tcp://127.0.0.1:0"   # where workers connect
-    remote_ranks: frozenset[int] = frozenset()
-    keys_dir: str | None = None          # CURVE keys from `mstar-run keygen`; None: fresh ones per start
-    request_timeout_s: float = 600.0
-    batch_invariant: bool = False        # every forward holds one request's Run (see `mstar-run --help`)
-    prefix_cache: bool = True            # reuse the KV blocks of equal prompt prefixes across requests
-    prefill_chunk_tokens: int = 256      # prompt tokens per prefill chunk (0: whole prompts)
-    prefill_chunk_alone_tokens: int = 1024   # the chunk of a request alone in the server (0: the above)
-    drain_timeout_s: float = 30.0
-    ready_timeout_s: float = 300.0       # a worker not ready and without a start step this long fails the start
-    ray: RayOptions | None = None        # --ray: the ranks run as actors on a Ray cluster
-
-
 class MstarServer:
-    """Everything one `mstar-run` process serves."""
+    """Everything one `mstar-run` process serves; its handlers see it as a `ServerContext` (context.py)."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -100,6 +76,11 @@ class MstarServer:
         self.chat_node = self._chat_node()
         self.tokenizer = load_text_tokenizer(self.weights[self.chat_node].path if self.chat_node else None)
         self.chat_inputs = chat_inputs_for(self.plan)   # the family's reader of audio/image parts, if any
+        self.speech_model = speech_model(self.plan)
+        self.audio_metrics = AudioMetrics(self.metrics.registry)
+        self.metrics.registry.register(RuntimeCollector(self.conductor))
+        self.realtime_listener = realtime_listener(self.plan) if self.speech_model else None
+        self.realtime_metrics = RealtimeMetrics(self.metrics.registry) if self.realtime_listener else None
         self.draining = False
 
     def _chat_node(self) -> str | None:
@@ -122,24 +103,6 @@ class MstarServer:
         if self.draining:
             raise ApiError(503, "the server is shutting down", code="shutting_down")
         return strict_json(await request.read())
-
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
-        if self.chat_node is None:
-            raise ApiError(400, f"the model '{self.model_id}' has no chat task")
-        try:
-            text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
-        except ValueError as exc:
-            raise ApiError(400, f"messages: {exc}", "messages") from None
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def submit_chat(self, chat: ChatRequest) -> Request:
-        if chat.params.max_tokens is not None:
-            check_context(len(chat.prompt_ids), chat.params.max_tokens, max_context(self.plan, self.chat_node))
-        task = chat.task or ("chat" if any(t.name == "chat" for t in self.plan.tasks) else self.plan.default_task)
-        sampling = chat.params.sampling
-        stop_ids = self.stop_token_ids(sampling.stop_token_ids, sampling.ignore_eos)
-        items = chat.input_items or [("text", chat.prompt_ids)]
-        return self.conductor.submit(task, chat.params, items, stop_ids, self.config.request_timeout_s)
 
     def stop_token_ids(self, extra: Sequence[int] = (), ignore_eos: bool = False) -> frozenset[int]:
         """The ids a request stops at, for every handler: the tokenizer's end-of-sequence ids, the end

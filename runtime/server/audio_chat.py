@@ -17,21 +17,19 @@ import base64
 import json
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
+from runtime.server.audio_events import AudioEvents
 from runtime.server.audio_io import pcm16, wav
 from runtime.server.chat import chat_completions, item_tokens
+from runtime.server.context import ServerContext
 from runtime.server.errors import ApiError, error_body
 from runtime.server.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
 from runtime.server.params import openai_field
 from runtime.server.speech import speech_params
-from runtime.server.speech_model import AudioEvents
 from runtime.text import IncrementalDetokenizer
-
-if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
 
 AUDIO_FORMATS = ("wav", "pcm16")
 EXPIRES_S = 3600
@@ -46,7 +44,7 @@ async def chat_or_audio(request: web.Request) -> web.StreamResponse:
     return await chat_completions(request)
 
 
-def _input_items(server: MstarServer, body: dict, voice: str) -> tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]]:
+def _input_items(server: ServerContext, body: dict, voice: str) -> tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]]:
     """(the prompt's input items, values for the family's executors, stop ids): the family's reader
     for audio/image parts, else its speaker's chat prompt."""
     messages = body.get("messages")
@@ -79,7 +77,7 @@ def _messages(messages: list) -> list[dict[str, str]]:
     return out
 
 
-def _parse(server: MstarServer, body: dict) -> tuple[tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]], str, bool]:
+def _parse(server: ServerContext, body: dict) -> tuple[tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]], str, bool]:
     server.check_model(body.get("model"))
     model = server.speech_model
     if model is None or not model.speaker.can_chat:
@@ -100,7 +98,7 @@ def _parse(server: MstarServer, body: dict) -> tuple[tuple[list[tuple[str, Any]]
 
 
 async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
-    server = request.app["mstar"]
+    server: ServerContext = request.app["mstar"]
     # decoding audio and images is CPU work: off the loop that runs the conductor
     (items, family, stops), fmt, stream = await asyncio.to_thread(_parse, server, body)
     model = server.speech_model
@@ -121,7 +119,7 @@ async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
 class _Reply:
     """One audio chat answer: text decoded incrementally, audio as it comes."""
 
-    def __init__(self, server: MstarServer, events: AudioEvents, num_prompt: int) -> None:
+    def __init__(self, server: ServerContext, events: AudioEvents, num_prompt: int) -> None:
         self.server, self.events, self.num_prompt = server, events, num_prompt
         self.decoder = IncrementalDetokenizer(server.tokenizer)
         asked = events.req.params.sampling.logprobs is not None

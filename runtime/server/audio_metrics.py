@@ -8,12 +8,16 @@ after a client playing in real time from its first chunk would have run dry.
 Scraped from the conductor at collection time: KV blocks each rank's nodes hold and the
 stream buffers held on workers (from heartbeats) and in the conductor's mirrors; both go
 back to zero when requests end, including on abort and client disconnect.
+
+Per /v1/realtime server: sessions open, encoder windows of the utterance's client-fed stream
+heard before the commit ("streamed") and after it ("commit"), responses cancelled, error
+events by code.
 """
 from __future__ import annotations
 
 from typing import Any, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
@@ -57,3 +61,19 @@ class RuntimeCollector:
         buffers.add_metric(["conductor"], self.conductor.streams.num_buffers)
         yield kv
         yield buffers
+
+
+class RealtimeMetrics:
+    """The /v1/realtime metrics (module docstring)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.sessions = Gauge("mstar_realtime_sessions", "realtime sessions open", registry=registry)
+        self.windows = Counter("mstar_realtime_audio_windows", "audio encoder windows heard per phase: "
+                               "streamed (encoded before the commit, while the user spoke) or commit (after it)",
+                               ["phase"], registry=registry)
+        for phase in ("streamed", "commit"):     # exported at 0 from the start
+            self.windows.labels(phase)
+        self.cancelled = Counter("mstar_realtime_responses_cancelled", "responses cancelled (response.cancel "
+                                 "or barge-in)", registry=registry)
+        self.errors = Counter("mstar_realtime_error_events", "error events sent, by code", ["code"],
+                              registry=registry)

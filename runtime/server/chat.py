@@ -12,22 +12,20 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from runtime.conductor.request import OutputEvent, Request
 from runtime.sampling import SamplingParams
+from runtime.server.context import ServerContext
 from runtime.server.errors import ApiError, error_body, event_error
-from runtime.server.limits import check_roles, check_top_k, vocab_size
+from runtime.server.limits import check_context, check_roles, check_top_k, max_context, vocab_size
 from runtime.server.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
 from runtime.server.multimodal import IMAGE_TASK, has_image_parts, image_chat_items
 from runtime.server.params import openai_field, resolve_params
 from runtime.text import TextOutput
 from runtime.transport.request_params import RequestParams
-
-if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                  "repetition_penalty")
@@ -46,7 +44,7 @@ class ChatRequest:
     input_items: list[tuple[str, Any]] | None = None  # interleaved text/media items (a chat with images, audio)
 
 
-def parse_chat(body: Any, server: MstarServer) -> ChatRequest:
+def parse_chat(body: Any, server: ServerContext) -> ChatRequest:
     """Check the body against OpenAI's schema and the plan's params; ApiError(4xx) if wrong."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -79,7 +77,30 @@ def parse_chat(body: Any, server: MstarServer) -> ChatRequest:
     if image_items is not None:
         prompt_ids = [t for dtype, ids in image_items if dtype == "text" for t in ids]
         return ChatRequest(prompt_ids, params, sampling.stop, stream, include_usage, IMAGE_TASK, image_items)
-    return ChatRequest(server.chat_prompt(messages), params, sampling.stop, stream, include_usage)
+    return ChatRequest(chat_prompt(server, messages), params, sampling.stop, stream, include_usage)
+
+
+def chat_prompt(server: ServerContext, messages: list[dict]) -> list[int]:
+    """The prompt ids of text-only messages: the checkpoint's chat template, opening the assistant's turn."""
+    if server.chat_node is None:
+        raise ApiError(400, f"the model '{server.model_id}' has no chat task")
+    try:
+        text = server.tokenizer.render_chat(messages, add_generation_prompt=True)
+    except ValueError as exc:
+        raise ApiError(400, f"messages: {exc}", "messages") from None
+    return server.tokenizer.encode(text, add_special_tokens=False)
+
+
+def submit_chat(server: ServerContext, chat: ChatRequest) -> Request:
+    """Queue a parsed chat (after checking that prompt + max_tokens fit the chat LM's context)."""
+    plan = server.plan
+    if chat.params.max_tokens is not None:
+        check_context(len(chat.prompt_ids), chat.params.max_tokens, max_context(plan, server.chat_node))
+    task = chat.task or ("chat" if any(t.name == "chat" for t in plan.tasks) else plan.default_task)
+    sampling = chat.params.sampling
+    stop_ids = server.stop_token_ids(sampling.stop_token_ids, sampling.ignore_eos)
+    items = chat.input_items or [("text", chat.prompt_ids)]
+    return server.conductor.submit(task, chat.params, items, stop_ids, server.config.request_timeout_s)
 
 
 def item_tokens(items: list[tuple[str, Any]]) -> list[int]:
@@ -112,7 +133,7 @@ def _given(body: dict) -> dict[str, Any]:
 class ChatStream:
     """Turns a request's events into text deltas, watching stop strings."""
 
-    def __init__(self, server: MstarServer, req: Request, stop: tuple[str, ...], prompt_ids: list[int]) -> None:
+    def __init__(self, server: ServerContext, req: Request, stop: tuple[str, ...], prompt_ids: list[int]) -> None:
         self.server, self.req = server, req
         self.text = TextOutput(server.tokenizer, SamplingParams(stop=stop), prompt_ids, stop_ids=req.stop_token_ids)
         self.finish_reason: str | None = None
@@ -156,14 +177,14 @@ class ChatStream:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    server = request.app["mstar"]
+    server: ServerContext = request.app["mstar"]
     body = await server.read_json(request)
     # decoding images and audio is CPU work: off the loop that runs the conductor
     if has_image_parts(body) or server.chat_inputs is not None:
         chat = await asyncio.to_thread(parse_chat, body, server)
     else:
         chat = parse_chat(body, server)
-    req = server.submit_chat(chat)
+    req = submit_chat(server, chat)
     stream = ChatStream(server, req, chat.stop, chat.prompt_ids)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     try:
@@ -183,7 +204,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         server.conductor.abort(req)   # no-op when finished; frees everything on disconnect
 
 
-async def _stream(request: web.Request, server: MstarServer, chat: ChatRequest, stream: ChatStream,
+async def _stream(request: web.Request, server: ServerContext, chat: ChatRequest, stream: ChatStream,
                   cid: str, created: int) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)

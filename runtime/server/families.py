@@ -12,15 +12,27 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from mstar_compiler.catalogue import BUILTIN_FAMILIES
 from mstar_compiler.plan import Plan
 
 if TYPE_CHECKING:
+    import torch
     from aiohttp import web
 
-    from runtime.server.app import MstarServer
+    from runtime.text.tokenizer import TextTokenizer
+
+
+class ServedModel(Protocol):
+    """What a family's prompts may read of the server (runtime/server/context.py's ServerContext has more)."""
+
+    plan: Plan
+    model_id: str                     # the name clients send as `model`
+    tokenizer: TextTokenizer          # the chat LM's
+
+    def stop_token_ids(self, extra: Sequence[int] = (), ignore_eos: bool = False) -> frozenset[int]:
+        """The ids a request stops at: end of sequence and `extra`; none with `ignore_eos`."""
 
 
 class Speaker(Protocol):
@@ -33,13 +45,30 @@ class Speaker(Protocol):
     def voice(self, name: str) -> str | None:
         """The model's voice for a requested name (its own or one of OpenAI's), None if unknown."""
 
-    def prompt(self, server: MstarServer, voice: str, text: str) -> tuple[list[int], dict[str, Any], frozenset[int]]:
+    def prompt(self, server: ServedModel, voice: str, text: str) -> tuple[list[int], dict[str, Any], frozenset[int]]:
         """(prompt ids, values for the family's executors (`RequestParams.family`), stop ids) to speak
         `text` in `voice`."""
 
-    def chat_prompt(self, server: MstarServer, voice: str,
+    def chat_prompt(self, server: ServedModel, voice: str,
                     messages: list[dict[str, str]]) -> tuple[list[int], dict[str, Any], frozenset[int]]:
         """The same for a chat answered in speech (only where `can_chat`)."""
+
+
+class Listener(Protocol):
+    """A family's way of hearing a /v1/realtime session (runtime/server/realtime_session.py)."""
+
+    listen_task: str            # the plan task that encodes an utterance while it streams in
+    stream_name: str            # its client-fed stream
+    rows_key: str               # "<node>.<port>" of the rows its walk emits
+    max_seconds: float          # the longest utterance (the graph's audio limit)
+
+    def stream(self) -> Any:
+        """A new audio buffer: `push(pcm16 bytes)` / `finish()` return new features; `seconds`."""
+
+    def stream_items(self, features: Any) -> list[dict[str, torch.Tensor]]: ...
+
+    def answer_items(self, tokenizer: Any, rows: torch.Tensor,
+                     instructions: str) -> tuple[list[tuple[str, Any]], dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -55,8 +84,8 @@ class FamilyServing:
     prepare_image: Callable[[Plan, Any], Any] | None = None
     # the reader of non-text chat parts (runtime/server/chat_inputs.py's ChatInputs) for a plan
     chat_inputs: Callable[[Plan], Any] | None = None
-    # how a /v1/realtime session's audio is heard (runtime/server/realtime_session.py's Listener)
-    realtime: Callable[[Plan], Any] | None = None
+    # how a /v1/realtime session's audio is heard (None: not for this plan)
+    realtime: Callable[[Plan], Listener | None] | None = None
 
 
 _FAMILIES: dict[str, FamilyServing] = {}

@@ -8,24 +8,22 @@ go through `/v1/`, so with `--api-key` the page shows nothing until the key is e
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from mstar_compiler.graph_layout import layout
+from runtime.server.context import ServerContext
 from runtime.server.families import families_of
-
-if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
 
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
 
 
-def playground(server: MstarServer) -> dict[str, Any]:
+def playground(server: ServerContext) -> dict[str, Any]:
     """Which playground panels the plan can serve, with what the page needs to fill them in."""
     tasks = {t.name for t in server.plan.tasks}
-    speech = getattr(server, "speech_model", None)
+    speech = server.speech_model
     panels: dict[str, Any] = {
         "chat": server.chat_node is not None and "chat" in tasks, "images": None, "rollout": None,
         "speech": None if speech is None else {"voices": list(speech.speaker.voices), "sample_rate": speech.sample_rate},
@@ -50,7 +48,7 @@ async def static_file(request: web.Request) -> web.FileResponse:
 
 
 async def graph(request: web.Request) -> web.Response:
-    server = request.app["mstar"]
+    server: ServerContext = request.app["mstar"]
     return web.json_response({**layout(server.plan), "model_id": server.model_id, "playground": playground(server)})
 
 

@@ -29,42 +29,24 @@ import binascii
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable
 
 import torch
 
 from runtime.conductor.conductor import QueueFull
+from runtime.server.audio_events import AudioEvents
 from runtime.server.audio_io import pcm16
+from runtime.server.audio_metrics import RealtimeMetrics
+from runtime.server.context import ServerContext
 from runtime.server.errors import ApiError
+from runtime.server.families import Listener
 from runtime.server.realtime_utterance import Utterance
 from runtime.server.speech import speech_params
-from runtime.server.speech_model import AudioEvents
 from runtime.text import IncrementalDetokenizer
-
-if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
-    from runtime.server.realtime import RealtimeMetrics
 
 log = logging.getLogger(__name__)
 MIN_COMMIT_S = 0.1          # OpenAI refuses a commit of less than 100 ms of audio
 MODALITIES = (["text"], ["audio", "text"], ["text", "audio"])
-
-
-class Listener(Protocol):
-    """A family's way of hearing a session (FamilyServing.realtime)."""
-
-    listen_task: str            # the plan task that encodes an utterance while it streams in
-    stream_name: str            # its client-fed stream
-    rows_key: str               # "<node>.<port>" of the rows its walk emits
-    max_seconds: float          # the longest utterance (the graph's audio limit)
-
-    def stream(self) -> Any:
-        """A new audio buffer: `push(pcm16 bytes)` / `finish()` return new features; `seconds`."""
-
-    def stream_items(self, features: Any) -> list[dict[str, torch.Tensor]]: ...
-
-    def answer_items(self, tokenizer: Any, rows: torch.Tensor,
-                     instructions: str) -> tuple[list[tuple[str, Any]], dict[str, Any]]: ...
 
 
 def _event_id() -> str:
@@ -74,7 +56,7 @@ def _event_id() -> str:
 class RealtimeSession:
     """A session's settings, the utterance being heard, and its one response."""
 
-    def __init__(self, server: MstarServer, listener: Listener, metrics: RealtimeMetrics,
+    def __init__(self, server: ServerContext, listener: Listener, metrics: RealtimeMetrics,
                  send: Callable[[dict], Awaitable[None]]) -> None:
         self.server, self.listener, self.metrics, self._send = server, listener, metrics, send
         self.id = f"sess_{uuid.uuid4().hex[:20]}"
@@ -277,7 +259,7 @@ class RealtimeSession:
         return text
 
 
-def _check_config(server: MstarServer, config: dict) -> None:
+def _check_config(server: ServerContext, config: dict) -> None:
     if config["modalities"] not in MODALITIES:
         raise ApiError(400, "session.modalities must be [\"text\"] or [\"audio\", \"text\"]", "session.modalities")
     for key in ("input_audio_format", "output_audio_format"):

@@ -12,22 +12,21 @@ commit ("streamed") and after it ("commit").
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from runtime.server.audio_metrics import RealtimeMetrics
+from runtime.server.context import ServerContext
 from runtime.server.errors import event_error
+from runtime.server.families import Listener
 from runtime.server.speech import speech_params
-
-if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
-    from runtime.server.realtime import RealtimeMetrics
 
 
 class Utterance:
     """One input audio buffer of a session, from its first append to its commit (or drop)."""
 
-    def __init__(self, server: MstarServer, listener: Any, metrics: RealtimeMetrics) -> None:
+    def __init__(self, server: ServerContext, listener: Listener, metrics: RealtimeMetrics) -> None:
         self.server, self.listener, self.metrics = server, listener, metrics
         self.audio = listener.stream()
         self.req: Any = None                          # the listen request, open from the first append

@@ -18,19 +18,18 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from runtime.conductor.request import Request
+from runtime.server.audio_events import AudioEvents
 from runtime.server.audio_io import FORMATS, content_type, pcm16, wav, wav_header
+from runtime.server.context import ServerContext
 from runtime.server.errors import ApiError, error_body
 from runtime.server.params import resolve_params
-from runtime.server.speech_model import AudioEvents, SpeechModel
+from runtime.server.speech_model import SpeechModel
 from runtime.transport.request_params import RequestParams
-
-if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ def _field(body: dict, name: str, kind: type, default: Any = None) -> Any:
     return value
 
 
-def speech_params(server: MstarServer, body: dict, family: dict[str, Any],
+def speech_params(server: ServerContext, body: dict, family: dict[str, Any],
                   logprobs: int | None = None) -> RequestParams:
     """The params of a speaking request, checked (ApiError 400); `family`: what its speaker sets;
     `logprobs`: an audio chat's request for its transcript's (runtime.server.logprobs)."""
@@ -53,14 +52,14 @@ def speech_params(server: MstarServer, body: dict, family: dict[str, Any],
     return resolve_params(server.plan, given, family)
 
 
-def submit_speech(server: MstarServer, model: SpeechModel, text: str, voice: str, body: dict) -> Request:
+def submit_speech(server: ServerContext, model: SpeechModel, text: str, voice: str, body: dict) -> Request:
     """Queue `text` spoken in `voice` (the model's voice name)."""
     ids, family, stops = model.speaker.prompt(server, voice, text)
     return server.conductor.submit(model.task, speech_params(server, body, family), [("text", ids)], stops,
                                    server.config.request_timeout_s)
 
 
-def _parse(server: MstarServer, body: Any) -> tuple[SpeechModel, str, str, str, str | None]:
+def _parse(server: ServerContext, body: Any) -> tuple[SpeechModel, str, str, str, str | None]:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     server.check_model(body.get("model"))
@@ -88,7 +87,7 @@ def _parse(server: MstarServer, body: Any) -> tuple[SpeechModel, str, str, str, 
 
 
 async def audio_speech(request: web.Request) -> web.StreamResponse:
-    server = request.app["mstar"]
+    server: ServerContext = request.app["mstar"]
     body = await server.read_json(request)
     model, text, voice, fmt, stream_format = _parse(server, body)
     req = submit_speech(server, model, text, voice, body)

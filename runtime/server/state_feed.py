@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING
-
 from aiohttp import web
 
-if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
+from runtime.server.context import ServerContext
 
 DEFAULT_HZ = 4.0
 
@@ -24,7 +21,7 @@ DEFAULT_HZ = 4.0
 class StateFeed:
     """The shared, rate-limited snapshot of one server's conductor."""
 
-    def __init__(self, server: MstarServer, max_hz: float = DEFAULT_HZ) -> None:
+    def __init__(self, server: ServerContext, max_hz: float = DEFAULT_HZ) -> None:
         self.server = server
         self.period_s = 1.0 / max_hz
         self.num_builds = 0                 # snapshots built so far (what the conductor paid for)
@@ -57,7 +54,7 @@ class StateFeed:
         return resp
 
 
-def install_state_feed(server: MstarServer, app: web.Application) -> None:
-    feed = server.state_feed = StateFeed(server)
+def install_state_feed(server: ServerContext, app: web.Application) -> None:
+    feed = StateFeed(server)
     app.router.add_get("/v1/state", feed.get)
     app.router.add_get("/v1/state/stream", feed.stream)

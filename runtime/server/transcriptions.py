@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from runtime.server.chat import ChatRequest, ChatStream, item_tokens
+from runtime.server.chat import ChatRequest, ChatStream, item_tokens, submit_chat
+from runtime.server.context import ServerContext
 from runtime.server.errors import ApiError
 from runtime.server.params import resolve_params
-
-if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json")
 FIELDS = ("model", "language", "prompt", "response_format", "temperature", "stream")
@@ -46,7 +44,7 @@ async def _form(request: web.Request) -> tuple[bytes, str, dict[str, str]]:
     return data, name, fields
 
 
-def _chat(server: MstarServer, data: bytes, name: str, fields: dict[str, str]) -> tuple[ChatRequest, str]:
+def _chat(server: ServerContext, data: bytes, name: str, fields: dict[str, str]) -> tuple[ChatRequest, str]:
     server.check_model(fields.get("model"))
     fmt = fields.get("response_format", "json")
     if fmt not in RESPONSE_FORMATS:
@@ -67,12 +65,12 @@ def _chat(server: MstarServer, data: bytes, name: str, fields: dict[str, str]) -
 
 
 async def audio_transcriptions(request: web.Request) -> web.StreamResponse:
-    server = request.app["mstar"]
+    server: ServerContext = request.app["mstar"]
     if server.draining:
         raise ApiError(503, "the server is shutting down", code="shutting_down")
     data, name, fields = await _form(request)
     chat, fmt = _chat(server, data, name, fields)
-    req = server.submit_chat(chat)
+    req = submit_chat(server, chat)
     stream = ChatStream(server, req, chat.stop, chat.prompt_ids)
     try:
         if chat.stream:

@@ -35,7 +35,7 @@ from runtime.server.params import resolve_params
 from runtime.transport.request_params import RequestParams
 
 if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
+    from runtime.server.context import ServerContext
 
 ALIASES = {"guidance_scale": "cfg_text_scale", "guidance": "cfg_text_scale", "image_guidance_scale": "cfg_img_scale"}
 MAX_IMAGES = 10
@@ -76,7 +76,7 @@ def _coerced(value: Any, kind: str) -> Any:
         return value    # resolve_params names the field and the type it wants
 
 
-def _plan_params(server: MstarServer, fields: dict[str, Any], task: str, seed: int,
+def _plan_params(server: ServerContext, fields: dict[str, Any], task: str, seed: int,
                  size: tuple[int, int]) -> RequestParams:
     specs = {p.name: p for p in server.plan.params}
     given = {}
@@ -119,7 +119,7 @@ def bagel_lm_dims(plan: Plan) -> Mapping[str, Any] | None:
     return next((n.dims for n in plan.nodes if n.kind == "bagel_mot_lm"), None)
 
 
-def parse_job(server: MstarServer, fields: dict[str, Any], images: list[torch.Tensor], task: str) -> ImageJob:
+def parse_job(server: ServerContext, fields: dict[str, Any], images: list[torch.Tensor], task: str) -> ImageJob:
     """Check an image request's fields against OpenAI's shape and the plan; ApiError(4xx) if wrong."""
     dims = bagel_lm_dims(server.plan)
     if dims is None or task not in {t.name for t in server.plan.tasks}:
@@ -140,7 +140,7 @@ def parse_job(server: MstarServer, fields: dict[str, Any], images: list[torch.Te
     return ImageJob(task, [*(("image", im) for im in images), ("text", prompt_ids)], params, n, seed, size)
 
 
-async def _image_of(server: MstarServer, req: Request) -> torch.Tensor:
+async def _image_of(server: ServerContext, req: Request) -> torch.Tensor:
     image = None
     while True:
         event = await req.events.get()
@@ -155,7 +155,7 @@ async def _image_of(server: MstarServer, req: Request) -> torch.Tensor:
     return image
 
 
-async def run_job(server: MstarServer, job: ImageJob) -> web.Response:
+async def run_job(server: ServerContext, job: ImageJob) -> web.Response:
     """Submit the job's n requests, wait for all, answer with their PNGs."""
     reqs = [server.conductor.submit(job.task, job.params_of(i), job.items, frozenset(),
                                     server.config.request_timeout_s) for i in range(job.n)]
@@ -178,7 +178,7 @@ async def images_generations(request: web.Request) -> web.Response:
     return await run_job(server, parse_job(server, body, [], "t2i"))
 
 
-async def _edit_fields(request: web.Request, server: MstarServer) -> tuple[dict[str, Any], list[bytes]]:
+async def _edit_fields(request: web.Request, server: ServerContext) -> tuple[dict[str, Any], list[bytes]]:
     """Fields and image bytes of an edit: multipart/form-data, or JSON with data URLs."""
     if request.content_type != "multipart/form-data":
         body = await server.read_json(request)

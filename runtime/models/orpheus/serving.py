@@ -6,14 +6,11 @@ request carries no stop ids.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runtime.server.audio_io import voice_for
 from runtime.server.errors import ApiError
-from runtime.server.families import FamilyServing, register_family_serving
-
-if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
+from runtime.server.families import FamilyServing, ServedModel, register_family_serving
 
 START_HUMAN, PROMPT_END = 128259, (128009, 128260, 128261, 128257)
 VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
@@ -34,10 +31,10 @@ class OrpheusSpeaker:
     def voice(self, name: str) -> str | None:
         return voice_for(name, VOICES, _OPENAI_VOICES)
 
-    def prompt(self, server: MstarServer, voice: str, text: str) -> tuple[list[int], dict[str, Any], frozenset[int]]:
+    def prompt(self, server: ServedModel, voice: str, text: str) -> tuple[list[int], dict[str, Any], frozenset[int]]:
         return orpheus_prompt(server.tokenizer, voice, text), {}, frozenset()
 
-    def chat_prompt(self, server: MstarServer, voice: str, messages: list[dict[str, str]]):
+    def chat_prompt(self, server: ServedModel, voice: str, messages: list[dict[str, str]]):
         raise ApiError(400, f"the model '{server.model_id}' does not answer with audio in chat", "modalities")
 
 

@@ -9,17 +9,14 @@ written as the ids the talker preset names (`im_start_token_id`, `user_token_id`
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from runtime.models.qwen3_omni.chat_inputs import omni_chat_inputs
 from runtime.models.qwen3_omni.realtime_listener import omni_listener
 from runtime.server.audio_io import voice_for
 from runtime.server.errors import ApiError
-from runtime.server.families import FamilyServing, register_family_serving
+from runtime.server.families import FamilyServing, ServedModel, register_family_serving
 from runtime.text import ByteTokenizer
-
-if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
 
 SPEAKERS = ("chelsie", "ethan", "aiden")
 _OPENAI_VOICES = {"alloy": "chelsie", "ash": "ethan", "ballad": "aiden", "coral": "chelsie", "echo": "ethan",
@@ -42,7 +39,7 @@ def omni_prompt(tokenizer: Any, dims: Mapping[str, Any], messages: list[dict[str
     return ids + [dims["im_start_token_id"], dims["assistant_token_id"], *tokenizer.encode("\n")]
 
 
-def talker_dims(server: MstarServer) -> Mapping[str, Any]:
+def talker_dims(server: ServedModel) -> Mapping[str, Any]:
     return next(n.dims for n in server.plan.nodes if n.kind == "qwen3_omni_talker")
 
 
@@ -54,10 +51,10 @@ class OmniSpeaker:
     def voice(self, name: str) -> str | None:
         return voice_for(name, SPEAKERS, _OPENAI_VOICES)
 
-    def prompt(self, server: MstarServer, voice: str, text: str) -> tuple[list[int], dict[str, Any], frozenset[int]]:
+    def prompt(self, server: ServedModel, voice: str, text: str) -> tuple[list[int], dict[str, Any], frozenset[int]]:
         return self.chat_prompt(server, voice, [{"role": "user", "content": text}])
 
-    def chat_prompt(self, server: MstarServer, voice: str,
+    def chat_prompt(self, server: ServedModel, voice: str,
                     messages: list[dict[str, str]]) -> tuple[list[int], dict[str, Any], frozenset[int]]:
         return omni_prompt(server.tokenizer, talker_dims(server), messages), {"speaker": voice}, server.stop_token_ids()
 

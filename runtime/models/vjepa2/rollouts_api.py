@@ -34,7 +34,7 @@ from runtime.server.params import resolve_params
 from runtime.transport.request_params import RequestParams
 
 if TYPE_CHECKING:
-    from runtime.server.app import MstarServer
+    from runtime.server.context import ServerContext
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -72,7 +72,7 @@ def _video(frames: Any, size: int) -> torch.Tensor:
     return torch.stack(out)                                                     # (F, 3, H, W)
 
 
-def parse_rollout(server: MstarServer, body: Any) -> tuple[RequestParams, dict[str, torch.Tensor], bool, str]:
+def parse_rollout(server: ServerContext, body: Any) -> tuple[RequestParams, dict[str, torch.Tensor], bool, str]:
     """(params, port inputs, stream, encoding) of a rollout request; ApiError(400) if wrong."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -132,7 +132,7 @@ async def _frames(req: Any, key: str):
             return
 
 
-async def _stream(request: web.Request, server: MstarServer, req: Any, key: str, encoding: str) -> web.StreamResponse:
+async def _stream(request: web.Request, server: ServerContext, req: Any, key: str, encoding: str) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     index = 0
