@@ -431,6 +431,14 @@ class Plan(Base):
     def task(self, name: str) -> Task:
         return next(t for t in self.tasks if t.name == name)
 
+    def tp_ranks(self, rank: int) -> list[int] | None:
+        """The ranks of the one tensor-parallel group `rank` belongs to (None: no group)."""
+        groups = {tuple(ranks) for node in self.nodes if node.placement.tp_size > 1
+                  for ranks in (node.placement.ranks, *node.placement.walk_ranks.values()) if rank in ranks}
+        if len(groups) > 1:
+            raise ValueError(f"rank {rank} is in several tensor-parallel groups {sorted(groups)}; a worker joins one")
+        return list(groups.pop()) if groups else None
+
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Plan)

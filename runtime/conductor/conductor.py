@@ -33,7 +33,6 @@ from runtime.conductor.scheduler import Scheduler, SchedulerConfig
 from runtime.conductor.start_watch import StartFailed, StartWatch
 from runtime.conductor.streams import StreamLedger
 from runtime.conductor.workers import RankLauncher, WorkerSet
-from runtime.worker.loader import tp_ranks
 from runtime.weights.sources import WeightOptions
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, ItemResult, KVUsage, MoveKV, OpenRequest, PeerUnreachable,
@@ -465,7 +464,7 @@ class Conductor:
         self.workers.admit_keys()
         dead = set(self.workers.dead_ranks())
         for rank in list(dead):   # a tensor-parallel group dies whole: its survivors hold a broken collective group
-            dead.update(tp_ranks(self.plan, rank) or ())
+            dead.update(self.plan.tp_ranks(rank) or ())
         for rank in sorted(dead):
             self._rank_died(rank)
 

@@ -17,7 +17,6 @@ from mstar_compiler.plan import Plan
 from runtime.conductor.workers import RankStatus, WorkerSet
 from runtime.transport.addresses import endpoint_host, is_loopback
 from runtime.transport.messages import Hello, PeerUnreachable, Rejoin, Welcome
-from runtime.worker.loader import tp_ranks
 
 log = logging.getLogger(__name__)
 # Rejoin is asked again after this long without the rank's Hello: the first may have been queued on a
@@ -47,7 +46,7 @@ class Joining:
                 self._welcome(other)
 
     def _welcome(self, status: RankStatus) -> None:
-        group = tp_ranks(self.plan, status.rank)
+        group = self.plan.tp_ranks(status.rank)
         if group is None:
             self.send(status.rank, Welcome(prefix_cache=self.prefix_cache))
         else:

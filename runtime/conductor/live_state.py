@@ -10,16 +10,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-from mstar_compiler.plan import Parallel, Run
+from mstar_compiler.plan import Parallel, Plan, Run
 from runtime.conductor.cursor import TrackCursor
 from runtime.conductor.request import Request, RequestState
 
 if TYPE_CHECKING:
-    from runtime.conductor.conductor import Conductor
+    from runtime.conductor.kv_ledger import KVLedger
+    from runtime.conductor.streams import StreamLedger
 
 MAX_LISTED = 256         # live requests listed one by one in a snapshot (all are counted)
+
+
+class Observed(Protocol):
+    """The conductor's tables a snapshot reads."""
+
+    plan: Plan
+    requests: Mapping[int, Request]
+    streams: StreamLedger
+    ledger: KVLedger
 
 
 @dataclass
@@ -47,7 +57,7 @@ class LiveState:
         for rank in group:
             self.busy_ms[rank] = self.busy_ms.get(rank, 0.0) + run_ms
 
-    def snapshot(self, conductor: Conductor) -> dict[str, Any]:
+    def snapshot(self, conductor: Observed) -> dict[str, Any]:
         now = time.monotonic()
         dt = max(now - self._window.at, 1e-3)
         plan = conductor.plan
@@ -76,7 +86,7 @@ class LiveState:
                 "num_requests": len(conductor.requests), "requests": listed}
 
 
-def _kv(conductor: Conductor, node: str) -> dict[str, int]:
+def _kv(conductor: Observed, node: str) -> dict[str, int]:
     accounts = conductor.ledger.accounts(node)     # a cache the node shares (BAGEL's branches) shows whole
     return {"used_blocks": sum(a.used_blocks for a in accounts), "num_blocks": sum(a.num_blocks for a in accounts)}
 

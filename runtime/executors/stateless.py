@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import torch
 
 from mstar_compiler.plan import Node, Plan
-from runtime.executors import CachelessExecutor, ExecResult, register_executor
+from runtime.executors.base import CachelessExecutor, ExecResult
 from runtime.transport.messages import WorkItem
 
 
@@ -43,6 +43,5 @@ class StatelessExecutor(CachelessExecutor):
         return dict(zip(self.out_ports, out))
 
 
-@register_executor("stateless")
 def stateless_executor(plan: Plan, node: Node, module: torch.nn.Module, rank: int) -> StatelessExecutor:
     return StatelessExecutor(node, module)

@@ -40,7 +40,7 @@ from runtime.server.tasks import run_task
 from runtime.server.transcriptions import audio_transcriptions
 from runtime.text import load_text_tokenizer
 from runtime.transport.messages import NodeInfo
-from runtime.weights.published import check_plan_sources
+from runtime.worker.loader import check_plan_sources
 from runtime.weights.sources import resolve_all
 
 log = logging.getLogger(__name__)

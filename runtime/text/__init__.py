@@ -4,7 +4,8 @@ from __future__ import annotations
 from runtime.text.chat_template import ChatTemplate, ChatTemplateError
 from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.text.output import TextOutputDelta, TextOutput
-from runtime.text.tokenizer import ByteTokenizer, TextTokenizer, load_text_tokenizer, load_tokenizer
+from runtime.text.loading import load_text_tokenizer, load_tokenizer
+from runtime.text.tokenizer import ByteTokenizer, TextTokenizer
 
 __all__ = [
     "ByteTokenizer",

@@ -1,6 +1,6 @@
 """`TextTokenizer`: text <-> token ids, special tokens and chat template of one checkpoint.
 
-Loaded once per LM node by the worker (`load_tokenizer`), from
+Loaded once per LM node (runtime.text.loading.load_tokenizer), from
   * an HF checkpoint directory: `tokenizer.json` (the `tokenizers` package runs it),
     `tokenizer_config.json` (special tokens, `chat_template`),
     `chat_template.jinja` if present, `generation_config.json` (extra EOS ids);
@@ -11,7 +11,6 @@ Loaded once per LM node by the worker (`load_tokenizer`), from
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -77,16 +76,6 @@ class TextTokenizer:
         return self.encode(text, add_special_tokens=False)
 
 
-def load_tokenizer(source: str | os.PathLike[str]) -> TextTokenizer:
-    """The tokenizer of a checkpoint directory, a GGUF file, or `gguf:<package>`."""
-    text = os.fspath(source)
-    path = Path(text)
-    if path.is_dir() and (path / "tokenizer.json").is_file():
-        return tokenizer_from_dir(path)
-    from runtime.text.gguf_tokenizer import tokenizer_from_gguf   # gguf is only needed for GGUF sources
-    return tokenizer_from_gguf(text)
-
-
 def tokenizer_from_dir(path: Path) -> TextTokenizer:
     """An HF checkpoint directory's tokenizer (tokenizer.json + tokenizer_config.json).
 
@@ -141,8 +130,3 @@ class ByteTokenizer:
     def render_chat(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
         lines = [f"{m.get('role', 'user')}: {m.get('content', '')}" for m in messages]
         return "\n".join(lines) + ("\nassistant: " if add_generation_prompt else "")
-
-
-def load_text_tokenizer(weight_ref: str | None) -> TextTokenizer | ByteTokenizer:
-    """The tokenizer of the LM's checkpoint, or a byte tokenizer for seeded random weights."""
-    return load_tokenizer(weight_ref) if weight_ref else ByteTokenizer()

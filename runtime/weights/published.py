@@ -2,7 +2,6 @@
 
     report = check_published(node, root, slots)   # headers + the config file only: no tensor data
     load_published(module, node, root)            # the same check, then the copy
-    check_plan_sources(plan, sources)             # every mapped node, before any worker starts
 
 All raise for people: a config file (config.json, ...) that disagrees with the preset names both values
 (ConfigMismatch), a mapping that does not cover the module names the first offending keys
@@ -17,12 +16,11 @@ from typing import Mapping
 
 from torch import nn
 
-from mstar_compiler.plan import Node, Plan
+from mstar_compiler.plan import Node
 from runtime.weights.mapping import CompiledMap, config_mismatches
 from runtime.weights.match import MatchReport, load_matched, match_node
 from runtime.weights.repository import read_config, repository_files, tensor_infos
 from runtime.weights.slots import Slot, module_slots
-from runtime.weights.sources import NodeWeights
 
 log = logging.getLogger(__name__)
 
@@ -89,18 +87,3 @@ def load_published(module: nn.Module, node: Node, root: Path) -> MatchReport:
         raise WeightMismatch(node, root, report)
     load_matched(report, CompiledMap(node.weight_map), slots, str(root))
     return report
-
-
-def check_plan_sources(plan: Plan, sources: Mapping[str, NodeWeights]) -> None:
-    """Raise for the first mapped weight group whose repository does not match (headers only, the
-    modules built on the meta device): a worker that cannot load would otherwise die and be restarted."""
-    from runtime.worker.loader import meta_slots   # the worker's own constructor (imports the components)
-    for node in plan.nodes:
-        source = sources[node.name]
-        if node.weight_key != node.name or source.kind != "mapped" or source.path is None:
-            continue
-        report = check_published(node, Path(source.path), meta_slots(node))
-        if not report.is_ok:
-            raise WeightMismatch(node, Path(source.path), report)
-        for note in report.config_notes:
-            log.warning("node '%s': %s", node.name, note)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import zmq
 
@@ -13,13 +13,30 @@ from runtime.transport.queues import WorkerQueue
 from runtime.worker import progress
 
 if TYPE_CHECKING:
-    from runtime.worker.worker import Worker
+    from runtime.executors import Executor
+    from runtime.transport.keys import ClusterKeys, ThreadGuard
+    from runtime.worker.openmp import ThreadGovernor
+    from runtime.worker.streams import WorkerStreams
 
 HEARTBEAT_S = 0.5
 SNAPSHOT_TRIES = 20      # reads of the worker's tables per beat (each a few microseconds) before it goes without
 
 
-def start_heartbeat(worker: Worker, conductor: str) -> None:
+class Beating(Protocol):
+    """What the heartbeat reads of its worker, from the start (parts not built yet are empty or None)."""
+
+    rank: int
+    ctx: zmq.Context
+    keys: ClusterKeys | None
+    guard: ThreadGuard | None
+    executors: Mapping[str, Executor]
+    streams: WorkerStreams | None
+    values: Mapping[int, Any]
+    dropped: int
+    governor: ThreadGovernor | None
+
+
+def start_heartbeat(worker: Beating, conductor: str) -> None:
     def beat() -> None:
         queue = WorkerQueue(worker.ctx, conductor, worker.rank, worker.keys,
                             identity=f"rank-{worker.rank}-hb".encode())
@@ -31,7 +48,7 @@ def start_heartbeat(worker: Worker, conductor: str) -> None:
     threading.Thread(target=beat, daemon=True, name="heartbeat").start()
 
 
-def heartbeat(worker: Worker) -> Heartbeat:
+def heartbeat(worker: Beating) -> Heartbeat:
     """Alive, with what the rank holds. Read from the heartbeat thread while the worker changes its tables:
     a read that meets a table changing size is tried again, since a beat without its numbers replaces the
     conductor's (a /metrics scrape then finds the rank's KV gauges gone); after SNAPSHOT_TRIES it goes
@@ -45,18 +62,16 @@ def heartbeat(worker: Worker) -> Heartbeat:
     return Heartbeat(rank=worker.rank, start_steps=steps, start_last=last)
 
 
-def _snapshot(worker: Worker) -> Heartbeat:
+def _snapshot(worker: Beating) -> Heartbeat:
     """What the rank holds (the worker may still be starting: each part it has not built yet is left out)."""
-    executors = dict(getattr(worker, "executors", {}))
-    streams = getattr(worker, "streams", None)
-    guard = getattr(worker, "guard", None)
-    governor = getattr(worker, "governor", None)
+    executors = dict(worker.executors)
+    streams, guard, governor = worker.streams, worker.guard, worker.governor
     steps, last = progress.snapshot()
     return Heartbeat(rank=worker.rank, start_steps=steps, start_last=last,
                      kv_used_blocks={n: ex.kv_used_blocks() for n, ex in executors.items() if ex.kv_blocks},
                      stream_buffers=streams.num_buffers if streams else 0,
-                     value_stores=len(getattr(worker, "values", {})),
-                     dropped_messages=getattr(worker, "dropped", 0),
+                     value_stores=len(worker.values),
+                     dropped_messages=worker.dropped,
                      refused_peers=guard.admission.refused if guard else 0,
                      threads=governor.threads if governor else 0,
                      threads_allotted=governor.allotted if governor else 0)

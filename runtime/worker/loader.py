@@ -16,7 +16,7 @@ import hashlib
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -26,7 +26,7 @@ from runtime.parallel import SINGLE, TensorParallelGroup, init_tensor_parallel, 
 from runtime.kernels import cpu as cpu_kernels
 from runtime.layers import DecoderLM
 from runtime.parallel.cpu_linear import bf16_gemm_note
-from runtime.weights.published import load_published
+from runtime.weights.published import WeightMismatch, check_published, load_published
 from runtime.weights.slots import Slot, checkpoint_follows, module_slots
 from runtime.weights.sources import NodeWeights, WeightOptions, resolve
 from runtime.worker import progress
@@ -73,18 +73,24 @@ def meta_slots(node: Node) -> dict[str, Slot]:
         return module_slots(build_module(node, None))
 
 
-def tp_ranks(plan: Plan, rank: int) -> list[int] | None:
-    """The plan ranks of the one tensor-parallel group `rank` belongs to (None: no group)."""
-    groups = {tuple(ranks) for node in plan.nodes if node.placement.tp_size > 1
-              for ranks in (node.placement.ranks, *node.placement.walk_ranks.values()) if rank in ranks}
-    if len(groups) > 1:
-        raise ValueError(f"rank {rank} is in several tensor-parallel groups {sorted(groups)}; a worker joins one")
-    return list(groups.pop()) if groups else None
+def check_plan_sources(plan: Plan, sources: Mapping[str, NodeWeights]) -> None:
+    """Raise for the first mapped weight group whose repository does not match (headers only, the
+    modules built on the meta device, as the worker builds them): a worker that cannot load would otherwise
+    die and be restarted."""
+    for node in plan.nodes:
+        source = sources[node.name]
+        if node.weight_key != node.name or source.kind != "mapped" or source.path is None:
+            continue
+        report = check_published(node, Path(source.path), meta_slots(node))
+        if not report.is_ok:
+            raise WeightMismatch(node, Path(source.path), report)
+        for note in report.config_notes:
+            log.warning("node '%s': %s", node.name, note)
 
 
 def tensor_parallel_group(plan: Plan, rank: int, init_method: str) -> TensorParallelGroup:
     """Join the tensor-parallel group of `rank` (gloo on CPU, NCCL on CUDA); SINGLE when it has none."""
-    ranks = tp_ranks(plan, rank)
+    ranks = plan.tp_ranks(rank)
     if ranks is None:
         return SINGLE
     if torch.cuda.is_available():

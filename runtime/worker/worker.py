@@ -47,7 +47,7 @@ from runtime.transport.queues import (
 )
 from runtime.weights.sources import WeightOptions
 from runtime.worker.heartbeat import start_heartbeat
-from runtime.worker.loader import cpu_kernels_note, load_rank, tensor_parallel_group, tp_ranks
+from runtime.worker.loader import cpu_kernels_note, load_rank, tensor_parallel_group
 from runtime.worker.opened import OpenedRequests
 from runtime.worker.openmp import ThreadGovernor
 from runtime.worker.streams import WorkerStreams
@@ -72,38 +72,42 @@ class Worker:
         bind, self.address = worker_addresses(conductor, host, advertise)
         self.inbox = EdgeInbox(self.ctx, bind, self.address, keys)
         self.outbox = EdgeOutbox(self.ctx, keys)
-        group = tp_ranks(self.plan, rank)
+        group = self.plan.tp_ranks(rank)
         self.is_tp = group is not None
         self.control.send(Hello(rank=rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint,
                                 tp_port=free_port(self.address) if group and group[0] == rank else 0))
+        # what the heartbeat reads (heartbeat.Beating): empty until built below
+        self.executors: dict[str, Executor] = {}
+        self.streams: WorkerStreams | None = None
+        self.values: dict[int, dict[str, torch.Tensor]] = {}
+        self.dropped = 0      # malformed or misaddressed messages dropped (each logged)
+        self.governor: ThreadGovernor | None = None
         start_heartbeat(self, conductor)
         welcome = self._await_welcome()
         if self.is_tp:
             pin_collectives_to(self.address)
         tp = tensor_parallel_group(self.plan, rank, welcome.tp_init)
         modules = load_rank(self.plan, rank, weights, tp)
-        self.executors: dict[str, Executor] = {
+        self.executors = {
             name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
         if not welcome.prefix_cache:   # executors that reuse prefixes on their own (the others follow WorkItem.cached)
             for ex in self.executors.values():
-                getattr(ex, "drop_prefix_cache", lambda: None)()
-        self.values: dict[int, dict[str, torch.Tensor]] = {}
+                ex.drop_prefix_cache()
         self.kv_incoming: dict[tuple[int, str], Envelope] = {}   # (request, node) -> KVState from another rank
         self.streams = WorkerStreams(self.plan, rank)
         self.requests = OpenedRequests()
         self.backlog: list[Envelope] = []   # control messages read early, while looking for an OpenRequest
-        self.dropped = 0      # malformed or misaddressed messages dropped (each logged)
         # nodes that report their cache's blocks (kv_ledger.py: the conductor counts what they say)
-        self.reporting = [n for n, ex in self.executors.items() if getattr(ex, "kv_reported", "") == n]
+        self.reporting = [n for n, ex in self.executors.items() if ex.kv_reported == n]
         self.ready = Ready(rank=rank, nodes=[
             NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
                      kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size,
                      num_params=sum(p.numel() for p in module.parameters()),
-                     kv_prefix_key=getattr(self.executors[name], "kv_prefix_key", ""),
-                     kv_prefix_stop_ids=sorted(getattr(self.executors[name], "kv_prefix_stop_ids", ())),
-                     kv_reported=getattr(self.executors[name], "kv_reported", ""),
-                     prefill_chunks=getattr(self.executors[name], "chunks_prefill", False),
-                     compiled_buckets=list(getattr(self.executors[name], "compiled_buckets", ())),
+                     kv_prefix_key=self.executors[name].kv_prefix_key,
+                     kv_prefix_stop_ids=sorted(self.executors[name].kv_prefix_stop_ids),
+                     kv_reported=self.executors[name].kv_reported,
+                     prefill_chunks=self.executors[name].chunks_prefill,
+                     compiled_buckets=list(self.executors[name].compiled_buckets),
                      cpu_kernels=cpu_kernels_note(module))
             for name, (module, source) in modules.items()], prefix=self._prefix_counts())
         self.governor = ThreadGovernor(torch.get_num_threads(), torch.set_num_threads, fixed=(
@@ -213,7 +217,7 @@ class Worker:
         started = time.monotonic()
         groups: dict[int, list[Envelope]] = {}
         for env in envs:
-            group = None if env.msg.alone else getattr(self.executors[env.msg.node], "group", None)
+            group = None if env.msg.alone else self.executors[env.msg.node].group
             groups.setdefault(id(group) if group is not None else id(env), []).append(env)
         for members in groups.values():
             self._run_batch(members)
@@ -415,7 +419,7 @@ class Worker:
         """Totals of the executors that reuse prefixes on their own (`prefix_stats()`; /metrics)."""
         counts = []
         for name, ex in self.executors.items():
-            stats = getattr(ex, "prefix_stats", lambda: None)()
+            stats = ex.prefix_stats()
             if stats is not None:
                 counts.append(PrefixCounts(node=name, **dataclasses.asdict(stats)))
         return counts

@@ -35,7 +35,7 @@ import torch
 from mstar_compiler.plan import Node, Plan
 from runtime.models.bagel.generation import Generation, GuidanceUse
 from runtime.models.bagel.segments import Segment, SegmentKind
-from runtime.executors import ExecResult, token_logprobs
+from runtime.executors import ExecResult, Executor, token_logprobs
 from runtime.models.bagel.roles import cfg_consumer, segment_kinds
 from runtime.kv import KVBlockManager, PrefixCachingAllocator, PrefixStats, prefix_root
 from runtime.models.bagel.row_keys import decode_rows, image_rows, text_rows
@@ -275,7 +275,7 @@ class BagelLMEngine:
         return self._sampling[request_id]
 
 
-class BagelLMExecutor:
+class BagelLMExecutor(Executor):
     """One LM node (one CFG role) over its rank's shared engine."""
 
     def __init__(self, plan: Plan, node: Node, engine: BagelLMEngine, rank: int) -> None:

@@ -19,7 +19,7 @@ from mstar_compiler.plan import Node, Plan
 from runtime.models.bagel.generation import Generation, GuidanceUse, vae_resize, vit_resize
 from runtime.models.bagel.image_io import ResizePolicy, pil_to_tensor, resize_for
 from runtime.models.bagel.cfg_combine import CfgRequest
-from runtime.executors import ExecResult
+from runtime.executors import ExecResult, Executor
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 
@@ -35,11 +35,8 @@ def image_tensor(image: torch.Tensor, policy: ResizePolicy) -> torch.Tensor:
     return pil_to_tensor(resize_for(pil, policy))
 
 
-class _Stateless:
+class _Stateless(Executor):
     """Nodes without per-request state or KV cache."""
-
-    kv_blocks = 0
-    kv_block_size = 0
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
@@ -52,9 +49,6 @@ class _Stateless:
     def close(self, request_id: int, kv_only: bool) -> None:
         if not kv_only:
             self.params.pop(request_id, None)
-
-    def kv_used_blocks(self) -> int:
-        return 0
 
 
 class ImageEncoderExecutor(_Stateless):

@@ -45,7 +45,7 @@ import torch
 from mstar_compiler.plan import DynamicLoopBegin, LoopBegin, Node, Plan
 from runtime.cuda_graphs import DecodeGraphs, capture_buckets
 from runtime.cuda_graphs.cpu_compile import require_cpp_compiler
-from runtime.executors import ExecResult, register_executor, token_logprobs
+from runtime.executors import ExecResult, Executor, register_executor, token_logprobs
 from runtime.kv import KVBlockManager, prefix_root
 from runtime.kv.prefix_cache import Row
 from runtime.sampling import Sampler, SamplingParams, SamplingState
@@ -55,7 +55,7 @@ from runtime.transport.request_params import RequestParams
 log = logging.getLogger(__name__)
 
 
-class DecoderLMExecutor:
+class DecoderLMExecutor(Executor):
     """A decoder LM node on one rank: model, paged cache, block tables, per-request samplers."""
 
     placeholder_ids: frozenset[int] = frozenset()    # token ids whose rows `embeds` replace (module docstring)

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from mstar_compiler.plan import Node, Plan
-from runtime.executors import CachelessExecutor, ExecResult, register_executor
+from runtime.executors import CachelessExecutor, ExecResult, Executor, register_executor
 from runtime.kv import KVBlockManager
 from runtime.models.qwen3_omni.thinker import ThinkerExecutor
 from runtime.models.qwen3_omni.talker_prompt import TalkerText, talker_prompt
@@ -129,7 +129,7 @@ def _items(chunks: list[Chunk]) -> list[dict[str, torch.Tensor]]:
     return [it for c in chunks for it in c.new_items]
 
 
-class TalkerExecutor:
+class TalkerExecutor(Executor):
     """The `qwen3_omni_talker` node: paged KV cache, per-request text rows, codebook 0."""
 
     def __init__(self, node: Node, talker: nn.Module, rank: int) -> None:

@@ -21,7 +21,7 @@ Interface (weights: the checkpoint's `talker.code_predictor.*`):
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -34,9 +34,14 @@ from runtime.layers.attention import BatchContext
 from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding
 from runtime.parallel import SINGLE, TensorParallelGroup
-from runtime.models.qwen3_omni.speech import Sample, greedy
 from runtime.models.qwen3_omni.weights import CheckpointWeights, decoder_slots, initialise
 from runtime.weights import Slot
+
+Sample = Callable[[torch.Tensor], torch.Tensor]     # logits (B, vocab) -> (B,) ids
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
 
 
 @register("qwen3_omni_code_predictor")

@@ -9,23 +9,17 @@ same interleaved with the thinker and code2wav (runtime/models/qwen3_omni/__init
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from runtime.attention import AttentionMetadata
 from runtime.kv import KVBlockManager, PagedKVCache
+from runtime.models.qwen3_omni.qwen3_omni_code_predictor import Qwen3OmniCodePredictor, Sample, greedy
 from runtime.models.qwen3_omni.talker_prompt import TalkerText
 
 if TYPE_CHECKING:
-    from runtime.models.qwen3_omni.qwen3_omni_code_predictor import Qwen3OmniCodePredictor
     from runtime.models.qwen3_omni.qwen3_omni_talker import Qwen3OmniTalker
-
-Sample = Callable[[torch.Tensor], torch.Tensor]
-
-
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    return logits.argmax(dim=-1)
 
 
 @dataclass

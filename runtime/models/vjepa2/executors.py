@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from mstar_compiler.plan import Node, Plan
-from runtime.executors import CachelessExecutor, ExecResult, register_executor
+from runtime.executors import CachelessExecutor, ExecResult, Executor, register_executor
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 from runtime.models.vjepa2 import Rollout, rollout_step, start_rollout
@@ -39,7 +39,7 @@ class EncoderExecutor(CachelessExecutor):
         return out
 
 
-class RolloutExecutor:
+class RolloutExecutor(Executor):
     """The `vjepa2_ac_predictor` node: one predicted frame per request per Run."""
 
     def __init__(self, node: Node, predictor: nn.Module, rank: int) -> None:

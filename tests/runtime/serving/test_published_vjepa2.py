@@ -23,7 +23,8 @@ from mstar_compiler.pipeline import compile_file
 from mstar_compiler.plan import Plan
 from runtime.models.vjepa2 import native_rollout
 from runtime.weights.commands import check_plan, convert_dir
-from runtime.weights.published import WeightMismatch, check_plan_sources
+from runtime.weights.published import WeightMismatch
+from runtime.worker.loader import check_plan_sources
 from runtime.weights.sources import WeightOptions, resolve_all
 from tests.runtime.models.vjepa2.vjepa2_reference import hf_encoder, make, randomize
 from tests.runtime.serving.conftest import Server, http, serve

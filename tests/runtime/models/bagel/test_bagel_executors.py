@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runtime.models.bagel.segments import SegmentKind as K
-from runtime.executors import ExecResult
+from runtime.executors import ExecResult, Executor
 from runtime.models.bagel.roles import cfg_consumer, segment_kinds
 from runtime.transport.messages import BatchDone, RunBatch, WorkItem
 from runtime.transport.queues import Envelope
@@ -119,10 +119,8 @@ class _FakeControl:
         self.sent.append(msg)
 
 
-class _Recorder:
+class _Recorder(Executor):
     """An executor that records how it was called."""
-
-    kv_blocks = kv_block_size = 0
 
     def __init__(self, calls: list, group=None) -> None:
         self.calls, self.group = calls, group
