@@ -1,5 +1,5 @@
 """The chat and prefill benches' load clients against a real tiny `mstar-run`: forced lengths, TTFT at the
-first content token, a long prompt beside decoding streams."""
+first content token, closed and open loops and the command line, a long prompt beside decoding streams."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 
 from bench import prefill_load
-from bench.openai_load import ChatJob, chat_burst, model_card
+from bench.openai_load import ChatJob, chat_burst, chat_load, main, model_card
 from tests.runtime.serving.conftest import Server, serve_tiny
 
 
@@ -26,6 +26,20 @@ def test_burst_streams_forced_lengths_and_times_the_first_content_token(server: 
     assert got.ttft_s is not None and all(0 < t < e for t, e in zip(got.ttft_s, got.e2e_s))
     metrics = got.metrics()
     assert set(metrics) == {"tok_s", "p50_e2e", "p95_e2e", "p50_ttft"} and metrics["tok_s"] > 0
+
+
+def test_closed_and_open_loops_send_every_job_and_the_command_line_reports_them(
+        server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+    model = model_card(server.url)["id"]
+    jobs = [ChatJob("Tell me a story.", 8)] * 3
+    one_at_a_time = chat_load(server.url, model, jobs, concurrency=1)
+    assert one_at_a_time.completion_tokens == [8, 8, 8]
+    assert one_at_a_time.wall_s >= sum(one_at_a_time.e2e_s)      # one client: the requests never overlapped
+    assert chat_load(server.url, model, jobs, concurrency=1, rate=50.0).completion_tokens == [8, 8, 8]
+    main(["--url", server.url, "--concurrency", "2", "--requests", "3",
+          "--max-tokens", "16"])   # random weights: a token's text may be empty
+    out = capsys.readouterr().out
+    assert "requests 3 " in out and "output tokens 48 " in out and "TTFT p50" in out and "E2E  p50" in out
 
 
 def test_prefill_load_times_a_prompt_beside_decoding_streams_then_cuts_them(server: Server) -> None:

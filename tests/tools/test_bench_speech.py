@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from bench.playback import held_in_real_time, underruns
-from bench.speech_load import SpeechBurst, StreamResult
-from bench.suite_speech import MODELS, _rows, held_per_round, listener_metrics
+from bench.speech_load import SpeechBurst, StreamResult, listener_metrics
+from bench.suite_speech import MODELS, _rows, held_per_round
 
 RATE = 24000
 

@@ -6,8 +6,9 @@ Package layout, one concern per module:
   stats        medians, min/max, percentiles, per-round ratios, verdicts in words
   results      the result JSON schema (one file per suite run) and machine facts
   report       the markdown table; plots: the PNG figures
-  servers      start/stop a model server process; openai_load: concurrent chat bursts;
-               image_load / speech_load: concurrent image and speech requests
+  servers      start/stop a model server process; openai_load: the chat load generator (bursts,
+               closed and open loops; a command line); speech_load: the speech one (streamed bursts,
+               the listeners' underruns; a command line); image_load: concurrent image requests
   playback     the simulated real-time listener: underruns from chunk arrival times
   tts_graphs   the graph copies the served speech comparisons compile; tts_served: those comparisons
   hf_generate  the HF transformers static-batch baseline; smollm2_fp32: the GGUF -> fp32 export

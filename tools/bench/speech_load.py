@@ -1,23 +1,37 @@
-"""A burst of concurrent streamed speech requests against one server, timed per stream.
+"""A burst of concurrent streamed speech requests against one server, timed per stream: the speech load generator.
+
+    python tools/bench/speech_load.py --url http://127.0.0.1:8000 --model orpheus-3b --voice tara \
+        --concurrency 8 [--extra '{"max_tokens": 70}']
 
 Every body is POSTed at once to `/v1/audio/speech` with `stream_format: sse` and
 `response_format: pcm` (aiohttp, one connection each); each `speech.audio.delta` event
 is one decoded chunk of 16-bit PCM. Per stream: when each chunk arrived (seconds after its
 send; the first is the time to first audio, TTFA), the samples in each chunk and the
 tokens the server reports in `speech.audio.done`. The burst's wall time runs from the
-first send to the last event.
+first send to the last event. Every stream gets a simulated real-time listener
+(bench/playback.py): a chunk that arrives after everything before it has played is an underrun.
+The command line prints the burst's metrics and its listeners' as JSON.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import aiohttp
+
+if __name__ == "__main__":   # run as a script: `bench` is the package this file lives in
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+from bench.playback import underruns  # noqa: E402
+
+SAMPLE_RATE = 24000   # Orpheus' SNAC and Qwen3-Omni's code2wav both decode 24 kHz
 
 
 @dataclass(frozen=True)
@@ -92,3 +106,34 @@ def speech_burst(url: str, bodies: Sequence[dict]) -> SpeechBurst:
         return asyncio.run(_burst(url, bodies))
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise RuntimeError(f"{url}/v1/audio/speech: {type(exc).__name__}: {exc}") from exc
+
+
+def listener_metrics(burst: SpeechBurst, sample_rate: int) -> dict[str, float]:
+    """Per burst: streams with an underrun, their total underrun (s), median TTFA (s), least and median
+    audio (s; random weights may end a stream early), least chunks."""
+    late = [underruns(s.arrivals, [n / sample_rate for n in s.chunk_samples]) for s in burst.streams]
+    return {"underrun_streams": float(sum(1 for gaps in late if gaps)), "underrun_s": sum(map(sum, late)),
+            "ttfa": statistics.median(s.first_audio_s for s in burst.streams),
+            "audio_s": min(s.samples for s in burst.streams) / sample_rate,
+            "median_audio_s": statistics.median(s.samples for s in burst.streams) / sample_rate,
+            "chunks": float(min(s.chunks for s in burst.streams))}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", required=True)
+    p.add_argument("--voice", default="alloy")
+    p.add_argument("--concurrency", type=int, default=8, help="streams sent at once")
+    p.add_argument("--extra", default="{}", help="JSON merged into every request body")
+    p.add_argument("--sample-rate", type=int, default=SAMPLE_RATE, help="of the model's PCM output (Hz)")
+    args = p.parse_args(argv)
+    bodies = [{"model": args.model, "voice": args.voice, "input": f"Sentence number {i}.", "seed": i,
+               **json.loads(args.extra)} for i in range(args.concurrency)]
+    burst = speech_burst(args.url, bodies)
+    print(json.dumps({"streams": len(burst.streams), "wall_s": burst.wall_s, **burst.metrics(args.sample_rate),
+                      **listener_metrics(burst, args.sample_rate)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

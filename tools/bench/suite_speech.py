@@ -21,15 +21,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bench.openai_load import model_card
-from bench.playback import held_in_real_time, underruns
+from bench.playback import held_in_real_time
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.servers import Server, mstar_run
-from bench.speech_load import SpeechBurst, speech_burst
+from bench.speech_load import SAMPLE_RATE, listener_metrics, speech_burst
 from bench.stats import HIGHER, LOWER
 from bench.suite_chat import compile_plan
 
-SAMPLE_RATE = 24000
 CONCURRENCY, QUICK_CONCURRENCY = (8, 16, 32), (4, 8)
 WORKER_THREADS = 1   # tiny forwards take microseconds: a second OpenMP thread only spin-waits (shared cores)
 Bodies = Callable[[str, int], list[dict]]   # (model id, streams) -> request bodies
@@ -58,17 +57,6 @@ def _orpheus_bodies(model: str, n: int) -> list[dict]:
 
 MODELS = (Model("qwen3_omni", "Qwen3-Omni tiny", "omni", _omni_bodies, "60 codec frames (4.8 s) per stream"),
           Model("orpheus", "Orpheus tiny", "orpheus", _orpheus_bodies, "280 audio tokens (40 frames, 3.4 s) per stream"))
-
-
-def listener_metrics(burst: SpeechBurst, sample_rate: int) -> dict[str, float]:
-    """Per burst: streams with an underrun, their total underrun (s), median TTFA (s), least and median
-    audio (s; random weights may end a stream early), least chunks."""
-    late = [underruns(s.arrivals, [n / sample_rate for n in s.chunk_samples]) for s in burst.streams]
-    return {"underrun_streams": float(sum(1 for gaps in late if gaps)), "underrun_s": sum(map(sum, late)),
-            "ttfa": statistics.median(s.first_audio_s for s in burst.streams),
-            "audio_s": min(s.samples for s in burst.streams) / sample_rate,
-            "median_audio_s": statistics.median(s.samples for s in burst.streams) / sample_rate,
-            "chunks": float(min(s.chunks for s in burst.streams))}
 
 
 def held_per_round(per_n: dict[int, dict[str, list[float]]]) -> list[float]:

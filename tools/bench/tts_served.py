@@ -26,11 +26,10 @@ from bench.openai_load import model_card
 from bench.registry import Context, Needs
 from bench.results import Row, Side
 from bench.servers import Server, mstar_run
-from bench.speech_load import speech_burst
+from bench.speech_load import SAMPLE_RATE, speech_burst
 from bench.stats import LOWER
 from bench.tts_graphs import node_params, omni_plan, orpheus_plans, orpheus_policy
 
-SAMPLE_RATE = 24000
 ORPHEUS_STREAMS, OMNI_CONCURRENCY = (1, 8, 16), (1, 4)
 OMNI_FRAMES, QUICK_OMNI_FRAMES, OMNI_TEXT_TOKENS = 100, 50, 16   # codec frames of 80 ms; thinker tokens
 METRICS = (("ttfa", "time to first audio", "s"), ("rtf", "real-time factor", "x"))
