@@ -5,6 +5,7 @@ the handlers see the server only through context.py's `ServerContext`, never app
 
   app.py          `MstarServer`: the aiohttp application, its life cycle (start/drain), the simple routes
   context.py      `ServerConfig` and `ServerContext`: what every handler may use of the server
+  schemas.py      the request bodies, one msgspec Struct per endpoint, parsed once (`read_body`)
   families.py     what a model family adds (its routes, speaker, chat inputs, realtime listener)
   errors.py       OpenAI's error body and the middleware that guarantees it
   params.py, limits.py, logprobs.py   a request's params and bounds, checked before admission

@@ -34,6 +34,7 @@ from runtime.server.metrics import Metrics
 from runtime.server.page import install_page
 from runtime.server.prefix_metrics import PrefixCacheCollector
 from runtime.server.realtime import realtime_listener
+from runtime.server.schemas import Body, parse_body
 from runtime.server.speech_model import speech_model
 from runtime.server.state_feed import install_state_feed
 from runtime.server.tasks import run_task
@@ -100,9 +101,15 @@ class MstarServer:
                            "model", "model_not_found")
 
     async def read_json(self, request: web.Request) -> Any:
+        return strict_json(await self._read(request))
+
+    async def read_body(self, request: web.Request, schema: type[Body]) -> Body:
+        return parse_body(await self._read(request), schema)
+
+    async def _read(self, request: web.Request) -> bytes:
         if self.draining:
             raise ApiError(503, "the server is shutting down", code="shutting_down")
-        return strict_json(await request.read())
+        return await request.read()
 
     def stop_token_ids(self, extra: Sequence[int] = (), ignore_eos: bool = False) -> frozenset[int]:
         """The ids a request stops at, for every handler: the tokenizer's end-of-sequence ids, the end

@@ -19,15 +19,17 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from runtime.server.audio_events import AudioEvents
 from runtime.server.audio_io import pcm16, wav
-from runtime.server.chat import chat_completions, item_tokens
+from runtime.server.chat import chat_completions, chat_messages, item_tokens
 from runtime.server.context import ServerContext
 from runtime.server.errors import ApiError, error_body
 from runtime.server.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
 from runtime.server.params import openai_field
+from runtime.server.schemas import AudioOutput, ChatCompletionBody
 from runtime.server.speech import speech_params
 from runtime.text import IncrementalDetokenizer
 
@@ -37,80 +39,69 @@ EXPIRES_S = 3600
 
 async def chat_or_audio(request: web.Request) -> web.StreamResponse:
     """The chat route: audio output goes to `audio_chat`, text-only chat to the text handler."""
-    body = await request.app["mstar"].read_json(request)
-    modalities = body.get("modalities") if isinstance(body, dict) else None
-    if isinstance(modalities, list) and "audio" in modalities:
+    body = await request.app["mstar"].read_body(request, ChatCompletionBody)
+    if body.modalities is not None and "audio" in body.modalities:
         return await audio_chat(request, body)
-    return await chat_completions(request)
+    return await chat_completions(request, body)
 
 
-def _input_items(server: ServerContext, body: dict, voice: str) -> tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]]:
+def _input_items(server: ServerContext, body: ChatCompletionBody,
+                 voice: str) -> tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]]:
     """(the prompt's input items, values for the family's executors, stop ids): the family's reader
     for audio/image parts, else its speaker's chat prompt."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty array", "messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
-            raise ApiError(400, f"messages[{i}] must be an object with a string 'role' and 'content'", f"messages[{i}]")
+    messages = chat_messages(body)
     items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
     if items:
         # the items are the prompt; the speaker's prompt gives only its params (the voice) and stops
         _, family, stops = server.speech_model.speaker.prompt(server, voice, "")
         return items, {**family, **server.chat_inputs.request_params(items)}, stops
-    ids, family, stops = server.speech_model.speaker.chat_prompt(server, voice, _messages(messages))
+    ids, family, stops = server.speech_model.speaker.chat_prompt(server, voice, _text_messages(messages))
     return [("text", ids)], family, stops
 
 
-def _messages(messages: list) -> list[dict[str, str]]:
+def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
     out = []
     for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
+        content = m["content"]
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
                 raise ApiError(400, f"messages[{i}].content: this endpoint takes text parts", f"messages[{i}]")
             content = "".join(p["text"] for p in content)
-        if not isinstance(content, str) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages[{i}] must have a string 'role' and text 'content'", f"messages[{i}]")
         out.append({"role": m["role"], "content": content})
     return out
 
 
-def _parse(server: ServerContext, body: dict) -> tuple[tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]], str, bool]:
-    server.check_model(body.get("model"))
+def _parse(server: ServerContext,
+           body: ChatCompletionBody) -> tuple[tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]], str]:
+    server.check_model(body.model)
     model = server.speech_model
     if model is None or not model.speaker.can_chat:
         raise ApiError(400, f"the model '{server.model_id}' does not answer with audio in chat", "modalities")
-    audio = body.get("audio") or {}
-    if not isinstance(audio, dict):
-        raise ApiError(400, "'audio' must be an object {voice, format}", "audio")
-    speaker = model.speaker.voice(str(audio.get("voice", "alloy")))
+    audio = body.audio or AudioOutput()
+    speaker = model.speaker.voice(audio.voice)
     if speaker is None:
-        raise ApiError(400, f"unknown voice '{audio.get('voice')}'", "audio.voice")
-    fmt = audio.get("format", "pcm16" if body.get("stream") else "wav")
-    stream = body.get("stream", False)
-    if fmt not in AUDIO_FORMATS or (stream and fmt != "pcm16"):
+        raise ApiError(400, f"unknown voice '{audio.voice}'", "audio.voice")
+    fmt = ("pcm16" if body.stream else "wav") if audio.format is msgspec.UNSET else audio.format
+    if fmt not in AUDIO_FORMATS or (body.stream and fmt != "pcm16"):
         raise ApiError(400, "audio.format must be 'wav' or 'pcm16' ('pcm16' when streaming)", "audio.format")
-    if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be a boolean", "stream")
-    return _input_items(server, body, speaker), fmt, stream
+    return _input_items(server, body, speaker), fmt
 
 
-async def audio_chat(request: web.Request, body: dict) -> web.StreamResponse:
+async def audio_chat(request: web.Request, body: ChatCompletionBody) -> web.StreamResponse:
     server: ServerContext = request.app["mstar"]
     # decoding audio and images is CPU work: off the loop that runs the conductor
-    (items, family, stops), fmt, stream = await asyncio.to_thread(_parse, server, body)
+    (items, family, stops), fmt = await asyncio.to_thread(_parse, server, body)
     model = server.speech_model
-    body = {**body, "max_tokens": openai_field(body, "max_tokens")}
-    params = speech_params(server, body, family, requested_logprobs(body))
+    fields = msgspec.structs.asdict(body)
+    fields["max_tokens"] = openai_field(fields, "max_tokens")
+    params = speech_params(server, fields, family, requested_logprobs(fields))
     req = server.conductor.submit(model.task, params, items, stops, server.config.request_timeout_s)
     events = AudioEvents(server, req, model)
     ctx = _Reply(server, events, len(item_tokens(items)))
     try:
-        if stream:
-            options = body.get("stream_options") or {}
-            return await ctx.stream(request, isinstance(options, dict) and bool(options.get("include_usage")))
+        if body.stream:
+            return await ctx.stream(request, bool(body.stream_options and body.stream_options.include_usage))
         return await ctx.whole(fmt)
     finally:
         server.conductor.abort(req)

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from runtime.conductor.request import OutputEvent, Request
@@ -24,6 +25,7 @@ from runtime.server.limits import check_context, check_roles, check_top_k, max_c
 from runtime.server.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
 from runtime.server.multimodal import IMAGE_TASK, has_image_parts, image_chat_items
 from runtime.server.params import openai_field, resolve_params
+from runtime.server.schemas import ChatCompletionBody
 from runtime.text import TextOutput
 from runtime.transport.request_params import RequestParams
 
@@ -44,40 +46,34 @@ class ChatRequest:
     input_items: list[tuple[str, Any]] | None = None  # interleaved text/media items (a chat with images, audio)
 
 
-def parse_chat(body: Any, server: ServerContext) -> ChatRequest:
-    """Check the body against OpenAI's schema and the plan's params; ApiError(4xx) if wrong."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    server.check_model(body.get("model"))
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty array", "messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
-            raise ApiError(400, f"messages[{i}] must be an object with a string 'role' and 'content'", f"messages[{i}]")
+def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
+    """Check the typed body against the plan (its model, roles, media parts, params); ApiError(4xx) if wrong."""
+    server.check_model(body.model)
+    messages = chat_messages(body)
     check_roles(messages)
     media_items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
     image_items = None if media_items else image_chat_items(messages, server.plan, server.tokenizer)
     if image_items is None and media_items is None:
         messages = [{"role": m["role"], "content": _text_content(m["content"], i)} for i, m in enumerate(messages)]
-    if body.get("n", 1) != 1:
+    if body.n != 1:
         raise ApiError(400, "only n = 1 is supported", "n")
     # a media prompt's shape (its pieces, its pictures' grids) is set by the family's reader, not the body
     family = server.chat_inputs.request_params(media_items) if media_items is not None else None
     params = resolve_params(server.plan, _given(body), family)
     sampling = params.sampling
     check_top_k(sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be a boolean", "stream")
-    options = body.get("stream_options") or {}
-    include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+    stream, include_usage = body.stream, bool(body.stream_options and body.stream_options.include_usage)
     if media_items is not None:
         return ChatRequest(item_tokens(media_items), params, sampling.stop, stream, include_usage, None, media_items)
     if image_items is not None:
         prompt_ids = [t for dtype, ids in image_items if dtype == "text" for t in ids]
         return ChatRequest(prompt_ids, params, sampling.stop, stream, include_usage, IMAGE_TASK, image_items)
     return ChatRequest(chat_prompt(server, messages), params, sampling.stop, stream, include_usage)
+
+
+def chat_messages(body: ChatCompletionBody) -> list[dict[str, Any]]:
+    """The messages as chat templates and a family's chat-input reader take them: {role, content}."""
+    return [{"role": m.role, "content": m.content} for m in body.messages]
 
 
 def chat_prompt(server: ServerContext, messages: list[dict]) -> list[int]:
@@ -119,14 +115,15 @@ def _text_content(content: str | list, i: int) -> str:
     return "".join(parts)
 
 
-def _given(body: dict) -> dict[str, Any]:
+def _given(body: ChatCompletionBody) -> dict[str, Any]:
     """The body's fields a chat request's params take (sampling fields, max_tokens, stops)."""
-    given = {k: body.get(k) for k in SAMPLING_KEYS}
-    given["max_tokens"] = openai_field(body, "max_tokens")
-    given["stop"] = body.get("stop") or None
-    given["stop_token_ids"] = body.get("stop_token_ids") or None   # vLLM's extension
-    given["ignore_eos"] = body.get("ignore_eos")   # vLLM's extension: forced lengths for benchmarks
-    given["logprobs"] = requested_logprobs(body)
+    fields = msgspec.structs.asdict(body)
+    given = {k: fields[k] for k in SAMPLING_KEYS}
+    given["max_tokens"] = openai_field(fields, "max_tokens")
+    given["stop"] = body.stop or None
+    given["stop_token_ids"] = body.stop_token_ids or None   # vLLM's extension
+    given["ignore_eos"] = body.ignore_eos   # vLLM's extension: forced lengths for benchmarks
+    given["logprobs"] = requested_logprobs(fields)
     return given
 
 
@@ -176,11 +173,11 @@ class ChatStream:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
+async def chat_completions(request: web.Request, body: ChatCompletionBody) -> web.StreamResponse:
+    """The text chat (audio_chat.py's `chat_or_audio` routes here what does not ask for speech)."""
     server: ServerContext = request.app["mstar"]
-    body = await server.read_json(request)
     # decoding images and audio is CPU work: off the loop that runs the conductor
-    if has_image_parts(body) or server.chat_inputs is not None:
+    if has_image_parts(m.content for m in body.messages) or server.chat_inputs is not None:
         chat = await asyncio.to_thread(parse_chat, body, server)
     else:
         chat = parse_chat(body, server)

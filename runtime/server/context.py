@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from runtime.server.audio_metrics import AudioMetrics, RealtimeMetrics
     from runtime.server.chat_inputs import ChatInputs
     from runtime.server.families import Listener
+    from runtime.server.schemas import Body
     from runtime.server.speech_model import SpeechModel
 
 
@@ -70,6 +71,10 @@ class ServerContext(ServedModel, Protocol):
 
     async def read_json(self, request: web.Request) -> Any:
         """The request's JSON body (strict: no NaN or Infinity); 503 while draining, 400 if not JSON."""
+
+    async def read_body(self, request: web.Request, schema: type[Body]) -> Body:
+        """The request's JSON body parsed into `schema` (schemas.py); 503 while draining, 400 naming
+        the field that does not fit."""
 
     def observe_finished(self, req: Request) -> None:
         """Record a request that completed on /metrics (latencies, tokens, where it ran)."""

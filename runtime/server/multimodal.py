@@ -12,7 +12,7 @@ import base64
 import binascii
 import io
 import warnings
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -71,15 +71,10 @@ def data_url_bytes(url: Any, field: str) -> bytes:
         raise ApiError(400, f"{field}: the data URL is not valid base64", field) from None
 
 
-def has_image_parts(body: Any) -> bool:
-    """Whether a chat body carries image parts (before it is checked)."""
-    messages = body.get("messages") if isinstance(body, dict) else None
-    return isinstance(messages, list) and _has_image([m for m in messages if isinstance(m, dict)])
-
-
-def _has_image(messages: list[dict]) -> bool:
-    return any(isinstance(m.get("content"), list) and any(
-        isinstance(p, dict) and p.get("type") == "image_url" for p in m["content"]) for m in messages)
+def has_image_parts(contents: Iterable[Any]) -> bool:
+    """Whether the contents of a chat's messages carry image parts."""
+    return any(isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in content)
+               for content in contents)
 
 
 def _part_item(plan: Plan, tokenizer: Any, part: Any, field: str) -> tuple[str, Any]:
@@ -94,7 +89,7 @@ def _part_item(plan: Plan, tokenizer: Any, part: Any, field: str) -> tuple[str, 
 
 def image_chat_items(messages: list[dict], plan: Plan, tokenizer: Any) -> list[tuple[str, Any]] | None:
     """Interleaved input items of a chat with images (every part in message order), None when text only."""
-    if not _has_image(messages):
+    if not has_image_parts(m["content"] for m in messages):
         return None
     if IMAGE_TASK not in {t.name for t in plan.tasks}:
         raise ApiError(400, f"the model '{plan.model}' does not take image inputs", "messages")

@@ -18,8 +18,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from typing import Any
+from typing import Any, Mapping
 
+import msgspec
 from aiohttp import web
 
 from runtime.conductor.request import Request
@@ -28,20 +29,14 @@ from runtime.server.audio_io import FORMATS, content_type, pcm16, wav, wav_heade
 from runtime.server.context import ServerContext
 from runtime.server.errors import ApiError, error_body
 from runtime.server.params import resolve_params
+from runtime.server.schemas import SpeechBody
 from runtime.server.speech_model import SpeechModel
 from runtime.transport.request_params import RequestParams
 
 log = logging.getLogger(__name__)
 
 
-def _field(body: dict, name: str, kind: type, default: Any = None) -> Any:
-    value = body.get(name, default)
-    if value is not None and (not isinstance(value, kind) or isinstance(value, bool) and kind is not bool):
-        raise ApiError(400, f"'{name}' must be of type {kind.__name__}", name)
-    return value
-
-
-def speech_params(server: ServerContext, body: dict, family: dict[str, Any],
+def speech_params(server: ServerContext, body: Mapping[str, Any], family: dict[str, Any],
                   logprobs: int | None = None) -> RequestParams:
     """The params of a speaking request, checked (ApiError 400); `family`: what its speaker sets;
     `logprobs`: an audio chat's request for its transcript's (runtime.server.logprobs)."""
@@ -52,45 +47,42 @@ def speech_params(server: ServerContext, body: dict, family: dict[str, Any],
     return resolve_params(server.plan, given, family)
 
 
-def submit_speech(server: ServerContext, model: SpeechModel, text: str, voice: str, body: dict) -> Request:
-    """Queue `text` spoken in `voice` (the model's voice name)."""
-    ids, family, stops = model.speaker.prompt(server, voice, text)
-    return server.conductor.submit(model.task, speech_params(server, body, family), [("text", ids)], stops,
-                                   server.config.request_timeout_s)
+def submit_speech(server: ServerContext, model: SpeechModel, voice: str, body: SpeechBody) -> Request:
+    """Queue the body's `input` spoken in `voice` (the model's voice name)."""
+    ids, family, stops = model.speaker.prompt(server, voice, body.input)
+    return server.conductor.submit(model.task, speech_params(server, msgspec.structs.asdict(body), family),
+                                   [("text", ids)], stops, server.config.request_timeout_s)
 
 
-def _parse(server: ServerContext, body: Any) -> tuple[SpeechModel, str, str, str, str | None]:
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    server.check_model(body.get("model"))
+def _parse(server: ServerContext, body: SpeechBody) -> tuple[SpeechModel, str, str, str | None]:
+    """(how the plan speaks, the model's voice, the format, the stream format); ApiError(400) if wrong."""
+    server.check_model(body.model)
     model = server.speech_model
     if model is None:
         raise ApiError(400, f"the model '{server.model_id}' does not produce speech", "model")
-    text = _field(body, "input", str)
-    if not text:
+    if not body.input:
         raise ApiError(400, "'input' must be a non-empty string", "input")
-    voice_name = _field(body, "voice", str, "alloy")
-    voice = model.speaker.voice(voice_name)
+    voice = model.speaker.voice(body.voice)
     if voice is None:
-        raise ApiError(400, f"unknown voice '{voice_name}'", "voice")
-    fmt = _field(body, "response_format", str, "wav")
+        raise ApiError(400, f"unknown voice '{body.voice}'", "voice")
+    fmt = body.response_format
     if fmt not in FORMATS:
         raise ApiError(400, f"response_format '{fmt}' is not supported; use one of {list(FORMATS)}", "response_format")
-    stream_format = _field(body, "stream_format", str)
-    if _field(body, "stream", bool, False) and stream_format is None:
+    stream_format = body.stream_format
+    if body.stream and stream_format is None:
         stream_format = "audio"
     if stream_format not in (None, "audio", "sse"):
         raise ApiError(400, "'stream_format' must be 'audio' or 'sse'", "stream_format")
-    if body.get("speed", 1.0) != 1.0:
+    if body.speed != 1.0:
         raise ApiError(400, "only speed 1.0 is supported", "speed")
-    return model, text, voice, fmt, stream_format
+    return model, voice, fmt, stream_format
 
 
 async def audio_speech(request: web.Request) -> web.StreamResponse:
     server: ServerContext = request.app["mstar"]
-    body = await server.read_json(request)
-    model, text, voice, fmt, stream_format = _parse(server, body)
-    req = submit_speech(server, model, text, voice, body)
+    body = await server.read_body(request, SpeechBody)
+    model, voice, fmt, stream_format = _parse(server, body)
+    req = submit_speech(server, model, voice, body)
     events = AudioEvents(server, req, model)
     try:
         if stream_format == "audio":
@@ -104,8 +96,8 @@ async def audio_speech(request: web.Request) -> web.StreamResponse:
                 pcm += pcm16(piece)
                 events.sent(piece)
         events.observe()
-        body = wav(bytes(pcm), model.sample_rate) if fmt == "wav" else bytes(pcm)
-        return web.Response(body=body, content_type=content_type(fmt))
+        audio_file = wav(bytes(pcm), model.sample_rate) if fmt == "wav" else bytes(pcm)
+        return web.Response(body=audio_file, content_type=content_type(fmt))
     finally:
         server.conductor.abort(req)   # no-op when finished; frees everything on disconnect
 

@@ -14,28 +14,22 @@ import base64
 import torch
 from aiohttp import web
 
+from runtime.server.context import ServerContext
 from runtime.server.errors import ApiError, event_error
 from runtime.server.limits import check_context, check_token_ids, max_context, vocab_size
 from runtime.server.params import resolve_params
+from runtime.server.schemas import TaskBody, TextInput
 from runtime.transport.request_params import RequestParams
 
 
-def _inputs(body: dict, server) -> list[tuple[str, list[int]]]:
-    items = body.get("inputs", [])
-    if not isinstance(items, list):
-        raise ApiError(400, "'inputs' must be an array", "inputs")
+def _inputs(body: TaskBody, server: ServerContext) -> list[tuple[str, list[int]]]:
     out = []
-    for i, item in enumerate(items):
-        kind = item.get("type") if isinstance(item, dict) else None
-        if kind == "text" and isinstance(item.get("text"), str):
-            out.append(("text", server.tokenizer.encode(item["text"])))
-        elif kind == "tokens" and isinstance(item.get("ids"), list) and all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item["ids"]):
-            check_token_ids(item["ids"], vocab_size(server.plan, server.chat_node), f"inputs[{i}].ids")
-            out.append(("text", list(item["ids"])))
+    for i, item in enumerate(body.inputs):
+        if isinstance(item, TextInput):
+            out.append(("text", server.tokenizer.encode(item.text)))
         else:
-            raise ApiError(400, f"inputs[{i}] must be {{'type': 'text', 'text': str}} or "
-                           "{'type': 'tokens', 'ids': [int]}", f"inputs[{i}]")
+            check_token_ids(item.ids, vocab_size(server.plan, server.chat_node), f"inputs[{i}].ids")
+            out.append(("text", item.ids))
     return out
 
 
@@ -53,7 +47,7 @@ def _check_honoured(params: RequestParams) -> None:
 
 
 async def run_task(request: web.Request) -> web.Response:
-    server = request.app["mstar"]
+    server: ServerContext = request.app["mstar"]
     task = request.match_info["task"]
     if task not in {t.name for t in server.plan.tasks}:
         raise ApiError(404, f"unknown task '{task}'; this model has: {', '.join(t.name for t in server.plan.tasks)}",
@@ -64,10 +58,8 @@ async def run_task(request: web.Request) -> web.Response:
         raise ApiError(400, f"task '{task}' reads the client-fed stream '{fed[0]}', which this endpoint cannot "
                             "feed; its client streams it (a realtime session: GET /v1/realtime)", "task",
                        "task_needs_stream")
-    body = await server.read_json(request)
-    if not isinstance(body, dict) or not isinstance(body.get("params", {}), dict):
-        raise ApiError(400, "the body must be an object with an optional 'params' object")
-    params = resolve_params(server.plan, body.get("params", {}))
+    body = await server.read_body(request, TaskBody)
+    params = resolve_params(server.plan, body.params)
     _check_honoured(params)
     inputs = _inputs(body, server)
     if params.max_tokens is not None:
