@@ -150,7 +150,7 @@ class WeightMap(Base):
 
     Applied per tensor in this order: `prefix` (tensors without it belong to other nodes), `exclude`,
     `index_remap`, `rename`, `split`; then `reshape` when loading (the module's shape, same element
-    count). The result must name exactly the module's slots (runtime.weights.slots)."""
+    count). The result must name exactly the module's slots (runtime.model_executor.weights.slots)."""
 
     source: str                         # published repository "owner/name": read from --weights ROOT/<name>
     files: list[str] = []               # file names in the repository ([]: the index's shards or every .safetensors)
@@ -200,7 +200,7 @@ class Node(Base):
     weight_map: WeightMap | None = None
     # seeded random weights are allowed when no weights are given (the preset says `random_weights: true`)
     random_weights: bool = False
-    # the runtime executor that runs the node: a registry name (runtime/executors/__init__.py),
+    # the runtime executor that runs the node: a registry name (runtime/worker/executors/__init__.py),
     # the kind's default from the catalogue unless the graph's `executor:` names another
     executor: str = ""
     # a streaming consumer's first Run waits for this many chunks (catalogue `first_run_chunks`)

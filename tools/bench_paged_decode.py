@@ -8,7 +8,7 @@ LM head) and differ only in the KV cache and attention: the paged path is the ru
 `DecoderLM.forward` over a `PagedKVCache` with block tables rebuilt every step by the
 `KVBlockManager` (as a worker does); the dense path keeps one contiguous
 (B, kv_heads, max_len, head_dim) tensor per layer and calls SDPA on its prefix. On CUDA a
-third path replays the paged decode step as a CUDA graph (`runtime.cuda_graphs.DecodeGraphs`,
+third path replays the paged decode step as a CUDA graph (`runtime.model_executor.compiled.DecodeGraphs`,
 captured for the batch size), reading the sampled tokens back to the host every step as
 a worker does. Each batch prefills a prompt (untimed), then times `--repeats` segments
 of `--steps` greedy decode steps per path, alternating paths; the figure is the median
@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.components import component_class
-from runtime.cuda_graphs import DecodeGraphs
-from runtime.kv import KVBlockManager
-from runtime.layers import DecoderLM
+from runtime.model_executor.components import component_class
+from runtime.model_executor.compiled import DecodeGraphs
+from runtime.model_executor.kv import KVBlockManager
+from runtime.model_executor.layers import DecoderLM
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

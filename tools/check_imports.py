@@ -1,7 +1,12 @@
-"""Import circles among the project's modules: every import statement counts (top-level, inside functions,
-under TYPE_CHECKING), so a circle here is one in the layering, whether or not Python trips on it.
+"""The direction of the project's imports: no circles, and no layer importing one above it.
 
-    python tools/import_cycles.py [PACKAGE ...]      # default: runtime mstar_compiler; exit 1 if any circle
+Every import statement counts (top-level, inside functions, under TYPE_CHECKING), so a circle or an upward
+arrow here is one in the layering, whether or not Python trips on it.
+
+    python tools/check_imports.py        # exit 1 on any circle or upward import, each named
+
+LAYERS lists the layers top to bottom: a module imports its own layer and those below (docs/architecture.md
+draws them). Model families are plugins beside the layers; the launchers stand outside them.
 """
 from __future__ import annotations
 
@@ -10,6 +15,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("runtime", "mstar_compiler")
+LAYERS = (
+    ("entrypoints", ("runtime.entrypoints",)),             # mstar-run, the HTTP server, weights commands
+    ("conductor", ("runtime.conductor",)),                 # requests, scheduling, KV accounting, stream ledger
+    ("ranks", ("runtime.ranks",)),                         # starting, joining and watching ranks; Ray
+    ("worker", ("runtime.worker",)),                       # a rank's process: its loop, node executors, loading
+    ("transport", ("runtime.transport", "runtime.streams")),   # messages, sockets, keys; stream chunk policies
+    ("model execution", ("runtime.model_executor", "runtime.text", "runtime.progress")),
+    ("compiler", ("mstar_compiler",)),                     # the plan's types, shared by every layer
+)
+FAMILIES = "runtime.models"     # plugins: may import any layer, and no layer imports them (only by name)
+LAUNCHERS = "runtime.launch"    # subprocess launchers for tests and tools: import the compiler only
 
 
 def modules(packages: list[str]) -> dict[str, Path]:
@@ -82,8 +99,35 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def layer(name: str) -> int | None:
+    """Index in LAYERS (0 = top); None for the root package, families and launchers."""
+    return next((i for i, (_, prefixes) in enumerate(LAYERS) if any(_within(name, p) for p in prefixes)), None)
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that points up a layer, into a family, or out of the launchers; and modules in no layer."""
+    found = []
+    for name, targets in sorted(graph.items()):
+        mine = layer(name)
+        if mine is None and name not in PACKAGES and not _within(name, FAMILIES) and not _within(name, LAUNCHERS):
+            found.append(f"{name}: in no layer (add its package to LAYERS)")
+        for target in sorted(targets):
+            theirs = layer(target)
+            if _within(target, FAMILIES) and not _within(name, FAMILIES):
+                found.append(f"{name} -> {target}: a family is a plugin, found by name (its registry)")
+            elif _within(name, LAUNCHERS) and not _within(target, "mstar_compiler") and not _within(target, LAUNCHERS):
+                found.append(f"{name} -> {target}: the launchers start mstar as a process, importing none of it")
+            elif mine is not None and theirs is not None and theirs < mine:
+                found.append(f"{name} -> {target}: {LAYERS[mine][0]} imports {LAYERS[theirs][0]}, a layer above it")
+    return found
+
+
 def main(argv: list[str]) -> int:
-    known = modules(argv or ["runtime", "mstar_compiler"])
+    known = modules(list(PACKAGES))
     graph = {name: imported(name, path, known) for name, path in known.items()}
     found = circles(graph)
     for component in found:
@@ -91,8 +135,12 @@ def main(argv: list[str]) -> int:
         print(f"circle of {len(component)} modules:")
         for name in component:
             print(f"  {name} -> {', '.join(sorted(graph[name] & members))}")
-    print(f"{len(known)} modules, {sum(map(len, graph.values()))} imports, {len(found)} circles")
-    return 1 if found else 0
+    wrong = upward(graph)
+    for line in wrong:
+        print(line)
+    print(f"{len(known)} modules, {sum(map(len, graph.values()))} imports: {len(found)} circles, "
+          f"{len(wrong)} imports against the layers")
+    return 1 if found or wrong else 0
 
 
 if __name__ == "__main__":

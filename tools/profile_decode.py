@@ -11,11 +11,11 @@ then `--steps` decode steps are profiled, each inside `record_function` ranges p
 the model's modules: linears (the q/k/v, o, gate/up and down projections), the LM head,
 attention (the backend's paged attend and the KV cache write), RoPE and RMSNorms, and
 sampling. "other" is the rest of the step (embedding, the SiLU*up product, residual adds,
-batch metadata, Python). With the fused CPU kernels (runtime/kernels/cpu.py, the default on
+batch metadata, Python). With the fused CPU kernels (runtime/model_executor/kernels/cpu.py, the default on
 CPU) the residual adds count in RoPE/norms (each fused into the norm after it) and so does the
 KV write (fused into RoPE); MSTAR_CPU_KERNELS=torch profiles the torch ops instead. The layers run
 their kernels one by one from Python here, each call in its range: served, a model the layer stack
-takes (runtime/layers/cpu_stack.py) makes the same calls from one C++ call, without most of "other";
+takes (runtime/model_executor/layers/cpu_stack.py) makes the same calls from one C++ call, without most of "other";
 a last line gives both paths' decode step times, not profiled (alternated, medians of 3 rounds).
 Printed: ms per step and share of the step, per category.
 """
@@ -37,7 +37,7 @@ worker_waits(os.environ)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
-from runtime.sampling import SamplingParams  # noqa: E402
+from runtime.model_executor.sampling import SamplingParams  # noqa: E402
 from runtime.transport.request_params import RequestParams  # noqa: E402
 from bench import profile_table  # noqa: E402
 
@@ -50,7 +50,7 @@ def load_executor(graph: Path, preset: str | None) -> Any:
     sys.path.insert(0, str(ROOT))
     from mstar_compiler.ir import Options
     from mstar_compiler.pipeline import compile_file
-    from runtime.executors import executor_for
+    from runtime.worker.executors import executor_for
     from runtime.worker.loader import load_rank
     plan = compile_file(str(graph), Options(preset=preset)).plan
     name = next(n.name for n in plan.nodes if n.has_kv_cache)
@@ -74,8 +74,8 @@ def _scoped(fn: Callable, name: str) -> Callable:
 
 def instrument(ex: Any) -> None:
     """Put each category's record_function range on the modules and calls that belong to it."""
-    import runtime.layers.attention as attention_layer
-    from runtime.kernels import cpu as cpu_kernels
+    import runtime.model_executor.layers.attention as attention_layer
+    from runtime.model_executor.kernels import cpu as cpu_kernels
     model = ex.model
     model.cpu_stack = False       # the layers' kernels one by one, each in its range (not one C++ call)
     scoped: list[str] = []        # a range inside another of its category would count twice
@@ -88,7 +88,7 @@ def instrument(ex: Any) -> None:
         _scope_module(module, category)
         scoped.append(name)
     attention_layer.rotate = _scoped(attention_layer.rotate, "rope_norms")
-    for name in ("rms_norm", "add_rms_norm", "rope_cache"):     # the fused CPU kernels (runtime/kernels/cpu.py)
+    for name in ("rms_norm", "add_rms_norm", "rope_cache"):     # the fused CPU kernels (runtime/model_executor/kernels/cpu.py)
         setattr(cpu_kernels, name, _scoped(getattr(cpu_kernels, name), "rope_norms"))
     model.rotary_emb.cos_sin = _scoped(model.rotary_emb.cos_sin, "rope_norms")
     backend = model.attention_backend(ex.device)
@@ -136,7 +136,7 @@ def profile_steps(ex: Any, batch: int, context: int, steps: int) -> dict[str, fl
 
 
 def stack_vs_per_layer(ex: Any, batch: int, context: int, steps: int, rounds: int = 3) -> dict[str, float]:
-    """ms per decode step, not profiled, with the layers in one C++ call (runtime/layers/cpu_stack.py; what a
+    """ms per decode step, not profiled, with the layers in one C++ call (runtime/model_executor/layers/cpu_stack.py; what a
     worker runs) and one kernel call at a time from Python (what the profile times): the medians of `rounds`
     alternated rounds of `steps` steps. Call before `instrument`, whose ranges would slow the second."""
     import statistics
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         print("not profiled, the layers' kernels one by one from Python (as above) vs in one C++ call (served): "
               + "; ".join(f"batch {b} {t['per-layer']:.1f} vs {t['stack']:.1f} ms" for b, t in unprofiled.items()))
     else:
-        print("the layer stack does not take this model (runtime/layers/cpu_stack.py): served as profiled")
+        print("the layer stack does not take this model (runtime/model_executor/layers/cpu_stack.py): served as profiled")
     return 0
 
 

@@ -1,7 +1,7 @@
 """The component catalogue: what the compiler knows about each component kind.
 
 Torch-free on purpose: `mstarc compile` and `mstarc lint` read this module and never
-import torch. The runtime's registry (`runtime.components`) implements the same kinds;
+import torch. The runtime's registry (`runtime.model_executor.components`) implements the same kinds;
 `tests/runtime/test_registry_matches_catalogue.py` checks that the two cannot drift
 (ports, flags, and parameter counts of the tiny presets against real modules).
 

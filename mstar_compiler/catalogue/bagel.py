@@ -1,6 +1,6 @@
 """Catalogue family `bagel`: the components of BAGEL-7B-MoT (torch-free).
 
-Five kinds, implemented in `runtime/components/<kind>.py`:
+Five kinds, implemented in `runtime/model_executor/components/<kind>.py`:
   * `siglip_vit`   — SigLIP vision tower + BAGEL's connector MLP and 2-D position
                      embedding: an image becomes LLM-width embeddings;
   * `vae_encoder`  — FLUX VAE encoder: an image becomes a 16-channel latent;

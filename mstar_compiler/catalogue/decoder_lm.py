@@ -4,8 +4,8 @@ Torch-free. Dims use the key names of the HF `config.json` files (hidden_size,
 num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, intermediate_size,
 vocab_size, rope_theta, rope_scaling, rms_norm_eps, tie_word_embeddings, attention_bias,
 num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, ...).
-`num_params` mirrors `runtime.layers.decoder.DecoderLM` exactly; `runtime` implements the
-kinds in `runtime/components/<kind>.py`.
+`num_params` mirrors `runtime.model_executor.layers.decoder.DecoderLM` exactly; `runtime` implements the
+kinds in `runtime/model_executor/components/<kind>.py`.
 
 Family differences (what the runtime and the counts below agree on):
   * llama_lm:     `attention_bias` puts a bias on q, k, v and o; `mlp_bias` on the MLP.
@@ -196,7 +196,7 @@ def _spec(kind: str) -> KindSpec:
         has_kv_cache=True,
         can_batch=True,
         # sparse-MoE routing reads the per-expert token counts back to the host to size each
-        # expert's GEMM (runtime/layers/moe.py): a CUDA graph cannot capture that, so MoE kinds run eagerly
+        # expert's GEMM (runtime/model_executor/layers/moe.py): a CUDA graph cannot capture that, so MoE kinds run eagerly
         is_capture_safe=not _FAMILIES[kind][2],
         kv_bytes_per_token=kv_bytes_per_token,
         tp_divides=("num_attention_heads", "num_key_value_heads"),

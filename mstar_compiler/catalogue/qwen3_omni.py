@@ -1,6 +1,6 @@
 """Catalogue entries of Qwen3-Omni's own components (the thinker is `qwen3_moe_lm`).
 
-Five kinds, each implemented in `runtime/components/<kind>.py`:
+Five kinds, each implemented in `runtime/model_executor/components/<kind>.py`:
 
   qwen3_omni_audio_encoder   16 kHz waveform -> log-mel -> AuT encoder -> thinker-width hidden states
   qwen3_omni_vision_encoder  image -> patches -> ViT (+ DeepStack taps) -> thinker-width hidden states

@@ -5,7 +5,7 @@
 `submit()` / `abort()` / `end_early()` are the server's entry points; requests report
 back through their `events` queue. Workers are watched: a dead rank fails the requests
 that had state on it within a heartbeat timeout, and local ranks are restarted; a remote
-rank that speaks again after being given up is asked to rejoin (runtime/conductor/joining.py).
+rank that speaks again after being given up is asked to rejoin (runtime/ranks/joining.py).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from mstar_compiler.plan import DONE, Plan
-from runtime.conductor.joining import Joining
+from runtime.ranks.joining import Joining
 from runtime.conductor.kv_ledger import KVLedger
 from runtime.conductor.live_state import LiveState
 from runtime.conductor.plan_index import PlanIndex
@@ -30,10 +30,10 @@ from runtime.conductor.request import Request, RequestState
 from runtime.conductor.running import RunningSet
 from runtime.conductor.batch import PlannedBatch
 from runtime.conductor.scheduler import Scheduler, SchedulerConfig
-from runtime.conductor.start_watch import StartFailed, StartWatch
+from runtime.ranks.start_watch import StartFailed, StartWatch
 from runtime.conductor.streams import StreamLedger
-from runtime.conductor.workers import RankLauncher, WorkerSet
-from runtime.weights.sources import WeightOptions
+from runtime.ranks.workers import RankLauncher, WorkerSet
+from runtime.model_executor.weights.sources import WeightOptions
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, ItemResult, KVUsage, MoveKV, OpenRequest, PeerUnreachable,
     Peers, Ready, RunBatch, Shutdown, StreamItems,
@@ -59,7 +59,7 @@ class ConductorConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     prefix_cache: bool = True                 # reuse cached KV blocks of equal prompt prefixes across requests
     max_queue: int = 1024                     # requests waiting for admission; more are refused (QueueFull)
-    launcher: RankLauncher | None = None      # starts the local ranks elsewhere (runtime/cluster); None: subprocesses
+    launcher: RankLauncher | None = None      # starts the local ranks elsewhere (runtime/ranks/ray); None: subprocesses
 
 
 class QueueFull(RuntimeError):

@@ -17,7 +17,7 @@ computing on the wrong blocks. Placeholder ids (`NodeInfo.kv_prefix_stop_ids`) s
 in the mirror as in the worker.
 
 A pool whose worker decides reuse itself (BAGEL: rows named by digests of the encoders' output,
-the Qwen3-Omni thinker: media rows named by their embeds; runtime/kv/prefix_cache.py) is a
+the Qwen3-Omni thinker: media rows named by their embeds; runtime/model_executor/kv/prefix_cache.py) is a
 `ReportedPoolLedger`: the conductor cannot know beforehand which blocks its worker will share,
 so it counts what the worker reports. Each BatchDone (and a `KVUsage` after a close) carries
 the blocks the worker's cache holds right then (`NodeInfo.kv_reported` names the node that
@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from runtime.kv import KVBlockManager, PrefixStats
+from runtime.model_executor.kv import KVBlockManager, PrefixStats
 from runtime.transport.messages import NodeInfo, PrefixCounts
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 The conductor's step pays only `observe_batch` (a few dict updates per finished batch);
 everything else is read from the conductor's own tables when a snapshot is built, which
 the server does at most a few times per second however many clients watch
-(runtime/server/state_feed.py). Rates (batches/s, busy share) are over the time since the
+(runtime/entrypoints/http/state_feed.py). Rates (batches/s, busy share) are over the time since the
 previous snapshot.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`OutputQueue`: a request's output events, from the conductor to the one handler streaming them.
 
 The conductor puts one event per request per step (runtime/conductor/request.py); the server's
-handler for that request awaits them in order (runtime/server: chat, tasks, speech...). That is
+handler for that request awaits them in order (runtime/entrypoints/http: chat, tasks, speech...). That is
 one producer and one consumer on one event loop, so this is a deque and at most one waiting
 future: `put_nowait` is an append and, when the handler waits, one `set_result` — a few
 bytecodes where `asyncio.Queue`'s (built for many producers, many consumers and a bound) are

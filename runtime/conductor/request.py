@@ -80,7 +80,7 @@ class Request:
 
     request_id: int
     task: str
-    params: RequestParams                  # resolved once by the server (runtime/server/params.py)
+    params: RequestParams                  # resolved once by the server (runtime/entrypoints/http/params.py)
     input_items: list[tuple[str, Any]]     # the request's inputs in order: (dtype, value); text is tokenised
     tracks: list[TrackCursor]
     stop_token_ids: frozenset[int] = frozenset()

@@ -43,7 +43,7 @@ class Cluster:
         self.url = f"http://{net.address(0)}:{port}"
         self.conductor = f"tcp://{net.address(0)}:{port + 1}"
         remote = ",".join(str(r) for r in sorted(hosts))
-        self.server = net.popen(0, [sys.executable, "-m", "runtime.cli", plan, "--host", net.address(0),
+        self.server = net.popen(0, [sys.executable, "-m", "runtime.entrypoints.cli", plan, "--host", net.address(0),
                                     "--port", str(port), "--worker-endpoint", self.conductor,
                                     "--remote-ranks", remote, "--keys", str(keys), "--log-level", "warning", *extra],
                                 cwd=REPO, env=ENV, stderr=None if log is None else log.open("w"))
@@ -55,7 +55,7 @@ class Cluster:
         it finds its own address: the route to the conductor."""
         self.flags[rank] = flags
         return self.net.popen(self.hosts[rank], [
-            sys.executable, "-m", "runtime.cli", "worker", "--conductor", self.conductor, "--rank", str(rank),
+            sys.executable, "-m", "runtime.entrypoints.cli", "worker", "--conductor", self.conductor, "--rank", str(rank),
             "--key", str(self.keys / f"rank-{rank}.json"), "--threads", "1", "--log-level", "warning",
             *flags, self.plan],
             cwd=REPO, env=ENV)
@@ -110,6 +110,6 @@ class Cluster:
 def keygen(tmp: Path, num_ranks: int) -> Path:
     """`mstar-run keygen` of `num_ranks` CURVE key pairs into tmp/keys; that folder."""
     out = tmp / "keys"
-    subprocess.run([sys.executable, "-m", "runtime.cli", "keygen", "--ranks", str(num_ranks), "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", "keygen", "--ranks", str(num_ranks), "--out", str(out)],
                    check=True, cwd=REPO, env=ENV, capture_output=True)
     return out

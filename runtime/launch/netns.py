@@ -1,7 +1,7 @@
 """Several hosts on one machine: Linux network namespaces joined by veth pairs to one bridge.
 
     with Network(3) as net:                  # tests: the `network` fixture / `make_network(n)` of tests/netns.py
-        srv = net.popen(0, [sys.executable, "-m", "runtime.cli", ...])   # runs inside host 0
+        srv = net.popen(0, [sys.executable, "-m", "runtime.entrypoints.cli", ...])   # runs inside host 0
         net.address(0)                       # "10.201.0.1"
         rx, tx = net.counters(1)             # bytes host 1's eth0 received and sent
         net.cut(1); net.restore(1)           # unplug / plug host 1's cable

@@ -59,7 +59,7 @@ class Server:
         os.close(fd)
         os.unlink(self._port_file)      # it appears once the server listens
         self._port: int | None = None
-        self.proc = subprocess.Popen([*(command or [sys.executable, "-m", "runtime.cli"]), plan, "--port", "0",
+        self.proc = subprocess.Popen([*(command or [sys.executable, "-m", "runtime.entrypoints.cli"]), plan, "--port", "0",
                                       "--port-file", self._port_file, "--log-level", "warning", *extra],
                                      cwd=cwd, env={**os.environ, **(env or {})})
 

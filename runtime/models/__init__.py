@@ -8,8 +8,8 @@
 
 A family folder is named after its catalogue module (`mstar_compiler/catalogue/<family>.py`,
 which stays torch-free): each kind is implemented in `<family>/<kind>.py` (registered with
-`runtime.components.register`), and the family's executors in `<family>/executors.py`
-(registered by name with `runtime.executors.register_executor`). The generic runtime
+`runtime.model_executor.components.register`), and the family's executors in `<family>/executors.py`
+(registered by name with `runtime.worker.executors.register_executor`). The generic runtime
 (conductor, worker, server core) names no family and no kind: it reads the plan, whose
 nodes carry their kind and the name of their executor.
 """

@@ -20,7 +20,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from runtime.text.chat_template import ChatTemplate
 from runtime.text.tokenizer import TextTokenizer
-from runtime.weights.gguf_loader import GGUFCheckpoint, open_gguf
+from runtime.model_executor.weights.gguf_loader import GGUFCheckpoint, open_gguf
 
 _CONTROL, _USER_DEFINED = 3, 4
 # llama.cpp pre-tokenizer names whose rule is "each digit alone, then the GPT-2 regex"

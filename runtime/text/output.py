@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from runtime.sampling.params import SamplingParams
-from runtime.sampling.stop import StopStringMatcher, stop_token_ids
+from runtime.model_executor.sampling.params import SamplingParams
+from runtime.model_executor.sampling.stop import StopStringMatcher, stop_token_ids
 from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.text.tokenizer import TextTokenizer
 

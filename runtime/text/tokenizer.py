@@ -4,7 +4,7 @@ Loaded once per LM node (runtime.text.loading.load_tokenizer), from
   * an HF checkpoint directory: `tokenizer.json` (the `tokenizers` package runs it),
     `tokenizer_config.json` (special tokens, `chat_template`),
     `chat_template.jinja` if present, `generation_config.json` (extra EOS ids);
-  * a GGUF file, a directory with one, or `gguf:<package>` (see runtime.weights.gguf_loader):
+  * a GGUF file, a directory with one, or `gguf:<package>` (see runtime.model_executor.weights.gguf_loader):
     the vocabulary, merges, special ids and chat template in its metadata
     (`runtime.text.gguf_tokenizer`).
 """

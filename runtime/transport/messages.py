@@ -77,7 +77,7 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     kv_prefix_stop_ids: list[int] = []  # placeholder ids: a prompt holding one is not cached from it on
     prefill_chunks: bool = False  # its executor takes a prompt in chunks (`WorkItem.partial`)
     compiled_buckets: list[int] = []  # batch buckets of its inductor-compiled CPU decode steps ([]: eager)
-    cpu_kernels: str = ""   # a decoder LM on CPU: "fused" (runtime/kernels/cpu.py) or why its layers run torch ops
+    cpu_kernels: str = ""   # a decoder LM on CPU: "fused" (runtime/model_executor/kernels/cpu.py) or why its layers run torch ops
     kv_reported: str = ""   # the node whose reports count the cache this node's KV lives in, when the
                             # worker decides reuse itself ("": the conductor counts the pool; kv_ledger.py)
 

@@ -1,6 +1,6 @@
 """`RequestParams`: one request's params as one typed value, resolved once by the server.
 
-The server builds it (runtime/server/params.py: the body's fields checked against the plan's
+The server builds it (runtime/entrypoints/http/params.py: the body's fields checked against the plan's
 declarations, defaults taken from the graph file only) and hands it to the conductor, which
 reads its loop counts from it and sends it once to every rank of the request in
 `OpenRequest`; executors read the typed fields. It travels as msgpack (msgspec), never pickle.
@@ -15,13 +15,13 @@ from typing import Union
 
 import msgspec
 
-from runtime.sampling.params import SamplingParams
+from runtime.model_executor.sampling.params import SamplingParams
 
 Scalar = Union[int, float, str, bool]
 
 
 class RequestParams(msgspec.Struct, frozen=True, omit_defaults=True):
-    """A request's resolved params (built by `runtime.server.params.resolve_params`)."""
+    """A request's resolved params (built by `runtime.entrypoints.http.params.resolve_params`)."""
 
     # every param the graph declares -> the request's value (checked against the declaration's type,
     # bounds and choices) or the declaration's default; a plan's `$name` (loop counts, node args) reads it

@@ -3,7 +3,7 @@
     mstar-run worker --conductor tcp://HOST:PORT --rank R --key rank-R.json plan.bin [--weights ROOT ...]
                      [--host BIND] [--advertise ADDRESS] [--threads N]
 
-`runtime/cli.py` hands it the arguments after `worker`; a Ray actor (runtime/cluster/rank_actor.py)
+`runtime/entrypoints/cli.py` hands it the arguments after `worker`; a Ray actor (runtime/ranks/ray/rank_actor.py)
 calls `worker_main` in its own process. The `--weights` flags are shared with the server's command line.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from mstar_compiler.plan import PlanFormatError
 
 if TYPE_CHECKING:
-    from runtime.weights.sources import WeightOptions
+    from runtime.model_executor.weights.sources import WeightOptions
 
 
 def worker_parser() -> argparse.ArgumentParser:
@@ -51,7 +51,7 @@ def weight_args(p: argparse.ArgumentParser) -> None:
 
 
 def weight_options(args: argparse.Namespace) -> WeightOptions:
-    from runtime.weights.sources import WeightOptions   # torch: not before the worker's OpenMP settings
+    from runtime.model_executor.weights.sources import WeightOptions   # torch: not before the worker's OpenMP settings
     return WeightOptions(tuple(args.weights), args.random_weights)
 
 
@@ -67,7 +67,7 @@ def worker_main(argv: list[str]) -> int:
     from runtime.worker.openmp import worker_waits
     worker_waits(os.environ)      # before torch loads: idle OpenMP threads spin briefly, then sleep
     from runtime.transport.addresses import NoRouteError
-    from runtime.weights import WEIGHT_ERRORS
+    from runtime.model_executor.weights import WEIGHT_ERRORS
     from runtime.worker.worker import run_worker
     if args.threads:
         import torch

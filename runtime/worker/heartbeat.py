@@ -10,10 +10,10 @@ import zmq
 
 from runtime.transport.messages import Heartbeat, encode
 from runtime.transport.queues import WorkerQueue
-from runtime.worker import progress
+from runtime import progress
 
 if TYPE_CHECKING:
-    from runtime.executors import Executor
+    from runtime.worker.executors import Executor
     from runtime.transport.keys import ClusterKeys, ThreadGuard
     from runtime.worker.openmp import ThreadGovernor
     from runtime.worker.streams import WorkerStreams

@@ -2,7 +2,7 @@
 
 Nodes with the same `weight_key` (`same_as` in YAML) on one rank share one module; each
 still gets its own executor, hence its own KV cache. Where a node's weights come from is
-`runtime.weights.sources.resolve`: a published repository through the graph's mapping
+`runtime.model_executor.weights.sources.resolve`: a published repository through the graph's mapping
 (`--weights ROOT`, ROOT/<repository name>), a path, or seeded random weights when the preset
 or `--random-weights` asks for them — never silently; the source is reported back per node.
 
@@ -21,15 +21,15 @@ from typing import Any, Mapping
 import torch
 
 from mstar_compiler.plan import Node, Plan
-from runtime.components import component_class
-from runtime.parallel import SINGLE, TensorParallelGroup, init_tensor_parallel, pack_linears
-from runtime.kernels import cpu as cpu_kernels
-from runtime.layers import DecoderLM
-from runtime.parallel.cpu_linear import bf16_gemm_note
-from runtime.weights.published import WeightMismatch, check_published, load_published
-from runtime.weights.slots import Slot, checkpoint_follows, module_slots
-from runtime.weights.sources import NodeWeights, WeightOptions, resolve
-from runtime.worker import progress
+from runtime.model_executor.components import component_class
+from runtime.model_executor.parallel import SINGLE, TensorParallelGroup, init_tensor_parallel, pack_linears
+from runtime.model_executor.kernels import cpu as cpu_kernels
+from runtime.model_executor.layers import DecoderLM
+from runtime.model_executor.parallel.cpu_linear import bf16_gemm_note
+from runtime.model_executor.weights.published import WeightMismatch, check_published, load_published
+from runtime.model_executor.weights.slots import Slot, checkpoint_follows, module_slots
+from runtime.model_executor.weights.sources import NodeWeights, WeightOptions, resolve
+from runtime import progress
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def gguf_as_safetensors(ref: str) -> str:
     """
     from safetensors.torch import save_file
 
-    from runtime.weights.gguf_loader import open_gguf, resolve_gguf
+    from runtime.model_executor.weights.gguf_loader import open_gguf, resolve_gguf
     path = resolve_gguf(ref)
     stat = path.stat()
     cache = Path(os.environ.get("MSTAR_CACHE", Path.home() / ".cache" / "mstar"))
@@ -156,7 +156,7 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
 
 
 def cpu_kernels_note(module: torch.nn.Module) -> str:
-    """For a decoder LM on CPU: "fused", or why its layers run torch ops (runtime/kernels/cpu.py); else ""."""
+    """For a decoder LM on CPU: "fused", or why its layers run torch ops (runtime/model_executor/kernels/cpu.py); else ""."""
     on_cpu = next((p.device.type == "cpu" for p in module.parameters()), False)
     return cpu_kernels.describe() if on_cpu and isinstance(module, DecoderLM) else ""
 

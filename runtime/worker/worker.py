@@ -33,7 +33,7 @@ import torch
 import zmq
 
 from mstar_compiler.plan import load_plan
-from runtime.executors import ExecResult, Executor, executor_for
+from runtime.worker.executors import ExecResult, Executor, executor_for
 from runtime.transport.addresses import free_port, pin_collectives_to, probe, worker_addresses
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, EdgeTensors, Hello, ItemResult, KVState, KVUsage, MoveKV,
@@ -45,7 +45,7 @@ from runtime.transport.log_rate import is_worth_logging
 from runtime.transport.queues import (
     EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, PeerUnreachableError, WorkerQueue,
 )
-from runtime.weights.sources import WeightOptions
+from runtime.model_executor.weights.sources import WeightOptions
 from runtime.worker.heartbeat import start_heartbeat
 from runtime.worker.loader import cpu_kernels_note, load_rank, tensor_parallel_group
 from runtime.worker.opened import OpenedRequests

@@ -41,9 +41,9 @@ def test_gemm_rate_is_flops_over_the_median_time(monkeypatch) -> None:
 
 def test_step_gemms_are_every_packed_linear_and_the_lm_head_in_model_order() -> None:
     from mstar_compiler.catalogue import load_catalogue
-    from runtime.components import component_class
-    from runtime.parallel import pack_linears
-    from runtime.parallel.cpu_linear import onednn_available
+    from runtime.model_executor.components import component_class
+    from runtime.model_executor.parallel import pack_linears
+    from runtime.model_executor.parallel.cpu_linear import onednn_available
     if not onednn_available():
         import pytest
         pytest.skip("oneDNN's packed linear is not available in this torch build")

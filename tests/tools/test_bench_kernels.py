@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench.suite_linear import Decoder
-from runtime.kernels import cpu as cpu_kernels
-from runtime.parallel.cpu_linear import gemm_kernel, onednn_available
+from runtime.model_executor.kernels import cpu as cpu_kernels
+from runtime.model_executor.parallel.cpu_linear import gemm_kernel, onednn_available
 from tests.runtime.serving.conftest import compile_plan
 
 
@@ -22,7 +22,7 @@ def test_the_sides_run_the_kernels_and_gemms_they_name(tmp_path, monkeypatch) ->
             calls["n"] += 1
             return fused(*args, **kwargs)
         return counted
-    # the fused kernels one by one, or all of a forward's in one call (runtime/layers/cpu_stack.py)
+    # the fused kernels one by one, or all of a forward's in one call (runtime/model_executor/layers/cpu_stack.py)
     for name in ("add_rms_norm", "decoder_stack"):
         monkeypatch.setattr(cpu_kernels, name, counting(getattr(cpu_kernels, name)))
     seen = {}

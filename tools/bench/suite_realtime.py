@@ -29,7 +29,7 @@ from bench.results import Row, Side
 from bench.servers import mstar_run
 from bench.stats import LOWER
 from bench.suite_chat import compile_plan
-from runtime.server.audio_io import wav
+from runtime.entrypoints.http.audio_io import wav
 
 PCM_RATE, CHUNK_S = 24000, 0.1
 SECONDS = (1.0, 6.0)

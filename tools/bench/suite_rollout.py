@@ -29,7 +29,7 @@ def _build(preset: str, image_size: int | None):
     try:
         import torch
         from mstar_compiler.catalogue import load_catalogue
-        from runtime.components import component_class
+        from runtime.model_executor.components import component_class
         from runtime.models.vjepa2.rollout import cached_rollout, native_rollout
     except ImportError as exc:
         raise Needs(f"the V-JEPA 2-AC predictor (runtime/models/vjepa2/rollout.py): {exc}") from exc

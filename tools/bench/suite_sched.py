@@ -5,7 +5,7 @@ This is a plain measurement (no baseline peer exists): the figure is how many mi
 one `Conductor.step()` takes as the number of live requests grows, the number that bounds
 how small a model mstar can serve without the scheduler dominating.
 
-The conductor runs the tiny smollm2 plan against `runtime.worker.null.NullWorkers`, which
+The conductor runs the tiny smollm2 plan against `runtime.conductor.null_workers.NullWorkers`, which
 answer every RunBatch at once with one token through the real transport messages, so the
 requests stay alive (long decode loops) and each timed `step()` is schedule + dispatch +
 apply. The steps are timed from outside, around `await step()`, on two clocks: wall time
@@ -54,9 +54,9 @@ class NullConductor:
             from mstar_compiler.pipeline import compile_file
             from runtime.conductor.conductor import Conductor, ConductorConfig
             from runtime.conductor.scheduler import SchedulerConfig
-            from runtime.worker.null import NullWorkers
+            from runtime.conductor.null_workers import NullWorkers
         except ImportError as exc:
-            raise Needs(f"the conductor and its null worker (runtime/worker/null.py): {exc}") from exc
+            raise Needs(f"the conductor and its null worker (runtime/conductor/null_workers.py): {exc}") from exc
         plan = compile_file(str(ctx.root / "graphs/smollm2.yaml"), Options(preset="tiny")).plan
         config = ConductorConfig(plan_path="null", scheduler=SchedulerConfig(max_running=max(live, 256)))
         self.loop = asyncio.new_event_loop()

@@ -25,7 +25,7 @@ from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.stats import HIGHER
 from bench.suite_chat import jobs, mstar_plan, mstar_server
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 
 BATCH_SIZES = (1, 16)

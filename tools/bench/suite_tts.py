@@ -26,7 +26,7 @@ from bench.stats import LOWER
 from bench.suite_chat import compile_plan
 from bench.tts_served import (OMNI_CONCURRENCY, OMNI_FRAMES, ORPHEUS_STREAMS, QUICK_OMNI_FRAMES, omni_rows,
                               orpheus_rows)
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 
 STREAMS = ORPHEUS_STREAMS          # the in-process rows take the served cases
@@ -44,7 +44,7 @@ class _Orpheus:
             import torch
             from mstar_compiler.catalogue import load_catalogue
             from mstar_compiler.plan import load_plan
-            from runtime.components import component_class
+            from runtime.model_executor.components import component_class
             from runtime.models.decoder_lm.executors import DecoderLMExecutor
             from runtime.streams import Sliding, StreamBuffer
             from runtime.transport.messages import WorkItem

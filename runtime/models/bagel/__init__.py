@@ -14,7 +14,7 @@ Components, one call per batch (lists are per request, in batch order)
         H, W multiples of 16: resize_for(image, VAE_RESIZE) then pil_to_tensor.
   vae_decoder(latents: list[(16, h, w)])       -> list[(3, 8h, 8w)]   -> image_io.png_bytes
   bagel_mot_lm(segments: list[Segment], kv_cache: PagedKVCache) -> MoTOutput
-        outputs[i]: DECODE -> (vocab,) fp32 logits (sampled by runtime.sampling);
+        outputs[i]: DECODE -> (vocab,) fp32 logits (sampled by runtime.model_executor.sampling);
                     GEN -> (16, h, w) velocity; TEXT / VIT / VAE -> None (KV written).
         states[i]:  (context_len, rope) of segment i's KV sequence after the call.
   cfg_combine(requests: list[CfgRequest])      -> list[(16, h, w)] next latents

@@ -26,18 +26,18 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from runtime.attention import AttentionShape, select_backend
+from runtime.model_executor.attention import AttentionShape, select_backend
 from runtime.models.bagel.embeddings import PositionEmbedding, TimestepEmbedder
 from runtime.models.bagel.mot_layers import ExpertRows, MoTContext, MoTLayer
 from runtime.models.bagel.patchify import grid_position_ids, patchify, unpatchify
 from runtime.models.bagel.segments import Segment, SegmentKind, SegmentLayout, layout_segments
-from runtime.components import register
-from runtime.kv import PagedKVCache
-from runtime.layers.config import DecoderConfig, DecoderFamily
-from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding
-from runtime.parallel import SINGLE, ParallelLMHead, VocabParallelEmbedding
-from runtime.weights import Slot, iter_safetensors, load_into, random_tensors
+from runtime.model_executor.components import register
+from runtime.model_executor.kv import PagedKVCache
+from runtime.model_executor.layers.config import DecoderConfig, DecoderFamily
+from runtime.model_executor.layers.norm import RMSNorm
+from runtime.model_executor.layers.rotary import RotaryEmbedding
+from runtime.model_executor.parallel import SINGLE, ParallelLMHead, VocabParallelEmbedding
+from runtime.model_executor.weights import Slot, iter_safetensors, load_into, random_tensors
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from runtime.components import register
+from runtime.model_executor.components import register
 from runtime.models.bagel.cfg_kernel import RENORM_TYPES, Guidance, cfg_euler_step
 
 

@@ -7,7 +7,7 @@ import weakref
 import torch
 
 from mstar_compiler.plan import Node, Plan
-from runtime.executors import register_executor
+from runtime.worker.executors import register_executor
 from runtime.models.bagel.lm_executor import BagelLMEngine, BagelLMExecutor
 from runtime.models.bagel.node_executors import CfgExecutor, ImageEncoderExecutor, VaeDecoderExecutor
 

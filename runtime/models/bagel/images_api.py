@@ -29,13 +29,13 @@ from runtime.models.bagel.generation import check_image_size, max_image_side
 from runtime.models.bagel.image_io import png_bytes
 from mstar_compiler.plan import Plan
 from runtime.conductor.request import Request
-from runtime.server.errors import ApiError, event_error
-from runtime.server.multimodal import data_url_bytes, image_item
-from runtime.server.params import resolve_params
+from runtime.entrypoints.http.errors import ApiError, event_error
+from runtime.entrypoints.http.multimodal import data_url_bytes, image_item
+from runtime.entrypoints.http.params import resolve_params
 from runtime.transport.request_params import RequestParams
 
 if TYPE_CHECKING:
-    from runtime.server.context import ServerContext
+    from runtime.entrypoints.http.context import ServerContext
 
 ALIASES = {"guidance_scale": "cfg_text_scale", "guidance": "cfg_text_scale", "image_guidance_scale": "cfg_img_scale"}
 MAX_IMAGES = 10

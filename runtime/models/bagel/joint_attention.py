@@ -1,6 +1,6 @@
 """Attention of a packed BAGEL call: each segment over its cached context plus its own rows.
 
-The shared paged backends (`runtime.attention`) implement causal attention over keys
+The shared paged backends (`runtime.model_executor.attention`) implement causal attention over keys
 already written to the cache. BAGEL also needs image blocks that attend bidirectionally
 inside the block, and generation steps whose keys never enter the cache. This module
 does both for any segment: the context's keys/values are gathered from the cache blocks, the

@@ -16,7 +16,7 @@ once and the second forks the first.
 
 Across requests (`prefix_cache`, on by default): every KV row is named by its content
 (runtime/models/bagel/row_keys.py) and the cache's blocks are keyed by those rows, chained
-from the sequence's start (runtime/kv/prefix_cache.py). A TEXT, VIT or VAE segment whose rows
+from the sequence's start (runtime/model_executor/kv/prefix_cache.py). A TEXT, VIT or VAE segment whose rows
 are all cached after the same history (an earlier request's prompt, or an image it read) is
 reused whole and not computed (`KVBlockManager.extend`); a segment is never computed from its
 middle, as an image's rows attend to each other. Blocks are keyed only after the forward that
@@ -35,11 +35,11 @@ import torch
 from mstar_compiler.plan import Node, Plan
 from runtime.models.bagel.generation import Generation, GuidanceUse
 from runtime.models.bagel.segments import Segment, SegmentKind
-from runtime.executors import ExecResult, Executor, token_logprobs
+from runtime.worker.executors import ExecResult, Executor, token_logprobs
 from runtime.models.bagel.roles import cfg_consumer, segment_kinds
-from runtime.kv import KVBlockManager, PrefixCachingAllocator, PrefixStats, prefix_root
+from runtime.model_executor.kv import KVBlockManager, PrefixCachingAllocator, PrefixStats, prefix_root
 from runtime.models.bagel.row_keys import decode_rows, image_rows, text_rows
-from runtime.sampling import Sampler, SamplingState
+from runtime.model_executor.sampling import Sampler, SamplingState
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 

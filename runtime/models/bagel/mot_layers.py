@@ -16,17 +16,17 @@ from typing import Callable
 import torch
 from torch import nn
 
-from runtime.attention import AttentionBackend
+from runtime.model_executor.attention import AttentionBackend
 from runtime.models.bagel.joint_attention import attend_segments
 from runtime.models.bagel.segments import SegmentLayout
-from runtime.kv import PagedKVCache
-from runtime.layers.attention import DecoderAttention
-from runtime.layers.config import DecoderConfig
-from runtime.layers.mlp import GatedMLP
-from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding
-from runtime.parallel import SINGLE
-from runtime.weights import Slot
+from runtime.model_executor.kv import PagedKVCache
+from runtime.model_executor.layers.attention import DecoderAttention
+from runtime.model_executor.layers.config import DecoderConfig
+from runtime.model_executor.layers.mlp import GatedMLP
+from runtime.model_executor.layers.norm import RMSNorm
+from runtime.model_executor.layers.rotary import RotaryEmbedding
+from runtime.model_executor.parallel import SINGLE
+from runtime.model_executor.weights import Slot
 
 GEN = "_moe_gen"
 

@@ -19,7 +19,7 @@ from mstar_compiler.plan import Node, Plan
 from runtime.models.bagel.generation import Generation, GuidanceUse, vae_resize, vit_resize
 from runtime.models.bagel.image_io import ResizePolicy, pil_to_tensor, resize_for
 from runtime.models.bagel.cfg_combine import CfgRequest
-from runtime.executors import ExecResult, Executor
+from runtime.worker.executors import ExecResult, Executor
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 

@@ -1,4 +1,4 @@
-"""What each KV row of a BAGEL segment holds, as the prefix cache names it (runtime/kv/prefix_cache.py).
+"""What each KV row of a BAGEL segment holds, as the prefix cache names it (runtime/model_executor/kv/prefix_cache.py).
 
 A row is a self-delimiting byte string: a tag, then a fixed-size payload.
   TEXT    b"t" + first-row flag + token id (4 bytes)   [bos] + prompt ids + [eos]
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.kv.prefix_cache import tensor_digest
+from runtime.model_executor.kv.prefix_cache import tensor_digest
 from runtime.models.bagel.segments import SegmentKind
 
 

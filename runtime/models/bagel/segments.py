@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from runtime.attention import AttentionMetadata
+from runtime.model_executor.attention import AttentionMetadata
 
 
 class SegmentKind(str, Enum):

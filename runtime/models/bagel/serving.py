@@ -1,4 +1,4 @@
-"""What BAGEL adds to the server (runtime/server/families.py): OpenAI's image endpoints over its
+"""What BAGEL adds to the server (runtime/entrypoints/http/families.py): OpenAI's image endpoints over its
 t2i / i2i tasks, its resize of every input image, and the page's image panel."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from mstar_compiler.plan import Plan
 from runtime.models.bagel.generation import image_stride, max_image_side, vae_resize
 from runtime.models.bagel.image_io import resize_for
 from runtime.models.bagel.images_api import bagel_lm_dims, images_edits, images_generations
-from runtime.server.families import FamilyServing, register_family_serving
+from runtime.entrypoints.http.families import FamilyServing, register_family_serving
 
 
 def _install(app: web.Application) -> None:

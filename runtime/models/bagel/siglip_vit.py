@@ -25,7 +25,7 @@ from torch import nn
 from runtime.models.bagel.embeddings import PositionEmbedding
 from runtime.models.bagel.patchify import grid_position_ids, patchify
 from runtime.models.bagel.weights import init_weights, seeded
-from runtime.components import register
+from runtime.model_executor.components import register
 
 
 def conv_patch_weight_to_linear(weight: torch.Tensor) -> torch.Tensor:

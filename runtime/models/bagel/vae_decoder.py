@@ -15,7 +15,7 @@ from torch import nn
 
 from runtime.models.bagel.vae_blocks import MidBlock, UpBlock, group_by_shape
 from runtime.models.bagel.weights import init_weights, seeded
-from runtime.components import register
+from runtime.model_executor.components import register
 
 
 class Decoder(nn.Module):

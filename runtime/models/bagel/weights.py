@@ -5,7 +5,7 @@ Their parameters carry checkpoint names as they are (`vit_model.vision_model...`
 safetensors file or directory of exactly this module's tensors and reports every missing,
 unexpected or mis-shaped one. Which tensors of BAGEL's combined `ema.safetensors` are whose,
 and how `ae.safetensors`' FLUX names become these, is the graph's `weights:` mapping
-(`runtime.weights`), not this module's. Without weights a component draws its initial
+(`runtime.model_executor.weights`), not this module's. Without weights a component draws its initial
 parameters under `seeded(seed)`.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Iterator, Mapping
 import torch
 from torch import nn
 
-from runtime.weights import WeightLoadError, iter_safetensors
+from runtime.model_executor.weights import WeightLoadError, iter_safetensors
 
 log = logging.getLogger(__name__)
 

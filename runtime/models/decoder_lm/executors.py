@@ -1,4 +1,4 @@
-"""Runs a decoder LM node (`runtime.layers.DecoderLM` kinds) over a batch: mixed prefill/decode.
+"""Runs a decoder LM node (`runtime.model_executor.layers.DecoderLM` kinds) over a batch: mixed prefill/decode.
 
 One call packs every request's new tokens (a whole prompt, a recomputed context after
 preemption, or one decode token) into one forward over the paged KV cache, then samples
@@ -10,7 +10,7 @@ never over-commits.
 
 CUDA graphs: on a CUDA device, when the plan puts the node in a capture region,
 decode-only batches (one token per request) that fit a batch bucket replay a captured
-graph (`runtime.cuda_graphs.DecodeGraphs`); everything else — prefill, mixed batches,
+graph (`runtime.model_executor.compiled.DecodeGraphs`); everything else — prefill, mixed batches,
 batches above the largest bucket, tensor-parallel shards — runs eagerly. On CPU the same
 regions and buckets run inductor-compiled steps when the graph sets the node's
 `args: {cpu_compile: true}` (compiled at load, before the rank is ready), else eagerly.
@@ -25,7 +25,7 @@ Disaggregation: `export_kv(request_id)` hands a request's cache contents and sam
 state to the rank that runs the node next (and frees them here); `import_kv` takes them.
 
 Prefix caching (`prefix_cache=True`, the registered executor's default): full blocks are
-cached by content (runtime/kv/prefix_cache.py) and committed after the forward that wrote
+cached by content (runtime/model_executor/kv/prefix_cache.py) and committed after the forward that wrote
 them; a new request's `item.cached` leading tokens (the conductor's count, from its mirror
 of this cache) reuse cached blocks and are not computed. Off when the plan reads the node's
 hidden states (a cached token has none) unless the executor says its state outputs need no
@@ -43,12 +43,12 @@ from typing import Sequence
 import torch
 
 from mstar_compiler.plan import DynamicLoopBegin, LoopBegin, Node, Plan
-from runtime.cuda_graphs import DecodeGraphs, capture_buckets
-from runtime.cuda_graphs.cpu_compile import require_cpp_compiler
-from runtime.executors import ExecResult, Executor, register_executor, token_logprobs
-from runtime.kv import KVBlockManager, prefix_root
-from runtime.kv.prefix_cache import Row
-from runtime.sampling import Sampler, SamplingParams, SamplingState
+from runtime.model_executor.compiled import DecodeGraphs, capture_buckets
+from runtime.model_executor.compiled.cpu_compile import require_cpp_compiler
+from runtime.worker.executors import ExecResult, Executor, register_executor, token_logprobs
+from runtime.model_executor.kv import KVBlockManager, prefix_root
+from runtime.model_executor.kv.prefix_cache import Row
+from runtime.model_executor.sampling import Sampler, SamplingParams, SamplingState
 from runtime.transport.messages import KVState, WorkItem
 from runtime.transport.request_params import RequestParams
 

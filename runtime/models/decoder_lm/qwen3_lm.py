@@ -1,12 +1,12 @@
 """`qwen3_lm`: Qwen3 decoder LM, per-head RMSNorm of q and k before RoPE.
 
-The implementation is the shared `runtime.layers.DecoderLM`; see its module docstring
+The implementation is the shared `runtime.model_executor.layers.DecoderLM`; see its module docstring
 for the forward / KV cache interface.
 """
 from __future__ import annotations
 
-from runtime.components import register
-from runtime.layers import DecoderFamily, DecoderLM
+from runtime.model_executor.components import register
+from runtime.model_executor.layers import DecoderFamily, DecoderLM
 
 
 @register("qwen3_lm")

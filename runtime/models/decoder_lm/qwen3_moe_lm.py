@@ -1,12 +1,12 @@
 """`qwen3_moe_lm`: Qwen3-MoE decoder LM (Qwen3-Omni thinker), Qwen3 attention and top-k routed experts.
 
-The implementation is the shared `runtime.layers.DecoderLM`; see its module docstring
+The implementation is the shared `runtime.model_executor.layers.DecoderLM`; see its module docstring
 for the forward / KV cache interface.
 """
 from __future__ import annotations
 
-from runtime.components import register
-from runtime.layers import DecoderFamily, DecoderLM
+from runtime.model_executor.components import register
+from runtime.model_executor.layers import DecoderFamily, DecoderLM
 
 
 @register("qwen3_moe_lm")

@@ -20,9 +20,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from mstar_compiler.plan import Node, Plan
-from runtime.executors import CachelessExecutor, ExecResult, register_executor
+from runtime.worker.executors import CachelessExecutor, ExecResult, register_executor
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
-from runtime.sampling import Sampler, SamplerOutput, SamplingState
+from runtime.model_executor.sampling import Sampler, SamplerOutput, SamplingState
 from runtime.streams.chunk_policy import Chunk
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams

@@ -1,4 +1,4 @@
-"""What Orpheus adds to the server: its speech prompt and voices (runtime/server/families.py).
+"""What Orpheus adds to the server: its speech prompt and voices (runtime/entrypoints/http/families.py).
 
 The prompt is Orpheus' own `<start_of_human> "{voice}: {text}" <eot> <end_of_human>
 <start_of_ai> <start_of_speech>`; the LM's executor stops at end_of_speech itself, so the
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.server.audio_io import voice_for
-from runtime.server.errors import ApiError
-from runtime.server.families import FamilyServing, ServedModel, register_family_serving
+from runtime.entrypoints.http.audio_io import voice_for
+from runtime.entrypoints.http.errors import ApiError
+from runtime.entrypoints.http.families import FamilyServing, ServedModel, register_family_serving
 
 START_HUMAN, PROMPT_END = 128259, (128009, 128260, 128261, 128257)
 VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")

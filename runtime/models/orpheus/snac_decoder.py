@@ -22,7 +22,7 @@ from snac.layers import Decoder, NoiseBlock
 from snac.vq import ResidualVectorQuantize
 from torch import nn
 
-from runtime.components import register
+from runtime.model_executor.components import register
 from runtime.models.orpheus.codes import TOKENS_PER_FRAME, tokens_to_codes
 from runtime.models.orpheus.windows import FrameSpan, emitted_frames
 

@@ -5,7 +5,7 @@ within 100-frame chunks, positions restarting in each), so encoding each complet
 its own gives the rows the whole utterance would give there. `AudioStream` turns appended
 24 kHz pcm16 into mel frames as soon as their samples are in:
 
-  pcm16 (24 kHz) -> band-limited resample to 16 kHz (runtime/server/audio_decode.resample),
+  pcm16 (24 kHz) -> band-limited resample to 16 kHz (runtime/entrypoints/http/audio_decode.resample),
      a 16 kHz sample kept once every filter tap it reads has arrived
   -> log10 mel frames (runtime/models/qwen3_omni/mel.py's arithmetic), a frame kept once the
      STFT's 400 samples centred on it have arrived (the reflect padding only at the ends);
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from runtime.models.qwen3_omni.mel import HOP_LENGTH, N_FFT, mel_filters
-from runtime.server.audio_decode import ROLLOFF, ZERO_CROSSINGS, resample
+from runtime.entrypoints.http.audio_decode import ROLLOFF, ZERO_CROSSINGS, resample
 
 PCM_RATE = 24000           # OpenAI Realtime's pcm16 input: 16-bit little-endian mono at 24 kHz
 _HALF = N_FFT // 2         # samples each side of a frame's centre

@@ -9,7 +9,7 @@ the checkpoint's own; with seeded random weights (byte tokenizer, no template) t
 specials are the ids the talker preset names, as `runtime.models.qwen3_omni.serving.omni_prompt`
 writes them for text.
 
-An `image_url` part (a data URL, decoded by `runtime.server.multimodal.decode_image` with its
+An `image_url` part (a data URL, decoded by `runtime.entrypoints.http.multimodal.decode_image` with its
 format and pixel limits) is `<|vision_start|><|image_pad|><|vision_end|>`, a `video` part (a list
 of frame data URLs) or `video_url` part (an MP4 / WebM data URL whose frames are sampled as the
 published processor samples them, runtime/models/qwen3_omni/vision_inputs.py) the same with `<|video_pad|>`;
@@ -41,10 +41,10 @@ from runtime.conductor.request import MediaInput
 from runtime.models.qwen3_omni.mel import HOP_LENGTH
 from runtime.models.qwen3_omni.qwen3_omni_audio_encoder import cnn_tokens
 from runtime.models.qwen3_omni.vision_inputs import VisionProcessor, VisualInput, grids_param
-from runtime.server.audio_decode import decode_audio
-from runtime.server.errors import ApiError
-from runtime.server.multimodal import data_url_bytes, decode_image
-from runtime.server.video_decode import VideoHeader, decode_video, video_type
+from runtime.entrypoints.http.audio_decode import decode_audio
+from runtime.entrypoints.http.errors import ApiError
+from runtime.entrypoints.http.multimodal import data_url_bytes, decode_image
+from runtime.entrypoints.http.video_decode import VideoHeader, decode_video, video_type
 from runtime.text import ByteTokenizer
 
 AUDIO_FORMATS = ("wav", "mp3")

@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from mstar_compiler.plan import Node, Plan
-from runtime.executors import CachelessExecutor, ExecResult, Executor, register_executor
-from runtime.kv import KVBlockManager
+from runtime.worker.executors import CachelessExecutor, ExecResult, Executor, register_executor
+from runtime.model_executor.kv import KVBlockManager
 from runtime.models.qwen3_omni.thinker import ThinkerExecutor
 from runtime.models.qwen3_omni.talker_prompt import TalkerText, talker_prompt
 from runtime.streams.chunk_policy import Chunk

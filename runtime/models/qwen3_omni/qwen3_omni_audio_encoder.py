@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.components import register
+from runtime.model_executor.components import register
 from runtime.models.qwen3_omni.mel import log_mel
 from runtime.models.qwen3_omni.weights import CheckpointWeights, initialise
 

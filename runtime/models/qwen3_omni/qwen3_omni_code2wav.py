@@ -25,9 +25,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.components import register
-from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding
+from runtime.model_executor.components import register
+from runtime.model_executor.layers.norm import RMSNorm
+from runtime.model_executor.layers.rotary import RotaryEmbedding
 from runtime.models.qwen3_omni.codec_layers import CausalConv, CausalTransConv, ConvNeXtBlock, DecoderBlock, SnakeBeta
 from runtime.models.qwen3_omni.weights import CheckpointWeights, initialise
 

@@ -1,6 +1,6 @@
 """qwen3_omni_code_predictor: Qwen3-Omni's multi-token predictor, codebooks 1..G-1 of a frame.
 
-A small dense Qwen3 decoder (the shared `runtime.layers.DecoderLayer`) with one codec
+A small dense Qwen3 decoder (the shared `runtime.model_executor.layers.DecoderLayer`) with one codec
 embedding and one head per residual codebook. For each frame it reads a two-row prefix —
 the talker's final hidden state at the step that emitted codebook 0, and the talker's
 embedding of that code — then predicts codebook g with `lm_head[g-1]` and feeds it back
@@ -26,16 +26,16 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from runtime.attention import AttentionBackend, AttentionMetadata, AttentionShape, select_backend
-from runtime.components import register
-from runtime.kv import PagedKVCache
-from runtime.layers import DecoderConfig, DecoderFamily, DecoderLayer
-from runtime.layers.attention import BatchContext
-from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding
-from runtime.parallel import SINGLE, TensorParallelGroup
+from runtime.model_executor.attention import AttentionBackend, AttentionMetadata, AttentionShape, select_backend
+from runtime.model_executor.components import register
+from runtime.model_executor.kv import PagedKVCache
+from runtime.model_executor.layers import DecoderConfig, DecoderFamily, DecoderLayer
+from runtime.model_executor.layers.attention import BatchContext
+from runtime.model_executor.layers.norm import RMSNorm
+from runtime.model_executor.layers.rotary import RotaryEmbedding
+from runtime.model_executor.parallel import SINGLE, TensorParallelGroup
 from runtime.models.qwen3_omni.weights import CheckpointWeights, decoder_slots, initialise
-from runtime.weights import Slot
+from runtime.model_executor.weights import Slot
 
 Sample = Callable[[torch.Tensor], torch.Tensor]     # logits (B, vocab) -> (B,) ids
 

@@ -16,7 +16,7 @@ Interface (weights: the checkpoint's `talker.*` tensors except `talker.code_pred
     logits = talker.compute_logits(hidden[batch.last_token_rows()])   # (B, vocab) fp32
 
 `inputs_embeds` (N, hidden_size) are packed rows of a mixed prefill/decode batch exactly
-as for `DecoderLM` (runtime/layers/decoder.py); `positions` are (N,) or (3, N) M-RoPE
+as for `DecoderLM` (runtime/model_executor/layers/decoder.py); `positions` are (N,) or (3, N) M-RoPE
 positions (temporal, height, width — equal for text).
 """
 from __future__ import annotations
@@ -26,17 +26,17 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from runtime.attention import AttentionBackend, AttentionMetadata, AttentionShape, select_backend
-from runtime.components import register
-from runtime.kv import PagedKVCache
-from runtime.layers.attention import BatchContext
-from runtime.layers.config import DecoderConfig, DecoderFamily
-from runtime.layers.decoder import DecoderLayer
-from runtime.layers.norm import RMSNorm
-from runtime.parallel import SINGLE, TensorParallelGroup
+from runtime.model_executor.attention import AttentionBackend, AttentionMetadata, AttentionShape, select_backend
+from runtime.model_executor.components import register
+from runtime.model_executor.kv import PagedKVCache
+from runtime.model_executor.layers.attention import BatchContext
+from runtime.model_executor.layers.config import DecoderConfig, DecoderFamily
+from runtime.model_executor.layers.decoder import DecoderLayer
+from runtime.model_executor.layers.norm import RMSNorm
+from runtime.model_executor.parallel import SINGLE, TensorParallelGroup
 from runtime.models.qwen3_omni.talker_layers import MRotaryEmbedding, ResizeMLP, SharedExpertMoE
 from runtime.models.qwen3_omni.weights import CheckpointWeights, decoder_slots, initialise
-from runtime.weights import Slot
+from runtime.model_executor.weights import Slot
 
 
 @register("qwen3_omni_talker")

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.components import register
+from runtime.model_executor.components import register
 from runtime.models.qwen3_omni.rope import apply_rope
 from runtime.models.qwen3_omni.vision_grid import (block_order_rows_cols, patchify, patchify_frames, position_taps,
                                                     resize_to_grid)

@@ -1,4 +1,4 @@
-"""How Qwen3-Omni hears a realtime session (/v1/realtime, runtime/server/realtime_session.py).
+"""How Qwen3-Omni hears a realtime session (/v1/realtime, runtime/entrypoints/http/realtime_session.py).
 
 The graph declares the session's audio as a client-fed streaming edge into the encoder
 (graphs/qwen3_omni.yaml: `user_audio: {from: client.mel, to: audio_enc.mel, policy: {fixed: <window>}}`)

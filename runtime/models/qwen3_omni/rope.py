@@ -1,4 +1,4 @@
-"""Rotary embeddings beyond 1-D positions (which `runtime/layers/rotary.py` covers).
+"""Rotary embeddings beyond 1-D positions (which `runtime/model_executor/layers/rotary.py` covers).
 
 Rotate-half convention (the first and second half of a head are real and imaginary parts):
   * `mrope_cos_sin` — the talker's 3-D positions (temporal, height, width) in the
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from runtime.layers.rotary import inverse_frequencies
+from runtime.model_executor.layers.rotary import inverse_frequencies
 
 
 def mrope_cos_sin(

@@ -1,4 +1,4 @@
-"""What each KV row of the Qwen3-Omni thinker holds, as its prefix cache names it (runtime/kv/prefix_cache.py).
+"""What each KV row of the Qwen3-Omni thinker holds, as its prefix cache names it (runtime/model_executor/kv/prefix_cache.py).
 
 A text row is its token id (an int, 4 bytes in the key, never negative). A row at an audio, image or
 video placeholder that an encoder's output fills is a byte string:
@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from runtime.kv.prefix_cache import Row, tensor_digest
+from runtime.model_executor.kv.prefix_cache import Row, tensor_digest
 
 MEDIA = (-1).to_bytes(4, "little", signed=True)
 

@@ -1,5 +1,5 @@
 """What Qwen3-Omni adds to the server: its speech prompt, speakers and audio chat
-(runtime/server/families.py).
+(runtime/entrypoints/http/families.py).
 
 The prompt is a ChatML chat whose last turn is an open `<|im_start|>assistant` (the talker
 needs that turn), and the talker's speaker is a request param. With seeded random weights
@@ -13,9 +13,9 @@ from typing import Any, Mapping
 
 from runtime.models.qwen3_omni.chat_inputs import omni_chat_inputs
 from runtime.models.qwen3_omni.realtime_listener import omni_listener
-from runtime.server.audio_io import voice_for
-from runtime.server.errors import ApiError
-from runtime.server.families import FamilyServing, ServedModel, register_family_serving
+from runtime.entrypoints.http.audio_io import voice_for
+from runtime.entrypoints.http.errors import ApiError
+from runtime.entrypoints.http.families import FamilyServing, ServedModel, register_family_serving
 from runtime.text import ByteTokenizer
 
 SPEAKERS = ("chelsie", "ethan", "aiden")

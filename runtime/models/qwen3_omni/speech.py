@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from runtime.attention import AttentionMetadata
-from runtime.kv import KVBlockManager, PagedKVCache
+from runtime.model_executor.attention import AttentionMetadata
+from runtime.model_executor.kv import KVBlockManager, PagedKVCache
 from runtime.models.qwen3_omni.qwen3_omni_code_predictor import Qwen3OmniCodePredictor, Sample, greedy
 from runtime.models.qwen3_omni.talker_prompt import TalkerText
 

@@ -1,8 +1,8 @@
-"""The talker's own layers, built on the shared decoder layers of `runtime/layers/`.
+"""The talker's own layers, built on the shared decoder layers of `runtime/model_executor/layers/`.
 
 What the talker adds to a Qwen3-MoE decoder layer:
   * `MRotaryEmbedding` — interleaved M-RoPE over (temporal, height, width) positions,
-    a drop-in for `runtime.layers.rotary.RotaryEmbedding` (same call);
+    a drop-in for `runtime.model_executor.layers.rotary.RotaryEmbedding` (same call);
   * `SharedExpertMoE` — the routed experts of `SparseMoE` plus an always-on SwiGLU
     shared expert scaled by a sigmoid gate (Qwen2-MoE style);
   * `ResizeMLP` — fc1, SiLU, fc2 (biased): the `text_projection` / `hidden_projection`
@@ -16,12 +16,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.layers.config import DecoderConfig
-from runtime.layers.mlp import GatedMLP
-from runtime.layers.moe import SparseMoE
-from runtime.parallel import TensorParallelGroup
+from runtime.model_executor.layers.config import DecoderConfig
+from runtime.model_executor.layers.mlp import GatedMLP
+from runtime.model_executor.layers.moe import SparseMoE
+from runtime.model_executor.parallel import TensorParallelGroup
 from runtime.models.qwen3_omni.rope import apply_rope, mrope_cos_sin
-from runtime.weights import Slot
+from runtime.model_executor.weights import Slot
 
 
 class MRotaryEmbedding(nn.Module):

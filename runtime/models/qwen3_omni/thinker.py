@@ -38,10 +38,10 @@ import torch
 from torch import nn
 
 from mstar_compiler.plan import Node, Plan
-from runtime.executors import ExecResult
-from runtime.kv import KVBlockManager, PrefixCachingAllocator, PrefixStats
-from runtime.kv.prefix_cache import Row
-from runtime.layers.attention import BatchContext
+from runtime.worker.executors import ExecResult
+from runtime.model_executor.kv import KVBlockManager, PrefixCachingAllocator, PrefixStats
+from runtime.model_executor.kv.prefix_cache import Row
+from runtime.model_executor.layers.attention import BatchContext
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.models.qwen3_omni.mrope import MropePositions
 from runtime.models.qwen3_omni.row_keys import thinker_rows

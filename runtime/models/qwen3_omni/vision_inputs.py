@@ -15,7 +15,7 @@ between `<|vision_start|>` and `<|vision_end|>`, and places them at 3-D M-RoPE p
 
 Video: a content part `{"type": "video", "video": [frame data URLs], "fps": 2.0}`, frames
 already sampled, or `{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,..."}}`
-(MP4 or WebM, decoded by runtime/server/video_decode.py, `fps` optional as for frames), whose
+(MP4 or WebM, decoded by runtime/entrypoints/http/video_decode.py, `fps` optional as for frames), whose
 frames are sampled as the published video processor samples them (`sample_frames`) and then
 take the frame-list path. `fps` is the rate they were sampled at, so a
 temporal patch spans `temporal_patch_size / fps` seconds, which the positions scale by
@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 
 from runtime.conductor.request import MediaInput
-from runtime.server.errors import ApiError
+from runtime.entrypoints.http.errors import ApiError
 
 MEAN = STD = 0.5          # Qwen3-Omni's image_mean / image_std (all three channels)
 MIN_FRAMES, MAX_FRAMES = 4, 768   # Qwen2-VL's video processor (Qwen3-Omni's): frames sampled from a file

@@ -3,7 +3,7 @@
 The published checkpoint is one safetensors set for the whole model; which of its tensors each
 component reads (`code2wav.`, `talker.` without `talker.code_predictor.`, `thinker.audio_tower.`,
 `thinker.visual.`) and with which prefix stripped is the graph's `weights:` mapping, applied by
-`runtime.weights`. A component's slot names are the checkpoint names relative to it.
+`runtime.model_executor.weights`. A component's slot names are the checkpoint names relative to it.
 
 Components whose parameters *are* the checkpoint tensors (code2wav, the encoders) get
 their slots from `parameter_slots`; the talker and code predictor, which fuse q/k/v and
@@ -17,8 +17,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from runtime.weights import Slot, iter_safetensors, load_into, random_tensors
-from runtime.weights.slots import parameter_slots
+from runtime.model_executor.weights import Slot, iter_safetensors, load_into, random_tensors
+from runtime.model_executor.weights.slots import parameter_slots
 
 
 def decoder_slots(layers: nn.ModuleList, config: Any, plain: Mapping[str, nn.Module]) -> dict[str, Slot]:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from mstar_compiler.plan import Node, Plan
-from runtime.executors import CachelessExecutor, ExecResult, Executor, register_executor
+from runtime.worker.executors import CachelessExecutor, ExecResult, Executor, register_executor
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 from runtime.models.vjepa2 import Rollout, rollout_step, start_rollout

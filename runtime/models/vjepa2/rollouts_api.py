@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from aiohttp import web
 
-from runtime.server.errors import ApiError, error_body, event_error
-from runtime.server.params import resolve_params
+from runtime.entrypoints.http.errors import ApiError, error_body, event_error
+from runtime.entrypoints.http.params import resolve_params
 from runtime.transport.request_params import RequestParams
 
 if TYPE_CHECKING:
-    from runtime.server.context import ServerContext
+    from runtime.entrypoints.http.context import ServerContext
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

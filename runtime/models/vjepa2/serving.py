@@ -1,4 +1,4 @@
-"""What V-JEPA 2-AC adds to the server (runtime/server/families.py): `POST /v1/rollouts` and the
+"""What V-JEPA 2-AC adds to the server (runtime/entrypoints/http/families.py): `POST /v1/rollouts` and the
 page's rollout panel."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from aiohttp import web
 
 from mstar_compiler.plan import Plan
 from runtime.models.vjepa2.rollouts_api import TASK, rollouts
-from runtime.server.families import FamilyServing, register_family_serving
+from runtime.entrypoints.http.families import FamilyServing, register_family_serving
 
 
 def _install(app: web.Application) -> None:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.components import register
+from runtime.model_executor.components import register
 from runtime.models.vjepa2.frame_cache import FrameKVCache
 from runtime.models.vjepa2.layers import Mlp, merge_heads, split_heads
 from runtime.models.vjepa2.rope import apply_rope_3d

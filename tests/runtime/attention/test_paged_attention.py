@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.attention import AttentionShape, select_backend, torch_backend
-from runtime.kv import KVBlockManager, PagedKVCache
+from runtime.model_executor.attention import AttentionShape, select_backend, torch_backend
+from runtime.model_executor.kv import KVBlockManager, PagedKVCache
 
 HQ, HKV, D, BLOCK = 4, 2, 16, 16
 # (cached tokens after the step, new query rows): decode, decode, first chunk, chunk after context
@@ -61,7 +61,7 @@ def test_paged_attention_equals_dense_sdpa(backend: str) -> None:
 
 def test_torch_prefill_after_context_in_several_query_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     # the chunk after context (18 rows) is attended 5 rows at a time: tile edges must not shift the mask
-    monkeypatch.setattr("runtime.attention.torch_backend.QUERY_TILE", 5)
+    monkeypatch.setattr("runtime.model_executor.attention.torch_backend.QUERY_TILE", 5)
     q, cache, batch, keys, values = _fragmented_batch(torch.float32)
     attn = select_backend("cpu", "torch")
     attn.plan(batch, AttentionShape(HQ, HKV, D, torch.float32))

@@ -52,7 +52,7 @@ _RSS_SCRIPT = """
 import resource, sys, torch
 from tests.runtime.attention.test_prefill_memory import SHORT, LONG, _prefill
 from tests.runtime.models.decoder_lm.lm_factories import build, tiny_dims
-from runtime.kernels import cpu as cpu_kernels
+from runtime.model_executor.kernels import cpu as cpu_kernels
 assert cpu_kernels.status() == "", cpu_kernels.status()
 model = build("llama_lm", tiny_dims("llama_lm", num_hidden_layers=1, max_position_embeddings=LONG), backend="cpu")
 assert model.attention_backend(torch.device("cpu")).name == "cpu"

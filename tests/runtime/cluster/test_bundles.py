@@ -14,11 +14,11 @@ import pytest
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from mstar_compiler.plan import Plan, load_plan
-from runtime.cluster import ClusterError
-from runtime.cluster.bundles import PackGroup, pack_groups, rank_resources, tp_groups
-from runtime.cluster.ray_launcher import RayLauncher, RayOptions, reachable_endpoint
-from runtime.conductor.workers import RankLaunch
-from runtime.weights.sources import WeightOptions
+from runtime.ranks.ray import ClusterError
+from runtime.ranks.ray.bundles import PackGroup, pack_groups, rank_resources, tp_groups
+from runtime.ranks.ray.ray_launcher import RayLauncher, RayOptions, reachable_endpoint
+from runtime.ranks.workers import RankLaunch
+from runtime.model_executor.weights.sources import WeightOptions
 from tests.runtime.serving.conftest import REPO, free_port
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
@@ -87,7 +87,7 @@ def test_without_ray_the_flag_says_what_to_install(tmp_path, monkeypatch) -> Non
 def test_a_head_that_does_not_answer_is_an_error_not_a_hang(tmp_path) -> None:
     _, path = _plan(tmp_path, "bagel", "cfg_parallel")
     address = f"127.0.0.1:{free_port()}"
-    done = subprocess.run([sys.executable, "-m", "runtime.cli", path, "--ray", address], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", path, "--ray", address], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert f"--ray {address}: no Ray head answers there" in done.stderr and "ray start --head" in done.stderr

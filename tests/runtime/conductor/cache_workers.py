@@ -1,4 +1,4 @@
-"""Workers for conductor tests that speak the real messages (runtime/worker/null.py) and keep a
+"""Workers for conductor tests that speak the real messages (runtime/conductor/null_workers.py) and keep a
 KV length per request as a real cache does: each item's token is that length, so a wrong count
 or a wrong recompute of a request's context shows in its tokens."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from runtime.conductor.conductor import Conductor
 from runtime.transport.messages import BatchDone, BatchFailed, CloseRequest, ItemResult, OpenRequest, RunBatch
 from runtime.transport.queues import Envelope
-from runtime.worker.null import NullWorkers
+from runtime.conductor.null_workers import NullWorkers
 
 POISON = 13    # a request with this top_k makes the fake node raise (as top_k=2**63 once did)
 

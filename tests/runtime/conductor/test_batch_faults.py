@@ -1,5 +1,5 @@
 """The conductor's fault isolation and reply checks, against workers that speak the real
-messages (runtime/worker/null.py) but keep a KV length per request as a real cache does:
+messages (runtime/conductor/null_workers.py) but keep a KV length per request as a real cache does:
 a batch holding a poisoned request fails; each of its requests retries alone (recomputing
 its context), so only the poisoned one fails and the others' tokens equal their tokens alone."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import RequestState
 from runtime.transport.messages import BatchDone, BatchFailed, ItemResult, RunBatch
 from runtime.transport.queues import Envelope
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 from tests.runtime.conductor.cache_workers import POISON, CacheWorkers
 

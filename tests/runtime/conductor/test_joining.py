@@ -10,9 +10,9 @@ from pathlib import Path
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from mstar_compiler.plan import loads_plan
-from runtime.conductor import joining as joining_module
-from runtime.conductor.joining import Joining
-from runtime.conductor.workers import WorkerSet
+from runtime.ranks import joining as joining_module
+from runtime.ranks.joining import Joining
+from runtime.ranks.workers import WorkerSet
 from runtime.transport.messages import Hello, Rejoin, Welcome
 
 REPO = Path(__file__).resolve().parents[3]
@@ -77,7 +77,7 @@ def test_a_rejoin_that_found_no_connection_is_asked_again() -> None:
 def test_a_loading_rank_is_judged_by_its_silence_only_after_the_loading_timeout() -> None:
     """A rank not yet Ready may hold the GIL for seconds while it builds its parts (its heartbeats stall):
     silence past HEARTBEAT_TIMEOUT_S kills a ready rank, a loading one only past LOADING_TIMEOUT_S."""
-    from runtime.conductor.workers import HEARTBEAT_TIMEOUT_S, LOADING_TIMEOUT_S
+    from runtime.ranks.workers import HEARTBEAT_TIMEOUT_S, LOADING_TIMEOUT_S
     workers = WorkerSet("plan.bin", "tcp://fake", 2, {0, 1}, None, "info")
     now = time.monotonic()
     for status in workers.ranks.values():

@@ -7,9 +7,9 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import RequestState
-from runtime.conductor.workers import WorkerSet
+from runtime.ranks.workers import WorkerSet
 from tests.runtime.serving.conftest import REPO
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 
 BRANCHES = ("llm", "llm_cfg_text", "llm_cfg_img")

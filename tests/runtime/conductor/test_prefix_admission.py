@@ -11,7 +11,7 @@ import pytest
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.conductor.request import RequestState
-from runtime.kv import prefix_root
+from runtime.model_executor.kv import prefix_root
 from tests.runtime.conductor.test_kv_scheduling import Bench
 
 

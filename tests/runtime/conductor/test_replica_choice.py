@@ -9,7 +9,7 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import Request
-from runtime.conductor.workers import WorkerSet
+from runtime.ranks.workers import WorkerSet
 from runtime.transport.messages import BatchDone, ItemResult, RunBatch
 from runtime.transport.queues import Envelope
 from tests.runtime.serving.conftest import REPO

@@ -14,7 +14,7 @@ from collections import deque
 import pytest
 
 from runtime.conductor.kv_ledger import KVLedger, ReportedPoolLedger
-from runtime.kv import KVBlockManager
+from runtime.model_executor.kv import KVBlockManager
 
 BS = 4
 

@@ -1,9 +1,9 @@
 """When a server's start gives up on its workers: after `timeout` s without a start step of a rank
-that is not ready (runtime/conductor/start_watch.py), not after a fixed total time, so a rank
+that is not ready (runtime/ranks/start_watch.py), not after a fixed total time, so a rank
 compiling its decode steps for many minutes starts as long as each step comes in time."""
 from __future__ import annotations
 
-from runtime.conductor.start_watch import StartWatch
+from runtime.ranks.start_watch import StartWatch
 from runtime.transport.messages import Heartbeat
 
 T0 = 1000.0

@@ -16,7 +16,7 @@ from mstar_compiler.pipeline import compile_file
 from runtime.conductor import scheduler as scheduler_module
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.scheduler import SchedulerConfig
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 from tests.runtime.conductor.cache_workers import POISON, CacheWorkers
 

@@ -7,9 +7,9 @@ from typing import Sequence
 import torch
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.components import component_class
-from runtime.kv import KVBlockManager, PagedKVCache
-from runtime.layers import DecoderLM
+from runtime.model_executor.components import component_class
+from runtime.model_executor.kv import KVBlockManager, PagedKVCache
+from runtime.model_executor.layers import DecoderLM
 
 BLOCK = 16                   # the triton kernels need a power of two >= 16
 NUM_BLOCKS = 24

@@ -17,9 +17,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from runtime.cuda_graphs import DecodeGraphs
-from runtime.cuda_graphs.cpu_compile import cpp_compiler
-from runtime.worker import progress
+from runtime.model_executor.compiled import DecodeGraphs
+from runtime.model_executor.compiled.cpu_compile import cpp_compiler
+from runtime import progress
 from tests.runtime.cuda_graphs.graph_factories import changed_slots, clone_cache, eager_decode, new_slot, prefilled, tiny_llama
 
 # requests decoding at each step: all three (two open a new block), a reordered 2, one, all three

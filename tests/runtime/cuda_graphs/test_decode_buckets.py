@@ -5,7 +5,7 @@ from pathlib import Path
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.cuda_graphs import bucket_for, capture_buckets
+from runtime.model_executor.compiled import bucket_for, capture_buckets
 
 GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
 

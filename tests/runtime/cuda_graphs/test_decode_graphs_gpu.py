@@ -12,11 +12,11 @@ import torch
 from tests.runtime.cuda_graphs.graph_factories import BLOCK, changed_slots, clone_cache, eager_decode, new_slot, prefilled, tiny_llama
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.components import component_class
-from runtime.cuda_graphs import DecodeGraphs
+from runtime.model_executor.components import component_class
+from runtime.model_executor.compiled import DecodeGraphs
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 
 pytestmark = pytest.mark.gpu

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.attention import AttentionMetadata, AttentionShape, select_backend
+from runtime.model_executor.attention import AttentionMetadata, AttentionShape, select_backend
 
 SHAPE = AttentionShape(4, 2, 16, torch.float32)
 

@@ -13,8 +13,8 @@ import torch
 from tests.runtime.cuda_graphs.graph_factories import (BLOCK, changed_slots, clone_cache, eager_decode, new_slot, prefilled, real_pages,
                              tiny_llama)
 from mstar_compiler.catalogue import load_catalogue
-from runtime.components import component_class
-from runtime.cuda_graphs import DecodeGraphs, DecodeInputs, bucket_for
+from runtime.model_executor.components import component_class
+from runtime.model_executor.compiled import DecodeGraphs, DecodeInputs, bucket_for
 
 BUCKETS = (1, 2, 4, 8)
 # requests decoding at each step: 3 of bucket 4, a reordered 2, a single one, all three again

@@ -1,4 +1,4 @@
-"""The fused CPU kernels (runtime/kernels/cpu.py) against the torch ops they replace, and a decoder
+"""The fused CPU kernels (runtime/model_executor/kernels/cpu.py) against the torch ops they replace, and a decoder
 run through them against the same decoder on its torch ops.
 
 Tolerances, from what differs: fp32 results differ only in summation order (sums of 64..1536
@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.attention import select_backend
-from runtime.kernels import cpu as cpu_kernels
-from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding, rotate
+from runtime.model_executor.attention import select_backend
+from runtime.model_executor.kernels import cpu as cpu_kernels
+from runtime.model_executor.layers.norm import RMSNorm
+from runtime.model_executor.layers.rotary import RotaryEmbedding, rotate
 from tests.runtime.models.decoder_lm.lm_factories import CASES, PagedRunner, build, tiny_dims
 
 BF16_ULP = 2.0 ** -8

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from runtime.kv import KVBlockManager, OutOfBlocks, prefix_root
+from runtime.model_executor.kv import KVBlockManager, OutOfBlocks, prefix_root
 
 BS, NUM_BLOCKS = 4, 24
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.runtime.models.decoder_lm.lm_factories import PagedRunner, build, tiny_dims
-from runtime.kv import BlockAllocator, KVBlockManager, OutOfBlocks
+from runtime.model_executor.kv import BlockAllocator, KVBlockManager, OutOfBlocks
 
 
 def _check_invariants(manager: KVBlockManager, live: set) -> None:
@@ -125,7 +125,7 @@ def test_requests_growing_side_by_side_get_their_blocks_in_runs(prefix: bool) ->
     free one; runs keep each table in stretches of consecutive blocks (what the CPU attention reads fastest),
     on a fresh pool, and again from blocks freed by earlier requests (tail first; with the prefix cache from
     cached blocks evicted), with no block held back: the pool still fills to its last block."""
-    from runtime.kv.prefix_cache import prefix_root
+    from runtime.model_executor.kv.prefix_cache import prefix_root
     rng = random.Random(3)
     manager = KVBlockManager(num_blocks=400, block_size=16, prefix_root=prefix_root("runs") if prefix else None)
     first = _decode_side_by_side(manager, 0, 150, rng, prefix)    # up to 5 + 10 blocks each, 16 at most

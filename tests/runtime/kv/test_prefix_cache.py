@@ -9,7 +9,7 @@ import random
 import pytest
 
 from runtime.conductor.kv_ledger import KVPoolLedger, PrefixPoolLedger
-from runtime.kv import KVBlockManager, OutOfBlocks, PrefixOutOfStep, prefix_root
+from runtime.model_executor.kv import KVBlockManager, OutOfBlocks, PrefixOutOfStep, prefix_root
 
 BS = 4
 ROOT = prefix_root("test-model", "lm", "fp32")
@@ -344,7 +344,7 @@ def test_a_block_key_hashes_each_token_id_as_4_little_endian_bytes() -> None:
     as 4 signed little-endian bytes each (packed in one call), digests (media rows) as themselves."""
     import hashlib
 
-    from runtime.kv.prefix_cache import chain_keys
+    from runtime.model_executor.kv.prefix_cache import chain_keys
 
     rng = random.Random(3)
     for _ in range(200):

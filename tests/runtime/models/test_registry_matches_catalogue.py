@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.components import component_class, registered_kinds
+from runtime.model_executor.components import component_class, registered_kinds
 
 CATALOGUE = load_catalogue()
 # presets small enough to build on a CPU in a test (the full-size ones are checked by formula only)

@@ -1,4 +1,4 @@
-"""Linear weights packed for oneDNN on CPU (runtime.parallel.cpu_linear) compute what the
+"""Linear weights packed for oneDNN on CPU (runtime.model_executor.parallel.cpu_linear) compute what the
 plain weights compute: per layer to float tolerance, and the same greedy tokens over a
 paged decode; parameters, state_dict and tied embeddings stay as they were."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from tests.runtime.models.decoder_lm.lm_factories import CASES, PagedRunner, build, tiny_dims
-from runtime.parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, pack_linears
-from runtime.parallel import cpu_linear
-from runtime.parallel.cpu_linear import (PackedLinear, bf16_gemm_note, bf16_packable, gemm_kernel, linear,
+from runtime.model_executor.parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, pack_linears
+from runtime.model_executor.parallel import cpu_linear
+from runtime.model_executor.parallel.cpu_linear import (PackedLinear, bf16_gemm_note, bf16_packable, gemm_kernel, linear,
                                          onednn_available, pack_weight)
 
 
@@ -109,7 +109,7 @@ def test_auto_takes_the_panel_gemm_except_for_bf16_on_amx_cpus(monkeypatch) -> N
     on AMX ones); for bf16 where the CPU has AMX tiles, both by row count ("split": oneDNN's tile kernels measured
     1.6x the panel GEMM at 16 rows, the panel GEMM 1.3-1.8x oneDNN at 1-8); the flags are this CPU's with and
     without amx_bf16."""
-    from runtime.kernels import cpu as cpu_kernels
+    from runtime.model_executor.kernels import cpu as cpu_kernels
     if not onednn_available():
         pytest.skip("this torch has no oneDNN linear")
     monkeypatch.setenv("MSTAR_CPU_LINEAR", "auto")
@@ -128,7 +128,7 @@ def test_split_runs_few_rows_on_the_panel_gemm_and_more_on_onednn(monkeypatch, r
     """bf16 on an AMX CPU keeps both packed copies and picks by the call's rows: up to AMX_PANEL_ROWS the result is
     the panel GEMM's bit for bit, above it oneDNN's (so the choice is really made), and either is F.linear's to
     bf16 rounding (2e-2: a bf16 output is rounded to 8 mantissa bits, ~4e-3 relative, over a 40-term sum)."""
-    from runtime.kernels import cpu as cpu_kernels
+    from runtime.model_executor.kernels import cpu as cpu_kernels
     if not onednn_available() or not bf16_packable():
         pytest.skip("oneDNN has no bf16 kernels for this CPU (AVX2 only)")
     flags = cpu_kernels.cpu_flags()          # this CPU's, with AMX added where it has none: the choice is the test

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.runtime.models.decoder_lm.lm_factories import tiny_dims
-from runtime.parallel import SINGLE
+from runtime.model_executor.parallel import SINGLE
 from tests.runtime.parallel.tp_worker import TP_CASES, run_schedule
 from tests.runtime.serving.conftest import free_port
 
@@ -37,8 +37,8 @@ def test_tp2_logits_equal_tp1(tmp_path: Path) -> None:
 
 
 def test_heads_must_split_over_the_group() -> None:
-    from runtime.components import component_class
-    from runtime.parallel import TensorParallelGroup
+    from runtime.model_executor.components import component_class
+    from runtime.model_executor.parallel import TensorParallelGroup
 
     with pytest.raises(ValueError, match="num_key_value_heads = 2 does not split over tensor-parallel size 4"):
         component_class("llama_lm")(tiny_dims("llama_lm", num_attention_heads=8), {},

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from tests.runtime.models.decoder_lm.lm_factories import PagedRunner, tiny_dims
-from runtime.components import component_class
-from runtime.parallel import init_tensor_parallel
+from runtime.model_executor.components import component_class
+from runtime.model_executor.parallel import init_tensor_parallel
 
 # (name, kind, dims overrides): a tied odd vocabulary exercises the padded vocab shard
 TP_CASES = [

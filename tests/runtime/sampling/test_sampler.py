@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from runtime.sampling import Sampler, SamplingParams, SamplingState
-from runtime.sampling.sampler import apply_penalties, exponential_race, filtered_probs
+from runtime.model_executor.sampling import Sampler, SamplingParams, SamplingState
+from runtime.model_executor.sampling.sampler import apply_penalties, exponential_race, filtered_probs
 
 V = 40
 

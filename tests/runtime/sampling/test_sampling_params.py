@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.sampling import SamplingParams, SamplingParamsError
+from runtime.model_executor.sampling import SamplingParams, SamplingParamsError
 
 
 @pytest.mark.parametrize("field, value", [

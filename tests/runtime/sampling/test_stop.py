@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.sampling import SamplingParams, StopStringMatcher, stop_token_ids
+from runtime.model_executor.sampling import SamplingParams, StopStringMatcher, stop_token_ids
 
 
 def test_stop_token_ids_join_eos_and_request_ids() -> None:

@@ -9,8 +9,8 @@ import pytest
 import soundfile
 import torch
 
-from runtime.server.audio_decode import decode_audio, resample
-from runtime.server.errors import ApiError
+from runtime.entrypoints.http.audio_decode import decode_audio, resample
+from runtime.entrypoints.http.errors import ApiError
 
 
 def _tone(rate: int, seconds: float, hz: float) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 
 from runtime.models.orpheus.serving import OrpheusSpeaker
 from runtime.models.qwen3_omni.serving import OmniSpeaker
-from runtime.server.audio_io import pcm16, wav, wav_header
+from runtime.entrypoints.http.audio_io import pcm16, wav, wav_header
 
 
 def test_pcm16_rounds_and_clamps() -> None:

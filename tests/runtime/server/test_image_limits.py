@@ -9,8 +9,8 @@ import zlib
 import pytest
 from PIL import Image
 
-from runtime.server.errors import ApiError
-from runtime.server.multimodal import MAX_IMAGE_PIXELS, decode_image
+from runtime.entrypoints.http.errors import ApiError
+from runtime.entrypoints.http.multimodal import MAX_IMAGE_PIXELS, decode_image
 
 
 def encoded(fmt: str, size: tuple[int, int] = (8, 6)) -> bytes:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.server.errors import ApiError
-from runtime.server.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
+from runtime.entrypoints.http.errors import ApiError
+from runtime.entrypoints.http.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
 from runtime.text import ByteTokenizer
 from runtime.transport.messages import TokenLogprob
 

@@ -6,8 +6,8 @@ import pytest
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.server.errors import ApiError
-from runtime.server.params import openai_field, resolve_params
+from runtime.entrypoints.http.errors import ApiError
+from runtime.entrypoints.http.params import openai_field, resolve_params
 from runtime.transport.messages import OpenRequest, decode, encode
 from tests.runtime.serving.conftest import REPO
 

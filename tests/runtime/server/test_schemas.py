@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from runtime.server.errors import ApiError
-from runtime.server.schemas import ChatCompletionBody, SpeechBody, TaskBody, TokensInput, parse_body
+from runtime.entrypoints.http.errors import ApiError
+from runtime.entrypoints.http.schemas import ChatCompletionBody, SpeechBody, TaskBody, TokensInput, parse_body
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -97,10 +97,10 @@ def test_remote_worker_joins_over_tcp_and_sigterm_drains(plan_dir) -> None:
     plan = compile_plan(plan_dir, "smollm2", preset="tiny")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     keys = plan_dir / "remote-keys"
-    subprocess.run([sys.executable, "-m", "runtime.cli", "keygen", "--ranks", "1", "--out", str(keys)], cwd=REPO,
+    subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", "keygen", "--ranks", "1", "--out", str(keys)], cwd=REPO,
                    check=True, capture_output=True)
     srv = Server(plan, "--worker-endpoint", endpoint, "--remote-ranks", "0", "--keys", str(keys))
-    worker = subprocess.Popen([sys.executable, "-m", "runtime.cli", "worker", "--conductor", endpoint,
+    worker = subprocess.Popen([sys.executable, "-m", "runtime.entrypoints.cli", "worker", "--conductor", endpoint,
                                "--rank", "0", "--key", str(keys / "rank-0.json"), "--log-level", "warning", plan],
                               cwd=REPO)
     try:

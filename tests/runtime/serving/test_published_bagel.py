@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 from tests.runtime.models.bagel.bagel_lm_helpers import RefSequence, bagel_weights
 from tests.runtime.models.bagel.bagel_reference import DenseBagel
 from tests.runtime.serving.conftest import http, serve

@@ -22,10 +22,10 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from mstar_compiler.plan import Plan
 from runtime.models.vjepa2 import native_rollout
-from runtime.weights.commands import check_plan, convert_dir
-from runtime.weights.published import WeightMismatch
+from runtime.entrypoints.weights_cli import check_plan, convert_dir
+from runtime.model_executor.weights.published import WeightMismatch
 from runtime.worker.loader import check_plan_sources
-from runtime.weights.sources import WeightOptions, resolve_all
+from runtime.model_executor.weights.sources import WeightOptions, resolve_all
 from tests.runtime.models.vjepa2.vjepa2_reference import hf_encoder, make, randomize
 from tests.runtime.serving.conftest import Server, http, serve
 from tests.runtime.serving.published_layouts import PRESET, published_preset, upstream_encoder, write_vjepa2_ac_pickle

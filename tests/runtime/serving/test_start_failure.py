@@ -26,7 +26,7 @@ def test_a_worker_that_exits_before_ready_fails_the_start_at_once(plan_dir: Path
     plan = compile_plan(plan_dir, "smollm2", preset="tiny")
     starts = tmp_path / "starts"
     (tmp_path / "sitecustomize.py").write_text(EXITS.format(starts=str(starts)))
-    run = subprocess.run([sys.executable, "-m", "runtime.cli", plan, "--port", "0", "--ready-timeout", "300"],
+    run = subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", plan, "--port", "0", "--ready-timeout", "300"],
                          cwd=REPO, env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}", "OMP_NUM_THREADS": "1"},
                          capture_output=True, text=True, timeout=240)
     assert run.returncode != 0

@@ -25,7 +25,7 @@ def _workers_of(plan: str) -> list[psutil.Process]:
 
 
 def _run(plan: str, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime.cli", plan, "--log-level", "warning", *flags], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", plan, "--log-level", "warning", *flags], cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=180)
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from runtime.text import TextTokenizer
 from runtime.text.gguf_tokenizer import tokenizer_from_gguf
-from runtime.weights.gguf_loader import SMOLLM2
+from runtime.model_executor.weights.gguf_loader import SMOLLM2
 
 
 @pytest.fixture(scope="session")

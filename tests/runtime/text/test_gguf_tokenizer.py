@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from gguf_factories import write_tokenizer_gguf
 from runtime.text import TextTokenizer
 from runtime.text.gguf_tokenizer import tokenizer_from_gguf
-from runtime.weights.gguf_loader import SMOLLM2, resolve_gguf
+from runtime.model_executor.weights.gguf_loader import SMOLLM2, resolve_gguf
 
 TEXTS = [
     "Hello world!",

@@ -1,7 +1,7 @@
 """TextOutput: the text a client receives, with stop tokens and stop strings applied."""
 from __future__ import annotations
 
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.text import TextOutput, TextTokenizer
 
 

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from runtime.text import TextTokenizer, load_tokenizer
 from runtime.text.tokenizer import tokenizer_from_dir
-from runtime.weights.gguf_loader import SMOLLM2
+from runtime.model_executor.weights.gguf_loader import SMOLLM2
 
 
 def _checkpoint_dir(path: Path, source: TextTokenizer, **config: object) -> Path:

@@ -24,7 +24,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max
 @pytest.fixture(scope="module")
 def keys_dir(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("curve") / "keys"
-    subprocess.run([sys.executable, "-m", "runtime.cli", "keygen", "--ranks", "1", "--out", str(out)], cwd=REPO,
+    subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", "keygen", "--ranks", "1", "--out", str(out)], cwd=REPO,
                    check=True, capture_output=True)
     return str(out)
 

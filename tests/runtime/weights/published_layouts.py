@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from mstar_compiler.plan import Node
-from runtime.weights.headers import TensorInfo
-from runtime.weights.mapping import CompiledMap
-from runtime.weights.match import MatchReport, match_node
-from runtime.weights.slots import Slot
+from runtime.model_executor.weights.headers import TensorInfo
+from runtime.model_executor.weights.mapping import CompiledMap
+from runtime.model_executor.weights.match import MatchReport, match_node
+from runtime.model_executor.weights.slots import Slot
 from runtime.worker.loader import meta_slots
 
 HERE = Path(__file__).parent / "published"

@@ -55,7 +55,7 @@ def orpheus_plan(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def mstar_run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
 

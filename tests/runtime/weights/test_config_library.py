@@ -26,8 +26,8 @@ from mstar_compiler.config_expr import MISSING, read_value
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from mstar_compiler.plan import Plan, load_plan
-from runtime.weights import ConfigMismatch
-from runtime.weights.published import check_config
+from runtime.model_executor.weights import ConfigMismatch
+from runtime.model_executor.weights.published import check_config
 from tests.runtime.serving.conftest import REPO, compile_plan
 from tests.runtime.serving.published_layouts import write_bagel_configs
 from tests.runtime.weights.published_layouts import BAGEL_LLM, BAGEL_VIT, published_config
@@ -127,7 +127,7 @@ def test_a_release_era_qwen3_omni_config_passes_check_weights(tmp_path: Path) ->
     reads = library_reader("transformers 5.25.0 Qwen3OmniMoeConfig")
     assert reads(config, "thinker_config.vision_config.num_position_embeddings") == 2304, "what transformers takes"
 
-    out = subprocess.run([sys.executable, "-m", "runtime.cli", "check-weights", plan_path, "--weights",
+    out = subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", "check-weights", plan_path, "--weights",
                           str(tmp_path / "root")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all weights match" in out.stdout
@@ -141,7 +141,7 @@ def test_a_snac_config_with_only_its_non_default_arguments_passes_check_weights(
     minimal = {k: v for k, v in SNAC_24KHZ_CONFIG.items() if reads({}, k) != v}
     assert {"codebook_size", "codebook_dim", "noise"} <= set(SNAC_24KHZ_CONFIG) - set(minimal)
     write_orpheus_root(tmp_path / "root", snac_config=minimal)
-    out = subprocess.run([sys.executable, "-m", "runtime.cli", "check-weights", plan_path, "--weights",
+    out = subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", "check-weights", plan_path, "--weights",
                           str(tmp_path / "root")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all weights match" in out.stdout

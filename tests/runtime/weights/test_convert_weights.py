@@ -13,7 +13,7 @@ from tests.runtime.serving.conftest import REPO
 
 
 def convert(directory: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime.cli", "convert-weights", str(directory)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", "convert-weights", str(directory)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -40,11 +40,11 @@ def test_a_pickle_with_code_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_reader_gives_back_what_torch_save_wrote_without_unpickling(tmp_path: Path) -> None:
-    """runtime/weights/torch_zip.py against torch.save itself: every storage dtype a checkpoint uses,
+    """runtime/model_executor/weights/torch_zip.py against torch.save itself: every storage dtype a checkpoint uses,
     strided views sharing a storage, parameters, an OrderedDict with metadata, lists, numbers, None."""
     from collections import OrderedDict
 
-    from runtime.weights.torch_zip import read_torch_zip
+    from runtime.model_executor.weights.torch_zip import read_torch_zip
     base = torch.arange(24, dtype=torch.float32).view(4, 6)
     state = OrderedDict(w=torch.randn(3, 5), view=base.t()[1:, ::2], same=base,
                         p=torch.nn.Parameter(torch.ones(2, dtype=torch.float16)), empty=torch.zeros(0))
@@ -64,7 +64,7 @@ def test_the_reader_gives_back_what_torch_save_wrote_without_unpickling(tmp_path
 def test_the_reader_refuses_what_is_not_a_checkpoint(tmp_path: Path) -> None:
     import pytest
 
-    from runtime.weights.torch_zip import NotAWeightsFile, read_torch_zip
+    from runtime.model_executor.weights.torch_zip import NotAWeightsFile, read_torch_zip
     (tmp_path / "junk.bin").write_bytes(b"not a zip")
     with pytest.raises(NotAWeightsFile, match="not a zip"):
         read_torch_zip(tmp_path / "junk.bin")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.weights.gguf_loader import (
+from runtime.model_executor.weights.gguf_loader import (
     SMOLLM2, GGUFCheckpoint, hf_name, is_gguf_ref, resolve_gguf,
 )
 

@@ -1,4 +1,4 @@
-"""The mapping rules one by one (`runtime.weights.mapping`), and the compiler's checks of them."""
+"""The mapping rules one by one (`runtime.model_executor.weights.mapping`), and the compiler's checks of them."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,7 @@ from mstar_compiler.errors import CompileError
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file, compile_text
 from mstar_compiler.plan import IndexRemap, Rename, Split, WeightMap
-from runtime.weights.mapping import CompiledMap, Target
+from runtime.model_executor.weights.mapping import CompiledMap, Target
 from tests.runtime.serving.conftest import REPO
 
 FLUX = WeightMap(source="o/ae", prefix="", exclude=["^encoder\\."],

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.weights.sources import NodeWeights
+from runtime.model_executor.weights.sources import NodeWeights
 from runtime.worker.loader import load_node
 from tests.runtime.serving.published_layouts import PRESET, diffusers_vae, flux_layout, published_preset
 

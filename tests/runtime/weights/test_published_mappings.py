@@ -16,11 +16,11 @@ import pytest
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from mstar_compiler.plan import Plan
-from runtime.weights import ConfigMismatch
-from runtime.weights.headers import TensorInfo
-from runtime.weights.match import MatchReport
-from runtime.weights.published import check_config
-from runtime.weights.slots import Slot
+from runtime.model_executor.weights import ConfigMismatch
+from runtime.model_executor.weights.headers import TensorInfo
+from runtime.model_executor.weights.match import MatchReport
+from runtime.model_executor.weights.published import check_config
+from runtime.model_executor.weights.slots import Slot
 from tests.runtime.serving.published_layouts import write_bagel_configs
 from tests.runtime.weights.published_layouts import BAGEL_LLM, BAGEL_VIT, infos, meta_report, meta_slots, repository
 

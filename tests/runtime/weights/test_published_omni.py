@@ -15,11 +15,11 @@ import torch
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.kv import KVBlockManager
-from runtime.weights import ConfigMismatch
-from runtime.weights.commands import check_plan
-from runtime.weights.published import check_config
-from runtime.weights.sources import WeightOptions
+from runtime.model_executor.kv import KVBlockManager
+from runtime.model_executor.weights import ConfigMismatch
+from runtime.entrypoints.weights_cli import check_plan
+from runtime.model_executor.weights.published import check_config
+from runtime.model_executor.weights.sources import WeightOptions
 from runtime.worker.loader import load_rank
 from tests.runtime.models.qwen3_omni.omni_reference import hf_model, omni_config, preset, randomize
 from tests.runtime.serving.published_layouts import PRESET, published_preset, write_omni_repository

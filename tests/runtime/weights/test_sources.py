@@ -1,4 +1,4 @@
-"""Where a node's weights come from (`runtime.weights.sources.resolve`): random only when asked for."""
+"""Where a node's weights come from (`runtime.model_executor.weights.sources.resolve`): random only when asked for."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.weights.sources import MissingWeights, WeightOptions, resolve, resolve_all
+from runtime.model_executor.weights.sources import MissingWeights, WeightOptions, resolve, resolve_all
 
 GRAPHS = Path(__file__).resolve().parents[3] / "graphs"
 

@@ -24,7 +24,7 @@ from runtime.transport.messages import (
     Shutdown, Welcome, WorkItem, encode,
 )
 from runtime.transport.request_params import RequestParams
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.queues import ConductorQueue
 from tests.runtime.serving.conftest import REPO, compile_plan, plan_dir  # noqa: F401  (plan_dir: the session fixture)
 
@@ -97,7 +97,7 @@ def _push(keys_dir: str, endpoint: str, *messages: tuple[Any, dict]) -> None:
 
 async def _scenario(plan: str, keys_dir: str) -> None:
     conductor = FakeConductor(keys_dir)
-    worker = subprocess.Popen([sys.executable, "-m", "runtime.cli", "worker", plan, "--conductor",
+    worker = subprocess.Popen([sys.executable, "-m", "runtime.entrypoints.cli", "worker", plan, "--conductor",
                                conductor.queue.endpoint, "--rank", "0", "--key", f"{keys_dir}/rank-0.json",
                                "--log-level", "error"], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:

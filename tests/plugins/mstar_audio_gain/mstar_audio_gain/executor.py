@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from mstar_compiler.plan import Node, Plan
-from runtime.executors import CachelessExecutor, ExecResult
+from runtime.worker.executors import CachelessExecutor, ExecResult
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 

@@ -14,13 +14,13 @@ from mstar_compiler.pipeline import compile_file
 from runtime.models.bagel.generation import Generation, GuidanceUse, vae_resize, vit_resize
 from runtime.models.bagel.segments import Segment, SegmentKind as K
 from runtime.models.bagel.cfg_combine import CfgRequest
-from runtime.executors import executor_for
+from runtime.worker.executors import executor_for
 from runtime.models.bagel.node_executors import image_tensor
-from runtime.kv import KVBlockManager
-from runtime.sampling import SamplingParams
+from runtime.model_executor.kv import KVBlockManager
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
-from runtime.weights.sources import WeightOptions
+from runtime.model_executor.weights.sources import WeightOptions
 from runtime.worker.loader import load_rank
 from tests.runtime.serving.conftest import REPO
 

@@ -10,8 +10,8 @@ import torch
 
 from mstar_compiler.catalogue import load_catalogue
 from runtime.models.bagel.segments import Segment, SegmentKind
-from runtime.components import component_class
-from runtime.kv import KVBlockManager
+from runtime.model_executor.components import component_class
+from runtime.model_executor.kv import KVBlockManager
 
 from tests.runtime.models.bagel.bagel_reference import DenseBagel
 

@@ -8,7 +8,7 @@ from transformers import SiglipVisionConfig
 from transformers import SiglipVisionModel as HFSiglipVisionModel
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 
 CAT = load_catalogue()
 

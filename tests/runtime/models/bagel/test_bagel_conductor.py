@@ -15,8 +15,8 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.conductor.conductor import Conductor, ConductorConfig
 from runtime.conductor.request import Request
-from runtime.conductor.workers import WorkerSet
-from runtime.sampling import SamplingParams
+from runtime.ranks.workers import WorkerSet
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.messages import BatchDone, ItemResult, RunBatch
 from runtime.transport.queues import Envelope
 from runtime.transport.request_params import RequestParams

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runtime.models.bagel.segments import SegmentKind as K
-from runtime.executors import ExecResult, Executor
+from runtime.worker.executors import ExecResult, Executor
 from runtime.models.bagel.roles import cfg_consumer, segment_kinds
 from runtime.transport.messages import BatchDone, RunBatch, WorkItem
 from runtime.transport.queues import Envelope

@@ -15,7 +15,7 @@ from mstar_compiler.catalogue import load_catalogue
 from runtime.models.bagel.flow import flow_timesteps
 from runtime.models.bagel.image_io import png_bytes
 from runtime.models.bagel.segments import SegmentKind as K
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 from runtime.models.bagel.cfg_combine import CfgRequest
 from runtime.models.bagel.cfg_kernel import Guidance, cfg_euler_step
 

@@ -10,9 +10,9 @@ from safetensors.torch import save_file
 
 from runtime.models.bagel.generation import vit_resize
 from runtime.models.bagel.node_executors import image_tensor
-from runtime.sampling import Sampler
+from runtime.model_executor.sampling import Sampler
 from runtime.transport.messages import WorkItem
-from runtime.weights.sources import WeightOptions
+from runtime.model_executor.weights.sources import WeightOptions
 from tests.runtime.models.bagel.bagel_harness import Driver, rank_executors, tiny_plan
 from tests.runtime.models.bagel.bagel_lm_helpers import RefSequence, bagel_weights
 from tests.runtime.models.bagel.bagel_reference import DenseBagel, vit_context_rows

@@ -10,8 +10,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from tests.runtime.models.bagel.bagel_lm_helpers import DIMS, RefSequence, Runner, bagel_weights, build_lm
 from tests.runtime.models.bagel.bagel_reference import DenseBagel
 from runtime.models.bagel.segments import SegmentKind as K
-from runtime.components import component_class
-from runtime.weights import WeightLoadError
+from runtime.model_executor.components import component_class
+from runtime.model_executor.weights import WeightLoadError
 
 IDS = [7, 42, 99, 3, 250]
 

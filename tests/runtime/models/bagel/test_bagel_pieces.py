@@ -10,7 +10,7 @@ from PIL import Image
 from tests.runtime.models.bagel.bagel_reference import bagel_sincos_table
 from runtime.models.bagel.embeddings import TimestepEmbedder, sincos_2d_table, timestep_frequencies
 from runtime.models.bagel.flow import flow_step_times, flow_timesteps
-from runtime.server.multimodal import decode_image
+from runtime.entrypoints.http.multimodal import decode_image
 from runtime.models.bagel.image_io import (VAE_RESIZE, VIT_RESIZE, pil_to_tensor, png_bytes,
                                     resize_for, target_size)
 from runtime.models.bagel.patchify import grid_position_ids, patchify, unpatchify

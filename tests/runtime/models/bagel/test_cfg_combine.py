@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 from runtime.models.bagel.cfg_combine import CfgRequest
 from runtime.models.bagel.cfg_kernel import Guidance, cfg_euler_step
 

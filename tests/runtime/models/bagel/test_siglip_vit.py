@@ -10,9 +10,9 @@ from transformers import SiglipVisionModel as HFSiglipVisionModel
 
 from mstar_compiler.catalogue import load_catalogue
 from runtime.models.bagel.embeddings import sincos_2d_table
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 from runtime.models.bagel.siglip_vit import conv_patch_weight_to_linear
-from runtime.weights import WeightLoadError
+from runtime.model_executor.weights import WeightLoadError
 
 SPEC = load_catalogue()["siglip_vit"]
 DIMS = SPEC.presets["tiny"]

@@ -8,7 +8,7 @@ from diffusers import AutoencoderKL
 from safetensors.torch import save_file
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 
 CAT = load_catalogue()
 DIMS = CAT["vae_encoder"].presets["tiny"]

@@ -6,9 +6,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.components import component_class
-from runtime.kv import KVBlockManager, PagedKVCache
-from runtime.layers import DecoderLM
+from runtime.model_executor.components import component_class
+from runtime.model_executor.kv import KVBlockManager, PagedKVCache
+from runtime.model_executor.layers import DecoderLM
 
 LLAMA3_SMALL = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 64}

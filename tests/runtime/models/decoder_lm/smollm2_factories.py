@@ -11,12 +11,12 @@ from typing import Sequence
 
 import torch
 
-from runtime.components import component_class
-from runtime.kv import KVBlockManager
-from runtime.layers import DecoderLM
-from runtime.sampling import Sampler, SamplingParams, SamplingState
+from runtime.model_executor.components import component_class
+from runtime.model_executor.kv import KVBlockManager
+from runtime.model_executor.layers import DecoderLM
+from runtime.model_executor.sampling import Sampler, SamplingParams, SamplingState
 from runtime.text import TextOutput, TextTokenizer
-from runtime.weights.gguf_loader import GGUFCheckpoint
+from runtime.model_executor.weights.gguf_loader import GGUFCheckpoint
 
 
 def build_llama_lm(ckpt: GGUFCheckpoint) -> DecoderLM:

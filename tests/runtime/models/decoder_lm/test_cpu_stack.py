@@ -1,4 +1,4 @@
-"""The layer stack in one C++ call (runtime/layers/cpu_stack.py) against the per-layer path it replaces.
+"""The layer stack in one C++ call (runtime/model_executor/layers/cpu_stack.py) against the per-layer path it replaces.
 
 Both make the same kernel calls with the same arguments in the same order, so the check is bit
 equality of every logit, not a tolerance: decode rows alone, prompts alone, a prompt cut into
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.kernels import cpu as cpu_kernels
-from runtime.layers.cpu_stack import LayerStack
-from runtime.parallel import cpu_linear, pack_linears
+from runtime.model_executor.kernels import cpu as cpu_kernels
+from runtime.model_executor.layers.cpu_stack import LayerStack
+from runtime.model_executor.parallel import cpu_linear, pack_linears
 from tests.runtime.models.decoder_lm.lm_factories import CASES, PagedRunner, build, tiny_dims
 
 pytestmark = pytest.mark.skipif(cpu_kernels.status() != "", reason=f"CPU kernels: {cpu_kernels.status()}")
@@ -92,7 +92,7 @@ def test_with_split_packing_only_batches_on_the_panel_copy_take_the_stack(calls,
     """AMX machines pack bf16 weights twice ("split"): batches of at most AMX_PANEL_ROWS rows run the panel copy
     (the stack can), larger ones oneDNN's (the per-layer path). Here, without AMX, the choice is made as if the CPU
     had it; both copies' GEMMs are real."""
-    from runtime.parallel import cpu_linear
+    from runtime.model_executor.parallel import cpu_linear
     if not (cpu_linear.onednn_available() and cpu_linear.bf16_packable()):
         pytest.skip("no oneDNN bf16 GEMM on this CPU")
     monkeypatch.setattr(cpu_linear, "_has_amx", lambda: True)

@@ -43,7 +43,7 @@ def test_multimodal_rope_matches_qwen3_omni_thinker() -> None:
     from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as omni
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeTextConfig
 
-    from runtime.layers.rotary import RotaryEmbedding
+    from runtime.model_executor.layers.rotary import RotaryEmbedding
 
     scaling = {"rope_type": "default", "mrope_section": [4, 2, 2]}
     config = Qwen3OmniMoeTextConfig(hidden_size=64, num_attention_heads=4, head_dim=16,

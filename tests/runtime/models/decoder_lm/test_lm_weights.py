@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 from tests.runtime.models.decoder_lm.lm_factories import build, checkpoint_state_dict, hf_twin, tiny_dims
-from runtime.components import component_class
-from runtime.weights import WeightLoadError, iter_safetensors
+from runtime.model_executor.components import component_class
+from runtime.model_executor.weights import WeightLoadError, iter_safetensors
 
 
 def test_safetensors_directory_loads_and_fuses(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.executors import executor_for
-from runtime.sampling import SamplingParams
+from runtime.worker.executors import executor_for
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 from runtime.worker.loader import load_rank

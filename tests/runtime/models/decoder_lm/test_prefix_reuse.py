@@ -10,10 +10,10 @@ import torch
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 
 GRAPHS = Path(__file__).resolve().parents[4] / "graphs"

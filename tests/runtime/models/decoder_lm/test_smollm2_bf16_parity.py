@@ -25,11 +25,11 @@ import torch
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.kernels import cpu as cpu_kernels
-from runtime.kv import KVBlockManager
-from runtime.sampling import SamplingParams
+from runtime.model_executor.kernels import cpu as cpu_kernels
+from runtime.model_executor.kv import KVBlockManager
+from runtime.model_executor.sampling import SamplingParams
 from runtime.text.gguf_tokenizer import tokenizer_from_gguf
-from runtime.weights.gguf_loader import SMOLLM2, open_gguf
+from runtime.model_executor.weights.gguf_loader import SMOLLM2, open_gguf
 from runtime.worker.loader import load_rank
 from tests.runtime.models.decoder_lm.smollm2_factories import _forward, generate
 from tests.runtime.serving.conftest import REPO

@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from mstar_compiler.catalogue.decoder_lm import LLAMA_PRESETS
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.text.gguf_tokenizer import tokenizer_from_gguf
-from runtime.weights.gguf_loader import SMOLLM2, open_gguf, resolve_gguf
+from runtime.model_executor.weights.gguf_loader import SMOLLM2, open_gguf, resolve_gguf
 from tests.runtime.models.decoder_lm.smollm2_factories import build_llama_lm, generate
 
 NEW_TOKENS = 24

@@ -6,7 +6,7 @@ from snac import SNAC
 from snac.layers import NoiseBlock
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 
 OFFSET, CODEBOOK = 128266, 4096
 

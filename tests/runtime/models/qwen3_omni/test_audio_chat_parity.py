@@ -23,13 +23,13 @@ from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_fe
 
 from mstar_compiler.pipeline import Options, compile_file
 from runtime.conductor.request import MediaInput
-from runtime.executors import executor_for
-from runtime.server.chat_inputs import chat_inputs_for
+from runtime.worker.executors import executor_for
+from runtime.entrypoints.http.chat_inputs import chat_inputs_for
 from runtime.text import ByteTokenizer
 from runtime.transport.messages import WorkItem
 from runtime.worker.loader import build_module
 from tests.runtime.models.qwen3_omni.omni_reference import preset, randomized_thinker
-from runtime.sampling import SamplingParams
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 
 ATOL = 1e-4

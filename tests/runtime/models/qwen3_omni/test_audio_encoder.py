@@ -7,7 +7,7 @@ import torch
 from transformers import WhisperFeatureExtractor
 
 from tests.runtime.models.qwen3_omni.omni_reference import audio_config, checkpoint_tensors, hf_model, preset, randomize
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 
 KIND = "qwen3_omni_audio_encoder"
 

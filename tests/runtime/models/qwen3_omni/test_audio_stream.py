@@ -9,10 +9,10 @@ import torch
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 from runtime.models.qwen3_omni.audio_stream import PCM_RATE, AudioStream
 from runtime.models.qwen3_omni.executors import AudioEncoderExecutor
-from runtime.server.audio_decode import resample
+from runtime.entrypoints.http.audio_decode import resample
 from runtime.streams.chunk_policy import Chunk
 from runtime.transport.messages import WorkItem
 from tests.runtime.models.qwen3_omni.omni_reference import preset

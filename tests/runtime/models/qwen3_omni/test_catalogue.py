@@ -13,8 +13,8 @@ from mstar_compiler.catalogue import load_catalogue
 from mstar_compiler.catalogue.qwen3_omni import FULL
 from tests.runtime.models.qwen3_omni.omni_reference import (audio_config, checkpoint_tensors, code2wav_config, hf_model, predictor_config, preset,
                             talker_config, vision_config)
-from runtime.components import component_class
-from runtime.weights import WeightLoadError
+from runtime.model_executor.components import component_class
+from runtime.model_executor.weights import WeightLoadError
 
 CATALOGUE = load_catalogue()
 

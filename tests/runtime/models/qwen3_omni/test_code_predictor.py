@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.runtime.models.qwen3_omni.omni_reference import checkpoint_tensors, hf_model, predictor_config, preset, randomize
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 
 KIND = "qwen3_omni_code_predictor"
 

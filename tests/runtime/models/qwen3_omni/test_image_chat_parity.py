@@ -23,10 +23,10 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from mstar_compiler.pipeline import Options, compile_file
 from runtime.conductor.request import MediaInput
-from runtime.executors import executor_for
+from runtime.worker.executors import executor_for
 from runtime.models.qwen3_omni.vision_grid import patchify, patchify_frames
-from runtime.server.chat_inputs import chat_inputs_for
-from runtime.sampling import SamplingParams
+from runtime.entrypoints.http.chat_inputs import chat_inputs_for
+from runtime.model_executor.sampling import SamplingParams
 from runtime.text import ByteTokenizer
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams

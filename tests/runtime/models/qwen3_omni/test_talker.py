@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from tests.runtime.models.qwen3_omni.omni_reference import checkpoint_tensors, hf_model, preset, randomize, talker_config
-from runtime.components import component_class
-from runtime.kv import KVBlockManager
+from runtime.model_executor.components import component_class
+from runtime.model_executor.kv import KVBlockManager
 
 KIND = "qwen3_omni_talker"
 

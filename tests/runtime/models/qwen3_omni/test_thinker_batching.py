@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mstar_compiler.pipeline import Options, compile_file
-from runtime.executors import executor_for
-from runtime.sampling import SamplingParams
+from runtime.worker.executors import executor_for
+from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 from runtime.worker.loader import build_module

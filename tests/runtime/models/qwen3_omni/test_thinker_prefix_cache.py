@@ -17,10 +17,10 @@ import torch
 
 from mstar_compiler.pipeline import Options, compile_file
 from runtime.conductor.request import MediaInput
-from runtime.executors import executor_for
+from runtime.worker.executors import executor_for
 from runtime.models.qwen3_omni.row_keys import media_rows
-from runtime.sampling import SamplingParams
-from runtime.server.chat_inputs import chat_inputs_for
+from runtime.model_executor.sampling import SamplingParams
+from runtime.entrypoints.http.chat_inputs import chat_inputs_for
 from runtime.text import ByteTokenizer
 from runtime.transport.messages import StreamRoute, WorkItem
 from runtime.transport.request_params import RequestParams

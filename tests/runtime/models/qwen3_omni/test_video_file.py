@@ -22,8 +22,8 @@ import transformers
 from PIL import Image
 
 from mstar_compiler.pipeline import Options, compile_file
-from runtime.server.chat_inputs import chat_inputs_for
-from runtime.server.errors import ApiError
+from runtime.entrypoints.http.chat_inputs import chat_inputs_for
+from runtime.entrypoints.http.errors import ApiError
 from runtime.text import ByteTokenizer
 from tests.runtime.models.qwen3_omni.test_image_chat_parity import VISION, image_part
 

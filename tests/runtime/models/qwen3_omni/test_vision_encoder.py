@@ -6,7 +6,7 @@ import torch
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from tests.runtime.models.qwen3_omni.omni_reference import checkpoint_tensors, hf_model, preset, randomize, vision_config
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 from runtime.models.qwen3_omni.vision_grid import patchify
 
 KIND = "qwen3_omni_vision_encoder"

@@ -5,7 +5,7 @@ import torch
 from transformers import VJEPA2Config, VJEPA2Model
 
 from mstar_compiler.catalogue import load_catalogue
-from runtime.components import component_class
+from runtime.model_executor.components import component_class
 
 
 def tiny(kind: str) -> dict:

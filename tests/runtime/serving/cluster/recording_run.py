@@ -15,9 +15,9 @@ from typing import Any
 
 import msgspec
 
-import runtime.cluster.ray_launcher as ray_launcher
-from runtime.cli import main
-from runtime.cluster.rank_actor import RankActor
+import runtime.ranks.ray.ray_launcher as ray_launcher
+from runtime.entrypoints.cli import main
+from runtime.ranks.ray.rank_actor import RankActor
 
 RECORD_DIR = sys.argv[1]
 

@@ -97,7 +97,7 @@ class RayServer:
     """`mstar-run PLAN --ray HEAD` on host 0; `call` runs a function in host 0's network."""
 
     def __init__(self, cluster: Cluster, plan: str, *extra: str, address: str = "",
-                 command: tuple[str, ...] = ("-m", "runtime.cli"), **popen: Any) -> None:
+                 command: tuple[str, ...] = ("-m", "runtime.entrypoints.cli"), **popen: Any) -> None:
         self.cluster = cluster
         self.url = f"http://127.0.0.1:{next(_PORTS)}"
         self.proc = cluster.net.popen(0, [sys.executable, *command, plan, "--ray", address or cluster.address,
@@ -317,7 +317,7 @@ def test_actors_are_handed_no_secret_and_only_the_keys_they_made_get_in(cluster,
     the actors must not be admitted with) and actors that record their calls."""
     keys_dir, record = tmp_path / "keys", str(tmp_path / "record")
     os.mkdir(record)
-    subprocess.run([sys.executable, "-m", "runtime.cli", "keygen", "--ranks", "2", "--out", str(keys_dir)], cwd=REPO,
+    subprocess.run([sys.executable, "-m", "runtime.entrypoints.cli", "keygen", "--ranks", "2", "--out", str(keys_dir)], cwd=REPO,
                    check=True, capture_output=True)
     server_keys = ClusterKeys.load(keys_dir / "server.json")
     keygen_ranks = [ClusterKeys.load(keys_dir / f"rank-{r}.json") for r in (0, 1)]

@@ -20,7 +20,7 @@ import numpy as np
 import openai
 import pytest
 
-from runtime.conductor.workers import HEARTBEAT_TIMEOUT_S
+from runtime.ranks.workers import HEARTBEAT_TIMEOUT_S
 from runtime.transport.queues import PUSH_TIMEOUT_S, ZMTP_TIMEOUT_MS
 from tests.runtime.serving.bagel.conftest import MODEL, generate, pixels
 from tests.runtime.serving.conftest import compile_plan, serve
@@ -167,7 +167,7 @@ def test_a_rank_advertising_an_address_nobody_holds_is_named(whole: Cluster) -> 
 
 
 def test_a_worker_with_no_route_to_its_conductor_says_so(cluster: Cluster) -> None:
-    done = cluster.net.run(2, [sys.executable, "-m", "runtime.cli", "worker", "--conductor", "tcp://192.0.2.1:5555",
+    done = cluster.net.run(2, [sys.executable, "-m", "runtime.entrypoints.cli", "worker", "--conductor", "tcp://192.0.2.1:5555",
                                "--rank", "2", cluster.plan], timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "no route from this host to the conductor at 192.0.2.1" in done.stderr

@@ -18,7 +18,7 @@ from transformers import WhisperFeatureExtractor
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 from mstar_compiler.pipeline import Options, compile_file
-from runtime.server.chat_inputs import chat_inputs_for
+from runtime.entrypoints.http.chat_inputs import chat_inputs_for
 from runtime.text import ByteTokenizer
 from runtime.worker.loader import build_module
 from tests.runtime.models.qwen3_omni.omni_reference import preset, thinker_reference

@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from runtime.models.qwen3_omni.audio_stream import PCM_RATE
-from runtime.server.audio_io import wav
+from runtime.entrypoints.http.audio_io import wav
 from tests.runtime.models.qwen3_omni.test_audio_stream import chunks, utterance
 from tests.runtime.serving.conftest import http
 from tests.runtime.serving.speech.conftest import OMNI
@@ -264,7 +264,7 @@ def test_a_message_over_the_cap_closes_the_socket_with_1009_and_the_server_keeps
     """The WebSocket protocol's answer to a message over MAX_MESSAGE_BYTES (docs/serving.md states the cap).
     The client speaks RFC 6455 by hand and sends only the frame's header: the server refuses on the
     declared length, and a client still sending the 16 MiB would race the server's close (a reset)."""
-    from runtime.server.realtime import MAX_MESSAGE_BYTES
+    from runtime.entrypoints.http.realtime import MAX_MESSAGE_BYTES
     host, port = omni_single.url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=60) as sock:
         key = base64.b64encode(os.urandom(16)).decode()

@@ -1,0 +1,195 @@
+"""POST /v1/chat/completions with `modalities: ["text", "audio"]`: text and speech together.
+
+For a plan with a talker (Qwen3-Omni) the request runs the `voice_chat` task: the thinker
+writes, the talker speaks what it writes, code2wav decodes chunks while the text still
+decodes. As OpenAI's audio chat does:
+  * streamed: SSE chunks whose `delta.audio` carries `transcript` (text deltas) or
+    `data` (base64 16-bit PCM, 24 kHz mono; streaming requires `audio.format: "pcm16"`),
+    in the order they are produced;
+  * not streamed: `message.audio = {id, data, expires_at, transcript}` with `data` the
+    whole answer as base64 WAV (or PCM for "pcm16"), `message.content` null.
+`chat_or_audio` routes a chat request here when it asks for audio, else to the text chat.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from runtime.entrypoints.http.audio_events import AudioEvents
+from runtime.entrypoints.http.audio_io import pcm16, wav
+from runtime.entrypoints.http.chat import chat_completions, chat_messages, item_tokens
+from runtime.entrypoints.http.context import ServerContext
+from runtime.entrypoints.http.errors import ApiError, error_body
+from runtime.entrypoints.http.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
+from runtime.entrypoints.http.params import openai_field
+from runtime.entrypoints.http.schemas import AudioOutput, ChatCompletionBody
+from runtime.entrypoints.http.speech import speech_params
+from runtime.text import IncrementalDetokenizer
+
+AUDIO_FORMATS = ("wav", "pcm16")
+EXPIRES_S = 3600
+
+
+async def chat_or_audio(request: web.Request) -> web.StreamResponse:
+    """The chat route: audio output goes to `audio_chat`, text-only chat to the text handler."""
+    body = await request.app["mstar"].read_body(request, ChatCompletionBody)
+    if body.modalities is not None and "audio" in body.modalities:
+        return await audio_chat(request, body)
+    return await chat_completions(request, body)
+
+
+def _input_items(server: ServerContext, body: ChatCompletionBody,
+                 voice: str) -> tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]]:
+    """(the prompt's input items, values for the family's executors, stop ids): the family's reader
+    for audio/image parts, else its speaker's chat prompt."""
+    messages = chat_messages(body)
+    items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
+    if items:
+        # the items are the prompt; the speaker's prompt gives only its params (the voice) and stops
+        _, family, stops = server.speech_model.speaker.prompt(server, voice, "")
+        return items, {**family, **server.chat_inputs.request_params(items)}, stops
+    ids, family, stops = server.speech_model.speaker.chat_prompt(server, voice, _text_messages(messages))
+    return [("text", ids)], family, stops
+
+
+def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    out = []
+    for i, m in enumerate(messages):
+        content = m["content"]
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise ApiError(400, f"messages[{i}].content: this endpoint takes text parts", f"messages[{i}]")
+            content = "".join(p["text"] for p in content)
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def _parse(server: ServerContext,
+           body: ChatCompletionBody) -> tuple[tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]], str]:
+    server.check_model(body.model)
+    model = server.speech_model
+    if model is None or not model.speaker.can_chat:
+        raise ApiError(400, f"the model '{server.model_id}' does not answer with audio in chat", "modalities")
+    audio = body.audio or AudioOutput()
+    speaker = model.speaker.voice(audio.voice)
+    if speaker is None:
+        raise ApiError(400, f"unknown voice '{audio.voice}'", "audio.voice")
+    fmt = ("pcm16" if body.stream else "wav") if audio.format is msgspec.UNSET else audio.format
+    if fmt not in AUDIO_FORMATS or (body.stream and fmt != "pcm16"):
+        raise ApiError(400, "audio.format must be 'wav' or 'pcm16' ('pcm16' when streaming)", "audio.format")
+    return _input_items(server, body, speaker), fmt
+
+
+async def audio_chat(request: web.Request, body: ChatCompletionBody) -> web.StreamResponse:
+    server: ServerContext = request.app["mstar"]
+    # decoding audio and images is CPU work: off the loop that runs the conductor
+    (items, family, stops), fmt = await asyncio.to_thread(_parse, server, body)
+    model = server.speech_model
+    fields = msgspec.structs.asdict(body)
+    fields["max_tokens"] = openai_field(fields, "max_tokens")
+    params = speech_params(server, fields, family, requested_logprobs(fields))
+    req = server.conductor.submit(model.task, params, items, stops, server.config.request_timeout_s)
+    events = AudioEvents(server, req, model)
+    ctx = _Reply(server, events, len(item_tokens(items)))
+    try:
+        if body.stream:
+            return await ctx.stream(request, bool(body.stream_options and body.stream_options.include_usage))
+        return await ctx.whole(fmt)
+    finally:
+        server.conductor.abort(req)
+
+
+class _Reply:
+    """One audio chat answer: text decoded incrementally, audio as it comes."""
+
+    def __init__(self, server: ServerContext, events: AudioEvents, num_prompt: int) -> None:
+        self.server, self.events, self.num_prompt = server, events, num_prompt
+        self.decoder = IncrementalDetokenizer(server.tokenizer)
+        asked = events.req.params.sampling.logprobs is not None
+        self.logprobs = LogprobsContent(server.tokenizer) if asked else None
+        self.cid, self.aid, self.created = f"chatcmpl-{uuid.uuid4().hex}", f"audio_{uuid.uuid4().hex}", int(time.time())
+
+    async def next(self) -> tuple[str, list[Any], bool]:
+        ids, audio, done = await self.events.next()
+        req = self.events.req
+        if self.logprobs is not None:
+            why = missing_logprobs(ids, self.events.logprobs)
+            if why is not None:     # the handler's `finally` aborts the request
+                raise ApiError(400, f"this model cannot answer 'logprobs': {why}", "logprobs")
+            for token, logprob in zip(ids, self.events.logprobs):
+                if token not in req.stop_token_ids:
+                    self.logprobs.add(token, logprob)
+        text = "".join(self.decoder.push(t) for t in ids if t not in req.stop_token_ids)
+        return (text + self.decoder.flush() if done else text), audio, done
+
+    def take_logprobs(self) -> dict[str, Any] | None:
+        return self.logprobs.take() if self.logprobs is not None else None
+
+    def finish_reason(self) -> str:
+        req = self.events.req
+        budget = req.params.max_tokens
+        return "length" if budget is not None and len(req.output_ids) >= budget else "stop"
+
+    def usage(self) -> dict[str, int]:
+        done = len(self.events.req.output_ids)
+        return {"prompt_tokens": self.num_prompt, "completion_tokens": done, "total_tokens": self.num_prompt + done}
+
+    def _chunk(self, delta: dict, finish: str | None, logprobs: dict[str, Any] | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        body = {"id": self.cid, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.server.model_id, "choices": [choice]}
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    async def stream(self, request: web.Request, include_usage: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        await resp.write(self._chunk({"role": "assistant", "content": None}, None))
+        done = False
+        try:
+            while not done:
+                text, audio, done = await self.next()
+                if text:
+                    await resp.write(self._chunk({"audio": {"id": self.aid, "transcript": text}}, None,
+                                                 self.take_logprobs()))
+                for piece in audio:
+                    data = base64.b64encode(pcm16(piece)).decode()
+                    await resp.write(self._chunk({"audio": {"id": self.aid, "data": data}}, None))
+                    self.events.sent(piece)
+            self.events.observe()
+            await resp.write(self._chunk({"audio": {"id": self.aid, "expires_at": int(time.time()) + EXPIRES_S}},
+                                         self.finish_reason(), self.take_logprobs()))
+            if include_usage:
+                usage = {"id": self.cid, "object": "chat.completion.chunk", "created": self.created,
+                         "model": self.server.model_id, "choices": [], "usage": self.usage()}
+                await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
+        except ApiError as err:
+            await resp.write(f"data: {json.dumps(error_body(err.status, err.message, code=err.code))}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def whole(self, fmt: str) -> web.Response:
+        transcript, pcm, done = "", bytearray(), False
+        while not done:
+            text, audio, done = await self.next()
+            transcript += text
+            for piece in audio:
+                pcm += pcm16(piece)
+                self.events.sent(piece)
+        self.events.observe()
+        data = wav(bytes(pcm), self.events.model.sample_rate) if fmt == "wav" else bytes(pcm)
+        audio = {"id": self.aid, "data": base64.b64encode(data).decode(),
+                 "expires_at": int(time.time()) + EXPIRES_S, "transcript": transcript}
+        return web.json_response({
+            "id": self.cid, "object": "chat.completion", "created": self.created, "model": self.server.model_id,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": None,
+                                                 "audio": audio}, "finish_reason": self.finish_reason(),
+                         "logprobs": self.take_logprobs()}],
+            "usage": self.usage()})

@@ -1,0 +1,233 @@
+"""POST /v1/chat/completions: OpenAI chat over the plan's chat task (text in, text out).
+
+The prompt is the checkpoint's chat template applied to `messages`; output text is
+decoded incrementally (never splitting a character), stop strings are cut, and `usage`
+and `finish_reason` are real. A client that goes away aborts the request, which frees
+its KV blocks at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from runtime.conductor.request import OutputEvent, Request
+from runtime.model_executor.sampling import SamplingParams
+from runtime.entrypoints.http.context import ServerContext
+from runtime.entrypoints.http.errors import ApiError, error_body, event_error
+from runtime.entrypoints.http.limits import check_context, check_roles, check_top_k, max_context, vocab_size
+from runtime.entrypoints.http.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
+from runtime.entrypoints.http.multimodal import IMAGE_TASK, has_image_parts, image_chat_items
+from runtime.entrypoints.http.params import openai_field, resolve_params
+from runtime.entrypoints.http.schemas import ChatCompletionBody
+from runtime.text import TextOutput
+from runtime.transport.request_params import RequestParams
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+
+
+@dataclass
+class ChatRequest:
+    """A parsed, checked chat request."""
+
+    prompt_ids: list[int]
+    params: RequestParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    task: str | None = None                           # None: the plan's chat task
+    input_items: list[tuple[str, Any]] | None = None  # interleaved text/media items (a chat with images, audio)
+
+
+def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
+    """Check the typed body against the plan (its model, roles, media parts, params); ApiError(4xx) if wrong."""
+    server.check_model(body.model)
+    messages = chat_messages(body)
+    check_roles(messages)
+    media_items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
+    image_items = None if media_items else image_chat_items(messages, server.plan, server.tokenizer)
+    if image_items is None and media_items is None:
+        messages = [{"role": m["role"], "content": _text_content(m["content"], i)} for i, m in enumerate(messages)]
+    if body.n != 1:
+        raise ApiError(400, "only n = 1 is supported", "n")
+    # a media prompt's shape (its pieces, its pictures' grids) is set by the family's reader, not the body
+    family = server.chat_inputs.request_params(media_items) if media_items is not None else None
+    params = resolve_params(server.plan, _given(body), family)
+    sampling = params.sampling
+    check_top_k(sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
+    stream, include_usage = body.stream, bool(body.stream_options and body.stream_options.include_usage)
+    if media_items is not None:
+        return ChatRequest(item_tokens(media_items), params, sampling.stop, stream, include_usage, None, media_items)
+    if image_items is not None:
+        prompt_ids = [t for dtype, ids in image_items if dtype == "text" for t in ids]
+        return ChatRequest(prompt_ids, params, sampling.stop, stream, include_usage, IMAGE_TASK, image_items)
+    return ChatRequest(chat_prompt(server, messages), params, sampling.stop, stream, include_usage)
+
+
+def chat_messages(body: ChatCompletionBody) -> list[dict[str, Any]]:
+    """The messages as chat templates and a family's chat-input reader take them: {role, content}."""
+    return [{"role": m.role, "content": m.content} for m in body.messages]
+
+
+def chat_prompt(server: ServerContext, messages: list[dict]) -> list[int]:
+    """The prompt ids of text-only messages: the checkpoint's chat template, opening the assistant's turn."""
+    if server.chat_node is None:
+        raise ApiError(400, f"the model '{server.model_id}' has no chat task")
+    try:
+        text = server.tokenizer.render_chat(messages, add_generation_prompt=True)
+    except ValueError as exc:
+        raise ApiError(400, f"messages: {exc}", "messages") from None
+    return server.tokenizer.encode(text, add_special_tokens=False)
+
+
+def submit_chat(server: ServerContext, chat: ChatRequest) -> Request:
+    """Queue a parsed chat (after checking that prompt + max_tokens fit the chat LM's context)."""
+    plan = server.plan
+    if chat.params.max_tokens is not None:
+        check_context(len(chat.prompt_ids), chat.params.max_tokens, max_context(plan, server.chat_node))
+    task = chat.task or ("chat" if any(t.name == "chat" for t in plan.tasks) else plan.default_task)
+    sampling = chat.params.sampling
+    stop_ids = server.stop_token_ids(sampling.stop_token_ids, sampling.ignore_eos)
+    items = chat.input_items or [("text", chat.prompt_ids)]
+    return server.conductor.submit(task, chat.params, items, stop_ids, server.config.request_timeout_s)
+
+
+def item_tokens(items: list[tuple[str, Any]]) -> list[int]:
+    """Every token id the LM reads for these input items: text runs and media placeholders."""
+    return [t for dtype, value in items for t in (value if dtype == "text" else value.tokens)]
+
+
+def _text_content(content: str | list, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ApiError(400, f"messages[{i}].content: this model takes text parts only", f"messages[{i}].content")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _given(body: ChatCompletionBody) -> dict[str, Any]:
+    """The body's fields a chat request's params take (sampling fields, max_tokens, stops)."""
+    fields = msgspec.structs.asdict(body)
+    given = {k: fields[k] for k in SAMPLING_KEYS}
+    given["max_tokens"] = openai_field(fields, "max_tokens")
+    given["stop"] = body.stop or None
+    given["stop_token_ids"] = body.stop_token_ids or None   # vLLM's extension
+    given["ignore_eos"] = body.ignore_eos   # vLLM's extension: forced lengths for benchmarks
+    given["logprobs"] = requested_logprobs(fields)
+    return given
+
+
+class ChatStream:
+    """Turns a request's events into text deltas, watching stop strings."""
+
+    def __init__(self, server: ServerContext, req: Request, stop: tuple[str, ...], prompt_ids: list[int]) -> None:
+        self.server, self.req = server, req
+        self.text = TextOutput(server.tokenizer, SamplingParams(stop=stop), prompt_ids, stop_ids=req.stop_token_ids)
+        self.finish_reason: str | None = None
+        asked = req.params.sampling.logprobs is not None
+        self.logprobs = LogprobsContent(server.tokenizer) if asked else None
+
+    async def next(self) -> tuple[str, bool]:
+        """(text delta, whether this was the last event)."""
+        event: OutputEvent = await self.req.events.get()
+        if event.finish_reason == "error":
+            raise event_error(event)
+        text = ""
+        self._check_logprobs(event)
+        for i, token in enumerate(event.token_ids):
+            if self.text.finished:      # tokens of a step already in flight when a stop string matched
+                break
+            delta = self.text.push(token)
+            text += delta.text
+            if self.logprobs is not None and not isinstance(delta.stop_reason, int):
+                self.logprobs.add(token, event.logprobs[i])
+            if delta.finished and isinstance(delta.stop_reason, str) and self.finish_reason is None:
+                self.finish_reason = "stop"
+                self.server.conductor.end_early(self.req, "stop")
+        if event.finish_reason is not None:
+            text += self.text.finish()
+            self.finish_reason = self.finish_reason or event.finish_reason
+        return text, event.finish_reason is not None
+
+    def _check_logprobs(self, event: OutputEvent) -> None:
+        why = missing_logprobs(event.token_ids, event.logprobs) if self.logprobs is not None else None
+        if why is not None:    # the handler's `finally` aborts the request
+            raise ApiError(400, f"this model cannot answer 'logprobs': {why}", "logprobs")
+
+    def take_logprobs(self) -> dict[str, Any] | None:
+        """The `logprobs` of the tokens since the last call (None when the request did not ask)."""
+        return self.logprobs.take() if self.logprobs is not None else None
+
+    def usage(self, prompt_tokens: int) -> dict[str, int]:
+        done = len(self.req.output_ids)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
+
+
+async def chat_completions(request: web.Request, body: ChatCompletionBody) -> web.StreamResponse:
+    """The text chat (audio_chat.py's `chat_or_audio` routes here what does not ask for speech)."""
+    server: ServerContext = request.app["mstar"]
+    # decoding images and audio is CPU work: off the loop that runs the conductor
+    if has_image_parts(m.content for m in body.messages) or server.chat_inputs is not None:
+        chat = await asyncio.to_thread(parse_chat, body, server)
+    else:
+        chat = parse_chat(body, server)
+    req = submit_chat(server, chat)
+    stream = ChatStream(server, req, chat.stop, chat.prompt_ids)
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    try:
+        if chat.stream:
+            return await _stream(request, server, chat, stream, cid, created)
+        text, done = "", False
+        while not done:
+            delta, done = await stream.next()
+            text += delta
+        server.observe_finished(req)
+        return web.json_response({
+            "id": cid, "object": "chat.completion", "created": created, "model": server.model_id,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": stream.finish_reason, "logprobs": stream.take_logprobs()}],
+            "usage": stream.usage(len(chat.prompt_ids))})
+    finally:
+        server.conductor.abort(req)   # no-op when finished; frees everything on disconnect
+
+
+async def _stream(request: web.Request, server: ServerContext, chat: ChatRequest, stream: ChatStream,
+                  cid: str, created: int) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+
+    def chunk(delta: dict, finish: str | None, usage: dict | None = None) -> bytes:
+        body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": server.model_id,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": stream.take_logprobs()}]}
+        if usage is not None:
+            body = {**body, "choices": [], "usage": usage}
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    # The role travels with the first content (as vLLM sends it): clients time their first
+    # chunk as TTFT, so a role chunk sent before any token is computed would flatter the server.
+    done, role_sent = False, False
+    try:
+        while not done:
+            delta, done = await stream.next()
+            if delta or (done and not role_sent):
+                await resp.write(chunk({"content": delta} if role_sent else
+                                       {"role": "assistant", "content": delta}, None))
+                role_sent = True
+        await resp.write(chunk({}, stream.finish_reason))
+        if chat.include_usage:
+            await resp.write(chunk({}, None, stream.usage(len(chat.prompt_ids))))
+        server.observe_finished(stream.req)
+    except ApiError as err:
+        await resp.write(f"data: {json.dumps(error_body(err.status, err.message, code=err.code))}\n\n".encode())
+    await resp.write(b"data: [DONE]\n\n")
+    return resp

@@ -1,0 +1,59 @@
+"""GET /v1/realtime: a WebSocket speaking the OpenAI Realtime protocol's core events (voice in, voice out).
+
+Served for plans whose family registers a realtime Listener (FamilyServing.realtime) and that
+speak (a speech model). The socket carries JSON text frames; each client event is handled in
+order by the session (runtime/entrypoints/http/realtime_session.py), its answer streaming concurrently.
+Its metrics are runtime/entrypoints/http/audio_metrics.py's RealtimeMetrics.
+"""
+from __future__ import annotations
+
+import json
+
+from aiohttp import WSMsgType, web
+
+from mstar_compiler.plan import Plan
+from runtime.entrypoints.http.context import ServerContext
+from runtime.entrypoints.http.errors import ApiError
+from runtime.entrypoints.http.families import Listener, families_of
+from runtime.entrypoints.http.realtime_session import RealtimeSession
+
+MAX_MESSAGE_BYTES = 16 * 2 ** 20      # one append event; OpenAI caps an append at 15 MiB
+
+
+def realtime_listener(plan: Plan) -> Listener | None:
+    """How the plan's family hears a session (FamilyServing.realtime), None when none can."""
+    makers = [f.realtime for f in families_of(plan) if f.realtime is not None]
+    return next((x for x in (m(plan) for m in makers) if x is not None), None)
+
+
+def install_realtime(server: ServerContext, app: web.Application) -> None:
+    """Add GET /v1/realtime when the plan's family can hear a session and the plan speaks."""
+    if server.realtime_listener is not None and server.speech_model is not None:
+        app.router.add_get("/v1/realtime", realtime)
+
+
+async def realtime(request: web.Request) -> web.WebSocketResponse:
+    server: ServerContext = request.app["mstar"]
+    if server.draining:
+        raise ApiError(503, "the server is shutting down", code="shutting_down")
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=30)
+    await ws.prepare(request)
+
+    async def send(event: dict) -> None:
+        if not ws.closed:
+            await ws.send_str(json.dumps(event))
+
+    session = RealtimeSession(server, server.realtime_listener, server.realtime_metrics, send)
+    await session.start()
+    try:
+        async for msg in ws:
+            if msg.type == WSMsgType.TEXT:
+                await session.handle(msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                await session.refuse(ApiError(400, "client events are JSON text frames, not binary ones",
+                                              code="invalid_event"))
+            else:
+                break
+    finally:
+        await session.close()
+    return ws

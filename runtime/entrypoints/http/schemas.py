@@ -1,0 +1,176 @@
+"""The JSON bodies of the HTTP endpoints: one msgspec Struct per endpoint, parsed once at the edge.
+
+A handler reads its body typed (`ServerContext.read_body(request, ChatCompletionBody)`) and past
+that trusts the types; what only the plan can say (the model's name, param bounds, roles, media)
+is checked by the handler. A body that does not fit its schema is a 400 in OpenAI's error body
+whose `param` names the field: `messages[2].content`, `stop`, `audio.voice`. A schema's
+`FIELD_ERRORS` gives the message (a format string of `field`) for a path and everything under
+it, naming that path ("messages[]": any element); other fields get a message made from msgspec's (`'seed' must be an
+integer, got a string`). JSON itself is strict: NaN and Infinity are not numbers (400).
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar, TypeVar
+
+import msgspec
+
+from runtime.entrypoints.http.errors import ApiError
+
+Body = TypeVar("Body", bound=msgspec.Struct)
+
+
+class ChatMessage(msgspec.Struct):
+    role: str                            # checked against the chat roles by the handler
+    content: str | list[Any]             # text, or content parts (text, image_url, input_audio, ...)
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None    # a last chunk with `usage` before [DONE]
+
+
+class AudioOutput(msgspec.Struct):
+    voice: str = "alloy"                 # the model's voice or one of OpenAI's names
+    format: str | msgspec.UnsetType = msgspec.UNSET    # "wav" | "pcm16"; unset: pcm16 when streamed, else wav
+
+
+class ChatCompletionBody(msgspec.Struct):
+    """POST /v1/chat/completions (OpenAI's chat; vLLM's extensions `top_k`, `min_p`,
+    `repetition_penalty`, `stop_token_ids`, `ignore_eos`; `max_audio_frames` for an audio answer)."""
+
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {
+        "model": "'model' must be a string",
+        "messages": "'messages' must be a non-empty array",
+        "messages[]": "{field} must be an object with a string 'role' and 'content'",
+        "n": "only n = 1 is supported",
+        "stream": "'stream' must be a boolean",
+        "stop": "'stop' must be a string or an array of strings",
+        "stop_token_ids": "'stop_token_ids' must be an array of token ids",
+        "audio": "'audio' must be an object {{voice, format}}",
+        "audio.voice": "'audio.voice' must be a string",
+        "audio.format": "audio.format must be 'wav' or 'pcm16' ('pcm16' when streaming)",
+    }
+
+    model: str
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    n: int = 1                                   # answers per request: only 1
+    stream: bool = False                         # SSE chunks as the answer decodes
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None                # None: the graph's default
+    max_completion_tokens: int | None = None     # OpenAI's newer name for max_tokens (taken when given)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: str | list[str] | None = None          # stop strings, cut from the answer
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None               # forced lengths (benchmarks)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None              # 0..20 alternatives per token, with logprobs
+    modalities: list[str] | None = None          # ["text", "audio"]: answered in speech too (audio_chat.py)
+    audio: AudioOutput | None = None
+    max_audio_frames: int | None = None          # a speaking plan's param (Qwen3-Omni)
+
+
+class SpeechBody(msgspec.Struct):
+    """POST /v1/audio/speech (OpenAI's text-to-speech; extensions: the sampling fields,
+    `max_tokens`, `max_audio_frames`)."""
+
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {
+        "model": "'model' must be a string",
+        "input": "'input' must be a non-empty string",
+        "speed": "only speed 1.0 is supported",
+    }
+
+    model: str
+    input: str = ""                          # the text to speak; checked non-empty by the handler
+    voice: str = "alloy"
+    response_format: str = "wav"             # "wav" | "pcm"
+    stream_format: str | None = None         # "audio": the file's bytes as produced, "sse": delta events
+    stream: bool | None = None               # true: stream_format "audio" unless one is given
+    speed: float = 1.0                       # only 1.0
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_audio_frames: int | None = None
+
+
+class TextInput(msgspec.Struct, tag_field="type", tag="text"):
+    text: str                                # tokenised by the served LM's tokenizer
+
+
+class TokensInput(msgspec.Struct, tag_field="type", tag="tokens"):
+    ids: list[Annotated[int, msgspec.Meta(ge=0)]]
+
+
+class TaskBody(msgspec.Struct):
+    """POST /v1/tasks/{task}: the task's params (checked against the plan) and its prompt inputs."""
+
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {
+        "": "the body must be an object with an optional 'params' object",
+        "inputs": "'inputs' must be an array",
+        "inputs[]": "{field} must be {{'type': 'text', 'text': str}} or {{'type': 'tokens', 'ids': [int]}}",
+    }
+
+    params: dict[str, Any] = {}
+    inputs: list[TextInput | TokensInput] = []
+
+
+def parse_body(raw: bytes, schema: type[Body]) -> Body:
+    """`raw` JSON decoded into `schema`; ApiError(400) naming the field when it does not fit."""
+    try:
+        return msgspec.json.decode(raw, type=schema)
+    except msgspec.ValidationError as exc:
+        raise field_error(str(exc), getattr(schema, "FIELD_ERRORS", {})) from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"the body is not valid JSON ({exc})") from None
+
+
+_AT = re.compile(r"(?P<detail>.*?)(?: - at `\$(?P<path>.*)`)?", re.S)
+_MISSING = re.compile(r"Object missing required field `(?P<name>[^`]*)`")
+_EXPECTED = re.compile(r"Expected `(?P<want>[^`]*)`, got `(?P<got>[^`]*)`")
+_NON_EMPTY = re.compile(r"Expected `array` of length >= 1")
+_STEP = re.compile(r"\[[^\]]*\]|[^.\[]+")
+_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean", "array": "an array",
+          "object": "an object", "null": "null"}
+
+
+def field_error(error: str, messages: dict[str, str]) -> ApiError:
+    """The 400 of a msgspec validation error ("Expected `bool`, got `str` - at `$.stream`")."""
+    match = _AT.fullmatch(error)
+    detail, path = match["detail"], (match["path"] or "").lstrip(".")
+    if missing := _MISSING.fullmatch(detail):
+        path = f"{path}.{missing['name']}" if path else missing["name"]
+    steps = _STEP.findall(path)
+    if "[...]" in steps:                  # a value in a map, whose key msgspec does not say: the map is named
+        steps = steps[:steps.index("[...]")]
+        path = _join(steps)
+    for n in range(len(steps), 0, -1):    # the deepest part of the path with a message of its own
+        shape = _join(re.sub(r"^\[.*\]$", "[]", step) for step in steps[:n])
+        if shape in messages:
+            field = _join(steps[:n])
+            return ApiError(400, messages[shape].format(field=field), field)
+    if not path:                          # the body itself
+        return ApiError(400, messages.get("", "the request body must be a JSON object"))
+    return ApiError(400, _said(path, detail), path)
+
+
+def _join(steps: Any) -> str:
+    return "".join(s if s.startswith("[") or i == 0 else f".{s}" for i, s in enumerate(steps))
+
+
+def _said(field: str, detail: str) -> str:
+    """msgspec's complaint about `field` said for people."""
+    if _MISSING.fullmatch(detail):
+        return f"'{field}' is required"
+    if _NON_EMPTY.fullmatch(detail):
+        return f"'{field}' must be a non-empty array"
+    if expected := _EXPECTED.fullmatch(detail):
+        want = [_KINDS.get(k, k) for k in expected["want"].split(" | ") if k != "null"]
+        return f"'{field}' must be {' or '.join(want)}, got {_KINDS.get(expected['got'], expected['got'])}"
+    return f"'{field}': {detail[:1].lower()}{detail[1:]}"

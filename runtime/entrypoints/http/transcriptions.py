@@ -1,0 +1,107 @@
+"""POST /v1/audio/transcriptions: OpenAI's speech-to-text over the plan's chat task.
+
+The multipart form carries `file` (the audio), `model`, and optionally `language`,
+`prompt`, `response_format` (json | text | verbose_json), `temperature` and `stream`; any
+other field (OpenAI's `include[]`, `timestamp_granularities[]`, ...) is a 400 naming it.
+The family's chat-input processor (`runtime.entrypoints.http.chat_inputs`) writes the model's own
+transcription request around the audio; the answer is decoded greedily unless a
+temperature is given. Streamed answers are SSE events `transcript.text.delta` and one
+`transcript.text.done`, as OpenAI's streaming transcription sends them.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from aiohttp import web
+
+from runtime.entrypoints.http.chat import ChatRequest, ChatStream, item_tokens, submit_chat
+from runtime.entrypoints.http.context import ServerContext
+from runtime.entrypoints.http.errors import ApiError
+from runtime.entrypoints.http.params import resolve_params
+
+RESPONSE_FORMATS = ("json", "text", "verbose_json")
+FIELDS = ("model", "language", "prompt", "response_format", "temperature", "stream")
+
+
+async def _form(request: web.Request) -> tuple[bytes, str, dict[str, str]]:
+    """(file bytes, file name, the text fields) of the multipart form; 400 when malformed."""
+    if not request.content_type.startswith("multipart/form-data"):
+        raise ApiError(400, "the body must be multipart/form-data with a 'file' field")
+    data, name, fields = None, "", {}
+    async for part in await request.multipart():
+        if part.name == "file":
+            data, name = bytes(await part.read()), part.filename or ""
+        elif part.name in FIELDS:
+            fields[part.name] = await part.text()
+        else:   # e.g. include[]=logprobs, timestamp_granularities[]: refused, not ignored
+            raise ApiError(400, f"form field '{part.name}' is not supported by this server's transcriptions "
+                           f"(it takes 'file' and {', '.join(repr(f) for f in FIELDS)})", part.name,
+                           "unsupported_field")
+    if data is None:
+        raise ApiError(400, "the form has no 'file' field (the audio to transcribe)", "file")
+    return data, name, fields
+
+
+def _chat(server: ServerContext, data: bytes, name: str, fields: dict[str, str]) -> tuple[ChatRequest, str]:
+    server.check_model(fields.get("model"))
+    fmt = fields.get("response_format", "json")
+    if fmt not in RESPONSE_FORMATS:
+        raise ApiError(400, f"response_format must be one of {RESPONSE_FORMATS}", "response_format")
+    if server.chat_inputs is None:
+        raise ApiError(400, f"the model '{server.model_id}' does not take audio input", "file")
+    try:
+        temperature = float(fields.get("temperature", 0.0))
+    except ValueError:
+        raise ApiError(400, "temperature must be a number", "temperature") from None
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(),
+                                                   "format": "mp3" if name.lower().endswith(".mp3") else "wav"}}
+    messages = server.chat_inputs.transcription_messages(part, fields.get("language"), fields.get("prompt"))
+    items = server.chat_inputs.chat_items(messages, server.tokenizer)
+    params = resolve_params(server.plan, {"temperature": temperature})
+    stream = fields.get("stream", "false").lower() == "true"
+    return ChatRequest(item_tokens(items), params, (), stream, False, None, items), fmt
+
+
+async def audio_transcriptions(request: web.Request) -> web.StreamResponse:
+    server: ServerContext = request.app["mstar"]
+    if server.draining:
+        raise ApiError(503, "the server is shutting down", code="shutting_down")
+    data, name, fields = await _form(request)
+    chat, fmt = _chat(server, data, name, fields)
+    req = submit_chat(server, chat)
+    stream = ChatStream(server, req, chat.stop, chat.prompt_ids)
+    try:
+        if chat.stream:
+            return await _stream(request, stream)
+        text, done = "", False
+        while not done:
+            delta, done = await stream.next()
+            text += delta
+        server.observe_finished(req)
+        if fmt == "text":
+            return web.Response(text=text, content_type="text/plain")
+        body: dict[str, Any] = {"text": text}
+        if fmt == "verbose_json":
+            wave = next(v.value for d, v in chat.input_items if d == "audio")
+            seconds = wave.shape[0] / server.chat_inputs.sample_rate
+            body = {"task": "transcribe", "language": fields.get("language", ""), "duration": seconds,
+                    "text": text, "segments": []}
+        return web.json_response(body)
+    finally:
+        server.conductor.abort(req)
+
+
+async def _stream(request: web.Request, stream: ChatStream) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    text, done = "", False
+    while not done:
+        delta, done = await stream.next()
+        if delta:
+            text += delta
+            await resp.write(f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': delta})}\n\n".encode())
+    await resp.write(f"data: {json.dumps({'type': 'transcript.text.done', 'text': text})}\n\n".encode())
+    stream.server.observe_finished(stream.req)
+    return resp

@@ -1,0 +1,509 @@
+// Fused CPU kernels of a decoder layer's non-GEMM work (runtime/model_executor/kernels/cpu.py builds and
+// loads this file; the module doc says why and when). Plain C ABI over raw pointers: no torch
+// headers, so a build takes about a second. Every kernel reads and writes fp32 or bf16 (`bf16`
+// flag: each kernel is a template instantiated for both, so its inner loops are branch-free and
+// the compiler vectorises them) and computes in fp32. OpenMP parallel loops run only where the work is large enough to
+// pay for waking the pool's sleeping threads (the workers' threads wait passively).
+#include "cpu_lanes.h"
+
+namespace {
+
+using namespace mstar;
+
+// Each row runs kLanes values at a time (cpu_lanes.h: 16 on AVX-512, 8 on AVX2), the last few one by one, same steps.
+
+// one row: x * rsqrt(mean of squares + eps) in the dtype, times the weight. `squares`: the row's sum of squares
+template <typename T>
+inline void norm_row(const T* x, const T* weight, T* out, int64_t n, float squares, float eps) {
+    const float r = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        store_lanes(out + i, load_lanes(weight + i) * round_lanes<T>(load_lanes(x + i) * r));
+    for (; i < n; ++i) out[i] = from_f32<T>(to_f32(weight[i]) * round_to<T>(to_f32(x[i]) * r));
+}
+
+template <typename T>
+inline float sum_of_squares(const T* x, int64_t n) {
+    vf lanes{};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        const vf v = load_lanes(x + i);
+        lanes += v * v;
+    }
+    float ss = sum_lanes(lanes);
+    for (; i < n; ++i) ss += to_f32(x[i]) * to_f32(x[i]);
+    return ss;
+}
+
+template <typename T>
+void rms_norm(const T* x, int64_t x_stride, const T* weight, T* out, int64_t out_stride, int64_t rows, int64_t n,
+              float eps) {
+#pragma omp parallel for if (rows * n >= kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* row = x + r * x_stride;
+        norm_row(row, weight, out + r * out_stride, n, sum_of_squares(row, n), eps);
+    }
+}
+
+// residual += delta (one rounding to the dtype), then the sum's norm; the sum is read back from the row it was
+// stored in (in cache)
+template <typename T>
+void add_rms_norm(T* residual, const T* delta, const T* weight, T* out, int64_t rows, int64_t n, float eps) {
+#pragma omp parallel for if (rows * n >= kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+        T* res = residual + r * n;
+        const T* del = delta + r * n;
+        int64_t i = 0;
+        for (; i + kLanes <= n; i += kLanes) store_lanes(res + i, load_lanes(res + i) + load_lanes(del + i));
+        for (; i < n; ++i) res[i] = from_f32<T>(to_f32(res[i]) + to_f32(del[i]));
+        norm_row(res, weight, out + r * n, n, sum_of_squares(res, n), eps);
+    }
+}
+
+template <typename T>
+void silu_mul(const T* x, T* out, int64_t rows, int64_t n) {
+#pragma omp parallel for if (rows * n >= kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* gate = x + r * 2 * n;
+        const T* up = gate + n;
+        T* o = out + r * n;
+        int64_t i = 0;                             // torch: silu(gate) in the dtype, then * up
+        for (; i + kLanes <= n; i += kLanes) {
+            const vf g = load_lanes(gate + i);
+            store_lanes(o + i, round_lanes<T>(g / (1.f + exp_lanes(-g))) * load_lanes(up + i));
+        }
+        for (; i < n; ++i) {
+            const float g = to_f32(gate[i]);
+            o[i] = from_f32<T>(round_to<T>(g / (1.f + fast_exp(-g))) * to_f32(up[i]));
+        }
+    }
+}
+
+template <typename T>
+void rope_cache(T* q, int64_t q_stride, int64_t hq, T* k, int64_t k_stride, int64_t hkv, const T* v,
+                int64_t v_stride, const T* cos, const T* sin, int64_t d, const int64_t* slots, T* k_cache,
+                T* v_cache, int64_t rows) {
+    const int64_t half = d / 2;
+#pragma omp parallel for if (rows * (hq + hkv) * d >= kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* c = cos + r * d;
+        const T* s = sin + r * d;
+        for (int64_t h = 0; h < hq + hkv; ++h) {
+            T* head = h < hq ? q + r * q_stride + h * d : k + r * k_stride + (h - hq) * d;
+            int64_t i = 0;                         // torch: addcmul(x * cos (in the dtype), swapped, sin)
+            for (; i + kLanes <= half; i += kLanes) {
+                const vf x0 = load_lanes(head + i), x1 = load_lanes(head + half + i);
+                store_lanes(head + i, round_lanes<T>(x0 * load_lanes(c + i)) + x1 * load_lanes(s + i));
+                store_lanes(head + half + i,
+                            round_lanes<T>(x1 * load_lanes(c + half + i)) + x0 * load_lanes(s + half + i));
+            }
+            for (; i < half; ++i) {
+                const float x0 = to_f32(head[i]), x1 = to_f32(head[i + half]);
+                head[i] = from_f32<T>(round_to<T>(x0 * to_f32(c[i])) + x1 * to_f32(s[i]));
+                head[i + half] = from_f32<T>(round_to<T>(x1 * to_f32(c[i + half])) + x0 * to_f32(s[i + half]));
+            }
+        }
+        std::memcpy(k_cache + slots[r] * hkv * d, k + r * k_stride, hkv * d * sizeof(T));
+        std::memcpy(v_cache + slots[r] * hkv * d, v + r * v_stride, hkv * d * sizeof(T));
+    }
+}
+
+// the index of each row's largest value, as torch.argmax: the first of equal maxima, the first NaN where a row
+// has one (NaN counts as the largest). Lanes keep their own first maximum (a strict > never moves an equal one
+// later); across lanes the smallest index of the largest value wins.
+template <typename T>
+void argmax_rows(const T* x, int64_t stride, int64_t rows, int64_t n, int64_t* out) {
+#pragma omp parallel for if (rows * n >= 4 * kParallelWork)
+    for (int64_t r = 0; r < rows; ++r) {
+        const T* row = x + r * stride;
+        float best = -INFINITY;
+        int64_t at = 0, i = 0;
+        bool nan = false;
+        if (n >= kLanes) {
+            vf top = load_lanes(row), where = kLaneIndex, seen = top != top ? vf{} + 1.f : vf{};
+            // lane indices run in fp32: exact below 2^24, which cpu.py checks
+            for (i = kLanes; i + kLanes <= n; i += kLanes) {
+                const vf v = load_lanes(row + i);
+                where = v > top ? kLaneIndex + static_cast<float>(i) : where;
+                top = v > top ? v : top;
+                seen = v != v ? vf{} + 1.f : seen;
+            }
+            nan = max_lanes(seen) > 0.f;
+            if (!nan) {
+                best = max_lanes(top);
+                float first = static_cast<float>(n);
+                for (int j = 0; j < kLanes; ++j)
+                    if (top[j] == best) first = std::min(first, where[j]);
+                at = static_cast<int64_t>(first);
+            }
+        }
+        for (int64_t j = nan ? 0 : i; j < n; ++j) {    // the tail; the whole row, one by one, where it has a NaN
+            const float v = to_f32(row[j]);
+            if (v != v) { at = j; break; }
+            if (v > best || (j == 0 && !nan)) best = v, at = j;
+        }
+        out[r] = at;
+    }
+}
+
+// ---- GEMM for decode-sized batches: C (M, N) = A (M, K) W^T (+ bias), W packed once into panels ----
+//
+// W (N, K) is stored as ceil(N / 16) panels, each (K, 16): panel p holds columns 16p .. 16p + 15 of C,
+// k-major, zero past N. A block of up to 6 rows of A runs over one panel with 12 8-wide accumulators
+// (6 rows x 16 columns) in registers: per k, two panel loads, six broadcasts, twelve FMAs. Each C
+// element is one sum over k in order 0 .. K-1, whatever M or the row's place in its block: a row's
+// result does not depend on the batch around it. Panels are split over the threads.
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4)));
+
+constexpr int64_t kPanel = 16;
+constexpr int64_t kRows = 6;
+
+inline v8 load8(const float* p) { return *reinterpret_cast<const v8u*>(p); }
+inline v8 load8(const bf16_t* p) {
+    v8 out;
+    for (int i = 0; i < 8; ++i) out[i] = to_f32(p[i]);
+    return out;
+}
+
+// `ahead` (kAhead): the next panel, fetched a line per k while the first 6-row block runs over this one, so
+// the weights stream from memory under the FMAs (it paid at decode batches, not below 6 rows: off there)
+template <int MR, bool kAhead, typename T>
+inline void gemm_block(const T* a, int64_t lda, const T* panel, int64_t k_size, const T* bias, T* c, int64_t ldc,
+                       int64_t cols, const T* ahead) {
+    v8 lo[MR], hi[MR];
+    for (int r = 0; r < MR; ++r) lo[r] = hi[r] = v8{};
+    for (int64_t k = 0; k < k_size; ++k) {
+        if (kAhead) __builtin_prefetch(ahead + k * kPanel);
+        const v8 w0 = load8(panel + k * kPanel), w1 = load8(panel + k * kPanel + 8);
+        for (int r = 0; r < MR; ++r) {
+            const float x = to_f32(a[r * lda + k]);
+            lo[r] += x * w0;
+            hi[r] += x * w1;
+        }
+    }
+    for (int r = 0; r < MR; ++r) {
+        for (int64_t j = 0; j < cols; ++j) {
+            const float v = j < 8 ? lo[r][j] : hi[r][j - 8];
+            c[r * ldc + j] = from_f32<T>(bias ? v + to_f32(bias[j]) : v);
+        }
+    }
+}
+
+#if defined(__AVX512F__)
+// ---- the same GEMM on AVX-512: a panel row is one 16-wide register, so a block of up to 8 rows over three panels
+// (or 12 over two) holds 24 accumulators of the 32 registers; the first block over a set reads it from memory,
+// later ones (a batch of 16 runs as 8 + 8 rows) from L2 (gemm_blocks). Where the CPU has
+// AVX512-BF16 a bf16 panel stores its k values in pairs (k, k + 1 side by side per column: one 64-byte row per
+// pair) for `vdpbf16ps`, which adds both exact products to the fp32 accumulator in turn: still one in-order
+// sum per output (pair by pair), whatever the batch.
+#include <immintrin.h>
+
+constexpr int64_t kWideRows = 12;
+constexpr int64_t kGroupBytes = 256 * 1024;    // panels a thread keeps in L2 while several row blocks run over them
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+template <typename T>
+inline void store_block(const __m512* acc, int rows, const T* bias, T* c, int64_t ldc, int64_t cols) {
+    if (cols == kPanel) {        // a whole panel's columns: a vector store a row (bf16 rounded lane-wise, as below)
+        for (int r = 0; r < rows; ++r) {
+            const vf v = reinterpret_cast<const vf&>(acc[r]);
+            store_lanes(c + r * ldc, bias ? v + load_lanes(bias) : v);
+        }
+        return;
+    }
+    alignas(64) float v[16];
+    for (int r = 0; r < rows; ++r) {
+        _mm512_store_ps(v, acc[r]);
+        for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = from_f32<T>(bias ? v[j] + to_f32(bias[j]) : v[j]);
+    }
+}
+
+// Lines of the panels a block's caller runs next, fetched into L2 while the block runs: lines first .. end - 1 of
+// 64 bytes from `base`, kAheadRate of them a k step from the block's first.
+constexpr int64_t kAheadRate = 2;
+constexpr int64_t kAheadBlocks = 6;     // row blocks of a decode batch: more (a prefill chunk) read the set from L2
+constexpr int64_t kSetMajorBlocks = 3;  // row blocks of a decode batch that run over each set in turn (gemm_blocks)
+struct Ahead {
+    const char* base;
+    int64_t first, end;
+
+    inline void fetch(int64_t step) const {
+        for (int64_t j = 0; j < kAheadRate; ++j) {
+            const int64_t line = first + step * kAheadRate + j;
+            if (line < end) _mm_prefetch(base + line * 64, _MM_HINT_T1);
+        }
+    }
+};
+
+// One block: MR rows of A over NP neighbouring panels (NP * MR accumulators); each broadcast of A feeds NP FMAs, so
+// more panels need fewer loads per FMA. fp32 math: fp32 weights, or bf16 weights converted in registers where the CPU
+// has no bf16 dot product. kAhead: `ahead`'s lines prefetched as the k steps go.
+template <int MR, int NP, bool kAhead, typename T>
+inline void wide_block(const T* a, int64_t lda, const T* panel, int64_t depth, int64_t k_size, const T* bias, T* c,
+                       int64_t ldc, int64_t cols, Ahead ahead) {
+    __m512 acc[NP][MR];
+    for (int q = 0; q < NP; ++q)
+        for (int r = 0; r < MR; ++r) acc[q][r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < k_size; ++k) {
+        __m512 w[NP];
+        for (int q = 0; q < NP; ++q) w[q] = load16(panel + q * depth * kPanel + k * kPanel);
+        if (kAhead) ahead.fetch(k);
+        for (int r = 0; r < MR; ++r) {
+            const __m512 x = _mm512_set1_ps(to_f32(a[r * lda + k]));
+            for (int q = 0; q < NP; ++q) acc[q][r] = _mm512_fmadd_ps(x, w[q], acc[q][r]);
+        }
+    }
+    for (int q = 0; q < NP; ++q)
+        store_block(acc[q], MR, bias ? bias + q * kPanel : nullptr, c + q * kPanel, ldc, std::min(kPanel, cols - q * kPanel));
+}
+
+#if defined(__AVX512BF16__)
+constexpr bool kPairs = true;
+template <int MR, int NP, bool kAhead>
+inline void wide_block(const bf16_t* a, int64_t lda, const bf16_t* panel, int64_t depth, int64_t k_size,
+                       const bf16_t* bias, bf16_t* c, int64_t ldc, int64_t cols, Ahead ahead) {
+    __m512 acc[NP][MR];
+    for (int q = 0; q < NP; ++q)
+        for (int r = 0; r < MR; ++r) acc[q][r] = _mm512_setzero_ps();
+    const int64_t pairs = (k_size + 1) / 2;
+    auto step = [&](int64_t kp, auto pair_of) {
+        __m512bh w[NP];
+        for (int q = 0; q < NP; ++q) w[q] = (__m512bh)_mm512_loadu_si512(panel + q * depth * kPanel + kp * 2 * kPanel);
+        if (kAhead) ahead.fetch(kp);
+        for (int r = 0; r < MR; ++r) {
+            const __m512bh x = (__m512bh)_mm512_set1_epi32(pair_of(a + r * lda + 2 * kp));
+            for (int q = 0; q < NP; ++q) acc[q][r] = _mm512_dpbf16_ps(acc[q][r], x, w[q]);
+        }
+    };
+    for (int64_t kp = 0; kp < k_size / 2; ++kp)
+        step(kp, [](const bf16_t* x) { int32_t v; std::memcpy(&v, x, 4); return v; });
+    if (k_size & 1)         // the last k alone: its pair's second weight is the packing's zero
+        step(pairs - 1, [](const bf16_t* x) { return static_cast<int32_t>(*x); });
+    for (int q = 0; q < NP; ++q)
+        store_block(acc[q], MR, bias ? bias + q * kPanel : nullptr, c + q * kPanel, ldc, std::min(kPanel, cols - q * kPanel));
+}
+#else
+constexpr bool kPairs = false;
+#endif
+
+// a block of `rows` (1 .. MR) rows over NP panels
+template <int MR, int NP, bool kAhead, typename T>
+inline void wide_rows(int rows, const T* a, int64_t lda, const T* panel, int64_t depth, int64_t k, const T* bias, T* c,
+                      int64_t ldc, int64_t cols, Ahead ahead) {
+    if constexpr (MR > 1) {
+        if (rows < MR) return wide_rows<MR - 1, NP, kAhead>(rows, a, lda, panel, depth, k, bias, c, ldc, cols, ahead);
+    }
+    wide_block<MR, NP, kAhead>(a, lda, panel, depth, k, bias, c, ldc, cols, ahead);
+}
+
+// the depth of a packed panel: k, or k rounded up to pairs where bf16 panels hold pairs
+inline int64_t panel_depth(int64_t k, bool bf16) { return bf16 && kPairs ? k + (k & 1) : k; }
+
+// Panels p0 .. p1 - 1 (one group) for every row block of A, NP panels at a time (gemm_blocks)
+template <int MR, int NP, typename T>
+void run_group(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
+               int64_t k, int64_t p0, int64_t p1, int64_t per_block, int64_t share, int64_t set_lines, bool fetch,
+               bool set_major) {
+    const int64_t panels = (n + kPanel - 1) / kPanel, depth = panel_depth(k, sizeof(T) == 2);
+    auto one_set = [&](int64_t p, int64_t r, int64_t i) {
+        const int rows = static_cast<int>(std::min(per_block, m - r));
+        const T* ar = a + r * lda;
+        T* cr = c + r * ldc;
+        const T* panel = packed + p * depth * kPanel;
+        const int64_t col = p * kPanel, cols = std::min(NP * kPanel, n - col);
+        const T* b = bias ? bias + col : nullptr;
+        const Ahead ahead{reinterpret_cast<const char*>(panel + NP * depth * kPanel), i * share,
+                          std::min(set_lines, (i + 1) * share)};
+        if (fetch && p + 2 * NP <= panels)
+            wide_rows<MR, NP, true>(rows, ar, lda, panel, depth, k, b, cr + col, ldc, cols, ahead);
+        else
+            wide_rows<MR, NP, false>(rows, ar, lda, panel, depth, k, b, cr + col, ldc, cols, ahead);
+    };
+    auto tail = [&](int64_t p, int64_t r) {
+        const int rows = static_cast<int>(std::min(per_block, m - r));
+        const T* panel = packed + p * depth * kPanel;
+        const int64_t col = p * kPanel;
+        wide_rows<MR, 1, false>(rows, a + r * lda, lda, panel, depth, k, bias ? bias + col : nullptr,
+                                c + r * ldc + col, ldc, std::min(kPanel, n - col), Ahead{});
+    };
+    const int64_t full = p0 + (p1 - p0) / NP * NP;
+    if (set_major) {
+        for (int64_t p = p0; p < full; p += NP)
+            for (int64_t r = 0, i = 0; r < m; r += per_block, ++i) one_set(p, r, i);
+        for (int64_t p = full; p < p1; ++p)
+            for (int64_t r = 0; r < m; r += per_block) tail(p, r);
+        return;
+    }
+    for (int64_t r = 0, i = 0; r < m; r += per_block, ++i) {
+        for (int64_t p = p0; p < full; p += NP) one_set(p, r, i);
+        for (int64_t p = full; p < p1; ++p) tail(p, r);     // a group's last panels, one at a time
+    }
+}
+
+// Each thread takes an even, contiguous share of the sets of NP panels and runs it in groups that fit L2, NP panels
+// at a time; each group runs every row block of A (rows split evenly into blocks of at most MR) before the next group,
+// so a prefill chunk streams each weight once and a decode batch reads it once from memory. (Whole groups dealt to the
+// threads left one of 2 idle for part of a GEMM of few groups, such as SmolLM2's bf16 q/k/v and o projections.) In a
+// decode batch (at most kAheadBlocks row blocks), while a set of NP panels runs, each row block fetches its share of
+// the next set into L2, two lines a k step from its start (a batch of one block, up to 8 rows, so fetches the set's
+// first two thirds and leaves the rest to the hardware); that beat the first block fetching the whole next set into L1
+// at 8-16 rows. A batch of 2 or 3 blocks (9-36 rows) runs them over each set in turn before the next set (set_major),
+// so every share of the next set is fetched before that set runs (group by group, the first block ran over
+// half-fetched sets); 6 blocks (48 rows) gained nothing from it, so they keep group order. A prefill chunk's many row
+// blocks read each group from L2 and leave its stream to the hardware (fetching gained nothing there). Shares fetched
+// evenly over a block's steps were slower. Figures: docs/benchmark-log.md.
+template <int MR, int NP, typename T>
+void gemm_blocks(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
+                 int64_t k) {
+    const int64_t panels = (n + kPanel - 1) / kPanel, depth = panel_depth(k, sizeof(T) == 2);
+    const int64_t sets = (panels + NP - 1) / NP;
+    const int64_t panel_bytes = depth * kPanel * static_cast<int64_t>(sizeof(T));
+    const int64_t blocks = (m + MR - 1) / MR, per_block = blocks ? (m + blocks - 1) / blocks : 0;
+    const int64_t group = blocks <= 1 ? NP : std::max<int64_t>(NP, kGroupBytes / panel_bytes / NP * NP);
+    const int64_t set_lines = NP * panel_bytes / 64, share = blocks ? (set_lines + blocks - 1) / blocks : 0;
+    const bool fetch = blocks <= kAheadBlocks, set_major = blocks >= 2 && blocks <= kSetMajorBlocks;
+#pragma omp parallel if (m * n * k >= (1 << 18))
+    {
+        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t first = std::min(panels, sets * t / threads * NP);
+        const int64_t last = std::min(panels, sets * (t + 1) / threads * NP);
+        for (int64_t p0 = first; p0 < last; p0 += group)
+            run_group<MR, NP>(a, lda, packed, bias, c, ldc, m, n, k, p0, std::min(last, p0 + group), per_block, share,
+                              set_lines, fetch, set_major);
+    }
+}
+
+// The block shape by the row count. Blocks of up to 8 rows over three panels (per k: three panel loads and eight
+// broadcasts feed 24 FMAs) ran SmolLM2's GEMMs faster than blocks of up to 12 over two (14 loads for 24 FMAs) at
+// prefill chunks and at most batch sizes; 12 x 2 stays where it needs fewer
+// blocks of a small batch (9-12 rows: one block, not two; 17-36 rows). Figures: docs/benchmark-log.md.
+template <typename T>
+void gemm(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
+          int64_t k) {
+    if (m <= 36 && (m + 7) / 8 > (m + kWideRows - 1) / kWideRows)
+        gemm_blocks<kWideRows, 2>(a, lda, packed, bias, c, ldc, m, n, k);
+    else
+        gemm_blocks<8, 3>(a, lda, packed, bias, c, ldc, m, n, k);
+}
+
+template <typename T>
+void pack_panels(const T* w, int64_t n, int64_t k, T* packed) {
+    const int64_t panels = (n + kPanel - 1) / kPanel, depth = panel_depth(k, sizeof(T) == 2);
+    const bool pairs = sizeof(T) == 2 && kPairs;
+    for (int64_t p = 0; p < panels; ++p)
+        for (int64_t kk = 0; kk < depth; ++kk)
+            for (int64_t j = 0; j < kPanel; ++j) {
+                const int64_t col = p * kPanel + j;
+                const int64_t at = pairs ? (p * depth + kk / 2 * 2) * kPanel + j * 2 + kk % 2 : (p * depth + kk) * kPanel + j;
+                packed[at] = col < n && kk < k ? w[col * k + kk] : T{};
+            }
+}
+
+#else  // AVX2: the 6 x 16 blocks above
+
+inline int64_t panel_depth(int64_t k, bool) { return k; }
+
+template <typename T>
+void gemm(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
+          int64_t k) {
+    const int64_t panels = (n + kPanel - 1) / kPanel;
+#pragma omp parallel for schedule(static) if (m * n * k >= (1 << 18))
+    for (int64_t p = 0; p < panels; ++p) {
+        const T* panel = packed + p * k * kPanel;
+        const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
+        const T* b = bias ? bias + col : nullptr;
+        const T* ahead = p + 1 < panels ? panel + k * kPanel : nullptr;
+        int64_t r = 0;
+        for (; r + kRows <= m; r += kRows) {
+            if (r == 0 && ahead)
+                gemm_block<kRows, true>(a, lda, panel, k, b, c + col, ldc, cols, ahead);
+            else
+                gemm_block<kRows, false>(a + r * lda, lda, panel, k, b, c + r * ldc + col, ldc, cols, ahead);
+        }
+        switch (m - r) {     // the rows left; a batch of fewer than 6 rows streams its panels unaided (faster)
+#define TAIL(n) case n: gemm_block<n, false>(a + r * lda, lda, panel, k, b, c + r * ldc + col, ldc, cols, panel); break;
+            TAIL(5) TAIL(4) TAIL(3) TAIL(2) TAIL(1)
+#undef TAIL
+            default: break;
+        }
+    }
+}
+
+template <typename T>
+void pack_panels(const T* w, int64_t n, int64_t k, T* packed) {
+    const int64_t panels = (n + kPanel - 1) / kPanel;
+    for (int64_t p = 0; p < panels; ++p)
+        for (int64_t kk = 0; kk < k; ++kk)
+            for (int64_t j = 0; j < kPanel; ++j) {
+                const int64_t col = p * kPanel + j;
+                packed[(p * k + kk) * kPanel + j] = col < n ? w[col * k + kk] : T{};
+            }
+}
+
+#endif
+
+}  // namespace
+
+// the C ABI: void pointers and a dtype flag (0 fp32, 1 bf16); shapes and strides in elements (DISPATCH)
+
+extern "C" {
+
+// out[r] = rmsnorm(x[r]) * weight
+void mstar_rms_norm(const void* x, int64_t x_stride, const void* weight, void* out, int64_t out_stride,
+                    int64_t rows, int64_t n, float eps, int bf16) {
+    DISPATCH(rms_norm((const float*)x, x_stride, (const float*)weight, (float*)out, out_stride, rows, n, eps),
+             rms_norm((const bf16_t*)x, x_stride, (const bf16_t*)weight, (bf16_t*)out, out_stride, rows, n, eps));
+}
+
+// residual[r] += delta[r] (in the dtype, as torch's add), then out[r] = rmsnorm(residual[r]) * weight
+void mstar_add_rms_norm(void* residual, const void* delta, const void* weight, void* out, int64_t rows, int64_t n,
+                        float eps, int bf16) {
+    DISPATCH(add_rms_norm((float*)residual, (const float*)delta, (const float*)weight, (float*)out, rows, n, eps),
+             add_rms_norm((bf16_t*)residual, (const bf16_t*)delta, (const bf16_t*)weight, (bf16_t*)out, rows, n,
+                          eps));
+}
+
+// out[r, i] = silu(x[r, i]) * x[r, n + i]: the SwiGLU product of a fused gate/up projection (rows of 2n)
+void mstar_silu_mul(const void* x, void* out, int64_t rows, int64_t n, int bf16) {
+    DISPATCH(silu_mul((const float*)x, (float*)out, rows, n), silu_mul((const bf16_t*)x, (bf16_t*)out, rows, n));
+}
+
+// RoPE ("rotate half", cos and sign-folded sin tables of (rows, d)) on the q and k heads of each row,
+// in place, then k and v written into the paged caches at slots[r] (block * block_size + offset);
+// q, k, v are head-major rows at their own row strides (views into the fused QKV output)
+void mstar_rope_cache(void* q, int64_t q_stride, int64_t hq, void* k, int64_t k_stride, int64_t hkv,
+                      const void* v, int64_t v_stride, const void* cos, const void* sin, int64_t d,
+                      const int64_t* slots, void* k_cache, void* v_cache, int64_t rows, int bf16) {
+    DISPATCH(rope_cache((float*)q, q_stride, hq, (float*)k, k_stride, hkv, (const float*)v, v_stride,
+                        (const float*)cos, (const float*)sin, d, slots, (float*)k_cache, (float*)v_cache, rows),
+             rope_cache((bf16_t*)q, q_stride, hq, (bf16_t*)k, k_stride, hkv, (const bf16_t*)v, v_stride,
+                        (const bf16_t*)cos, (const bf16_t*)sin, d, slots, (bf16_t*)k_cache, (bf16_t*)v_cache, rows));
+}
+
+// the index of the largest value of each of `rows` rows of n (row r at x + r * stride), as torch.argmax
+void mstar_argmax(const void* x, int64_t stride, int64_t rows, int64_t n, int64_t* out, int bf16) {
+    DISPATCH(argmax_rows((const float*)x, stride, rows, n, out), argmax_rows((const bf16_t*)x, stride, rows, n, out));
+}
+
+// the k extent of a packed panel (k, or k rounded up to even for bf16 pairs on AVX512-BF16 CPUs)
+int64_t mstar_panel_depth(int64_t k, int bf16) { return panel_depth(k, bf16 != 0); }
+
+// W (n, k) row-major -> its panels (ceil(n / 16) * depth * 16 elements at `packed`)
+void mstar_pack_panels(const void* w, int64_t n, int64_t k, void* packed, int bf16) {
+    DISPATCH(pack_panels((const float*)w, n, k, (float*)packed), pack_panels((const bf16_t*)w, n, k, (bf16_t*)packed));
+}
+
+// c (m, n; row stride ldc) = a (m, k; row stride lda) @ W^T (+ bias) over W's panels
+void mstar_gemm(const void* a, int64_t lda, const void* packed, const void* bias, void* c, int64_t ldc, int64_t m,
+                int64_t n, int64_t k, int bf16) {
+    DISPATCH(gemm((const float*)a, lda, (const float*)packed, (const float*)bias, (float*)c, ldc, m, n, k),
+             gemm((const bf16_t*)a, lda, (const bf16_t*)packed, (const bf16_t*)bias, (bf16_t*)c, ldc, m, n, k));
+}
+
+}  // extern "C"

@@ -1,0 +1,76 @@
+"""Vocabulary-parallel token embedding and LM head.
+
+Rank r holds rows [r*shard, (r+1)*shard) of the (vocab, hidden) table, shard =
+ceil(vocab / tp); the last shard is zero-padded. The embedding looks up the ids it owns
+and all-reduces (other ranks contribute zeros); the head computes its slice of the
+logits and all-gathers them, dropping the padding.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.model_executor.parallel.cpu_linear import Packed, linear, pack_weight
+from runtime.model_executor.parallel.group import SINGLE, TensorParallelGroup
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token id -> embedding row, with the table split over the group by vocabulary."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallelGroup = SINGLE) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.shard = -(-vocab_size // tp.size)
+        self.start = tp.rank * self.shard
+        self.weight = nn.Parameter(torch.empty(self.shard, hidden_size))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        owned = (local >= 0) & (local < self.shard)
+        out = F.embedding(torch.where(owned, local, 0), self.weight)  # (N, hidden)
+        out = out * owned.unsqueeze(-1).to(out.dtype)
+        return self.tp.all_reduce(out)
+
+    @torch.no_grad()
+    def load_weight(self, part: int, full: torch.Tensor) -> None:
+        """Copy this rank's rows of the full (vocab, hidden) table; padding rows become 0."""
+        rows = full[self.start:self.start + self.shard]
+        self.weight.zero_()
+        self.weight[:rows.shape[0]].copy_(rows)
+
+
+class ParallelLMHead(nn.Module):
+    """hidden -> logits over the full vocabulary; may share the embedding's table (tied)."""
+
+    def __init__(self, embedding: VocabParallelEmbedding, tied: bool) -> None:
+        super().__init__()
+        self.tp = embedding.tp
+        self.vocab_size = embedding.vocab_size
+        self.tied = tied
+        if tied:
+            self._embedding = [embedding]  # a list keeps the shared table out of this module's parameters
+        else:
+            self.weight = nn.Parameter(torch.empty_like(embedding.weight))
+            self.start, self.shard = embedding.start, embedding.shard
+        self.packed: Packed | None = None     # packed copy of the table (runtime.model_executor.parallel.cpu_linear)
+
+    def table(self) -> torch.Tensor:
+        return self._embedding[0].weight if self.tied else self.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = linear(hidden, self.table(), None, self.packed)  # (M, shard)
+        return self.tp.all_gather_last(logits)[..., :self.vocab_size]
+
+    def pack_for_cpu(self) -> int:
+        self.packed = pack_weight(self.table())
+        return int(self.packed is not None)
+
+    @torch.no_grad()
+    def load_weight(self, part: int, full: torch.Tensor) -> None:
+        rows = full[self.start:self.start + self.shard]
+        self.weight.zero_()
+        self.weight[:rows.shape[0]].copy_(rows)

@@ -1,0 +1,86 @@
+"""Column- and row-parallel linear layers (Megatron style) that load full HF tensors.
+
+A column-parallel layer splits its output features over the group: every rank holds a
+slice of each *part* of the output (q, k and v of a fused QKV projection; gate and up of
+a fused SwiGLU projection), so each rank computes whole heads / whole channels with no
+communication. A row-parallel layer splits its input features and sums the partial
+products with an all-reduce. With a group of size 1 both are a plain linear (`runtime.model_executor.parallel.cpu_linear.linear`).
+
+Weights are loaded from full (unsharded) checkpoint tensors: `load_weight(part, full)`
+copies this rank's slice of `full` into place, so every rank can read the same file.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from runtime.model_executor.parallel.cpu_linear import Packed, linear, pack_weight
+from runtime.model_executor.parallel.group import SINGLE, TensorParallelGroup
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T (+ b) where W stacks `out_parts`, each split over the group's ranks."""
+
+    def __init__(self, in_features: int, out_parts: Sequence[int], bias: bool,
+                 tp: TensorParallelGroup = SINGLE) -> None:
+        super().__init__()
+        self.tp = tp
+        self.local_parts = [tp.shard(n, "output features") for n in out_parts]
+        self.weight = nn.Parameter(torch.empty(sum(self.local_parts), in_features))
+        self.bias = nn.Parameter(torch.empty(sum(self.local_parts))) if bias else None
+        self.packed: Packed | None = None     # packed copy of the weight (runtime.model_executor.parallel.cpu_linear)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.packed)
+
+    def pack_for_cpu(self) -> int:
+        self.packed = pack_weight(self.weight)
+        return int(self.packed is not None)
+
+    def _rows(self, part: int) -> slice:
+        start = sum(self.local_parts[:part])
+        return slice(start, start + self.local_parts[part])
+
+    @torch.no_grad()
+    def load_weight(self, part: int, full: torch.Tensor) -> None:
+        """Copy this rank's rows of output part `part` from the full tensor (out_part, in)."""
+        n = self.local_parts[part]
+        self.weight[self._rows(part)].copy_(full[self.tp.rank * n:(self.tp.rank + 1) * n])
+
+    @torch.no_grad()
+    def load_bias(self, part: int, full: torch.Tensor) -> None:
+        n = self.local_parts[part]
+        self.bias[self._rows(part)].copy_(full[self.tp.rank * n:(self.tp.rank + 1) * n])
+
+
+class RowParallelLinear(nn.Module):
+    """y = sum over ranks of x_r W_r^T (+ b): input features split, outputs all-reduced."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool,
+                 tp: TensorParallelGroup = SINGLE) -> None:
+        super().__init__()
+        self.tp = tp
+        self.local_in = tp.shard(in_features, "input features")
+        self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed: Packed | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.tp.all_reduce(linear(x, self.weight, None, self.packed))
+        return y if self.bias is None else y + self.bias
+
+    def pack_for_cpu(self) -> int:
+        self.packed = pack_weight(self.weight)
+        return int(self.packed is not None)
+
+    @torch.no_grad()
+    def load_weight(self, part: int, full: torch.Tensor) -> None:
+        """Copy this rank's input columns from the full tensor (out, in); `part` must be 0."""
+        start = self.tp.rank * self.local_in
+        self.weight.copy_(full[:, start:start + self.local_in])
+
+    @torch.no_grad()
+    def load_bias(self, part: int, full: torch.Tensor) -> None:
+        self.bias.copy_(full)
