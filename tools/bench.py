@@ -3,6 +3,8 @@
     python tools/bench.py [suite ...] [--rounds N] [--quick] [--out bench-results]
     python tools/bench.py --list            # suites and what they compare
     python tools/bench.py --render          # re-render table and plots from saved JSON
+    python tools/bench.py --publish         # the newest JSON of each suite into docs/bench-results/, its table
+                                            # into docs/benchmarks.md (the repository's current figures)
     python tools/bench.py chat --vllm VENV/bin/vllm   # the vLLM peer from its own venv (docs/benchmarks.md)
 
 Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound, threads, network, realtime,
@@ -23,6 +25,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 sys.path.insert(0, str(ROOT))
 from runtime.worker.openmp import worker_waits  # noqa: E402
 
@@ -58,6 +61,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "idle (a side's threads may spin after its run); 0: no wait")
     parser.add_argument("--list", action="store_true", help="list the suites and exit")
     parser.add_argument("--render", action="store_true", help="only re-render table and plots")
+    parser.add_argument("--publish", action="store_true",
+                        help="only copy the newest JSON of each suite into docs/bench-results/ and write its table "
+                             "into docs/benchmarks.md (what the repository states as current)")
     return parser.parse_args(argv)
 
 
@@ -114,6 +120,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = " ".join(["python", "tools/bench.py", *map(shlex.quote, argv)])
     failed = 0
+    if args.publish:
+        newest = results.latest_paths(args.out, list(known))
+        if not newest:
+            print(f"nothing to publish: no result files under {args.out}", file=sys.stderr)
+            return 1
+        copied = report.publish(newest, DOCS)
+        print(f"docs/benchmarks.md: the table of {len(copied)} suites; raw JSON in docs/bench-results/",
+              file=sys.stderr)
+        return 0
     for name in [] if args.render else (args.suites or list(known)):
         try:
             path = results.write(run_suite(name, args, command), args.out)

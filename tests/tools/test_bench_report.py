@@ -55,3 +55,26 @@ def test_plot_legend_names_a_side_only_when_it_is_the_same_on_every_bar():
     assert _series(rows, "a")[0] == "mstar: mstar-run"
     assert _series(rows, "b")[0] == "B (see x labels)"
     assert _series(rows, "b")[1:] == ([2.0, 2.0], [[0.0, 0.0], [0.0, 0.0]])
+
+
+def test_publish_keeps_the_newest_json_per_suite_and_writes_the_table_between_the_markers(tmp_path):
+    from bench.report import TABLE_BEGIN, TABLE_END, publish
+    from bench.results import write
+    out, docs = tmp_path / "bench-results", tmp_path / "docs"
+    docs.mkdir()
+    (docs / "benchmarks.md").write_text(f"# Benchmarks\n\nmethod\n\n{TABLE_BEGIN}\nold table\n{TABLE_END}\n\nafter\n")
+    older = write(_record(), out)
+    (docs / "bench-results").mkdir()
+    (docs / "bench-results" / older.name.replace("20260101", "20250101")).write_text("{}")  # a stale copy
+    record = _record()
+    record.started = "2026-02-01T00:00:00+00:00"
+    newer = write(record, out)
+    copied = publish([newer], docs)
+    assert [p.name for p in copied] == [newer.name]
+    assert sorted(p.name for p in (docs / "bench-results").iterdir()) == [newer.name]   # the stale one went
+    page = (docs / "benchmarks.md").read_text()
+    assert page.startswith("# Benchmarks\n\nmethod\n\n") and page.endswith(f"{TABLE_END}\n\nafter\n")
+    assert "old table" not in page and "3.75× (2.50–5.00)" in page and "2026-02-01" in page
+    (docs / "benchmarks.md").write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        publish([newer], docs)

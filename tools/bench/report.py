@@ -6,6 +6,9 @@ paper's anchor, a verdict in words), the honest names of both sides, what could 
 """
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import Sequence
 
 from bench.results import Row, RunRecord
@@ -77,3 +80,30 @@ def render(records: Sequence[RunRecord], figures: dict[str, list[str]] | None = 
             "weights and \"A's advantage\" is the median (min–max) of the per-round ratios "
             "(> 1: A ahead; A is mstar unless the case says otherwise). The machine is shared and noisy: read the ranges.", ""]
     return "\n".join(head) + "\n" + "\n".join(suite_section(r, figures.get(r.suite, ())) for r in records)
+
+
+TABLE_BEGIN = "<!-- the table: written by `python tools/bench.py --publish` from docs/bench-results/; not by hand -->"
+TABLE_END = "<!-- end of the table -->"
+
+
+def publish(paths: Sequence[Path], docs: Path) -> list[Path]:
+    """Copy the result files `paths` into docs/bench-results/ (replacing that suite's older file) and write
+    their table between the markers of docs/benchmarks.md. Returns the copied files."""
+    kept = docs / "bench-results"
+    kept.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for path in paths:
+        suite = path.name.rsplit("-", 1)[0]
+        for old in kept.glob(f"{suite}-*.json"):
+            if old.name != path.name:
+                old.unlink()
+        copied.append(Path(shutil.copyfile(path, kept / path.name)))
+    records = [RunRecord.from_dict(json.loads(p.read_text())) for p in copied]
+    page = docs / "benchmarks.md"
+    text = page.read_text()
+    if TABLE_BEGIN not in text or TABLE_END not in text:
+        raise ValueError(f"{page} lacks the table's markers ({TABLE_BEGIN!r} ... {TABLE_END!r})")
+    head, rest = text.split(TABLE_BEGIN, 1)
+    tail = rest.split(TABLE_END, 1)[1]
+    page.write_text(f"{head}{TABLE_BEGIN}\n\n{render(records)}\n{TABLE_END}{tail}")
+    return copied

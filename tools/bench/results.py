@@ -120,14 +120,14 @@ def write(record: RunRecord, out_dir: Path) -> Path:
     return path
 
 
+def latest_paths(out_dir: Path, suites: Sequence[str]) -> list[Path]:
+    """The newest result file of each suite in `suites` found under `out_dir`, in that order."""
+    return [paths[-1] for suite in suites if (paths := sorted(out_dir.glob(f"{suite}-*.json")))]
+
+
 def latest(out_dir: Path, suites: Sequence[str]) -> list[RunRecord]:
     """The newest record of each suite in `suites` found under `out_dir`, in that order."""
-    found = []
-    for suite in suites:
-        paths = sorted(out_dir.glob(f"{suite}-*.json"))
-        if paths:
-            found.append(RunRecord.from_dict(json.loads(paths[-1].read_text())))
-    return found
+    return [RunRecord.from_dict(json.loads(path.read_text())) for path in latest_paths(out_dir, suites)]
 
 
 def _cpu_model() -> str:
