@@ -24,6 +24,7 @@ $(VENV)/.installed: $(BIN)/python setup.cfg
 
 $(VENV)/.installed-test: $(VENV)/.installed tests/plugins/mstar_audio_gain/pyproject.toml
 	$(BIN)/pip install -q -e '.[test,cluster]'   # cluster: Ray for the --ray tests (~10 s, ~240 MB)
+	$(BIN)/pip install -q --no-deps cc-vjepa2==0.0.3   # Meta's V-JEPA 2 code: see setup.cfg's test extra
 	$(BIN)/pip install -q -e tests/plugins/mstar_audio_gain   # example plugin: adds kind audio_gain
 	touch $@
 
