@@ -50,7 +50,7 @@ class NodeIR:
     weights: str | None = None                                 # resolve: preset `weights:` source
     weight_map: plan.WeightMap | None = None                   # resolve: preset `weights:` mapping
     random_weights: bool = False                               # resolve: preset `random_weights:`
-    executor: str = ""                                         # resolve: the runtime executor's registry name
+    executor: str = ""                                         # resolve: the runtime executor's name (Family.executors)
     inputs: list[plan.Port] = field(default_factory=list)     # typecheck
     outputs: list[plan.Port] = field(default_factory=list)    # typecheck
     placement: plan.Placement | None = None                   # place

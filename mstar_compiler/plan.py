@@ -174,7 +174,7 @@ class WeightMap(Base):
 
 class Node(Base):
     name: str                           # node name in the graph
-    kind: str                           # catalogue kind = runtime registry key
+    kind: str                           # catalogue kind (its family names the class implementing it)
     preset: str                         # kind preset name the dims come from
     dims: dict[str, Any]                # preset dims (+ node `dims:` overrides); what the module is built from
     args: dict[str, Any]                # constant args (kind defaults + YAML `args:`)
@@ -200,7 +200,7 @@ class Node(Base):
     weight_map: WeightMap | None = None
     # seeded random weights are allowed when no weights are given (the preset says `random_weights: true`)
     random_weights: bool = False
-    # the runtime executor that runs the node: a registry name (runtime/worker/executors/__init__.py),
+    # the runtime executor that runs the node: a name a family declares (`Family.executors`) or "stateless",
     # the kind's default from the catalogue unless the graph's `executor:` names another
     executor: str = ""
     # a streaming consumer's first Run waits for this many chunks (catalogue `first_run_chunks`)

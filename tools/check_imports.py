@@ -118,7 +118,7 @@ def upward(graph: dict[str, set[str]]) -> list[str]:
         for target in sorted(targets):
             theirs = layer(target)
             if _within(target, FAMILIES) and not _within(name, FAMILIES):
-                found.append(f"{name} -> {target}: a family is a plugin, found by name (its registry)")
+                found.append(f"{name} -> {target}: a family is a plugin, found by name (its Family declaration)")
             elif _within(name, LAUNCHERS) and not _within(target, "mstar_compiler") and not _within(target, LAUNCHERS):
                 found.append(f"{name} -> {target}: the launchers start mstar as a process, importing none of it")
             elif mine is not None and theirs is not None and theirs < mine:

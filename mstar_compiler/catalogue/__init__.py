@@ -1,14 +1,16 @@
 """The component catalogue: what the compiler knows about each component kind.
 
 Torch-free on purpose: `mstarc compile` and `mstarc lint` read this module and never
-import torch. The runtime's registry (`runtime.model_executor.components`) implements the same kinds;
-`tests/runtime/test_registry_matches_catalogue.py` checks that the two cannot drift
+import torch. The runtime implements the same kinds (`runtime.model_executor.components`);
+`tests/runtime/models/test_registry_matches_catalogue.py` checks that the two cannot drift
 (ports, flags, and parameter counts of the tiny presets against real modules).
 
-Each family of kinds lives in one module of this package (`decoder_lm.py`, `bagel.py`,
-...) that defines a module-level `KINDS: tuple[KindSpec, ...]`. A separately installed
-package adds kinds through the entry-point group ``mstar.catalogue``: each entry point
-loads to a zero-argument callable returning an iterable of `KindSpec`.
+A model family is declared once, as a `Family`: its kinds, and the "module:attr" names of its
+component classes, executor factories and serving hooks, which only the runtime imports. Each
+built-in family is the `FAMILY` of one module of this package (`decoder_lm.py`, `bagel.py`, ...,
+listed in BUILTIN_FAMILIES); a separately installed package adds a family through the entry-point
+group ``mstar.families``, each entry point loading to a `Family`. `load_families()` reads both;
+the catalogue, the component classes, the executors and the server's family hooks all come from it.
 
 Shapes of ports are tuples of axis names. An axis is either
   * an upper-case symbol for a dynamic axis, e.g. "T" (tokens), "F" (frames), "B";
@@ -41,7 +43,7 @@ PORT_DTYPES = (
     "scalar",     # a float or int per request (timestep, score)
 )
 
-# Family modules shipped with mstar; each defines KINDS.
+# Family modules shipped with mstar; each declares its FAMILY.
 BUILTIN_FAMILIES = (
     "decoder_lm",
     "bagel",
@@ -68,7 +70,7 @@ class Port:
 class KindSpec:
     """Everything the compiler needs about one component kind, without torch."""
 
-    kind: str                                   # the YAML `kind:` string = runtime registry key
+    kind: str                                   # the YAML `kind:` string = its `Family.components` key
     doc: str                                    # one line: what it is
     inputs: tuple[Port, ...]
     outputs: tuple[Port, ...]
@@ -89,8 +91,7 @@ class KindSpec:
     # a streaming consumer's first Run waits for this many chunks (Qwen3-Omni's talker starts
     # from two thinker chunks: the text and the first hidden states); later Runs take one
     first_run_chunks: int = 1
-    # the model family whose folder implements the kind: runtime/models/<family>/<kind>.py;
-    # set by the catalogue from the family module that defines it ("" for plugin kinds)
+    # the name of the `Family` that declares the kind; set by the catalogue from that family
     family: str = ""
 
     @property
@@ -130,26 +131,78 @@ class Catalogue:
         return [self._specs[k] for k in self.kinds()]
 
 
-def _builtin_specs() -> list[KindSpec]:
-    specs: list[KindSpec] = []
-    for family in BUILTIN_FAMILIES:
-        specs.extend(replace(spec, family=family) for spec in importlib.import_module(f"{__name__}.{family}").KINDS)
-    return specs
+@dataclass(frozen=True)
+class Family:
+    """One model family: everything mstar learns of it, in one declaration (module docstring).
+
+    The runtime parts are "module:attr" references (`load_ref`), so declaring a family imports
+    neither torch nor the runtime; each part is imported when a plan first uses it.
+    """
+
+    name: str                           # "bagel"; a built-in's runtime lives in runtime/models/<name>/
+    kinds: tuple[KindSpec, ...]         # the component kinds it defines
+    components: Mapping[str, str]       # kind -> "module:Class" implementing it, for every kind of `kinds`
+    # executor name (what a plan's `Node.executor` names) -> "module:factory", the factory called as
+    # factory(plan, node, module, rank) (runtime/worker/executors/registry.py)
+    executors: Mapping[str, str] = field(default_factory=dict)
+    # "module:attr" of its `FamilyServing` (runtime/entrypoints/http/families.py); "" = the generic server's
+    serving: str = ""
+
+    def __post_init__(self) -> None:
+        kinds = {spec.kind for spec in self.kinds}
+        unimplemented, foreign = sorted(kinds - set(self.components)), sorted(set(self.components) - kinds)
+        if unimplemented or foreign:
+            raise ValueError(f"family {self.name!r}: every kind it defines needs one component class"
+                             + (f"; no class for {', '.join(unimplemented)}" if unimplemented else "")
+                             + (f"; classes for kinds it does not define: {', '.join(foreign)}" if foreign else ""))
 
 
-def _plugin_specs() -> list[KindSpec]:
-    specs: list[KindSpec] = []
-    for ep in entry_points(group="mstar.catalogue"):
-        specs.extend(ep.load()())
-    return specs
+FAMILIES_GROUP = "mstar.families"       # the entry-point group of plugin families
 
 
+def load_ref(ref: str) -> Any:
+    """The object a "module:attr" reference of a `Family` names (imports its module)."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _builtin_families() -> list[Family]:
+    return [importlib.import_module(f"{__name__}.{name}").FAMILY for name in BUILTIN_FAMILIES]
+
+
+def _plugin_families() -> list[Family]:
+    families = []
+    for ep in entry_points(group=FAMILIES_GROUP):
+        family = ep.load()
+        if not isinstance(family, Family):
+            raise TypeError(f"entry point {ep.name} = {ep.value} of group {FAMILIES_GROUP} is a "
+                            f"{type(family).__name__}, not a mstar_compiler.catalogue.Family")
+        families.append(family)
+    return families
+
+
+_FAMILIES: dict[str, Family] | None = None
 _CATALOGUE: Catalogue | None = None
 
 
+def load_families() -> dict[str, Family]:
+    """Every model family mstar knows, by name: the built-ins, then installed plugins (cached)."""
+    global _FAMILIES
+    if _FAMILIES is None:
+        families: dict[str, Family] = {}
+        for family in [*_builtin_families(), *_plugin_families()]:
+            if family.name in families:
+                raise ValueError(f"model family {family.name!r} is declared twice (a built-in or an installed "
+                                 f"plugin's entry point in group {FAMILIES_GROUP})")
+            families[family.name] = family
+        _FAMILIES = families
+    return _FAMILIES
+
+
 def load_catalogue() -> Catalogue:
-    """The catalogue of every kind mstar knows: built-ins and plugins (cached)."""
+    """The catalogue of every kind mstar knows: those of every family, built-in or plugin (cached)."""
     global _CATALOGUE
     if _CATALOGUE is None:
-        _CATALOGUE = Catalogue([*_builtin_specs(), *_plugin_specs()])
+        _CATALOGUE = Catalogue(replace(spec, family=family.name)
+                               for family in load_families().values() for spec in family.kinds)
     return _CATALOGUE

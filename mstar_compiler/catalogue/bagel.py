@@ -10,12 +10,12 @@ Five kinds, implemented in `runtime/model_executor/components/<kind>.py`:
   * `cfg_combine`  — classifier-free guidance combine + renorm + Euler step (no weights).
 
 Every `num_params` below is the exact parameter count of the runtime module built from
-the same dims (tests/runtime/test_registry_matches_catalogue.py checks the tiny and
+the same dims (tests/runtime/models/test_registry_matches_catalogue.py checks the tiny and
 bench-mid presets).
 """
 from __future__ import annotations
 
-from mstar_compiler.catalogue import Dims, KindSpec, Port
+from mstar_compiler.catalogue import Dims, Family, KindSpec, Port
 
 # ---------------------------------------------------------------------------- siglip_vit
 
@@ -229,4 +229,24 @@ KINDS: tuple[KindSpec, ...] = (
             "cfg_interval": [0.4, 1.0],  # CFG active where lo < t <= hi
         },
     ),
+)
+
+
+# the family, declared once: its kinds, and the runtime that implements them (runtime/models/bagel/)
+FAMILY = Family(
+    "bagel", KINDS,
+    components={
+        "bagel_mot_lm": "runtime.models.bagel.bagel_mot_lm:BagelMoTLM",
+        "siglip_vit": "runtime.models.bagel.siglip_vit:SiglipVit",
+        "vae_encoder": "runtime.models.bagel.vae_encoder:VaeEncoder",
+        "vae_decoder": "runtime.models.bagel.vae_decoder:VaeDecoder",
+        "cfg_combine": "runtime.models.bagel.cfg_combine:CfgCombine",
+    },
+    executors={
+        "bagel_mot_lm": "runtime.models.bagel.executors:bagel_lm_executor",
+        "bagel_image_encoder": "runtime.models.bagel.executors:image_encoder_executor",
+        "vae_decoder": "runtime.models.bagel.executors:vae_decoder_executor",
+        "cfg_combine": "runtime.models.bagel.executors:cfg_executor",
+    },
+    serving="runtime.models.bagel.serving:SERVING",
 )

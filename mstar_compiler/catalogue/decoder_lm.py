@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mstar_compiler.catalogue import Dims, KindSpec, Port
+from mstar_compiler.catalogue import Dims, Family, KindSpec, Port
 
 # Each family: (qkv bias always on, q/k norm, sparse MoE MLP)
 _FAMILIES: dict[str, tuple[bool, bool, bool]] = {
@@ -205,3 +205,18 @@ def _spec(kind: str) -> KindSpec:
 
 
 KINDS: tuple[KindSpec, ...] = tuple(_spec(kind) for kind in _FAMILIES)
+
+
+# the family, declared once: its kinds, and the runtime that implements them (runtime/models/decoder_lm/)
+FAMILY = Family(
+    "decoder_lm", KINDS,
+    components={
+        "llama_lm": "runtime.models.decoder_lm.llama_lm:LlamaLM",
+        "qwen2_lm": "runtime.models.decoder_lm.qwen2_lm:Qwen2LM",
+        "qwen3_lm": "runtime.models.decoder_lm.qwen3_lm:Qwen3LM",
+        "qwen3_moe_lm": "runtime.models.decoder_lm.qwen3_moe_lm:Qwen3MoeLM",
+    },
+    executors={
+        "decoder_lm": "runtime.models.decoder_lm.executors:decoder_lm_executor",
+    },
+)

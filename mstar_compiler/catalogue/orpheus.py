@@ -13,7 +13,7 @@ encoder: 13,152,242 parameters for the published 24 kHz model, whose full checkp
 """
 from __future__ import annotations
 
-from mstar_compiler.catalogue import Dims, KindSpec, Port
+from mstar_compiler.catalogue import Dims, Family, KindSpec, Port
 
 
 def _wn_conv(c_in: int, c_out: int, kernel: int, groups: int = 1, bias: bool = True) -> int:
@@ -95,3 +95,17 @@ SNAC_DECODER = KindSpec(
 )
 
 KINDS: tuple[KindSpec, ...] = (SNAC_DECODER,)
+
+
+# the family, declared once: its kinds, and the runtime that implements them (runtime/models/orpheus/)
+FAMILY = Family(
+    "orpheus", KINDS,
+    components={
+        "snac_decoder": "runtime.models.orpheus.snac_decoder:SnacDecoder",
+    },
+    executors={
+        "orpheus_lm": "runtime.models.orpheus.executors:orpheus_lm_executor",
+        "snac_decoder": "runtime.models.orpheus.executors:snac_executor",
+    },
+    serving="runtime.models.orpheus.serving:SERVING",
+)

@@ -18,7 +18,7 @@ weights and a 768-wide shared expert (the class has no default for it), and code
 sit at 2148..2157 (class defaults 4196..4205).
 
 Torch-free: `num_params` counts are closed-form and equal `sum(p.numel())` of the runtime
-modules (tests/runtime/test_registry_matches_catalogue.py builds the tiny presets;
+modules (tests/runtime/models/test_registry_matches_catalogue.py builds the tiny presets;
 tests/runtime/qwen3_omni/test_catalogue.py checks the full-size counts against transformers'
 modules built on the meta device).
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from mstar_compiler.catalogue import Dims, KindSpec, Port
+from mstar_compiler.catalogue import Dims, Family, KindSpec, Port
 
 FULL = "qwen3-omni-30b-a3b"
 
@@ -323,4 +323,26 @@ KINDS: tuple[KindSpec, ...] = (
         num_params=code2wav_params,
         args=ARGS,
     ),
+)
+
+
+# the family, declared once: its kinds, and the runtime that implements them (runtime/models/qwen3_omni/)
+FAMILY = Family(
+    "qwen3_omni", KINDS,
+    components={
+        "qwen3_omni_audio_encoder": "runtime.models.qwen3_omni.qwen3_omni_audio_encoder:Qwen3OmniAudioEncoder",
+        "qwen3_omni_vision_encoder": "runtime.models.qwen3_omni.qwen3_omni_vision_encoder:Qwen3OmniVisionEncoder",
+        "qwen3_omni_talker": "runtime.models.qwen3_omni.qwen3_omni_talker:Qwen3OmniTalker",
+        "qwen3_omni_code_predictor": "runtime.models.qwen3_omni.qwen3_omni_code_predictor:Qwen3OmniCodePredictor",
+        "qwen3_omni_code2wav": "runtime.models.qwen3_omni.qwen3_omni_code2wav:Qwen3OmniCode2Wav",
+    },
+    executors={
+        "qwen3_omni_thinker": "runtime.models.qwen3_omni.executors:thinker_executor",
+        "qwen3_omni_vision_encoder": "runtime.models.qwen3_omni.executors:vision_encoder_executor",
+        "qwen3_omni_audio_encoder": "runtime.models.qwen3_omni.executors:audio_encoder_executor",
+        "qwen3_omni_talker": "runtime.models.qwen3_omni.executors:talker_executor",
+        "qwen3_omni_code_predictor": "runtime.models.qwen3_omni.executors:code_predictor_executor",
+        "qwen3_omni_code2wav": "runtime.models.qwen3_omni.executors:code2wav_executor",
+    },
+    serving="runtime.models.qwen3_omni.serving:SERVING",
 )

@@ -10,7 +10,7 @@ frame's tokens instead of re-running the predictor over the whole context.
 """
 from __future__ import annotations
 
-from mstar_compiler.catalogue import Dims, KindSpec, Port
+from mstar_compiler.catalogue import Dims, Family, KindSpec, Port
 
 
 def _linear(c_in: int, c_out: int) -> int:
@@ -115,3 +115,18 @@ VJEPA2_AC_PREDICTOR = KindSpec(
 )
 
 KINDS: tuple[KindSpec, ...] = (VJEPA2_ENCODER, VJEPA2_AC_PREDICTOR)
+
+
+# the family, declared once: its kinds, and the runtime that implements them (runtime/models/vjepa2/)
+FAMILY = Family(
+    "vjepa2", KINDS,
+    components={
+        "vjepa2_encoder": "runtime.models.vjepa2.vjepa2_encoder:Vjepa2Encoder",
+        "vjepa2_ac_predictor": "runtime.models.vjepa2.vjepa2_ac_predictor:Vjepa2ACPredictor",
+    },
+    executors={
+        "vjepa2_encoder": "runtime.models.vjepa2.executors:encoder_executor",
+        "vjepa2_rollout": "runtime.models.vjepa2.executors:rollout_executor",
+    },
+    serving="runtime.models.vjepa2.serving:SERVING",
+)

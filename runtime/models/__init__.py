@@ -6,10 +6,10 @@
     orpheus/      the SNAC decoder, Orpheus' audio-token mapping, windows and executors
     vjepa2/       the V-JEPA 2 encoder, the AC predictor, per-frame KV rollouts and planning
 
-A family folder is named after its catalogue module (`mstar_compiler/catalogue/<family>.py`,
-which stays torch-free): each kind is implemented in `<family>/<kind>.py` (registered with
-`runtime.model_executor.components.register`), and the family's executors in `<family>/executors.py`
-(registered by name with `runtime.worker.executors.register_executor`). The generic runtime
+A family folder is named after the module that declares the family (`mstar_compiler/catalogue/<family>.py`,
+which stays torch-free): its `FAMILY` names the family's kinds, the class implementing each kind (in
+`<family>/<kind>.py`, a class attribute `kind` naming it), its executor factories (in `<family>/executors.py`)
+and its serving hooks (`<family>/serving.py`), all by "module:attr" name. The generic runtime
 (conductor, worker, server core) names no family and no kind: it reads the plan, whose
-nodes carry their kind and the name of their executor.
+nodes carry their kind and the name of their executor, and finds their code through the families.
 """

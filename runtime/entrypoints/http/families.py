@@ -1,20 +1,18 @@
-"""What a model family adds to the HTTP server, registered by `runtime/models/<family>/serving.py`.
+"""What a model family adds to the HTTP server: its `FamilyServing`, which its `Family` names.
 
 The generic server names no family and no kind. A family whose models need more than the
 generic handlers (its own endpoints, how it is prompted to speak, its voices, what the
-page's playground offers) registers a `FamilyServing` when its serving module is imported;
-`families_of(plan)` returns those whose kinds the plan holds (built-in families' serving
-modules are imported on first use, plugins come through the entry-point group
-``mstar.serving``, each loading to a `FamilyServing`).
+page's playground offers) declares a `FamilyServing` (built-ins in `runtime/models/<family>/serving.py`)
+and names it in its `Family` (mstar_compiler/catalogue: `Family.serving`, a "module:attr"
+reference); `families_of(plan)` returns those whose kinds the plan holds.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from functools import cache
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from mstar_compiler.catalogue import BUILTIN_FAMILIES
+from mstar_compiler.catalogue import load_families, load_ref
 from mstar_compiler.plan import Plan
 
 if TYPE_CHECKING:
@@ -75,7 +73,6 @@ class Listener(Protocol):
 class FamilyServing:
     """One family's additions to the server."""
 
-    family: str
     kinds: frozenset[str]                                   # a plan with any of these is served by it
     speaker: Speaker | None = None
     install: Callable[[web.Application], None] | None = None    # adds the family's own routes
@@ -88,34 +85,21 @@ class FamilyServing:
     realtime: Callable[[Plan], Listener | None] | None = None
 
 
-_FAMILIES: dict[str, FamilyServing] = {}
-_loaded = False
-
-
-def register_family_serving(serving: FamilyServing) -> FamilyServing:
-    if serving.family in _FAMILIES and _FAMILIES[serving.family] != serving:
-        raise ValueError(f"family {serving.family!r} registers its serving twice")
-    _FAMILIES[serving.family] = serving
-    return serving
-
-
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    for family in BUILTIN_FAMILIES:
-        try:
-            importlib.import_module(f"runtime.models.{family}.serving")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"runtime.models.{family}.serving":
-                raise
-    for ep in entry_points(group="mstar.serving"):
-        register_family_serving(ep.load())
-    _loaded = True
+@cache
+def _servings() -> tuple[FamilyServing, ...]:
+    """Every family's serving, in the order of `load_families()` (imports each serving module)."""
+    found = []
+    for family in load_families().values():
+        if family.serving:
+            serving = load_ref(family.serving)
+            if not isinstance(serving, FamilyServing):
+                raise TypeError(f"family {family.name!r} names {family.serving} as its serving, a "
+                                f"{type(serving).__name__}, not a runtime.entrypoints.http.families.FamilyServing")
+            found.append(serving)
+    return tuple(found)
 
 
 def families_of(plan: Plan) -> list[FamilyServing]:
-    """The registered families whose kinds the plan holds, in registration order."""
-    _load()
+    """The families' servings whose kinds the plan holds, in the order the families are declared."""
     kinds = {n.kind for n in plan.nodes}
-    return [f for f in _FAMILIES.values() if f.kinds & kinds]
+    return [serving for serving in _servings() if serving.kinds & kinds]

@@ -1,6 +1,6 @@
 """GET /v1/realtime: a WebSocket speaking the OpenAI Realtime protocol's core events (voice in, voice out).
 
-Served for plans whose family registers a realtime Listener (FamilyServing.realtime) and that
+Served for plans whose family declares a realtime Listener (FamilyServing.realtime) and that
 speak (a speech model). The socket carries JSON text frames; each client event is handled in
 order by the session (runtime/entrypoints/http/realtime_session.py), its answer streaming concurrently.
 Its metrics are runtime/entrypoints/http/audio_metrics.py's RealtimeMetrics.

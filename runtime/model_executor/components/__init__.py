@@ -1,14 +1,13 @@
-"""Component registry: `kind` string -> implementation class.
+"""Component classes: `kind` string -> the class that implements it.
 
-The `kind` string is the one in YAML, in the catalogue (`mstar_compiler.catalogue`) and
-the name of the module that implements it, `runtime/models/<family>/<kind>.py` (the family
-is the catalogue module that defines the kind). Built-in kinds register with
-`@register("kind")` when their module is imported; a separately
-installed package adds kinds through the entry-point group ``mstar.components``, each
-entry point loading to a class with a `kind` attribute.
+The `kind` string is the one in YAML and in the catalogue (`mstar_compiler.catalogue`), and the
+name of the module that implements a built-in kind, `runtime/models/<family>/<kind>.py`. Which
+class implements a kind is declared once, by the kind's `Family` (`Family.components`, a
+"module:Class" reference: built-in families in mstar_compiler/catalogue/<family>.py, plugins through
+the entry-point group ``mstar.families``); `component_class` imports it on first use.
 
-Contract of an implementation class (checked by tests/runtime/test_registry_matches_catalogue.py):
-  * `cls.kind: str` — its catalogue kind;
+Contract of an implementation class (checked by tests/runtime/models/test_registry_matches_catalogue.py):
+  * `cls.kind: str` — its catalogue kind (a class attribute);
   * `cls(dims: Mapping[str, Any], args: Mapping[str, Any])` builds a `torch.nn.Module`
     for a preset's dims with seeded-random-initialisable parameters whose names follow
     the published checkpoint (HF layout), and whose total `numel()` equals the
@@ -16,57 +15,34 @@ Contract of an implementation class (checked by tests/runtime/test_registry_matc
 """
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
-from typing import Callable, TypeVar
+from mstar_compiler.catalogue import FAMILIES_GROUP, load_catalogue, load_families, load_ref
 
-from mstar_compiler.catalogue import load_catalogue
-
-T = TypeVar("T", bound=type)
-
-_REGISTRY: dict[str, type] = {}
+_CLASSES: dict[str, type] = {}      # kind -> its class, once imported
 
 
-def register(kind: str) -> Callable[[T], T]:
-    """Class decorator: make `cls` the implementation of `kind`."""
-
-    def deco(cls: T) -> T:
-        if kind in _REGISTRY and _REGISTRY[kind] is not cls:
-            raise ValueError(f"component kind {kind!r} is registered twice")
-        cls.kind = kind
-        _REGISTRY[kind] = cls
-        return cls
-
-    return deco
-
-
-def _import_builtin(kind: str) -> None:
-    """Import runtime/models/<family>/<kind>.py for a built-in kind (plugin kinds have none)."""
+def _load(kind: str) -> type:
     catalogue = load_catalogue()
-    if kind in catalogue and catalogue[kind].family:
-        importlib.import_module(f"runtime.models.{catalogue[kind].family}.{kind}")
-
-
-def _load_plugins() -> None:
-    for ep in entry_points(group="mstar.components"):
-        cls = ep.load()
-        register(cls.kind)(cls)
+    if kind not in catalogue:
+        raise KeyError(f"no runtime implementation for component kind {kind!r}: no built-in family or installed "
+                       f"plugin (entry-point group {FAMILIES_GROUP}) declares it; known: {', '.join(catalogue.kinds())}")
+    family = load_families()[catalogue[kind].family]
+    cls = load_ref(family.components[kind])
+    if getattr(cls, "kind", None) != kind:
+        raise TypeError(f"family {family.name!r} implements kind {kind!r} with {family.components[kind]}, whose "
+                        f"`kind` is {getattr(cls, 'kind', None)!r}: a component class names its kind (`kind = {kind!r}`)")
+    return cls
 
 
 def component_class(kind: str) -> type:
     """The implementation class of `kind` (imports its module on first use)."""
-    if kind not in _REGISTRY:
-        _import_builtin(kind)
-    if kind not in _REGISTRY:
-        _load_plugins()
-    if kind not in _REGISTRY:
-        raise KeyError(f"no runtime implementation for component kind {kind!r}")
-    return _REGISTRY[kind]
+    if kind not in _CLASSES:
+        _CLASSES[kind] = _load(kind)
+    return _CLASSES[kind]
 
 
 def registered_kinds() -> list[str]:
-    """Every kind of the catalogue that has an implementation (imports them all)."""
-    _load_plugins()
-    for kind in load_catalogue().kinds():
-        _import_builtin(kind)
-    return sorted(_REGISTRY)
+    """Every kind of the catalogue whose implementation class imports (imports them all)."""
+    kinds = load_catalogue().kinds()
+    for kind in kinds:
+        component_class(kind)
+    return kinds

@@ -79,7 +79,7 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    """Decoder-only LM; subclasses (the registered kinds) fix `family`."""
+    """Decoder-only LM; subclasses (the kinds' classes) fix `family`."""
 
     family: ClassVar[DecoderFamily] = DecoderFamily()
 

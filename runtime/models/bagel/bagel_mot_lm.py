@@ -31,7 +31,6 @@ from runtime.models.bagel.embeddings import PositionEmbedding, TimestepEmbedder
 from runtime.models.bagel.mot_layers import ExpertRows, MoTContext, MoTLayer
 from runtime.models.bagel.patchify import grid_position_ids, patchify, unpatchify
 from runtime.models.bagel.segments import Segment, SegmentKind, SegmentLayout, layout_segments
-from runtime.model_executor.components import register
 from runtime.model_executor.kv import PagedKVCache
 from runtime.model_executor.layers.config import DecoderConfig, DecoderFamily
 from runtime.model_executor.layers.norm import RMSNorm
@@ -88,8 +87,9 @@ def _copy_into(param: torch.Tensor):
     return lambda t: param.data.copy_(t)
 
 
-@register("bagel_mot_lm")
 class BagelMoTLM(nn.Module):
+    kind = "bagel_mot_lm"
+
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         args = dict(args or {})

@@ -14,7 +14,6 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from runtime.model_executor.components import register
 from runtime.models.bagel.cfg_kernel import RENORM_TYPES, Guidance, cfg_euler_step
 
 
@@ -33,9 +32,9 @@ class CfgRequest:
     cfg_interval: tuple[float, float] | None = None   # None: the node's arg
 
 
-@register("cfg_combine")
 class CfgCombine(nn.Module):
     """Guided Euler steps for a batch of requests (grouped into same-shaped kernel launches)."""
+    kind = "cfg_combine"
 
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any]) -> None:
         super().__init__()

@@ -1,5 +1,5 @@
-"""The executors of BAGEL's kinds (registered by name), and the one engine its same_as LM
-nodes share per rank."""
+"""The executors of BAGEL's kinds (named in its `Family`, mstar_compiler/catalogue/bagel.py), and the one
+engine its same_as LM nodes share per rank."""
 from __future__ import annotations
 
 import weakref
@@ -7,7 +7,6 @@ import weakref
 import torch
 
 from mstar_compiler.plan import Node, Plan
-from runtime.worker.executors import register_executor
 from runtime.models.bagel.lm_executor import BagelLMEngine, BagelLMExecutor
 from runtime.models.bagel.node_executors import CfgExecutor, ImageEncoderExecutor, VaeDecoderExecutor
 
@@ -15,7 +14,6 @@ from runtime.models.bagel.node_executors import CfgExecutor, ImageEncoderExecuto
 _ENGINES: weakref.WeakKeyDictionary[torch.nn.Module, BagelLMEngine] = weakref.WeakKeyDictionary()
 
 
-@register_executor("bagel_mot_lm")
 def bagel_lm_executor(plan: Plan, node: Node, module: torch.nn.Module, rank: int) -> BagelLMExecutor:
     engine = _ENGINES.get(module)
     if engine is None:
@@ -23,16 +21,13 @@ def bagel_lm_executor(plan: Plan, node: Node, module: torch.nn.Module, rank: int
     return BagelLMExecutor(plan, node, engine, rank)
 
 
-@register_executor("bagel_image_encoder")
 def image_encoder_executor(plan: Plan, node: Node, module: torch.nn.Module, rank: int) -> ImageEncoderExecutor:
     return ImageEncoderExecutor(plan, node, module)
 
 
-@register_executor("vae_decoder")
 def vae_decoder_executor(plan: Plan, node: Node, module: torch.nn.Module, rank: int) -> VaeDecoderExecutor:
     return VaeDecoderExecutor(module)
 
 
-@register_executor("cfg_combine")
 def cfg_executor(plan: Plan, node: Node, module: torch.nn.Module, rank: int) -> CfgExecutor:
     return CfgExecutor(plan, node, module)

@@ -11,7 +11,7 @@ from mstar_compiler.plan import Plan
 from runtime.models.bagel.generation import image_stride, max_image_side, vae_resize
 from runtime.models.bagel.image_io import resize_for
 from runtime.models.bagel.images_api import bagel_lm_dims, images_edits, images_generations
-from runtime.entrypoints.http.families import FamilyServing, register_family_serving
+from runtime.entrypoints.http.families import FamilyServing
 
 
 def _install(app: web.Application) -> None:
@@ -31,5 +31,5 @@ def _playground(plan: Plan) -> dict[str, Any]:
     return {"images": {"edit": "i2i" in tasks, "max_side": max_image_side(lm), "stride": image_stride(lm)}}
 
 
-SERVING = register_family_serving(FamilyServing("bagel", frozenset({"bagel_mot_lm"}), install=_install,
-                                                playground=_playground, prepare_image=_prepare_image))
+SERVING = FamilyServing(frozenset({"bagel_mot_lm"}), install=_install,
+                        playground=_playground, prepare_image=_prepare_image)

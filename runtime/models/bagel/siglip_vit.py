@@ -25,7 +25,6 @@ from torch import nn
 from runtime.models.bagel.embeddings import PositionEmbedding
 from runtime.models.bagel.patchify import grid_position_ids, patchify
 from runtime.models.bagel.weights import init_weights, seeded
-from runtime.model_executor.components import register
 
 
 def conv_patch_weight_to_linear(weight: torch.Tensor) -> torch.Tensor:
@@ -132,9 +131,9 @@ class MLPConnector(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
-@register("siglip_vit")
 class SiglipVit(nn.Module):
     """Images -> per-image LLM-width embeddings (one row per 14 x 14 patch)."""
+    kind = "siglip_vit"
 
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any]) -> None:
         super().__init__()

@@ -15,7 +15,6 @@ from torch import nn
 
 from runtime.models.bagel.vae_blocks import MidBlock, UpBlock, group_by_shape
 from runtime.models.bagel.weights import init_weights, seeded
-from runtime.model_executor.components import register
 
 
 class Decoder(nn.Module):
@@ -37,9 +36,9 @@ class Decoder(nn.Module):
         return self.conv_out(F.silu(self.conv_norm_out(x)))  # (B, 3, H, W)
 
 
-@register("vae_decoder")
 class VaeDecoder(nn.Module):
     """Normalised latents -> images, 8x larger per side."""
+    kind = "vae_decoder"
 
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any]) -> None:
         super().__init__()

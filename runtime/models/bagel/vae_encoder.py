@@ -15,7 +15,6 @@ from torch import nn
 
 from runtime.models.bagel.vae_blocks import DownBlock, MidBlock, group_by_shape
 from runtime.models.bagel.weights import init_weights, seeded
-from runtime.model_executor.components import register
 
 
 class Encoder(nn.Module):
@@ -38,9 +37,9 @@ class Encoder(nn.Module):
         return self.conv_out(F.silu(self.conv_norm_out(x)))  # (B, 2 * latent_channels, h, w)
 
 
-@register("vae_encoder")
 class VaeEncoder(nn.Module):
     """Images -> normalised latents, 8x smaller per side."""
+    kind = "vae_encoder"
 
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any]) -> None:
         super().__init__()

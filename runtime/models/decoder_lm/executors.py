@@ -24,7 +24,7 @@ refills every placeholder of its history in order.
 Disaggregation: `export_kv(request_id)` hands a request's cache contents and sampling
 state to the rank that runs the node next (and frees them here); `import_kv` takes them.
 
-Prefix caching (`prefix_cache=True`, the registered executor's default): full blocks are
+Prefix caching (`prefix_cache=True`, the declared executor's default): full blocks are
 cached by content (runtime/model_executor/kv/prefix_cache.py) and committed after the forward that wrote
 them; a new request's `item.cached` leading tokens (the conductor's count, from its mirror
 of this cache) reuse cached blocks and are not computed. Off when the plan reads the node's
@@ -45,7 +45,7 @@ import torch
 from mstar_compiler.plan import DynamicLoopBegin, LoopBegin, Node, Plan
 from runtime.model_executor.compiled import DecodeGraphs, capture_buckets
 from runtime.model_executor.compiled.cpu_compile import require_cpp_compiler
-from runtime.worker.executors import ExecResult, Executor, register_executor, token_logprobs
+from runtime.worker.executors import ExecResult, Executor, token_logprobs
 from runtime.model_executor.kv import KVBlockManager, prefix_root
 from runtime.model_executor.kv.prefix_cache import Row
 from runtime.model_executor.sampling import Sampler, SamplingParams, SamplingState
@@ -296,6 +296,5 @@ def takes_embeds(plan: Plan, node: Node) -> bool:
     return any(e.dst_node == node.name and e.dst_port == "embeds" for e in plan.edges)
 
 
-@register_executor("decoder_lm")
 def decoder_lm_executor(plan: Plan, node: Node, module: torch.nn.Module, rank: int) -> DecoderLMExecutor:
     return DecoderLMExecutor(node, module, rank, plan, prefix_cache=True)

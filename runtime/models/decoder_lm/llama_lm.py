@@ -5,10 +5,9 @@ for the forward / KV cache interface.
 """
 from __future__ import annotations
 
-from runtime.model_executor.components import register
 from runtime.model_executor.layers import DecoderFamily, DecoderLM
 
 
-@register("llama_lm")
 class LlamaLM(DecoderLM):
+    kind = "llama_lm"
     family = DecoderFamily()

@@ -5,10 +5,9 @@ for the forward / KV cache interface.
 """
 from __future__ import annotations
 
-from runtime.model_executor.components import register
 from runtime.model_executor.layers import DecoderFamily, DecoderLM
 
 
-@register("qwen2_lm")
 class Qwen2LM(DecoderLM):
+    kind = "qwen2_lm"
     family = DecoderFamily(qkv_bias=True)

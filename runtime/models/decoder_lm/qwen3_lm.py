@@ -5,10 +5,9 @@ for the forward / KV cache interface.
 """
 from __future__ import annotations
 
-from runtime.model_executor.components import register
 from runtime.model_executor.layers import DecoderFamily, DecoderLM
 
 
-@register("qwen3_lm")
 class Qwen3LM(DecoderLM):
+    kind = "qwen3_lm"
     family = DecoderFamily(qk_norm=True)

@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from mstar_compiler.plan import Node, Plan
-from runtime.worker.executors import CachelessExecutor, ExecResult, register_executor
+from runtime.worker.executors import CachelessExecutor, ExecResult
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.model_executor.sampling import Sampler, SamplerOutput, SamplingState
 from runtime.streams.chunk_policy import Chunk
@@ -142,7 +142,6 @@ class SnacExecutor(CachelessExecutor):
         return [ExecResult(outputs={"audio": a.float().cpu()}) for a in audio]
 
 
-@register_executor("orpheus_lm")
 def orpheus_lm_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> OrpheusLMExecutor:
     """The LM of an Orpheus graph: its audio token ids come from the SNAC node it streams into."""
     snac = next((plan.node(s.dst_node) for s in plan.streams if s.src_node == node.name), None)
@@ -152,6 +151,5 @@ def orpheus_lm_executor(plan: Plan, node: Node, module: nn.Module, rank: int) ->
     return OrpheusLMExecutor(node, module, rank, snac.dims)
 
 
-@register_executor("snac_decoder")
 def snac_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> SnacExecutor:
     return SnacExecutor(node, module)

@@ -10,7 +10,7 @@ from typing import Any
 
 from runtime.entrypoints.http.audio_io import voice_for
 from runtime.entrypoints.http.errors import ApiError
-from runtime.entrypoints.http.families import FamilyServing, ServedModel, register_family_serving
+from runtime.entrypoints.http.families import FamilyServing, ServedModel
 
 START_HUMAN, PROMPT_END = 128259, (128009, 128260, 128261, 128257)
 VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
@@ -38,4 +38,4 @@ class OrpheusSpeaker:
         raise ApiError(400, f"the model '{server.model_id}' does not answer with audio in chat", "modalities")
 
 
-SERVING = register_family_serving(FamilyServing("orpheus", frozenset({"snac_decoder"}), speaker=OrpheusSpeaker()))
+SERVING = FamilyServing(frozenset({"snac_decoder"}), speaker=OrpheusSpeaker())

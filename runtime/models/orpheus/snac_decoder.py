@@ -22,7 +22,6 @@ from snac.layers import Decoder, NoiseBlock
 from snac.vq import ResidualVectorQuantize
 from torch import nn
 
-from runtime.model_executor.components import register
 from runtime.models.orpheus.codes import TOKENS_PER_FRAME, tokens_to_codes
 from runtime.models.orpheus.windows import FrameSpan, emitted_frames
 
@@ -42,9 +41,9 @@ def _silence_noise(decoder: nn.Module) -> None:
                 layers[i] = _SilentNoise(layer.linear.in_channels)
 
 
-@register("snac_decoder")
 class SnacDecoder(nn.Module):
     """SNAC decode of Orpheus token windows; `forward` decodes whole frames."""
+    kind = "snac_decoder"
 
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None) -> None:
         super().__init__()

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from mstar_compiler.plan import Node, Plan
-from runtime.worker.executors import CachelessExecutor, ExecResult, Executor, register_executor
+from runtime.worker.executors import CachelessExecutor, ExecResult, Executor
 from runtime.model_executor.kv import KVBlockManager
 from runtime.models.qwen3_omni.thinker import ThinkerExecutor
 from runtime.models.qwen3_omni.talker_prompt import TalkerText, talker_prompt
@@ -258,7 +258,6 @@ def _talker(plan: Plan, node: Node) -> Node:
     return talker
 
 
-@register_executor("qwen3_omni_thinker")
 def thinker_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> ThinkerExecutor:
     talker = _talker(plan, node).dims
     pads = tuple(int(talker[k]) for k in ("audio_token_id", "image_token_id", "video_token_id"))
@@ -267,26 +266,21 @@ def thinker_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> Th
                            int(talker["accept_hidden_layer"]))
 
 
-@register_executor("qwen3_omni_vision_encoder")
 def vision_encoder_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> VisionEncoderExecutor:
     return VisionEncoderExecutor(node, module)
 
 
-@register_executor("qwen3_omni_audio_encoder")
 def audio_encoder_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> AudioEncoderExecutor:
     return AudioEncoderExecutor(node, module)
 
 
-@register_executor("qwen3_omni_talker")
 def talker_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> TalkerExecutor:
     return TalkerExecutor(node, module, rank)
 
 
-@register_executor("qwen3_omni_code_predictor")
 def code_predictor_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> CodePredictorExecutor:
     return CodePredictorExecutor(node, module, int(_talker(plan, node).dims["codec_eos_token_id"]))
 
 
-@register_executor("qwen3_omni_code2wav")
 def code2wav_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> Code2WavExecutor:
     return Code2WavExecutor(node, module)

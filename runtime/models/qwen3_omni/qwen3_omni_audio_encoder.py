@@ -23,7 +23,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.model_executor.components import register
 from runtime.models.qwen3_omni.mel import log_mel
 from runtime.models.qwen3_omni.weights import CheckpointWeights, initialise
 
@@ -74,8 +73,9 @@ class _EncoderLayer(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
 
-@register("qwen3_omni_audio_encoder")
 class Qwen3OmniAudioEncoder(CheckpointWeights, nn.Module):
+    kind = "qwen3_omni_audio_encoder"
+
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         e, c = dims["d_model"], dims["downsample_hidden_size"]

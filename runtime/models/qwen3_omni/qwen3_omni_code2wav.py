@@ -25,7 +25,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.model_executor.components import register
 from runtime.model_executor.layers.norm import RMSNorm
 from runtime.model_executor.layers.rotary import RotaryEmbedding
 from runtime.models.qwen3_omni.codec_layers import CausalConv, CausalTransConv, ConvNeXtBlock, DecoderBlock, SnakeBeta
@@ -109,9 +108,9 @@ class _PreTransformer(nn.Module):
         return self.norm(x)
 
 
-@register("qwen3_omni_code2wav")
 class Qwen3OmniCode2Wav(CheckpointWeights, nn.Module):
     """Codec frames (B, Q, F) -> waveform (B, num_samples(F)) at 24 kHz."""
+    kind = "qwen3_omni_code2wav"
 
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None) -> None:
         super().__init__()

@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from runtime.model_executor.attention import AttentionBackend, AttentionMetadata, AttentionShape, select_backend
-from runtime.model_executor.components import register
 from runtime.model_executor.kv import PagedKVCache
 from runtime.model_executor.layers import DecoderConfig, DecoderFamily, DecoderLayer
 from runtime.model_executor.layers.attention import BatchContext
@@ -44,8 +43,9 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-@register("qwen3_omni_code_predictor")
 class Qwen3OmniCodePredictor(CheckpointWeights, nn.Module):
+    kind = "qwen3_omni_code_predictor"
+
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None, *,
                  tp: TensorParallelGroup = SINGLE) -> None:
         super().__init__()

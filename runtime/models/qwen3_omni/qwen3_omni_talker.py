@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from runtime.model_executor.attention import AttentionBackend, AttentionMetadata, AttentionShape, select_backend
-from runtime.model_executor.components import register
 from runtime.model_executor.kv import PagedKVCache
 from runtime.model_executor.layers.attention import BatchContext
 from runtime.model_executor.layers.config import DecoderConfig, DecoderFamily
@@ -39,9 +38,9 @@ from runtime.models.qwen3_omni.weights import CheckpointWeights, decoder_slots, 
 from runtime.model_executor.weights import Slot
 
 
-@register("qwen3_omni_talker")
 class Qwen3OmniTalker(CheckpointWeights, nn.Module):
     """Talker LM over inputs_embeds; `compute_logits` gives codebook-0 logits."""
+    kind = "qwen3_omni_talker"
 
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None, *,
                  tp: TensorParallelGroup = SINGLE) -> None:

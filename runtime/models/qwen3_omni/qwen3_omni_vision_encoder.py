@@ -20,7 +20,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.model_executor.components import register
 from runtime.models.qwen3_omni.rope import apply_rope
 from runtime.models.qwen3_omni.vision_grid import (block_order_rows_cols, patchify, patchify_frames, position_taps,
                                                     resize_to_grid)
@@ -94,8 +93,9 @@ class _PatchEmbed(nn.Module):
         return self.proj(x).view(-1, self.dim)
 
 
-@register("qwen3_omni_vision_encoder")
 class Qwen3OmniVisionEncoder(CheckpointWeights, nn.Module):
+    kind = "qwen3_omni_vision_encoder"
+
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         h, m, out = dims["hidden_size"], dims["spatial_merge_size"], dims["out_hidden_size"]

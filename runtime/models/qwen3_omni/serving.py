@@ -15,7 +15,7 @@ from runtime.models.qwen3_omni.chat_inputs import omni_chat_inputs
 from runtime.models.qwen3_omni.realtime_listener import omni_listener
 from runtime.entrypoints.http.audio_io import voice_for
 from runtime.entrypoints.http.errors import ApiError
-from runtime.entrypoints.http.families import FamilyServing, ServedModel, register_family_serving
+from runtime.entrypoints.http.families import FamilyServing, ServedModel
 from runtime.text import ByteTokenizer
 
 SPEAKERS = ("chelsie", "ethan", "aiden")
@@ -59,6 +59,5 @@ class OmniSpeaker:
         return omni_prompt(server.tokenizer, talker_dims(server), messages), {"speaker": voice}, server.stop_token_ids()
 
 
-SERVING = register_family_serving(FamilyServing("qwen3_omni", frozenset({"qwen3_omni_code2wav", "qwen3_omni_audio_encoder"}),
-                                                speaker=OmniSpeaker(), chat_inputs=omni_chat_inputs,
-                                                realtime=omni_listener))
+SERVING = FamilyServing(frozenset({"qwen3_omni_code2wav", "qwen3_omni_audio_encoder"}),
+                        speaker=OmniSpeaker(), chat_inputs=omni_chat_inputs, realtime=omni_listener)

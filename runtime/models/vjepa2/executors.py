@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from mstar_compiler.plan import Node, Plan
-from runtime.worker.executors import CachelessExecutor, ExecResult, Executor, register_executor
+from runtime.worker.executors import CachelessExecutor, ExecResult, Executor
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 from runtime.models.vjepa2 import Rollout, rollout_step, start_rollout
@@ -83,11 +83,9 @@ class RolloutExecutor(Executor):
         return [ExecResult(outputs={"prediction": f.float()}) for f in frames]
 
 
-@register_executor("vjepa2_encoder")
 def encoder_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> EncoderExecutor:
     return EncoderExecutor(node, module)
 
 
-@register_executor("vjepa2_rollout")
 def rollout_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> RolloutExecutor:
     return RolloutExecutor(node, module, rank)

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from mstar_compiler.plan import Plan
 from runtime.models.vjepa2.rollouts_api import TASK, rollouts
-from runtime.entrypoints.http.families import FamilyServing, register_family_serving
+from runtime.entrypoints.http.families import FamilyServing
 
 
 def _install(app: web.Application) -> None:
@@ -22,5 +22,4 @@ def _playground(plan: Plan) -> dict[str, Any]:
     return {"rollout": {key: int(pred.dims[key]) for key in ("image_size", "action_dim", "state_dim", "tubelet_size")}}
 
 
-SERVING = register_family_serving(FamilyServing("vjepa2", frozenset({"vjepa2_ac_predictor"}), install=_install,
-                                                playground=_playground))
+SERVING = FamilyServing(frozenset({"vjepa2_ac_predictor"}), install=_install, playground=_playground)

@@ -26,7 +26,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.model_executor.components import register
 from runtime.models.vjepa2.frame_cache import FrameKVCache
 from runtime.models.vjepa2.layers import Mlp, merge_heads, split_heads
 from runtime.models.vjepa2.rope import apply_rope_3d
@@ -68,9 +67,9 @@ class _ACBlock(nn.Module):
         return x + self.mlp(self.norm2(x)), k, v
 
 
-@register("vjepa2_ac_predictor")
 class Vjepa2ACPredictor(nn.Module):
     """The V-JEPA 2-AC predictor node (see module docstring)."""
+    kind = "vjepa2_ac_predictor"
 
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None) -> None:
         super().__init__()

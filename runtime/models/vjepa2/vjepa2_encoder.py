@@ -18,7 +18,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.model_executor.components import register
 from runtime.models.vjepa2.layers import Mlp, merge_heads, split_heads
 from runtime.models.vjepa2.rope import apply_rope_3d, grid_positions
 
@@ -90,9 +89,9 @@ class _Encoder(nn.Module):
         return self.layernorm(x)
 
 
-@register("vjepa2_encoder")
 class Vjepa2Encoder(nn.Module):
     """The V-JEPA 2 video encoder node."""
+    kind = "vjepa2_encoder"
 
     def __init__(self, dims: Mapping[str, Any], args: Mapping[str, Any] | None = None) -> None:
         super().__init__()

@@ -11,14 +11,14 @@ nodes), its KV cache, and per-request state (sampling). The worker calls:
 Everything else the worker may ask (prefix keys, chunked prefill, compiled buckets, a `group` whose
 queued batches run as one call, BAGEL's CFG branches) is declared on `Executor` (base.py) with a default.
 `executor_for(node, module, rank, plan)` builds the executor the plan names for the node
-(`Node.executor`: the graph's `executor:` or the kind's catalogue default), from a registry
-filled by `@register_executor(name)` in each family's `runtime/models/<family>/executors.py`
-and by plugins through the entry-point group ``mstar.executors`` (registry.py).
+(`Node.executor`: the graph's `executor:` or the kind's catalogue default): the generic `stateless`
+one, or a factory a model family declares in its `Family` (built-ins' in `runtime/models/<family>/executors.py`,
+plugins' through the entry-point group ``mstar.families``; registry.py).
 """
 from __future__ import annotations
 
 from runtime.worker.executors.base import CachelessExecutor, ExecResult, Executor, RunGroup, token_logprobs
-from runtime.worker.executors.registry import ExecutorFactory, executor_for, register_executor
+from runtime.worker.executors.registry import ExecutorFactory, executor_for
 
 __all__ = ["CachelessExecutor", "ExecResult", "Executor", "ExecutorFactory", "RunGroup", "executor_for",
-           "register_executor", "token_logprobs"]
+           "token_logprobs"]

@@ -1,52 +1,48 @@
-"""The executors a plan may name: `register_executor(name)` fills the table (each family's
-`runtime/models/<family>/executors.py`, plugins through the entry-point group ``mstar.executors``);
-`executor_for` builds the one a node names."""
+"""The executors a plan may name: the generic `stateless` one and those the model families declare
+(`Family.executors` in mstar_compiler/catalogue, each a "module:factory" reference); `executor_for`
+builds the one a node names, importing its factory's module on first use."""
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
+from functools import cache
 from typing import Callable
 
 import torch
 
-from mstar_compiler.catalogue import BUILTIN_FAMILIES
+from mstar_compiler.catalogue import FAMILIES_GROUP, load_families, load_ref
 from mstar_compiler.plan import Node, Plan
 from runtime.worker.executors.base import Executor
 from runtime.worker.executors.stateless import stateless_executor
 
 ExecutorFactory = Callable[[Plan, Node, torch.nn.Module, int], Executor]
 
-_EXECUTORS: dict[str, ExecutorFactory] = {"stateless": stateless_executor}
+_GENERIC: dict[str, ExecutorFactory] = {"stateless": stateless_executor}   # no family's: kinds without a KV cache
 
 
-def register_executor(name: str) -> Callable[[ExecutorFactory], ExecutorFactory]:
-    """Decorator: `factory(plan, node, module, rank)` builds the executor registered as `name`."""
-
-    def deco(factory: ExecutorFactory) -> ExecutorFactory:
-        if name in _EXECUTORS and _EXECUTORS[name] is not factory:
-            raise ValueError(f"executor {name!r} is registered twice")
-        _EXECUTORS[name] = factory
-        return factory
-
-    return deco
-
-
-def _load_executors() -> None:
-    """Import every built-in family's executors module and the plugins' (entry points)."""
-    for family in BUILTIN_FAMILIES:
-        importlib.import_module(f"runtime.models.{family}.executors")
-    for ep in entry_points(group="mstar.executors"):
-        register_executor(ep.name)(ep.load())
+@cache
+def _declared() -> dict[str, str]:
+    """Every executor name a family declares -> its factory's "module:factory" reference."""
+    refs: dict[str, str] = {}
+    owners = dict.fromkeys(_GENERIC, "the generic runtime")
+    for family in load_families().values():
+        for name, ref in family.executors.items():
+            if name in owners:
+                raise ValueError(f"executor {name!r} is declared twice: by {owners[name]} and by family {family.name!r}")
+            owners[name], refs[name] = f"family {family.name!r}", ref
+    return refs
 
 
 def executor_for(node: Node, module: torch.nn.Module, rank: int, plan: Plan) -> Executor:
     """The executor the plan names for `node` (`Node.executor`: the graph's or the kind's default)."""
-    if node.executor not in _EXECUTORS:
-        _load_executors()
-    if node.executor not in _EXECUTORS:
+    refs = _declared()
+    if node.executor in _GENERIC:
+        factory = _GENERIC[node.executor]
+    elif node.executor in refs:
+        factory = load_ref(refs[node.executor])
+    else:
         raise KeyError(f"node '{node.name}' ({node.source}) names executor {node.executor!r}, which no built-in "
-                       f"family or installed plugin registers; known: {', '.join(sorted(_EXECUTORS))}")
-    executor = _EXECUTORS[node.executor](plan, node, module, rank)
+                       f"family or installed plugin (entry-point group {FAMILIES_GROUP}) declares; known: "
+                       f"{', '.join(sorted([*_GENERIC, *refs]))}")
+    executor = factory(plan, node, module, rank)
     if Executor not in type(executor).__mro__:
         raise TypeError(f"executor {node.executor!r} of node '{node.name}' built a {type(executor).__name__}, which does "
                         f"not subclass runtime.worker.executors.Executor (the interface the worker calls, with its defaults)")

@@ -1,1 +1,2 @@
-"""Example mstar plugin: the `audio_gain` component kind (catalogue entry + torch module)."""
+"""Example mstar plugin: the `audio_gain` family (its declaration, catalogue.py; its torch module, component.py;
+its executor, executor.py)."""

@@ -1,7 +1,8 @@
-"""Catalogue side of `audio_gain` (torch-free): what `mstarc` needs to know."""
+"""The `audio_gain` family (torch-free): its kind, what `mstarc` needs to know, and the names of its
+runtime parts, which only the runtime imports."""
 from __future__ import annotations
 
-from mstar_compiler.catalogue import KindSpec, Port
+from mstar_compiler.catalogue import Family, KindSpec, Port
 
 AUDIO_GAIN = KindSpec(
     kind="audio_gain",
@@ -12,10 +13,12 @@ AUDIO_GAIN = KindSpec(
     num_params=lambda dims: dims["channels"],
     is_capture_safe=True,
     args={"initial_gain": 1.0, "fade_samples": 0},
-    executor="audio_gain",      # mstar_audio_gain.executor, through the mstar.executors entry point
+    executor="audio_gain",      # declared by FAMILY below
 )
 
-
-def kinds() -> tuple[KindSpec, ...]:
-    """Entry point of the `mstar.catalogue` group."""
-    return (AUDIO_GAIN,)
+# the entry point of the `mstar.families` group (pyproject.toml)
+FAMILY = Family(
+    "audio_gain", (AUDIO_GAIN,),
+    components={"audio_gain": "mstar_audio_gain.component:AudioGain"},
+    executors={"audio_gain": "mstar_audio_gain.executor:fade_in_gain_executor"},
+)

@@ -50,5 +50,5 @@ class FadeInGainExecutor(CachelessExecutor):
 
 
 def fade_in_gain_executor(plan: Plan, node: Node, module: torch.nn.Module, rank: int) -> FadeInGainExecutor:
-    """Entry point of the `mstar.executors` group (name: audio_gain)."""
+    """The executor `audio_gain` (named in the family's declaration, catalogue.py)."""
     return FadeInGainExecutor(node, module)
