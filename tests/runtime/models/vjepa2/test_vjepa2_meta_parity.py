@@ -63,7 +63,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Pair:
 
 
 def _inputs(pair: Pair, batch: int, steps: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """frames (B, steps*P, E) layer-normed as the encoder's normalize_reps, states (B, steps, 7), actions (B, steps, 7)."""
+    """frames (B, steps*P, E), layer-normed as the encoder's normalize_reps; states and actions (B, steps, 7)."""
     g = torch.Generator().manual_seed(seed)
     d = pair.node.dims
     p = (d["image_size"] // d["patch_size"]) ** 2
