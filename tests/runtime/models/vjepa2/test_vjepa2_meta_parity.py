@@ -29,6 +29,9 @@ from tests.runtime.models.vjepa2.meta_ac_reference import meta_predictor, world_
 from tests.runtime.models.vjepa2.vjepa2_reference import randomize
 from tests.runtime.serving.published_layouts import PRESET, published_preset, write_vjepa2_ac_pickle
 
+# Meta's attention enters torch.backends.cuda.sdp_kernel(), which torch deprecates: their code, not ours
+pytestmark = pytest.mark.filterwarnings("ignore:.*sdp_kernel.*:FutureWarning")
+
 MAX_STEPS = 12  # frame steps Meta's prebuilt mask covers: the longest trajectory below (3 + 6 - 1 actions)
 
 # Every comparison is fp32 on both sides with the same weights; what may differ is summation order
