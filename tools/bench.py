@@ -6,6 +6,7 @@
     python tools/bench.py --publish         # the newest JSON of each suite into docs/bench-results/, its table
                                             # into docs/benchmarks.md (the repository's current figures)
     python tools/bench.py chat --vllm VENV/bin/vllm   # the vLLM peer from its own venv (docs/benchmarks.md)
+    python tools/bench.py chat --llamacpp PATH        # the llama.cpp peer: llama-server or the xllamacpp venv
 
 Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound, threads, network, realtime,
 prefill (default: all).
@@ -41,7 +42,7 @@ from bench.registry import Context, Needs, suites  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="mstar benchmark suite (medians over ABAB rounds)")
+    parser = argparse.ArgumentParser(description="mstar benchmark suite (medians over ABBA rounds)")
     parser.add_argument("suites", nargs="*", help="suites to run (default: all)")
     parser.add_argument("--rounds", type=int, default=3, help="recorded A/B rounds per comparison")
     parser.add_argument("--quick", action="store_true", help="smaller cases (smoke runs)")
@@ -51,6 +52,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--vllm", type=Path, default=None,
                         help="vLLM CPU peer: its venv's bin/vllm (or bin/python, or the venv) "
                              "(default: .bench/vllm-venv of tools/setup_vllm_cpu.sh)")
+    parser.add_argument("--llamacpp", type=Path, default=None,
+                        help="llama.cpp peer: a llama-server binary or the venv holding xllamacpp (default: "
+                             ".bench/llama.cpp/build/bin/llama-server if built, else .bench/llamacpp-venv of "
+                             "tools/setup_llamacpp.sh)")
     parser.add_argument("--cpu-compile", action="store_true",
                         help="mstar's SmolLM2 plans compile their decode steps (the lm node's `cpu_compile: true`; "
                              "a cold start compiles for minutes)")
@@ -74,7 +79,7 @@ def run_suite(name: str, args: argparse.Namespace, command: str) -> results.RunR
         import torch
         torch.set_num_threads(args.threads)
     ctx = Context(rounds=args.rounds, quick=args.quick, root=ROOT, threads=args.threads, vllm=args.vllm,
-                  cpu_compile=args.cpu_compile, settle_s=args.settle, dtypes=tuple(args.dtypes.split(",")))
+                  llamacpp=args.llamacpp, cpu_compile=args.cpu_compile, settle_s=args.settle, dtypes=tuple(args.dtypes.split(",")))
     record = results.RunRecord(name, suite.title, command, args.rounds, results.now(),
                                machine=results.machine_info(ROOT))
     try:

@@ -40,7 +40,7 @@ from bench import prefill_load  # noqa: E402
 from bench.registry import Context  # noqa: E402
 from bench.servers import Server, free_port  # noqa: E402
 from bench.profile_table import table  # noqa: E402
-from bench.suite_chat import bench_dir, vllm_python  # noqa: E402
+from bench.peer_vllm import vllm_python  # noqa: E402
 
 CATEGORIES = ("linears", "lm_head", "attention", "rope_norms", "sampling", "other ops", "fused kernels",
               "outside ops")
@@ -137,7 +137,7 @@ async def _prefilling(url: str, num_tokens: int) -> None:
     """One new `num_tokens`-token prompt on the idle server, profiled from before it is sent (vLLM's
     `profiler.start()` takes the schedule's warm-up step itself: the prompt's prefill is the active one)."""
     await asyncio.to_thread(_post, url + "/start_profile")
-    content = prefill_load.prompt_words(prefill_load.WORDS, num_tokens - 30, nonce=num_tokens)  # ~30: the template
+    content = prefill_load.prompt_words(prefill_load.WORDS, num_tokens - 30, nonce=num_tokens)  # ~30: template + nonce
     async with prefill_load.session() as http:
         await prefill_load.timed(http, url, "smollm2", content, max_tokens=2)
     await asyncio.to_thread(_post, url + "/stop_profile")
@@ -149,7 +149,7 @@ def vllm_profiled(ctx: Context, steps: int, out: Path) -> Server:
               "torch_profiler_with_stack": False, "warmup_iterations": 1, "active_iterations": steps}
     port = free_port()
     cmd = [str(vllm_python(ctx)), "-m", "vllm.entrypoints.openai.api_server", "--model",
-           str(bench_dir(ctx) / "smollm2-135m-fp32"), "--served-model-name", "smollm2", "--port", str(port),
+           str(ctx.bench_dir / "smollm2-135m-fp32"), "--served-model-name", "smollm2", "--port", str(port),
            "--max-model-len", "8192", "--dtype", "float32", "--profiler-config", json.dumps(config)]
     env = {"VLLM_CPU_KVCACHE_SPACE": "4", "HF_HUB_OFFLINE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     # the prefill suite's --max-model-len, so a start reuses the model it compiled (vLLM's compile cache)

@@ -70,5 +70,6 @@ def test_decode_gap_runs_from_the_last_chunk_before_to_the_first_after_and_serve
     assert stream.max_gap(start=4.5, end=5.0, now=9.0) == pytest.approx(5.0)     # 4.0 -> nothing yet (now)
     assert stream.served(start=1.0, end=2.6) == 3                                # 1.1, 2.5, 2.6: (start, end]
     assert stream.served(start=4.0, end=9.0) == 0
-    assert prefill_load.prompt_words(["a", "b"], 3, nonce=7).startswith("Words: ")
-    assert len(prefill_load.prompt_words(["a", "b"], 3, nonce=7).split()) == 4
+    prompt = prefill_load.prompt_words(["a", "b"], 3, nonce=7)
+    assert prompt.content == "Words: a b a" and len(prompt.system.split()) == prefill_load.NONCE_WORDS
+    assert prompt.system.split()[:3] == ["b", "b", "b"]            # 7 = 0b111, least significant digit first

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.registry import Context
-from bench.suite_chat import mstar_plan
+from bench.peer_mstar import mstar_plan
 from mstar_compiler.plan import load_plan
 
 REPO = Path(__file__).resolve().parents[2]

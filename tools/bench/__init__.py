@@ -2,10 +2,14 @@
 
 Package layout, one concern per module:
   registry     suite registry, the `Needs` error and the run context
-  abab         A/B alternation (ABAB...) of the compared sides, rounds and warm-up
+  abab         A/B alternation of the compared sides in ABBA order, rounds and warm-up
   stats        medians, min/max, percentiles, per-round ratios, verdicts in words
   results      the result JSON schema (one file per suite run) and machine facts
   report       the markdown table; plots: the PNG figures
+  cache_state  the cold / warm cache modes and the rule that a row's sides ran in the same one
+  peers        a served side (label, cache counters, settings as it reports them); peer_mstar, peer_vllm,
+               peer_llamacpp start each kind (llamacpp_serve: the xllamacpp launcher); chat_prompts: the
+               chat suite's nonce prompts round after round
   servers      start/stop a model server process; openai_load: the chat load generator (bursts,
                closed and open loops; a command line); speech_load: the speech one (streamed bursts,
                the listeners' underruns; a command line); image_load: concurrent image requests

@@ -30,7 +30,7 @@ class HFGenerate:
             self.tokenizer.pad_token = self.tokenizer.eos_token
 
     def _encode(self, jobs: Sequence[ChatJob]):
-        texts = [self.tokenizer.apply_chat_template([{"role": "user", "content": j.prompt}], tokenize=False,
+        texts = [self.tokenizer.apply_chat_template(j.messages(), tokenize=False,
                                                     add_generation_prompt=True) for j in jobs]
         return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 

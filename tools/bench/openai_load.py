@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import aiohttp
 
@@ -37,7 +37,22 @@ from bench.stats import percentile  # noqa: E402
 @dataclass(frozen=True)
 class ChatJob:
     prompt: str
-    max_tokens: int   # forced output length (with ignore_eos)
+    max_tokens: int            # forced output length (with ignore_eos)
+    system: str | None = None  # a system message sent first (the suites' nonce: bench.chat_prompts)
+
+    def messages(self) -> list[dict[str, str]]:
+        """The request's `messages`: the system message (when given), then the prompt as the user's."""
+        head = [] if self.system is None else [{"role": "system", "content": self.system}]
+        return [*head, {"role": "user", "content": self.prompt}]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One streamed request as the client saw it."""
+
+    e2e_s: float                 # send -> full response
+    completion_tokens: int       # from `usage`
+    ttft_s: float                # send -> first content chunk
 
 
 @dataclass(frozen=True)
@@ -56,12 +71,12 @@ class BurstResult:
         return out
 
 
-async def _one(session: aiohttp.ClientSession, url: str, model: str, job: ChatJob) -> tuple[float, int, float]:
-    """(E2E s, completion tokens, TTFT s at the first content chunk) of one streamed request."""
-    body = {"model": model, "messages": [{"role": "user", "content": job.prompt}], "stream": True,
-            "stream_options": {"include_usage": True},
-            "max_tokens": job.max_tokens, "temperature": 0.0, "ignore_eos": True}
-    start, ttft, tokens = time.perf_counter(), None, None
+async def _one(session: aiohttp.ClientSession, url: str, model: str, job: ChatJob,
+               extra: Mapping[str, Any]) -> Answer:
+    """One streamed request, timed; `extra` fields join its body (a peer's own, e.g. llama.cpp's cache_prompt)."""
+    body = {"model": model, "messages": job.messages(), "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": job.max_tokens, "temperature": 0.0, "ignore_eos": True, **extra}
+    start, ttft, usage = time.perf_counter(), None, None
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {await resp.text()}")
@@ -69,46 +84,45 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, job: ChatJo
             if not line.startswith(b"data: {"):
                 continue
             chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = int(chunk["usage"]["completion_tokens"])
+            usage = chunk.get("usage") or usage
             if ttft is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
                 ttft = time.perf_counter() - start
-    if tokens is None or ttft is None:
-        raise RuntimeError(f"{url}: the stream ended without {'usage' if tokens is None else 'any content'}")
-    return time.perf_counter() - start, tokens, ttft
+    if usage is None or ttft is None:
+        raise RuntimeError(f"{url}: the stream ended without {'usage' if usage is None else 'any content'}")
+    return Answer(time.perf_counter() - start, int(usage["completion_tokens"]), ttft)
 
 
 async def _run(url: str, model: str, jobs: Sequence[ChatJob], concurrency: int,
-               arrivals: Sequence[float]) -> BurstResult:
+               arrivals: Sequence[float], extra: Mapping[str, Any]) -> BurstResult:
     """Every job, at most `concurrency` in flight, job i sent no earlier than `arrivals[i]` s after the start."""
     gate = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=1800)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-        async def send(job: ChatJob, at: float) -> tuple[float, int, float]:
+        async def send(job: ChatJob, at: float) -> Answer:
             if at > 0:
                 await asyncio.sleep(at)
             async with gate:
-                return await _one(session, url, model, job)
+                return await _one(session, url, model, job, extra)
 
         start = time.perf_counter()
         done = await asyncio.gather(*(send(j, at) for j, at in zip(jobs, arrivals)))
         wall = time.perf_counter() - start
-    return BurstResult([d[0] for d in done], [d[1] for d in done], wall, [d[2] for d in done])
+    return BurstResult([d.e2e_s for d in done], [d.completion_tokens for d in done], wall, [d.ttft_s for d in done])
 
 
-def chat_burst(url: str, model: str, jobs: Sequence[ChatJob]) -> BurstResult:
-    """Send every job at once to `url` and wait for all of them."""
-    return asyncio.run(_run(url, model, jobs, len(jobs), [0.0] * len(jobs)))
+def chat_burst(url: str, model: str, jobs: Sequence[ChatJob], extra: Mapping[str, Any] | None = None) -> BurstResult:
+    """Send every job at once to `url` and wait for all of them (`extra`: fields every body carries)."""
+    return asyncio.run(_run(url, model, jobs, len(jobs), [0.0] * len(jobs), extra or {}))
 
 
 def chat_load(url: str, model: str, jobs: Sequence[ChatJob], concurrency: int, rate: float = 0.0) -> BurstResult:
     """Closed loop: `concurrency` clients, each sending its next job when its last one ends. With `rate` > 0,
     open loop instead: jobs arrive as a Poisson process of `rate` per second (seeded: the same times every run)."""
     if rate <= 0:
-        return asyncio.run(_run(url, model, jobs, concurrency, [0.0] * len(jobs)))
+        return asyncio.run(_run(url, model, jobs, concurrency, [0.0] * len(jobs), {}))
     rng = random.Random(0)
     arrivals = [0.0, *itertools.accumulate(rng.expovariate(rate) for _ in jobs[1:])]
-    return asyncio.run(_run(url, model, jobs, len(jobs), arrivals))
+    return asyncio.run(_run(url, model, jobs, len(jobs), arrivals, {}))
 
 
 def model_card(url: str) -> dict:

@@ -1,23 +1,24 @@
 """Long prompts timed to their first content token, alone or while other streams decode
 (the prefill suite's load).
 
-A prompt of N tokens is N - overhead words that are each one token of the model's
-vocabulary (checked with its tokenizer), the chat template adding `overhead`; its first
-words are a permutation chosen by a nonce, so no two requests share a first KV block and
-no prefix cache (mstar's or vLLM's) reuses an earlier prompt. Every request is streamed,
-greedy, with a forced output length (`max_tokens` + `ignore_eos`); TTFT runs from the send
-to the first chunk carrying content. Background streams are the same kind of chat with a
-long forced output; the longest gap between two of their content chunks while the long
-prompt waits for its first token shows whether decoding kept flowing.
+A prompt is a system message, the nonce, and a user message of one-token words (checked with the
+model's tokenizer), N tokens in all after the chat template. The nonce comes first because the template
+puts everything else before the content: without a system message SmolLM2's template writes its default
+one (about 26 tokens, the same in every request), so a nonce in the user message would leave the first
+KV block of every prompt a cache hit. The system message is NONCE_WORDS one-token words spelling the
+nonce in base len(words), least significant first: after `<|im_start|>system\n` (3 tokens) two prompts
+part within their first 16 tokens. Every request is streamed, greedy, with a forced output length
+(`max_tokens` + `ignore_eos`); TTFT runs from the send to the first chunk carrying content. Background
+streams are the same kind of chat with a long forced output; the longest gap between two of their
+content chunks while the long prompt waits for its first token shows whether decoding kept flowing.
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import aiohttp
 
@@ -26,7 +27,18 @@ WORDS = ("apple river stone house green water light table music paper window gar
          "friend family morning winter summer mountain market forest animal bottle letter island travel "
          "doctor teacher kitchen orange yellow purple silver golden bright quiet simple strong little "
          "ancient modern famous happy early late open close north south east west road bridge tower").split()
-NONCE_WORDS = 16    # leading words permuted per request: 16 one-token words fill one 16-token KV block
+NONCE_WORDS = 13    # the system message: 3 template tokens + 13 words = the first 16-token KV block
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request's messages: the nonce as the system message, then the words."""
+
+    system: str              # NONCE_WORDS words spelling the nonce (prompt_words)
+    content: str             # "Words:" and the body's words
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.content}]
 
 
 @dataclass(frozen=True)
@@ -64,18 +76,27 @@ class Loaded:
     served: list[int]        # each stream's content chunks during the wait (Background.served)
 
 
-def prompt_words(words: Sequence[str], num_words: int, nonce: int) -> str:
-    """"Words:" and `num_words` one-token words, each after a space (so each stays one token);
-    the first NONCE_WORDS of them are a permutation seeded by `nonce`."""
-    head = random.Random(nonce).sample(list(words), min(NONCE_WORDS, len(words), num_words))
-    body = [words[i % len(words)] for i in range(num_words - len(head))]
-    return "Words:" + "".join(" " + w for w in head + body)
+def nonce_words(words: Sequence[str], nonce: int) -> list[str]:
+    """`nonce` in base len(words), least significant digit first, as NONCE_WORDS words (distinct nonces below
+    len(words) ** NONCE_WORDS differ within the first word where their digits do)."""
+    digits = []
+    for _ in range(NONCE_WORDS):
+        nonce, digit = divmod(nonce, len(words))
+        digits.append(words[digit])
+    return digits
 
 
-def _body(model: str, content: str, max_tokens: int) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": content}], "stream": True,
+def prompt_words(words: Sequence[str], num_words: int, nonce: int) -> Prompt:
+    """The nonce's system message and "Words:" with `num_words` one-token words, each after a space (so
+    each stays one token)."""
+    system = "".join(" " + w for w in nonce_words(words, nonce))
+    return Prompt(system, "Words:" + "".join(" " + words[i % len(words)] for i in range(num_words)))
+
+
+def _body(model: str, prompt: Prompt, max_tokens: int, extra: Mapping[str, Any]) -> dict:
+    return {"model": model, "messages": prompt.messages(), "stream": True,
             "stream_options": {"include_usage": True}, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True}
+            "ignore_eos": True, **extra}
 
 
 async def _chunks(session: aiohttp.ClientSession, url: str, body: dict):
@@ -92,10 +113,11 @@ def _content(chunk: dict) -> bool:
     return bool(chunk.get("choices")) and bool(chunk["choices"][0].get("delta", {}).get("content"))
 
 
-async def timed(session: aiohttp.ClientSession, url: str, model: str, content: str, max_tokens: int = 1) -> Timed:
+async def timed(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int = 1,
+                extra: Mapping[str, Any] | None = None) -> Timed:
     """One streamed chat: TTFT at the first content chunk, and the server's token counts."""
     start, ttft, usage = time.perf_counter(), None, None
-    async for at, chunk in _chunks(session, url, _body(model, content, max_tokens)):
+    async for at, chunk in _chunks(session, url, _body(model, prompt, max_tokens, extra or {})):
         if ttft is None and _content(chunk):
             ttft = at - start
         usage = chunk.get("usage") or usage
@@ -104,21 +126,21 @@ async def timed(session: aiohttp.ClientSession, url: str, model: str, content: s
     return Timed(ttft, int(usage["prompt_tokens"]), int(usage["completion_tokens"]))
 
 
-async def background(session: aiohttp.ClientSession, url: str, model: str, content: str, max_tokens: int,
-                      into: Background) -> None:
-    async for at, chunk in _chunks(session, url, _body(model, content, max_tokens)):
+async def background(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int,
+                      into: Background, extra: Mapping[str, Any] | None = None) -> None:
+    async for at, chunk in _chunks(session, url, _body(model, prompt, max_tokens, extra or {})):
         if _content(chunk):
             into.arrivals.append(at)
 
 
-async def under_load(url: str, model: str, content: str, streams: Sequence[str], stream_tokens: int,
-                     max_tokens: int = 1) -> Loaded:
-    """Start `streams` decoding, wait until each has sent content, then time `content`; the
+async def under_load(url: str, model: str, prompt: Prompt, streams: Sequence[Prompt], stream_tokens: int,
+                     max_tokens: int = 1, extra: Mapping[str, Any] | None = None) -> Loaded:
+    """Start `streams` decoding, wait until each has sent content, then time `prompt`; the
     streams' longest gap between chunks and their chunks received while it waited. The streams
     are cut afterwards."""
     async with session() as http:
         runs = [Background() for _ in streams]
-        tasks = [asyncio.create_task(background(http, url, model, s, stream_tokens, r))
+        tasks = [asyncio.create_task(background(http, url, model, s, stream_tokens, r, extra))
                  for s, r in zip(streams, runs)]
         try:
             while not all(len(r.arrivals) >= 2 for r in runs):   # every stream is past its prefill
@@ -127,7 +149,7 @@ async def under_load(url: str, model: str, content: str, streams: Sequence[str],
                     raise RuntimeError(f"{url}: a background stream ended before the long prompt was sent")
                 await asyncio.sleep(0.05)
             start = time.perf_counter()
-            got = await timed(http, url, model, content, max_tokens)
+            got = await timed(http, url, model, prompt, max_tokens, extra)
             end = start + got.ttft_s
             await asyncio.sleep(0.5)      # the chunk that ends a stream's last gap has time to arrive
             now = time.perf_counter()
@@ -138,16 +160,16 @@ async def under_load(url: str, model: str, content: str, streams: Sequence[str],
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def alone(url: str, model: str, content: str, max_tokens: int = 1) -> Timed:
+def alone(url: str, model: str, prompt: Prompt, max_tokens: int = 1, extra: Mapping[str, Any] | None = None) -> Timed:
     async def go() -> Timed:
         async with session() as http:
-            return await timed(http, url, model, content, max_tokens)
+            return await timed(http, url, model, prompt, max_tokens, extra)
     return asyncio.run(go())
 
 
-def loaded(url: str, model: str, content: str, streams: Sequence[str], stream_tokens: int,
-           max_tokens: int = 1) -> Loaded:
-    return asyncio.run(under_load(url, model, content, streams, stream_tokens, max_tokens))
+def loaded(url: str, model: str, prompt: Prompt, streams: Sequence[Prompt], stream_tokens: int,
+           max_tokens: int = 1, extra: Mapping[str, Any] | None = None) -> Loaded:
+    return asyncio.run(under_load(url, model, prompt, streams, stream_tokens, max_tokens, extra))
 
 
 def session() -> aiohttp.ClientSession:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 from tqdm import tqdm
 
 from bench import quiet
-from bench.abab import Measure, Samples, alternate
+from bench.abab import Measure, Samples, alternate, round_order
 from bench.results import Row
 
 # the issue's order, then ours
@@ -30,11 +30,13 @@ class Needs(Exception):
 class Context:
     """What a suite run gets: knobs from the command line and a place for its settings."""
 
-    rounds: int                          # recorded ABAB rounds per comparison
+    rounds: int                          # recorded ABBA rounds per comparison
     quick: bool                          # smaller cases (CI smoke, a noisy machine)
     root: Path                           # repository root
     threads: int | None = None           # torch threads of in-process sides (None: torch's default)
     vllm: Path | None = None             # the vLLM peer's bin/vllm, bin/python or venv (None: .bench/vllm-venv)
+    llamacpp: Path | None = None         # the llama.cpp peer: a llama-server binary or the xllamacpp venv (None:
+                                         # .bench/'s native build if there, else .bench/llamacpp-venv)
     cpu_compile: bool = False            # mstar's SmolLM2 plans with `args: {cpu_compile: true}` on the lm node
     dtypes: tuple[str, ...] = ("float32", "bfloat16")   # the dtypes a suite comparing several runs (chat)
     settle_s: float = quiet.TIMEOUT_S    # before each run, wait up to this long for a quiet machine (0: no wait)
@@ -42,8 +44,15 @@ class Context:
     settings: dict[str, Any] = field(default_factory=dict)   # recorded in the result JSON
     needs: list[dict[str, str]] = field(default_factory=list)  # comparisons that could not run
 
+    @property
+    def bench_dir(self) -> Path:
+        """Where tools/setup_*.sh put the peers' venvs and weights."""
+        return self.root / ".bench"
+
     def alternate(self, label: str, sides: Mapping[str, Measure], warmup: int = 1) -> Samples:
-        """`abab.alternate` with a progress bar named `label`."""
+        """`abab.alternate` with a progress bar named `label`; the side order of each round is recorded in the
+        settings (`side_order`)."""
+        self.settings.setdefault("side_order", {})[label] = [round_order(list(sides), i) for i in range(self.rounds)]
         with tqdm(total=self.rounds * len(sides), desc=label, unit="run", leave=False) as bar:
             return alternate(sides, self.rounds, warmup, lambda done, side: bar.update(1), self._settle)
 

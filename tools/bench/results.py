@@ -5,7 +5,11 @@ Schema (version 1), every number in the unit its row names:
    "command": str,            # the exact command line that made it
    "started": iso8601, "finished": iso8601, "rounds": int,
    "machine": {...},          # machine_info(): cpu, cores, memory, load average, versions
-   "settings": {...},         # suite-specific knobs (presets, lengths, concurrency)
+   "settings": {...},         # suite-specific knobs (presets, lengths, concurrency); side_order: each
+                              # comparison's sides per round (ABBA); the served suites add sides (each
+                              # side's label, cache mode and settings as it reports them: threads, binding,
+                              # kernel ISA, preloads, KV budget) and cache_states (case -> side -> one
+                              # state a round: bench.cache_state)
    "rows": [Row.to_dict()],   # measured comparisons
    "needs": [{"case": str, "needs": str}]}   # comparisons that could not run, and why
 """

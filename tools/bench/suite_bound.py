@@ -39,7 +39,7 @@ import torch
 from bench.registry import Context, register
 from bench.results import Row, Side
 from bench.stats import LOWER, median_time
-from bench.suite_chat import mstar_plan
+from bench.peer_mstar import mstar_plan
 from bench.suite_linear import Decoder
 
 BATCH, STEPS, QUICK_STEPS = 16, 16, 4

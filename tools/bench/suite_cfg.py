@@ -38,7 +38,7 @@ from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.servers import Server, mstar_run
 from bench.stats import HIGHER, LOWER
-from bench.suite_chat import compile_plan
+from bench.peer_mstar import compile_plan
 
 # bagel_mot_lm's (and graphs/bagel.yaml's) `bench-mid` preset: Qwen2-style MoT LM, 6 layers of
 # width 512, up to 256 latent tokens per image (32x32 latent)

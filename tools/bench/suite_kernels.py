@@ -24,7 +24,7 @@ import time
 
 from bench.results import Row, Side
 from bench.stats import LOWER
-from bench.suite_chat import mstar_plan
+from bench.peer_mstar import mstar_plan
 from bench.suite_linear import BATCHES, PROMPT, QUICK_BATCHES, QUICK_STEPS, STEPS, Decoder, _row
 from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams

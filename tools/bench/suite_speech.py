@@ -27,7 +27,7 @@ from bench.results import Row, Side
 from bench.servers import Server, mstar_run
 from bench.speech_load import SAMPLE_RATE, listener_metrics, speech_burst
 from bench.stats import HIGHER, LOWER
-from bench.suite_chat import compile_plan
+from bench.peer_mstar import compile_plan
 
 CONCURRENCY, QUICK_CONCURRENCY = (8, 16, 32), (4, 8)
 WORKER_THREADS = 1   # tiny forwards take microseconds: a second OpenMP thread only spin-waits (shared cores)

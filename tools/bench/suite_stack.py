@@ -24,7 +24,8 @@ from bench.openai_load import ChatJob, chat_burst, model_card
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.stats import HIGHER
-from bench.suite_chat import jobs, mstar_plan, mstar_server
+from bench.peer_mstar import mstar_plan, mstar_server
+from bench.suite_chat import jobs
 from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 

@@ -28,7 +28,7 @@ from typing import Iterator
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.stats import HIGHER
-from bench.suite_chat import mstar_plan
+from bench.peer_mstar import mstar_plan
 
 BATCH, STEPS, QUICK_STEPS = 16, 48, 4   # 48 steps: ~1.5 s, the governor's windows (0.5 s) fit twice
 DEFAULT = ("2 threads as a worker runs them (brief spins; a thread fewer per core others keep busy: "

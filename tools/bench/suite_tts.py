@@ -23,7 +23,7 @@ from typing import Callable
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.stats import LOWER
-from bench.suite_chat import compile_plan
+from bench.peer_mstar import compile_plan
 from bench.tts_served import (OMNI_CONCURRENCY, OMNI_FRAMES, ORPHEUS_STREAMS, QUICK_OMNI_FRAMES, omni_rows,
                               orpheus_rows)
 from runtime.model_executor.sampling import SamplingParams

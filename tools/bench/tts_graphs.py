@@ -21,7 +21,7 @@ from typing import Any, Callable
 import yaml
 
 from bench.registry import Context
-from bench.suite_chat import compile_plan
+from bench.peer_mstar import compile_plan
 
 HEADER = "# Written by tools/bench/tts_graphs.py from graphs/{source}: a benchmark copy, not a project graph.\n"
 ORPHEUS_STREAM = "audio_tokens"
