@@ -51,6 +51,8 @@ def test_compiled_step_matches_eager_without_recompiling() -> None:
         with torch.inference_mode():     # as the executor calls it (its `run` is in inference mode)
             logits, hidden = graphs.run(tokens, [t.blocks for t in tables], [t.num_tokens for t in tables])
         want_logits, _ = eager_decode(model, manager, reference, reqs, tokens)
+        # inductor's fused fp32 reductions in another order (the module doc): measured max |diff| 1.8e-7 at |logit| <=
+        # 0.54, 0.1% of the bound
         torch.testing.assert_close(logits, want_logits, atol=1e-4, rtol=1e-4)
         assert logits.argmax(-1).tolist() == want_logits.argmax(-1).tolist()
         changed = changed_slots(before, cache) - set(range(cache.padding_slot, cache.padding_slot + cache.block_size))

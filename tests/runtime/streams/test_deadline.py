@@ -12,6 +12,8 @@ def test_deadline_before_and_after_first_chunk():
     clock.on_chunk_sent(now=10.2, audio_s=0.3)
     assert clock.deadline() == 10.2 + 0.3
     clock.on_chunk_sent(now=10.4, audio_s=0.3)  # in time: no underrun
+    # float64 sums of decimal seconds (10.4 + 0.3 is not 10.8 in binary): a rounding or two of ulp 1.8e-15; measured
+    # 1.8e-15
     assert clock.num_underruns == 0 and abs(clock.deadline() - 10.8) < 1e-9
 
 
@@ -20,7 +22,7 @@ def test_late_chunk_counts_an_underrun_and_shifts_playback():
     clock.on_chunk_sent(now=0.1, audio_s=0.2)   # runs dry at 0.3
     clock.on_chunk_sent(now=0.5, audio_s=0.2)   # 0.2 s late
     assert clock.num_underruns == 1
-    assert abs(clock.deadline() - 0.7) < 1e-9   # resumes at 0.5, plays 0.2 s
+    assert abs(clock.deadline() - 0.7) < 1e-9   # resumes at 0.5, plays 0.2 s (float64 sums: a rounding of 1e-16)
 
 
 def test_the_stream_closest_to_running_dry_goes_first():

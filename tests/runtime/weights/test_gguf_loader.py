@@ -89,6 +89,7 @@ def _write_gguf(path: Path, tensors: dict[str, np.ndarray], arch: str = "llama")
 def test_round_trip_gives_back_hf_tensors(tmp_path: Path, tied: bool) -> None:
     hf = _hf_state_dict(tied)
     ckpt = GGUFCheckpoint(_write_gguf(tmp_path / "tiny.gguf", hf))
+    # GGUF stores the eps as float32: 1e-6 comes back rounded (relative 6e-8), inside approx's default rel 1e-6
     assert ckpt.config() == {**DIMS, "rope_theta": 5e5, "rms_norm_eps": pytest.approx(1e-6),
                              "tie_word_embeddings": tied, "max_position_embeddings": 256}
     ours = ckpt.state_dict()

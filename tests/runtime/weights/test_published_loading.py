@@ -56,6 +56,7 @@ def test_bagel_vae_from_flux_layout_equals_diffusers(bagel) -> None:
         want_latent = (hf.encode(image).latent_dist.mean - shift) * scale
         want_image = hf.decode(latent / scale + shift).sample
         (got_latent,), (got_image,) = enc([image[0]]), dec([latent[0]])
-    # fp32 both sides, the same convolutions: differences of a few ulps
+    # fp32 both sides, the same convolutions (diffusers' and ours may pick other conv kernels for their layouts):
+    # differences of a few ulps (eps 1.2e-7) on values <= 1.3; measured exact on the test checkpoint here
     torch.testing.assert_close(got_latent, want_latent[0], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(got_image, want_image[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_image, want_image[0], rtol=1e-4, atol=1e-5)  # the same few-ulp bound

@@ -69,4 +69,7 @@ def test_mixed_batch_equals_each_request_alone(kind: str, backend: str, block_si
     for r, tokens in streams.items():
         alone = _alone(reference, tokens, prompt_lens[r])
         mixed = torch.stack([got[r][p] for p in range(len(tokens))])
+        # unpacked linears: a packed mixed batch has other row counts than a request alone, and MKL's sgemm may block
+        # its rows otherwise (the Triton case also attends with another kernel): fp32 order differences of a few
+        # ulps (eps 1.2e-7) on logits |l| <= 0.8; measured max 2.7e-7, 2% of the bound
         torch.testing.assert_close(mixed, alone, atol=1e-5, rtol=1e-5, msg=f"request {r}")

@@ -34,7 +34,9 @@ from runtime.worker.loader import load_rank
 from tests.runtime.models.decoder_lm.smollm2_factories import _forward, generate
 from tests.runtime.serving.conftest import REPO
 
-RMS_FACTOR, MAX_FACTOR = 1.5, 2.0     # the served path's error vs the reference's (module doc)
+# the served path's error vs the reference's (module doc): two bf16 evaluations that differ in summation order and
+# where they round; measured 1.13x (RMS) and 1.09x-1.23x (largest) on a Sapphire Rapids Xeon
+RMS_FACTOR, MAX_FACTOR = 1.5, 2.0
 PARITY = ["What is the capital of France?", "List three colours.", "What is 2 + 2?"]
 NEAR_TIE = "Write a short poem about the sea."
 NEW_TOKENS = 12

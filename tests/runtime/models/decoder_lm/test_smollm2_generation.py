@@ -45,6 +45,7 @@ def test_config_from_metadata_is_the_catalogue_preset(ckpt) -> None:
     config, preset = ckpt.config(), LLAMA_PRESETS["smollm2-135m"]
     assert config.keys() == preset.keys()
     for key, value in preset.items():
+        # GGUF metadata holds floats as float32 (rope_theta, rms_norm_eps): rounded by 6e-8 relative at most
         assert config[key] == pytest.approx(value, rel=1e-6), key
 
 

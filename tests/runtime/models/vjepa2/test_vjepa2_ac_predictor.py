@@ -41,6 +41,8 @@ def test_forward_matches_published_formulation(predictor):
         got = predictor(frames, actions, states)
         want = native_ac_forward(predictor, frames, actions, states)
     assert got.shape == frames.shape
+    # the same weights with the conditioning tokens split out and a dense mask: fp32 sums in other orders, a few
+    # ulps (eps 1.2e-7) of |x| <= 4.1; measured exact here
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -56,6 +58,7 @@ def test_cached_rollout_equals_native_rollout_h30(predictor):
     cached = torch.stack(cached_rollout(predictor, frames, states, actions))
     assert cached.shape == native.shape == (2, 30, 16, E) and cached.dtype == torch.float64
     assert (native[:, -1] - native[:, -2]).abs().max() > 0.1  # the rollout still moves at the end
+    # the docstring's float64 bound (eps 2.2e-16 compounded over 30 steps); measured max 1.9e-14
     torch.testing.assert_close(cached, native, rtol=1e-9, atol=1e-9)
 
 
@@ -66,6 +69,8 @@ def test_batch_with_different_horizons(predictor):
     for i, h in enumerate(horizons):
         alone = native_rollout(predictor, frames[i:i + 1], states[i:i + 1], actions[i:i + 1, :2 + h - 1], h)
         assert batched[i].shape == (h, 16, E)
+        # fp32 rollouts feed their predictions back for up to 12 steps, so a GEMM's order difference (~1e-7 relative)
+        # compounds with the horizon (the float64 test above); measured max 3.8e-6 at |x| <= 4.1, 18% of the bound
         torch.testing.assert_close(batched[i], alone[0], rtol=1e-4, atol=1e-5)
 
 
@@ -83,6 +88,7 @@ def test_requests_joining_mid_rollout_with_other_context_lengths(predictor):
         rollout_step(predictor, active)
     for r, (frames, states, actions), h in ((r_long, long, 9), (r_short, short, 6)):
         want = native_rollout(predictor, frames, states, actions, h)[0]
+        # as above, over up to 9 fed-back fp32 steps: measured max 4.9e-6 at |x| <= 4.7, 28% of the bound
         torch.testing.assert_close(torch.stack(r.predictions), want, rtol=1e-4, atol=1e-5)
 
 
