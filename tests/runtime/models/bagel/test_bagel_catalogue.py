@@ -55,4 +55,6 @@ def test_mot_lm_is_qwen25_7b_plus_a_generation_expert():
     assert CAT["bagel_mot_lm"].num_params(lm) == qwen + und_qk_norms + gen_expert + extras
     total = sum(CAT[k].num_params(CAT[k].presets["bagel-7b"])
                 for k in ("siglip_vit", "vae_encoder", "vae_decoder", "bagel_mot_lm", "cfg_combine"))
-    assert abs(total / 14e9 - 1) < 0.05, total  # "14B total, 7B active"
+    # BAGEL's card says "14B total, 7B active", a figure rounded to the billion: the catalogue counts 13.31B, 4.9%
+    # under it (measured), so 5% holds the published figure and a miscounted layer (>= 0.2B) still moves it out
+    assert abs(total / 14e9 - 1) < 0.05, total
