@@ -1,5 +1,5 @@
 """The cache-state rule of the served comparisons: a row compares sides whose prefix caches were in the same,
-stated state (cold: off everywhere, nothing reused; warm: on everywhere, prompts reused), or it is refused.
+stated state (cold: off everywhere, nothing reused; warm: on everywhere, its reuse recorded), or it is refused.
 Synthetic states and counters: no servers."""
 from __future__ import annotations
 
@@ -16,20 +16,22 @@ MISSED = CacheState(True, 800, 0, "test")
 
 
 def test_the_words_of_a_cache_state():
-    assert (OFF.word, HIT.word, MISSED.word) == ("off", "hit", "missed")
+    assert (OFF.word, HIT.word, MISSED.word) == ("off", "on", "on")
     assert CacheState(False, 800, 16, "test").word == "off-but-hit"      # its own counters contradict its flag
-    assert HIT.to_dict() == {"is_enabled": True, "query_tokens": 800, "hit_tokens": 640, "source": "test", "state": "hit"}
+    assert HIT.to_dict() == {"is_enabled": True, "query_tokens": 800, "hit_tokens": 640, "source": "test", "state": "on"}
 
 
-def test_sides_in_their_modes_state_pass():
+def test_sides_in_their_modes_state_pass_and_a_warm_rows_reuse_is_said():
     cache_state.require_same("cold row", COLD, {"mstar": [OFF, OFF], "vllm": [OFF, OFF]})
-    cache_state.require_same("warm row", WARM, {"mstar": [HIT, HIT], "llamacpp": [HIT, HIT]})
+    warm = {"mstar": [HIT, HIT], "vllm": [MISSED, MISSED]}     # on everywhere; vLLM's blocks outsize the prompts
+    cache_state.require_same("warm row", WARM, warm)
+    assert cache_state.reuse_note(warm) == "mstar reused 1280 of 1600 prompt tokens; vllm reused 0 of 1600 prompt tokens"
 
 
 @pytest.mark.parametrize(("mode", "a", "b"), [
-    (COLD, OFF, HIT),            # one side reused prompt tokens in a cold row
-    (WARM, HIT, OFF),            # one side ran with its cache off in a warm row
-    (WARM, HIT, MISSED),         # on, but nothing reused: not warm
+    (COLD, OFF, HIT),                            # one side's cache on in a cold row
+    (COLD, OFF, CacheState(False, 8, 8, "t")),   # one side says off, yet its counters reused tokens
+    (WARM, HIT, OFF),                            # one side ran with its cache off in a warm row
 ])
 def test_a_row_whose_sides_caches_differ_is_refused(mode, a, b):
     with pytest.raises(CacheMismatch, match="round 2") as refused:
@@ -41,8 +43,8 @@ def test_a_row_whose_sides_caches_differ_is_refused(mode, a, b):
 def test_sides_that_agree_but_not_with_the_mode_are_refused_too():
     with pytest.raises(CacheMismatch, match="need every side's prefix cache off"):
         cache_state.require_same("row", COLD, {"mstar": [MISSED], "vllm": [MISSED]})
-    with pytest.raises(CacheMismatch):
-        cache_state.require_same("row", COLD, {"mstar": [CacheState(False, 8, 8, "t")], "vllm": [OFF]})
+    with pytest.raises(CacheMismatch, match="need every side's prefix cache on"):
+        cache_state.require_same("row", WARM, {"mstar": [OFF], "vllm": [OFF]})
     with pytest.raises(CacheMismatch, match="numbers of rounds"):
         cache_state.require_same("row", COLD, {"mstar": [OFF, OFF], "vllm": [OFF]})
     with pytest.raises(ValueError):
@@ -58,7 +60,7 @@ def test_a_run_carries_the_counters_it_moved_and_the_states_come_from_its_sample
             samples.setdefault(key, []).append(value)
     assert samples == {"tok_s": [5.0, 5.0], "cache_query_tokens": [80, 120], "cache_hit_tokens": [0, 80]}
     states = cache_state.from_samples(True, "src", samples)
-    assert [s.word for s in states] == ["missed", "hit"] and states[1].hit_tokens == 80
+    assert [s.word for s in states] == ["on", "on"] and [s.hit_tokens for s in states] == [0, 80]
 
 
 def test_counters_are_read_from_prometheus_text_with_labels_and_totals():
@@ -113,4 +115,17 @@ def test_the_prefill_suite_publishes_no_row_whose_sides_caches_differ(tmp_path):
     peers = {"mstar": peer("mstar", False), "vllm": peer("vllm", True), "llamacpp": peer("llamacpp", False)}
     rows = _rows(ctx, "256 tokens alone", peers, samples)
     assert [(r.case, r.names) for r in rows] == [("256 tokens alone (cold)", ("mstar", "llamacpp"))]
-    assert ctx.needs[0]["case"] == "256 tokens alone cold: mstar vs vllm" and "vllm missed" in ctx.needs[0]["needs"]
+    assert ctx.needs[0]["case"] == "256 tokens alone cold: mstar vs vllm" and "vllm on (0 of 300" in ctx.needs[0]["needs"]
+
+
+def test_a_warm_chat_row_says_what_each_side_reused(tmp_path):
+    from bench.suite_chat import _rows
+
+    ctx = Context(rounds=2, quick=True, root=tmp_path)
+    samples = {"mstar": _samples(16), "vllm": _samples(0)}
+    rows = _rows(ctx, "float32", WARM, samples, _records(mstar=True, vllm=True), 2554)
+    assert {r.case for r in rows} == {"float32 warm: mstar vs vllm"} and not ctx.needs
+    assert rows[0].note.endswith("warm caches: mstar reused 16 of 1600 prompt tokens; vllm reused 0 of 1600 prompt tokens")
+    refused = Context(rounds=2, quick=True, root=tmp_path)
+    assert _rows(refused, "float32", WARM, samples, _records(mstar=True, vllm=False), 2554) == []
+    assert "need every side's prefix cache on" in refused.needs[0]["needs"]

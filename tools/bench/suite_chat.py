@@ -132,12 +132,14 @@ def _rows(ctx: Context, dtype: str, mode: str, samples: dict, records: dict, num
         except CacheMismatch as exc:
             ctx.record_needs(case, exc)
             continue
+        note = f"16 concurrent requests, {num_tokens} useful tokens, {mode} caches" + (
+            "" if mode == COLD else ": " + cache_state.reuse_note({a: states[a], b: states[b]}))
         for key, metric, unit, better in METRICS:
             if key not in samples[a] or key not in samples[b]:
                 continue   # HF generate returns whole answers: it has no TTFT
             rows.append(Row(case, metric, unit, better, Side(records[a]["label"], samples[a][key]),
                             Side(records[b]["label"], samples[b][key]), names=(a, b), plot=f"{dtype}-{mode}-{key}",
-                            x=f"{a} vs {b}", note=f"16 concurrent requests, {num_tokens} useful tokens, {mode} caches"))
+                            x=f"{a} vs {b}", note=note))
     return rows
 
 
