@@ -32,6 +32,9 @@ from tests.runtime.models.qwen3_omni.omni_reference import preset, randomized_th
 from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams
 
+# fp32, transformers' thinker (and audio tower) against ours on the same weights: the same layers in other op orders
+# (fused projections, paged attention, the MoE's per-expert GEMMs), a few ulps (eps 1.2e-7) per layer on logits
+# |l| <= 1.4; measured max 8.3e-7, 0.8% of the bound
 ATOL = 1e-4
 DECODE_STEPS = 4
 TALKER = preset("qwen3_omni_talker")

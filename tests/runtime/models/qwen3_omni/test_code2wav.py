@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runtime.models.qwen3_omni.omni_reference import checkpoint_tensors, code2wav_config, hf_model, preset, randomize
+from tests.runtime.models.qwen3_omni.omni_reference import (checkpoint_tensors, close_to_largest, code2wav_config,
+                                                            hf_model, preset, randomize)
 from runtime.model_executor.components import component_class
 
 KIND = "qwen3_omni_code2wav"
@@ -27,10 +28,6 @@ def _codes(batch: int, frames: int, seed: int) -> torch.Tensor:
     return torch.randint(0, dims["codebook_size"], (batch, dims["num_quantizers"], frames), generator=generator)
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-4) -> bool:
-    return bool((a - b).abs().max() <= rtol * b.abs().max())
-
-
 @torch.no_grad()
 def test_full_decode_matches_transformers(pair):
     reference, ours = pair
@@ -39,9 +36,10 @@ def test_full_decode_matches_transformers(pair):
     got = ours(codes)
     assert got.shape == expected.shape == (2, 1920 * 60 - 555)
     assert ours.num_samples(60) == expected.shape[-1]
-    # not a saturated (clamped) signal: the comparison must be able to fail
+    # not a saturated (clamped to [-1, 1]) signal: the comparison must be able to fail (measured: every sample under
+    # 0.99, std 0.15)
     assert (expected.abs() < 0.99).float().mean() > 0.5 and expected.std() > 1e-3
-    assert _close(got, expected)
+    assert close_to_largest(got, expected)
 
 
 @torch.no_grad()
@@ -57,10 +55,12 @@ def test_streamed_chunks_reproduce_the_full_decode(pair):
         start = end
     streamed = torch.cat(pieces)
     assert streamed.shape == full.shape
-    assert _close(streamed, full)
+    assert close_to_largest(streamed, full)
     # the left context is what makes this work: without it a chunk's first samples differ
     alone = ours.decode_chunks([codes[25:50]], [0])[0]
-    assert not _close(alone[:2000], full[1920 * 25: 1920 * 25 + 2000], rtol=1e-2)
+    # without its context a chunk's first samples are off by 78% of the largest one (measured): 1e-2 is far below
+    # that and far above any rounding (1e-6 above)
+    assert not close_to_largest(alone[:2000], full[1920 * 25: 1920 * 25 + 2000], rtol=1e-2)
 
 
 @torch.no_grad()
@@ -73,7 +73,9 @@ def test_chunk_batch_equals_members_one_at_a_time(pair):
     for chunk, context, got in zip(chunks, contexts, together):
         alone = ours.decode_chunks([chunk], [context])[0]
         assert got.shape == alone.shape == (ours.num_samples(chunk.shape[0]) - ours.num_samples(context),)
-        assert got.numel() == 0 or _close(got, alone, rtol=1e-5)
+        # one padded batch against each alone: other blockings in the convolutions, fp32 order differences only;
+        # measured at most 9.1e-7 of the largest sample
+        assert got.numel() == 0 or close_to_largest(got, alone, rtol=1e-5)
     assert together[-1].numel() == 0 and ours.decode_chunks([chunks[0][:0]], [0])[0].numel() == 0
 
 

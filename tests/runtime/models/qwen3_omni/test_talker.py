@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runtime.models.qwen3_omni.omni_reference import checkpoint_tensors, hf_model, preset, randomize, talker_config
+from tests.runtime.models.qwen3_omni.omni_reference import (checkpoint_tensors, close_to_largest, hf_model, preset,
+                                                            randomize, talker_config)
 from runtime.model_executor.components import component_class
 from runtime.model_executor.kv import KVBlockManager
 
@@ -22,10 +23,6 @@ def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
     tensors = checkpoint_tensors(reference)
     ours.load_hf_state_dict({k: v for k, v in tensors.items() if not k.startswith("code_predictor.")})
     return reference, ours
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-4) -> bool:
-    return bool((a - b).abs().max() <= rtol * b.abs().max())
 
 
 def _run(ours, rows: list[torch.Tensor], positions: list[torch.Tensor], steps: list[int]) -> list[torch.Tensor]:
@@ -57,7 +54,7 @@ def test_forward_logits_match_transformers_with_prefill_then_decode(pair):
     positions = torch.arange(9)
     got = _run(ours, list(embeds), [positions, positions], steps=[6, 1, 1, 1])
     for b in range(2):
-        assert _close(got[b], expected[b])
+        assert close_to_largest(got[b], expected[b])
 
 
 @torch.no_grad()
@@ -69,9 +66,10 @@ def test_three_dimensional_positions_match_transformers(pair):
     positions = torch.tensor([[0, 1, 2, 2, 2, 2, 5], [0, 1, 2, 2, 3, 3, 5], [0, 1, 2, 3, 2, 3, 5]])
     expected = reference(inputs_embeds=embeds, position_ids=positions[:, None], use_cache=False).logits[0]
     got = _run(ours, [embeds[0]], [positions], steps=[7])[0]
-    assert _close(got, expected)
+    assert close_to_largest(got, expected)
     flat = _run(ours, [embeds[0]], [torch.arange(7)], steps=[7])[0]
-    assert not _close(flat, expected, rtol=1e-3)  # the height/width lanes do matter
+    # the height/width lanes move the logits by 6.3% of the largest (measured), 60x this bound and far above rounding
+    assert not close_to_largest(flat, expected, rtol=1e-3)
 
 
 @torch.no_grad()
@@ -79,9 +77,9 @@ def test_projections_and_codec_embedding_match_transformers(pair):
     reference, ours = pair
     d = preset(KIND)
     x = torch.randn(5, d["thinker_hidden_size"], generator=torch.Generator().manual_seed(6))
-    assert _close(ours.project_text(x), reference.text_projection(x))
-    assert _close(ours.project_hidden(x), reference.hidden_projection(x))
-    assert not _close(ours.project_text(x), ours.project_hidden(x))
+    assert close_to_largest(ours.project_text(x), reference.text_projection(x))
+    assert close_to_largest(ours.project_hidden(x), reference.hidden_projection(x))
+    assert not close_to_largest(ours.project_text(x), ours.project_hidden(x))
     codes = torch.tensor([0, 3, d["codec_bos_id"]])
     assert torch.equal(ours.embed_codes(codes), reference.get_input_embeddings()(codes))
 

@@ -1,8 +1,7 @@
 """Continuous batching must not change the Qwen3-Omni thinker's results: two requests' decode steps in
 one batch give the logits each gives alone. Each row has three M-RoPE positions (3, n); packed
 along the wrong axis, two rows of one position each became one row of six and the second request
-decoded at the first one's positions. fp32 within 1e-4, the thinker parity tests' tolerance (the
-packed forward sums in another order than one request's)."""
+decoded at the first one's positions."""
 from __future__ import annotations
 
 import pytest
@@ -43,5 +42,8 @@ def _decode_logits(plan, module, batched: bool) -> torch.Tensor:
 
 def test_a_batch_of_decode_steps_gives_each_request_its_logits_alone(thinker_parts) -> None:
     plan, module = thinker_parts
+    # fp32; the module's linears are unpacked here (build_module, not a worker's loader), so MKL's sgemm blocks 2 rows
+    # otherwise than 1, and the MoE's experts see other row counts: order differences of a few ulps (eps 1.2e-7) on
+    # logits |l| <= 0.51; measured max 8.9e-8
     torch.testing.assert_close(_decode_logits(plan, module, batched=True),
                                _decode_logits(plan, module, batched=False), atol=1e-4, rtol=0)

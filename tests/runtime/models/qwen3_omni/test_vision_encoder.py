@@ -5,7 +5,8 @@ import pytest
 import torch
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from tests.runtime.models.qwen3_omni.omni_reference import checkpoint_tensors, hf_model, preset, randomize, vision_config
+from tests.runtime.models.qwen3_omni.omni_reference import (checkpoint_tensors, close_to_largest, hf_model, preset,
+                                                            randomize, vision_config)
 from runtime.model_executor.components import component_class
 from runtime.models.qwen3_omni.vision_grid import patchify
 
@@ -21,10 +22,6 @@ def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
     ours = component_class(KIND)(dims, {}).eval()
     ours.load_hf_state_dict(checkpoint_tensors(reference))
     return reference, ours
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-4) -> bool:
-    return bool((a - b).abs().max() <= rtol * b.abs().max())
 
 
 def _image(height: int, width: int, seed: int) -> torch.Tensor:
@@ -54,10 +51,10 @@ def test_hidden_and_deepstack_match_transformers(pair):
     expected = reference(hidden_states=patches, grid_thw=grids)
     hidden, deepstack = ours.encode_patches(patches, grids)
     assert hidden.shape == expected.pooler_output.shape == (6 + 8 + 8, d["out_hidden_size"])
-    assert _close(hidden, expected.pooler_output)
+    assert close_to_largest(hidden, expected.pooler_output)
     assert deepstack.shape[0] == len(expected.deepstack_features) == len(d["deepstack_visual_indexes"])
     for got, want in zip(deepstack, expected.deepstack_features):
-        assert _close(got, want)
+        assert close_to_largest(got, want)
 
 
 @torch.no_grad()
@@ -68,4 +65,7 @@ def test_batch_equals_members_one_at_a_time(pair):
     assert [h.shape[0] for h, _ in together] == [6, 16, 2]
     for image, (hidden, deepstack) in zip(images, together):
         alone_hidden, alone_deepstack = ours([image])[0]
-        assert _close(hidden, alone_hidden, rtol=1e-5) and _close(deepstack, alone_deepstack, rtol=1e-5)
+        # images packed into one call against one: other row counts (GEMM blockings), fp32 order differences only;
+        # measured at most 2.2e-7 of the largest value
+        assert close_to_largest(hidden, alone_hidden, rtol=1e-5)
+        assert close_to_largest(deepstack, alone_deepstack, rtol=1e-5)     # the same: measured 2.2e-7
