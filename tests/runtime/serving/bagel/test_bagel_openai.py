@@ -109,7 +109,8 @@ def test_chat_with_an_image_and_without(client) -> None:
 
 def test_requests_batch_together_without_changing_results(client) -> None:
     for a, b in alone_and_together(client):
-        assert np.abs(a - b).max() <= 1 and (a != b).mean() < 0.001   # float reassociation at most
+        # float reassociation at most (the module doc): measured off by one level in < 0.01% of pixels
+        assert np.abs(a - b).max() <= 1 and (a != b).mean() < 0.001
 
 
 def test_one_rank_and_three_ranks_agree(single, three_ranks) -> None:
@@ -120,6 +121,7 @@ def test_one_rank_and_three_ranks_agree(single, three_ranks) -> None:
     cases = [lambda c: generate(c, seed=9, cfg_img_scale=2.0), lambda c: edit(c, source, extra={"seed": 9})]
     for case in cases:
         a, b = pixels(case(one).data[0].b64_json), pixels(case(three).data[0].b64_json)
+        # float reassociation across the placements (the module doc): measured off by one level in < 0.01% of pixels
         assert a.std() > 5 and np.abs(a - b).max() <= 1 and (a != b).mean() < 0.001
     answers = [chat_with_image(c, source).choices[0].message.content for c in (one, three)]
     assert answers[0] == answers[1]

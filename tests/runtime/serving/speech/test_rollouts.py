@@ -71,7 +71,11 @@ def test_rollout_over_http_equals_the_component_rollout(server, modules) -> None
     cached = cached_rollout(predictor, frames, states[None], actions[None])[0]
     native = native_rollout(predictor, frames, states[None], actions[None], horizon=3)[0]
     assert got.shape == (3, TOKENS, WIDTH)
+    # the server runs the cached rollout the test runs, over the same rows: measured exact; an ulp (1.2e-7 relative)
+    # or a few at |x| <= 3.1 allowed where a kernel blocks the served batch otherwise
     assert torch.allclose(got, cached, atol=1e-6, rtol=0)
+    # the native rollout re-runs the predictor over the whole trajectory: fp32 order differences fed back for 3
+    # steps; measured max 1.6e-6, 16% of the bound
     assert torch.allclose(got, native, atol=1e-5, rtol=0)
 
 
@@ -98,7 +102,9 @@ def test_16_concurrent_rollouts_with_different_horizons(server, modules) -> None
     assert [r.shape[0] for r in results] == horizons
     for (video, actions, states), got in zip(clips[:4], results[:4]):
         want = cached_rollout(predictor, encoder(video[None]), states[None], actions[None])[0]
-        assert torch.allclose(got, want, atol=1e-5, rtol=0)   # batched: GEMMs over other row counts (~2e-6)
+        # batched: GEMMs over other row counts, whose fp32 order differences feed back over up to 8 steps (~2e-6
+        # where the kernel follows the row count); measured exact here, on the panel GEMM
+        assert torch.allclose(got, want, atol=1e-5, rtol=0)
     assert server.metric('mstar_batch_size_count{node="predictor"}') < sum(horizons) + 3   # steps were batched
 
 
