@@ -53,6 +53,7 @@ def test_bagel_full_size_weights_match_published_parameter_count():
     (rank,) = p.ranks
     assert rank.memory_bytes == 80 * 2**30
     params_on_rank = rank.weight_bytes / 2                     # bf16
+    # the published "14B", a figure rounded to the billion: the plan's weights are 13.31B (measured), 4.9% under it
     assert abs(params_on_rank - 14e9) / 14e9 < 0.05
     report = explain(p)
     assert f"weights {rank.weight_bytes / 2**30:.1f} GiB" in report

@@ -65,9 +65,10 @@ def _num_requests(server: Server) -> int:
 
 def test_decode_gap_runs_from_the_last_chunk_before_to_the_first_after_and_served_counts_the_wait() -> None:
     stream = prefill_load.Background(arrivals=[1.0, 1.1, 2.5, 2.6, 4.0])
+    # differences of decimal seconds round (2.5 - 1.1 is 1.4000000000000001): approx's default rel 1e-6
     assert stream.max_gap(start=2.0, end=3.0, now=9.0) == pytest.approx(1.4)     # 1.1 -> 2.5
-    assert stream.max_gap(start=2.7, end=3.0, now=9.0) == pytest.approx(1.4)     # 2.6 -> 4.0
-    assert stream.max_gap(start=4.5, end=5.0, now=9.0) == pytest.approx(5.0)     # 4.0 -> nothing yet (now)
+    assert stream.max_gap(start=2.7, end=3.0, now=9.0) == pytest.approx(1.4)     # 2.6 -> 4.0, rounded as above
+    assert stream.max_gap(start=4.5, end=5.0, now=9.0) == pytest.approx(5.0)     # 4.0 -> now (9.0), rounded
     assert stream.served(start=1.0, end=2.6) == 3                                # 1.1, 2.5, 2.6: (start, end]
     assert stream.served(start=4.0, end=9.0) == 0
     prompt = prefill_load.prompt_words(["a", "b"], 3, nonce=7)

@@ -27,11 +27,11 @@ def test_ops_count_their_self_time_in_the_steps_that_hold_them() -> None:
         {"ph": "X", "cat": "user_annotation", "name": "## Call CompiledFxGraph x ##", "ts": 0, "dur": 90, "tid": 1},
     ]}
     got = profile_vllm.breakdown(trace)
-    assert got["step"] == pytest.approx(0.1)                     # 2 steps of 100 µs: 0.1 ms per step
+    assert got["step"] == pytest.approx(0.1)                     # 2 steps of 100 µs: 0.1 ms per step, rounded
     per_step = {c: v * 1e3 * 2 for c, v in got.items()}         # back to µs over both steps
-    assert per_step["linears"] == pytest.approx(10 + 20 + 2)     # the LM head's outer linear: its own 2 µs
-    assert per_step["lm_head"] == pytest.approx(18)
-    assert per_step["rope_norms"] == pytest.approx(10) and per_step["attention"] == pytest.approx(40)
-    assert per_step["sampling"] == pytest.approx(5) and per_step["other ops"] == pytest.approx(5)
-    assert per_step["fused kernels"] == pytest.approx(90 - 60)  # the graph's time no op inside it accounts for
-    assert per_step["outside ops"] == pytest.approx(200 - 110 - 30)
+    want = {"linears": 10 + 20 + 2,                              # the LM head's outer linear: its own 2 µs
+            "lm_head": 18, "rope_norms": 10, "attention": 40, "sampling": 5, "other ops": 5,
+            "fused kernels": 90 - 60,                            # the graph's time no op inside it accounts for
+            "outside ops": 200 - 110 - 30}
+    # whole µs to ms per step and back: a few float64 roundings (1.1e-16 relative), inside approx's default rel 1e-6
+    assert {c: per_step[c] for c in want} == pytest.approx(want)
