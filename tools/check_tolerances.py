@@ -41,7 +41,8 @@ CHECKS = {
 MATH_ISCLOSE = (("rel_tol", None), ("abs_tol", None))
 TOLERANCE_NAMES = {"atol", "rtol", "abs", "rel", "abs_tol", "rel_tol", "tol", "tolerance"}
 # the words a reason comment is recognised by: a figure's ground, not just a figure
-REASON = re.compile(r"eps|ulp|measured|exact|round|\bbits?\b|\bsum|order|reassociat|accumulat|reduc", re.IGNORECASE)
+REASON = re.compile(r"\beps\b|\bulps?\b|\bmeasured\b|\bexact|\bround|\bbits?\b|\bsum|\border\b|reassociat|accumulat|\breduc",
+                    re.IGNORECASE)
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 

@@ -89,8 +89,9 @@ def test_a_reason_beside_above_or_at_the_name_is_accepted(tmp_path: Path) -> Non
         "    scale = 1e-3\n"                                               # a local: its own line needs the reason
         "    assert (a - b).abs().max() < scale\n"                         # 16
         "    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)  # close enough\n"   # 17: a comment, no reason
+        "    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)  # the background\n"  # 18: 'round' inside a word
     )
-    assert _bare(tmp_path, source) == [14, 16, 17]
+    assert _bare(tmp_path, source) == [14, 16, 17, 18]
 
 
 def test_a_constant_imported_from_another_test_module_is_read_where_it_is_defined(tmp_path: Path) -> None:
