@@ -60,10 +60,11 @@ class Listener(Protocol):
     rows_key: str               # "<node>.<port>" of the rows its walk emits
     max_seconds: float          # the longest utterance (the graph's audio limit)
 
-    def stream(self) -> Any:
-        """A new audio buffer: `push(pcm16 bytes)` / `finish()` return new features; `seconds`."""
+    def features(self) -> Any:
+        """A new featuriser of one utterance's audio: `push(pcm16 bytes)` / `finish()` return new
+        features; `seconds`."""
 
-    def stream_items(self, features: Any) -> list[dict[str, torch.Tensor]]: ...
+    def feature_items(self, features: Any) -> list[dict[str, torch.Tensor]]: ...
 
     def answer_items(self, tokenizer: Any, rows: torch.Tensor,
                      instructions: str) -> tuple[list[tuple[str, Any]], dict[str, Any]]: ...

@@ -1,4 +1,4 @@
-"""The utterance a realtime session is hearing: its audio buffer and the plan request that encodes it.
+"""The utterance a realtime session is hearing: its audio featuriser and the plan request that encodes it.
 
 The first append opens the request of the family's listen task (FamilyServing.realtime's Listener
 names it and its client-fed stream); each append pushes the new stream items (log-mel frames)
@@ -28,24 +28,24 @@ class Utterance:
 
     def __init__(self, server: ServerContext, listener: Listener, metrics: RealtimeMetrics) -> None:
         self.server, self.listener, self.metrics = server, listener, metrics
-        self.audio = listener.stream()
+        self.featuriser = listener.features()
         self.req: Any = None                          # the listen request, open from the first append
         self._reader: asyncio.Task[torch.Tensor] | None = None
         self._is_committed = False
 
     @property
     def seconds(self) -> float:
-        return self.audio.seconds
+        return self.featuriser.seconds
 
     async def push(self, pcm16: bytes) -> None:
         """Append audio; its complete frames go into the request's stream at once."""
         if self.req is None:
             self._open()          # first: a QueueFull leaves the buffer as it was
-        await self._push(self.audio.push(pcm16))
+        await self._push(self.featuriser.push(pcm16))
 
     async def commit(self) -> torch.Tensor:
         """End the utterance: the tail is pushed, the stream closed; the rows of every window (T, D)."""
-        await self._push(self.audio.finish())
+        await self._push(self.featuriser.finish())
         self._is_committed = True
         self.server.conductor.close_stream(self.req, self.listener.stream_name)
         try:
@@ -61,7 +61,7 @@ class Utterance:
 
     async def _push(self, frames: torch.Tensor) -> None:
         await self.server.conductor.push_stream(self.req, self.listener.stream_name,
-                                                self.listener.stream_items(frames))
+                                                self.listener.feature_items(frames))
 
     def _open(self) -> None:
         server = self.server

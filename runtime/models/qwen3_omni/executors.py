@@ -53,7 +53,7 @@ class AudioEncoderExecutor(CachelessExecutor):
     A realtime session's utterance arrives on the `mel` stream port (graphs/qwen3_omni.yaml's
     `user_audio`, one unfloored log10 mel frame (num_mel_bins,) per item), one encoder attention
     window per chunk; the floor at (loudest - 8) takes the loudest frame of the request so far
-    (runtime/models/qwen3_omni/audio_stream.py says when that differs from the whole file's).
+    (runtime/models/qwen3_omni/mel_featuriser.py says when that differs from the whole file's).
     The family param `audio_input` (AUDIO_INPUTS) says what the `audio` port holds: "waveform", or
     "rows" — encoder rows (T, output_dim) this node computed for a session's windows, passed on.
     """

@@ -2,7 +2,7 @@
 
 The encoder attends only within windows of `n_window_infer` mel frames (its convolutions
 within 100-frame chunks, positions restarting in each), so encoding each complete window on
-its own gives the rows the whole utterance would give there. `AudioStream` turns appended
+its own gives the rows the whole utterance would give there. `MelFeaturiser` turns appended
 24 kHz pcm16 into mel frames as soon as their samples are in:
 
   pcm16 (24 kHz) -> band-limited resample to 16 kHz (runtime/entrypoints/http/audio_decode.resample),
@@ -19,7 +19,7 @@ A window released early is floored at the loudest frame *so far*; it equals the 
 utterance's features unless a later frame is louder and this window holds a value more than
 80 dB below that later peak (digital silence before a loud word). The rest is exact up to
 float rounding of the same arithmetic on shorter arrays
-(tests/runtime/models/qwen3_omni/test_audio_stream.py states the tolerance).
+(tests/runtime/models/qwen3_omni/test_mel_featuriser.py states the tolerance).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ PCM_RATE = 24000           # OpenAI Realtime's pcm16 input: 16-bit little-endian
 _HALF = N_FFT // 2         # samples each side of a frame's centre
 
 
-class AudioStream:
+class MelFeaturiser:
     """One utterance's audio buffer (module docstring); `push` and `finish` return new mel frames."""
 
     def __init__(self, num_mel_bins: int, sample_rate: int = 16000) -> None:

@@ -3,8 +3,8 @@
 The graph declares the session's audio as a client-fed streaming edge into the encoder
 (graphs/qwen3_omni.yaml: `user_audio: {from: client.mel, to: audio_enc.mel, policy: {fixed: <window>}}`)
 and a task whose track runs the encoder per chunk of it (`listen`). When the user starts speaking
-the session opens that task's request; each append's new log-mel frames
-(runtime/models/qwen3_omni/audio_stream.py) are pushed into the stream, and the encoder runs on
+the session opens that task's request; each append's new log-mel frames (`MelFeaturiser`,
+runtime/models/qwen3_omni/mel_featuriser.py) are pushed into the stream, and the encoder runs on
 every window its policy releases, its rows coming back as the walk emits them. The commit closes
 the stream: the tail is the final chunk. The answer is then the plan's `voice_chat` (or `chat`)
 over a ChatML prompt whose user turn is the audio placeholder, the `read_audio` walk's encoder
@@ -19,7 +19,7 @@ import torch
 
 from mstar_compiler.plan import Plan
 from runtime.conductor.request import MediaInput
-from runtime.models.qwen3_omni.audio_stream import AudioStream
+from runtime.models.qwen3_omni.mel_featuriser import MelFeaturiser
 from runtime.models.qwen3_omni.chat_inputs import AUDIO_MARKER, OmniChatInputs, omni_chat_inputs
 
 
@@ -34,11 +34,11 @@ class OmniListener:
         self.max_seconds = inputs.max_audio_seconds
         self.inputs = inputs
 
-    def stream(self) -> AudioStream:
-        return AudioStream(self.num_mel_bins, self.inputs.sample_rate)
+    def features(self) -> MelFeaturiser:
+        return MelFeaturiser(self.num_mel_bins, self.inputs.sample_rate)
 
-    def stream_items(self, frames: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """The stream's items of new log-mel frames (bins, n): one frame each."""
+    def feature_items(self, frames: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """The client-fed stream's items of new log-mel frames (bins, n): one frame each."""
         return [{"value": f} for f in frames.unbind(dim=1)]
 
     def answer_items(self, tokenizer: Any, rows: torch.Tensor,

@@ -10,7 +10,7 @@ import torch
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.model_executor.components import component_class
-from runtime.models.qwen3_omni.audio_stream import PCM_RATE, AudioStream
+from runtime.models.qwen3_omni.mel_featuriser import PCM_RATE, MelFeaturiser
 from runtime.models.qwen3_omni.executors import AudioEncoderExecutor
 from runtime.entrypoints.http.audio_decode import resample
 from runtime.streams.chunk_policy import Chunk
@@ -40,8 +40,8 @@ def encoder() -> torch.nn.Module:
     return component_class(KIND)(preset(KIND), {}).eval()
 
 
-def _stream(encoder: torch.nn.Module) -> AudioStream:
-    return AudioStream(encoder.num_mel_bins)
+def _featuriser(encoder: torch.nn.Module) -> MelFeaturiser:
+    return MelFeaturiser(encoder.num_mel_bins)
 
 
 class EncoderInput(torch.nn.Module):
@@ -73,9 +73,9 @@ def _streamed_windows(frames: torch.Tensor, window: int) -> torch.Tensor:
 @torch.no_grad()
 def test_windows_encoded_while_arriving_equal_the_whole(encoder, seconds):
     pcm, window = utterance(seconds), preset(KIND)["n_window_infer"]
-    stream = _stream(encoder)
-    early = [stream.push(piece) for piece in chunks(pcm)]
-    tail = stream.finish()
+    featuriser = _featuriser(encoder)
+    early = [featuriser.push(piece) for piece in chunks(pcm)]
+    tail = featuriser.finish()
     assert sum(f.shape[1] for f in early) >= window      # a whole window was in before the commit
     assert tail.shape[1] < 0.1 * 100                      # the commit adds at most a chunk's frames (100 per s)
     wave = resample(torch.from_numpy(np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0), PCM_RATE, 16000)
@@ -94,4 +94,4 @@ def test_windows_encoded_while_arriving_equal_the_whole(encoder, seconds):
 
 def test_odd_byte_count_is_refused(encoder):
     with pytest.raises(ValueError, match="even number of bytes"):
-        _stream(encoder).push(b"\x00\x01\x02")
+        _featuriser(encoder).push(b"\x00\x01\x02")

@@ -22,9 +22,9 @@ import aiohttp
 import openai
 import pytest
 
-from runtime.models.qwen3_omni.audio_stream import PCM_RATE
+from runtime.models.qwen3_omni.mel_featuriser import PCM_RATE
 from runtime.entrypoints.http.audio_io import wav
-from tests.runtime.models.qwen3_omni.test_audio_stream import chunks, utterance
+from tests.runtime.models.qwen3_omni.test_mel_featuriser import chunks, utterance
 from tests.runtime.serving.conftest import http
 from tests.runtime.serving.speech.conftest import OMNI
 
