@@ -1,9 +1,8 @@
-"""Text side of language models: tokenizers, chat templates, streaming detokenisation."""
+"""Text side of language models: tokenizers, chat templates, output text (`TextOutput`, the one way to detokenise)."""
 from __future__ import annotations
 
 from runtime.text.chat_template import ChatTemplate, ChatTemplateError
-from runtime.text.detokenizer import IncrementalDetokenizer
-from runtime.text.output import TextOutputDelta, TextOutput
+from runtime.text.output import TextOutput, TextOutputDelta, output_text
 from runtime.text.loading import load_text_tokenizer, load_tokenizer
 from runtime.text.tokenizer import ByteTokenizer, TextTokenizer
 
@@ -11,10 +10,10 @@ __all__ = [
     "ByteTokenizer",
     "ChatTemplate",
     "ChatTemplateError",
-    "IncrementalDetokenizer",
     "TextOutputDelta",
     "TextOutput",
     "TextTokenizer",
     "load_text_tokenizer",
     "load_tokenizer",
+    "output_text",
 ]

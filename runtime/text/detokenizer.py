@@ -10,6 +10,9 @@ token depends on its neighbours (SentencePiece's leading space) their context.
 Invariant: the concatenation of every `push` result and the final `flush` equals
 `tokenizer.decode(all pushed ids)`, and no `push` result contains U+FFFD unless the
 full decode has one there.
+
+Handlers do not use it directly: `TextOutput` (runtime/text/output.py) wraps it with the
+request's stop rules and is the one entry point for output text.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ PROMPT_CONTEXT_TOKENS = 6     # prompt tail decoded ahead of the first output to
 
 
 class IncrementalDetokenizer:
-    """Per-request streaming decoder; `push` each generated token, `flush` at the end."""
+    """Per-request incremental decoder; `push` each generated token, `flush` at the end."""
 
     def __init__(self, tokenizer: TextTokenizer, prompt_ids: Sequence[int] = (), *,
                  skip_special_tokens: bool = True) -> None:

@@ -1,7 +1,11 @@
 """`TextOutput`: one request's generated token ids -> the text its client receives.
 
-Joins the incremental detokeniser with the request's stop rules. The conductor keeps one
-per streaming text request and feeds it every sampled token; it reports when the request
+The one way output text is decoded: every handler that answers text (chat, transcriptions,
+chat answered in speech, realtime sessions, /v1/tasks) goes through a `TextOutput` (`push` per
+token, `push_ids` per output event, `output_text` for a finished request), never through the
+tokenizer or the incremental detokeniser (runtime/text/detokenizer.py) directly.
+
+Joins the incremental detokeniser with the request's stop rules and reports when the request
 must end. Stop tokens end the request without adding their own text; a stop string ends
 it with the text up to (not including) the match, and no part of a stop string ever
 reaches the client.
@@ -9,7 +13,7 @@ reaches the client.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from runtime.model_executor.sampling.params import SamplingParams
 from runtime.model_executor.sampling.stop import StopStringMatcher, stop_token_ids
@@ -52,6 +56,16 @@ class TextOutput:
         self.finished = matched
         return TextOutputDelta(text, matched, self._stops.matched if matched else None)
 
+    def push_ids(self, token_ids: Iterable[int], *, is_last: bool = False) -> str:
+        """The text an output event's ids add (ids after a stop add none); with `is_last`, the
+        held-back text too. For callers that need no per-token stop reason."""
+        text = ""
+        for token_id in token_ids:
+            if self.finished:
+                break
+            text += self.push(token_id).text
+        return text + self.finish() if is_last else text
+
     def finish(self) -> str:
         """The held-back text when the request ends for another reason (max tokens, abort)."""
         if self.finished:
@@ -59,3 +73,8 @@ class TextOutput:
         self.finished = True
         text, matched = self._stops.push(self._detokenizer.flush())
         return text if matched else text + self._stops.flush()
+
+
+def output_text(tokenizer: TextTokenizer, token_ids: Sequence[int], stop_ids: frozenset[int]) -> str:
+    """A finished request's whole text: what the pushes of one `TextOutput` add up to."""
+    return TextOutput(tokenizer, SamplingParams(), stop_ids=stop_ids).push_ids(token_ids, is_last=True)

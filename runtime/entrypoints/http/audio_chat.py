@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import time
 import uuid
 from typing import Any
@@ -26,12 +25,14 @@ from runtime.entrypoints.http.audio_events import AudioEvents
 from runtime.entrypoints.http.audio_io import pcm16, wav
 from runtime.entrypoints.http.chat import chat_completions, chat_messages, item_tokens
 from runtime.entrypoints.http.context import ServerContext
-from runtime.entrypoints.http.errors import ApiError, error_body
+from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
 from runtime.entrypoints.http.params import openai_field
 from runtime.entrypoints.http.schemas import AudioOutput, ChatCompletionBody
 from runtime.entrypoints.http.speech import speech_params
-from runtime.text import IncrementalDetokenizer
+from runtime.entrypoints.http.sse import SSE_DONE, sse_data, sse_error, sse_response
+from runtime.model_executor.sampling import SamplingParams
+from runtime.text import TextOutput
 
 AUDIO_FORMATS = ("wav", "pcm16")
 EXPIRES_S = 3600
@@ -101,7 +102,7 @@ async def audio_chat(request: web.Request, body: ChatCompletionBody) -> web.Stre
     ctx = _Reply(server, events, len(item_tokens(items)))
     try:
         if body.stream:
-            return await ctx.stream(request, bool(body.stream_options and body.stream_options.include_usage))
+            return await ctx.send_events(request, bool(body.stream_options and body.stream_options.include_usage))
         return await ctx.whole(fmt)
     finally:
         server.conductor.abort(req)
@@ -112,7 +113,7 @@ class _Reply:
 
     def __init__(self, server: ServerContext, events: AudioEvents, num_prompt: int) -> None:
         self.server, self.events, self.num_prompt = server, events, num_prompt
-        self.decoder = IncrementalDetokenizer(server.tokenizer)
+        self.text = TextOutput(server.tokenizer, SamplingParams(), stop_ids=events.req.stop_token_ids)
         asked = events.req.params.sampling.logprobs is not None
         self.logprobs = LogprobsContent(server.tokenizer) if asked else None
         self.cid, self.aid, self.created = f"chatcmpl-{uuid.uuid4().hex}", f"audio_{uuid.uuid4().hex}", int(time.time())
@@ -127,8 +128,7 @@ class _Reply:
             for token, logprob in zip(ids, self.events.logprobs):
                 if token not in req.stop_token_ids:
                     self.logprobs.add(token, logprob)
-        text = "".join(self.decoder.push(t) for t in ids if t not in req.stop_token_ids)
-        return (text + self.decoder.flush() if done else text), audio, done
+        return self.text.push_ids(ids, is_last=done), audio, done
 
     def take_logprobs(self) -> dict[str, Any] | None:
         return self.logprobs.take() if self.logprobs is not None else None
@@ -146,11 +146,10 @@ class _Reply:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         body = {"id": self.cid, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.server.model_id, "choices": [choice]}
-        return f"data: {json.dumps(body)}\n\n".encode()
+        return sse_data(body)
 
-    async def stream(self, request: web.Request, include_usage: bool) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+    async def send_events(self, request: web.Request, include_usage: bool) -> web.StreamResponse:
+        resp = await sse_response(request)
         await resp.write(self._chunk({"role": "assistant", "content": None}, None))
         done = False
         try:
@@ -169,10 +168,10 @@ class _Reply:
             if include_usage:
                 usage = {"id": self.cid, "object": "chat.completion.chunk", "created": self.created,
                          "model": self.server.model_id, "choices": [], "usage": self.usage()}
-                await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
+                await resp.write(sse_data(usage))
         except ApiError as err:
-            await resp.write(f"data: {json.dumps(error_body(err.status, err.message, code=err.code))}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
+            await resp.write(sse_error(err))
+        await resp.write(SSE_DONE)
         return resp
 
     async def whole(self, fmt: str) -> web.Response:

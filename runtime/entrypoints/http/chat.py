@@ -8,7 +8,6 @@ its KV blocks at once.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -20,12 +19,13 @@ from aiohttp import web
 from runtime.conductor.request import OutputEvent, Request
 from runtime.model_executor.sampling import SamplingParams
 from runtime.entrypoints.http.context import ServerContext
-from runtime.entrypoints.http.errors import ApiError, error_body, event_error
+from runtime.entrypoints.http.errors import ApiError, event_error
 from runtime.entrypoints.http.limits import check_context, check_roles, check_top_k, max_context, vocab_size
 from runtime.entrypoints.http.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
 from runtime.entrypoints.http.multimodal import IMAGE_TASK, has_image_parts, image_chat_items
 from runtime.entrypoints.http.params import openai_field, resolve_params
 from runtime.entrypoints.http.schemas import ChatCompletionBody
+from runtime.entrypoints.http.sse import SSE_DONE, sse_data, sse_error, sse_response
 from runtime.text import TextOutput
 from runtime.transport.request_params import RequestParams
 
@@ -40,7 +40,7 @@ class ChatRequest:
     prompt_ids: list[int]
     params: RequestParams
     stop: tuple[str, ...]
-    stream: bool
+    is_sse: bool                                      # answered as SSE events (the body's `stream`)
     include_usage: bool
     task: str | None = None                           # None: the plan's chat task
     input_items: list[tuple[str, Any]] | None = None  # interleaved text/media items (a chat with images, audio)
@@ -62,13 +62,13 @@ def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
     params = resolve_params(server.plan, _given(body), family)
     sampling = params.sampling
     check_top_k(sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
-    stream, include_usage = body.stream, bool(body.stream_options and body.stream_options.include_usage)
+    is_sse, include_usage = body.stream, bool(body.stream_options and body.stream_options.include_usage)
     if media_items is not None:
-        return ChatRequest(item_tokens(media_items), params, sampling.stop, stream, include_usage, None, media_items)
+        return ChatRequest(item_tokens(media_items), params, sampling.stop, is_sse, include_usage, None, media_items)
     if image_items is not None:
         prompt_ids = [t for dtype, ids in image_items if dtype == "text" for t in ids]
-        return ChatRequest(prompt_ids, params, sampling.stop, stream, include_usage, IMAGE_TASK, image_items)
-    return ChatRequest(chat_prompt(server, messages), params, sampling.stop, stream, include_usage)
+        return ChatRequest(prompt_ids, params, sampling.stop, is_sse, include_usage, IMAGE_TASK, image_items)
+    return ChatRequest(chat_prompt(server, messages), params, sampling.stop, is_sse, include_usage)
 
 
 def chat_messages(body: ChatCompletionBody) -> list[dict[str, Any]]:
@@ -127,8 +127,8 @@ def _given(body: ChatCompletionBody) -> dict[str, Any]:
     return given
 
 
-class ChatStream:
-    """Turns a request's events into text deltas, watching stop strings."""
+class ChatEvents:
+    """Turns a chat request's output events into text deltas, watching stop strings."""
 
     def __init__(self, server: ServerContext, req: Request, stop: tuple[str, ...], prompt_ids: list[int]) -> None:
         self.server, self.req = server, req
@@ -182,52 +182,51 @@ async def chat_completions(request: web.Request, body: ChatCompletionBody) -> we
     else:
         chat = parse_chat(body, server)
     req = submit_chat(server, chat)
-    stream = ChatStream(server, req, chat.stop, chat.prompt_ids)
+    events = ChatEvents(server, req, chat.stop, chat.prompt_ids)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     try:
-        if chat.stream:
-            return await _stream(request, server, chat, stream, cid, created)
+        if chat.is_sse:
+            return await _send_events(request, server, chat, events, cid, created)
         text, done = "", False
         while not done:
-            delta, done = await stream.next()
+            delta, done = await events.next()
             text += delta
         server.observe_finished(req)
         return web.json_response({
             "id": cid, "object": "chat.completion", "created": created, "model": server.model_id,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": stream.finish_reason, "logprobs": stream.take_logprobs()}],
-            "usage": stream.usage(len(chat.prompt_ids))})
+                         "finish_reason": events.finish_reason, "logprobs": events.take_logprobs()}],
+            "usage": events.usage(len(chat.prompt_ids))})
     finally:
         server.conductor.abort(req)   # no-op when finished; frees everything on disconnect
 
 
-async def _stream(request: web.Request, server: ServerContext, chat: ChatRequest, stream: ChatStream,
-                  cid: str, created: int) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
+async def _send_events(request: web.Request, server: ServerContext, chat: ChatRequest, events: ChatEvents,
+                       cid: str, created: int) -> web.StreamResponse:
+    resp = await sse_response(request)
 
     def chunk(delta: dict, finish: str | None, usage: dict | None = None) -> bytes:
         body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": server.model_id,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": stream.take_logprobs()}]}
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": events.take_logprobs()}]}
         if usage is not None:
             body = {**body, "choices": [], "usage": usage}
-        return f"data: {json.dumps(body)}\n\n".encode()
+        return sse_data(body)
 
     # The role travels with the first content (as vLLM sends it): clients time their first
     # chunk as TTFT, so a role chunk sent before any token is computed would flatter the server.
     done, role_sent = False, False
     try:
         while not done:
-            delta, done = await stream.next()
+            delta, done = await events.next()
             if delta or (done and not role_sent):
                 await resp.write(chunk({"content": delta} if role_sent else
                                        {"role": "assistant", "content": delta}, None))
                 role_sent = True
-        await resp.write(chunk({}, stream.finish_reason))
+        await resp.write(chunk({}, events.finish_reason))
         if chat.include_usage:
-            await resp.write(chunk({}, None, stream.usage(len(chat.prompt_ids))))
-        server.observe_finished(stream.req)
+            await resp.write(chunk({}, None, events.usage(len(chat.prompt_ids))))
+        server.observe_finished(events.req)
     except ApiError as err:
-        await resp.write(f"data: {json.dumps(error_body(err.status, err.message, code=err.code))}\n\n".encode())
-    await resp.write(b"data: [DONE]\n\n")
+        await resp.write(sse_error(err))
+    await resp.write(SSE_DONE)
     return resp

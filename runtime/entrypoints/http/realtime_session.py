@@ -42,7 +42,8 @@ from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.families import Listener
 from runtime.entrypoints.http.realtime_utterance import Utterance
 from runtime.entrypoints.http.speech import speech_params
-from runtime.text import IncrementalDetokenizer
+from runtime.model_executor.sampling import SamplingParams
+from runtime.text import TextOutput
 
 log = logging.getLogger(__name__)
 MIN_COMMIT_S = 0.1          # OpenAI refuses a commit of less than 100 ms of audio
@@ -236,13 +237,13 @@ class RealtimeSession:
             "status": "completed", "content": [content]}], usage))
 
     async def _deltas(self, events: AudioEvents, speaks: bool) -> str:
-        """Stream the answer's deltas; its whole text."""
-        decoder, ids = IncrementalDetokenizer(self.server.tokenizer), {"response_id": self.response_id,
-                                                                        "output_index": 0, "content_index": 0}
-        stops, text, done = events.req.stop_token_ids, "", False
+        """Send the answer's deltas as events; its whole text."""
+        output = TextOutput(self.server.tokenizer, SamplingParams(), stop_ids=events.req.stop_token_ids)
+        ids = {"response_id": self.response_id, "output_index": 0, "content_index": 0}
+        text, done = "", False
         while not done:
             tokens, audio, done = await events.next()
-            delta = "".join(decoder.push(t) for t in tokens if t not in stops) + (decoder.flush() if done else "")
+            delta = output.push_ids(tokens, is_last=done)
             if delta:
                 text += delta
                 await self.send("response.audio_transcript.delta" if speaks else "response.text.delta",

@@ -16,7 +16,6 @@ stream buffers are freed at once.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 from typing import Any, Mapping
 
@@ -27,10 +26,11 @@ from runtime.conductor.request import Request
 from runtime.entrypoints.http.audio_events import AudioEvents
 from runtime.entrypoints.http.audio_io import FORMATS, content_type, pcm16, wav, wav_header
 from runtime.entrypoints.http.context import ServerContext
-from runtime.entrypoints.http.errors import ApiError, error_body
+from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.params import resolve_params
 from runtime.entrypoints.http.schemas import SpeechBody
 from runtime.entrypoints.http.speech_model import SpeechModel
+from runtime.entrypoints.http.sse import sse_data, sse_error, sse_response
 from runtime.transport.request_params import RequestParams
 
 log = logging.getLogger(__name__)
@@ -86,9 +86,9 @@ async def audio_speech(request: web.Request) -> web.StreamResponse:
     events = AudioEvents(server, req, model)
     try:
         if stream_format == "audio":
-            return await _stream_bytes(request, events, fmt)
+            return await _send_bytes(request, events, fmt)
         if stream_format == "sse":
-            return await _stream_sse(request, events)
+            return await _send_events(request, events)
         pcm, done = bytearray(), False
         while not done:
             _, audio, done = await events.next()
@@ -102,7 +102,7 @@ async def audio_speech(request: web.Request) -> web.StreamResponse:
         server.conductor.abort(req)   # no-op when finished; frees everything on disconnect
 
 
-async def _stream_bytes(request: web.Request, events: AudioEvents, fmt: str) -> web.StreamResponse:
+async def _send_bytes(request: web.Request, events: AudioEvents, fmt: str) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": content_type(fmt)})
     resp.enable_chunked_encoding()
     await resp.prepare(request)
@@ -119,7 +119,7 @@ async def _stream_bytes(request: web.Request, events: AudioEvents, fmt: str) -> 
     except ApiError as err:
         # the status line is gone: abort the connection with no terminating chunk, so every HTTP
         # client raises instead of taking the cut audio for a whole answer
-        log.warning("speech stream of request %d failed, connection aborted: %s", events.req.request_id, err.message)
+        log.warning("speech answer of request %d failed, connection aborted: %s", events.req.request_id, err.message)
         if request.transport is not None:
             request.transport.abort()
         return resp
@@ -127,21 +127,20 @@ async def _stream_bytes(request: web.Request, events: AudioEvents, fmt: str) -> 
     return resp
 
 
-async def _stream_sse(request: web.Request, events: AudioEvents) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
+async def _send_events(request: web.Request, events: AudioEvents) -> web.StreamResponse:
+    resp = await sse_response(request)
     done = False
     try:
         while not done:
             _, audio, done = await events.next()
             for piece in audio:
                 delta = {"type": "speech.audio.delta", "audio": base64.b64encode(pcm16(piece)).decode()}
-                await resp.write(f"data: {json.dumps(delta)}\n\n".encode())
+                await resp.write(sse_data(delta))
                 events.sent(piece)
         events.observe()
     except ApiError as err:
-        await resp.write(f"data: {json.dumps(error_body(err.status, err.message, code=err.code))}\n\n".encode())
+        await resp.write(sse_error(err))
         return resp
     usage = {"input_tokens": len(events.req.input_items[0][1]), "output_tokens": len(events.req.output_ids)}
-    await resp.write(f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n".encode())
+    await resp.write(sse_data({"type": "speech.audio.done", "usage": usage}))
     return resp

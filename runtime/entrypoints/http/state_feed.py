@@ -14,6 +14,7 @@ import time
 from aiohttp import web
 
 from runtime.entrypoints.http.context import ServerContext
+from runtime.entrypoints.http.sse import sse_response
 
 DEFAULT_HZ = 4.0
 
@@ -40,11 +41,9 @@ class StateFeed:
     async def get(self, request: web.Request) -> web.Response:
         return web.Response(body=self.current(), content_type="application/json")
 
-    async def stream(self, request: web.Request) -> web.StreamResponse:
+    async def send_events(self, request: web.Request) -> web.StreamResponse:
         """One `event: state` per period until the client leaves or the server drains."""
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
-        await resp.prepare(request)
+        resp = await sse_response(request, {"X-Accel-Buffering": "no"})
         try:
             while not self.server.draining:
                 await resp.write(b"event: state\ndata: " + self.current() + b"\n\n")
@@ -57,4 +56,4 @@ class StateFeed:
 def install_state_feed(server: ServerContext, app: web.Application) -> None:
     feed = StateFeed(server)
     app.router.add_get("/v1/state", feed.get)
-    app.router.add_get("/v1/state/stream", feed.stream)
+    app.router.add_get("/v1/state/stream", feed.send_events)

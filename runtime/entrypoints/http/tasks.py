@@ -19,6 +19,7 @@ from runtime.entrypoints.http.errors import ApiError, event_error
 from runtime.entrypoints.http.limits import check_context, check_token_ids, max_context, vocab_size
 from runtime.entrypoints.http.params import resolve_params
 from runtime.entrypoints.http.schemas import TaskBody, TextInput
+from runtime.text import output_text
 from runtime.transport.request_params import RequestParams
 
 
@@ -81,6 +82,6 @@ async def run_task(request: web.Request) -> web.Response:
     finally:
         server.conductor.abort(req)
     tensors = {key: _tensor_json(torch.cat(ts) if len(ts) > 1 else ts[0]) for key, ts in chunks.items()}
-    ids = [t for t in req.output_ids if t not in req.stop_token_ids]
+    text = output_text(server.tokenizer, req.output_ids, req.stop_token_ids)
     return web.json_response({"task": task, "finish_reason": req.finish_reason, "token_ids": req.output_ids,
-                              "text": server.tokenizer.decode(ids), "tensors": tensors})
+                              "text": text, "tensors": tensors})

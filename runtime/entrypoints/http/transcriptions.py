@@ -11,15 +11,15 @@ temperature is given. Streamed answers are SSE events `transcript.text.delta` an
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 from aiohttp import web
 
-from runtime.entrypoints.http.chat import ChatRequest, ChatStream, item_tokens, submit_chat
+from runtime.entrypoints.http.chat import ChatEvents, ChatRequest, item_tokens, submit_chat
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.params import resolve_params
+from runtime.entrypoints.http.sse import sse_data, sse_response
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json")
 FIELDS = ("model", "language", "prompt", "response_format", "temperature", "stream")
@@ -60,8 +60,8 @@ def _chat(server: ServerContext, data: bytes, name: str, fields: dict[str, str])
     messages = server.chat_inputs.transcription_messages(part, fields.get("language"), fields.get("prompt"))
     items = server.chat_inputs.chat_items(messages, server.tokenizer)
     params = resolve_params(server.plan, {"temperature": temperature})
-    stream = fields.get("stream", "false").lower() == "true"
-    return ChatRequest(item_tokens(items), params, (), stream, False, None, items), fmt
+    is_sse = fields.get("stream", "false").lower() == "true"
+    return ChatRequest(item_tokens(items), params, (), is_sse, False, None, items), fmt
 
 
 async def audio_transcriptions(request: web.Request) -> web.StreamResponse:
@@ -71,13 +71,13 @@ async def audio_transcriptions(request: web.Request) -> web.StreamResponse:
     data, name, fields = await _form(request)
     chat, fmt = _chat(server, data, name, fields)
     req = submit_chat(server, chat)
-    stream = ChatStream(server, req, chat.stop, chat.prompt_ids)
+    events = ChatEvents(server, req, chat.stop, chat.prompt_ids)
     try:
-        if chat.stream:
-            return await _stream(request, stream)
+        if chat.is_sse:
+            return await _send_events(request, events)
         text, done = "", False
         while not done:
-            delta, done = await stream.next()
+            delta, done = await events.next()
             text += delta
         server.observe_finished(req)
         if fmt == "text":
@@ -93,15 +93,14 @@ async def audio_transcriptions(request: web.Request) -> web.StreamResponse:
         server.conductor.abort(req)
 
 
-async def _stream(request: web.Request, stream: ChatStream) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
+async def _send_events(request: web.Request, events: ChatEvents) -> web.StreamResponse:
+    resp = await sse_response(request)
     text, done = "", False
     while not done:
-        delta, done = await stream.next()
+        delta, done = await events.next()
         if delta:
             text += delta
-            await resp.write(f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': delta})}\n\n".encode())
-    await resp.write(f"data: {json.dumps({'type': 'transcript.text.done', 'text': text})}\n\n".encode())
-    stream.server.observe_finished(stream.req)
+            await resp.write(sse_data({"type": "transcript.text.delta", "delta": delta}))
+    await resp.write(sse_data({"type": "transcript.text.done", "text": text}))
+    events.server.observe_finished(events.req)
     return resp

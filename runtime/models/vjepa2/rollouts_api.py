@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 from typing import TYPE_CHECKING, Any
 
 import torch
 from aiohttp import web
 
-from runtime.entrypoints.http.errors import ApiError, error_body, event_error
+from runtime.entrypoints.http.errors import ApiError, event_error
 from runtime.entrypoints.http.params import resolve_params
+from runtime.entrypoints.http.sse import SSE_DONE, sse_data, sse_error, sse_response
 from runtime.transport.request_params import RequestParams
 
 if TYPE_CHECKING:
@@ -73,7 +73,8 @@ def _video(frames: Any, size: int) -> torch.Tensor:
 
 
 def parse_rollout(server: ServerContext, body: Any) -> tuple[RequestParams, dict[str, torch.Tensor], bool, str]:
-    """(params, port inputs, stream, encoding) of a rollout request; ApiError(400) if wrong."""
+    """(params, port inputs, whether to answer as SSE events (the body's `stream`), encoding) of a rollout
+    request; ApiError(400) if wrong."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     server.check_model(body.get("model"))
@@ -91,11 +92,11 @@ def parse_rollout(server: ServerContext, body: Any) -> tuple[RequestParams, dict
     if actions.shape[0] != steps + horizon - 1:
         raise ApiError(400, f"a rollout of horizon {horizon} from {steps} context steps needs "
                        f"{steps + horizon - 1} actions, got {actions.shape[0]}", "actions")
-    stream, encoding = body.get("stream", False), body.get("encoding_format", "float")
-    if not isinstance(stream, bool) or encoding not in ("float", "base64"):
+    is_sse, encoding = body.get("stream", False), body.get("encoding_format", "float")
+    if not isinstance(is_sse, bool) or encoding not in ("float", "base64"):
         raise ApiError(400, "'stream' must be a boolean and 'encoding_format' 'float' or 'base64'")
     ports = {"input:encoder.video": video, "input:predictor.actions": actions, "input:predictor.states": states}
-    return params, ports, stream, encoding
+    return params, ports, is_sse, encoding
 
 
 def _encode(t: torch.Tensor, encoding: str) -> Any:
@@ -105,12 +106,12 @@ def _encode(t: torch.Tensor, encoding: str) -> Any:
 
 async def rollouts(request: web.Request) -> web.StreamResponse:
     server = request.app["mstar"]
-    params, ports, stream, encoding = parse_rollout(server, await server.read_json(request))
+    params, ports, is_sse, encoding = parse_rollout(server, await server.read_json(request))
     req = server.conductor.submit(TASK, params, [], frozenset(), server.config.request_timeout_s, port_inputs=ports)
     key = next(f"{n.name}.prediction" for n in server.plan.nodes if n.kind == "vjepa2_ac_predictor")
     try:
-        if stream:
-            return await _stream(request, server, req, key, encoding)
+        if is_sse:
+            return await _send_events(request, server, req, key, encoding)
         frames = [f async for f in _frames(req, key)]
         server.observe_finished(req)
         stacked = torch.stack(frames)                                           # (H, P, E)
@@ -132,19 +133,19 @@ async def _frames(req: Any, key: str):
             return
 
 
-async def _stream(request: web.Request, server: ServerContext, req: Any, key: str, encoding: str) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
+async def _send_events(request: web.Request, server: ServerContext, req: Any, key: str,
+                       encoding: str) -> web.StreamResponse:
+    resp = await sse_response(request)
     index = 0
     try:
         async for frame in _frames(req, key):
             event = {"object": "rollout.frame", "index": index, "shape": list(frame.shape),
                      "embeddings": _encode(frame, encoding)}
-            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+            await resp.write(sse_data(event))
             index += 1
         server.observe_finished(req)
-        await resp.write(f"data: {json.dumps({'object': 'rollout.done', 'horizon': index})}\n\n".encode())
+        await resp.write(sse_data({"object": "rollout.done", "horizon": index}))
     except ApiError as err:
-        await resp.write(f"data: {json.dumps(error_body(err.status, err.message, code=err.code))}\n\n".encode())
-    await resp.write(b"data: [DONE]\n\n")
+        await resp.write(sse_error(err))
+    await resp.write(SSE_DONE)
     return resp

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from runtime.text import IncrementalDetokenizer, TextTokenizer
+from runtime.text import TextTokenizer
+from runtime.text.detokenizer import IncrementalDetokenizer
 
 STREAMED = [
     "Emoji: 😀👍🏽 and a family 👨‍👩‍👧‍👦, flags 🇫🇷🇯🇵!",
@@ -13,14 +14,14 @@ STREAMED = [
 ]
 
 
-def _stream(detok: IncrementalDetokenizer, ids: list[int]) -> list[str]:
+def _pushed(detok: IncrementalDetokenizer, ids: list[int]) -> list[str]:
     return [detok.push(t) for t in ids] + [detok.flush()]
 
 
 @pytest.mark.parametrize("text", STREAMED)
 def test_deltas_add_up_and_never_hold_replacement_chars(smollm2_tokenizer: TextTokenizer, text: str) -> None:
     ids = smollm2_tokenizer.encode(text)
-    deltas = _stream(IncrementalDetokenizer(smollm2_tokenizer), ids)
+    deltas = _pushed(IncrementalDetokenizer(smollm2_tokenizer), ids)
     assert len(ids) > len(text.encode("utf-8")) / 4          # multi-byte characters span tokens here
     assert "".join(deltas) == smollm2_tokenizer.decode(ids) == text
     assert not any("\ufffd" in d for d in deltas)
@@ -30,15 +31,15 @@ def test_deltas_add_up_and_never_hold_replacement_chars(smollm2_tokenizer: TextT
 def test_prompt_context_is_not_repeated(smollm2_tokenizer: TextTokenizer) -> None:
     prompt = smollm2_tokenizer.encode("Say hi: ")
     out = smollm2_tokenizer.encode("👋 hi")
-    deltas = _stream(IncrementalDetokenizer(smollm2_tokenizer, prompt), out)
+    deltas = _pushed(IncrementalDetokenizer(smollm2_tokenizer, prompt), out)
     full = smollm2_tokenizer.decode(prompt + out)
     assert "".join(deltas) == full[len(smollm2_tokenizer.decode(prompt)):] == "👋 hi"
 
 
 def test_special_tokens_are_skipped_or_kept(smollm2_tokenizer: TextTokenizer) -> None:
     ids = smollm2_tokenizer.encode("<|im_start|>ok 😀<|im_end|>")
-    assert "".join(_stream(IncrementalDetokenizer(smollm2_tokenizer), ids)) == "ok 😀"
-    kept = _stream(IncrementalDetokenizer(smollm2_tokenizer, skip_special_tokens=False), ids)
+    assert "".join(_pushed(IncrementalDetokenizer(smollm2_tokenizer), ids)) == "ok 😀"
+    kept = _pushed(IncrementalDetokenizer(smollm2_tokenizer, skip_special_tokens=False), ids)
     assert "".join(kept) == "<|im_start|>ok 😀<|im_end|>"
 
 
@@ -61,5 +62,5 @@ def test_context_dependent_decoding() -> None:
     tok = TextTokenizer(backend=backend)
     ids = [1, 2, 3, 4]
     assert tok.decode([2]) == "world"
-    deltas = _stream(IncrementalDetokenizer(tok), ids)
+    deltas = _pushed(IncrementalDetokenizer(tok), ids)
     assert "".join(deltas) == tok.decode(ids) == "Hello world! again"

@@ -2,18 +2,18 @@
 from __future__ import annotations
 
 from runtime.model_executor.sampling import SamplingParams
-from runtime.text import TextOutput, TextTokenizer
+from runtime.text import TextOutput, TextTokenizer, output_text
 
 
 def _run(tok: TextTokenizer, params: SamplingParams, text_ids: list[int]) -> tuple[str, object, int]:
-    """Push ids until the stream finishes; returns (client text, stop reason, tokens consumed)."""
-    stream, out = TextOutput(tok, params), []
+    """Push ids until the output finishes; returns (client text, stop reason, tokens consumed)."""
+    output, out = TextOutput(tok, params), []
     for n, token in enumerate(text_ids, start=1):
-        delta = stream.push(token)
+        delta = output.push(token)
         out.append(delta.text)
         if delta.finished:
             return "".join(out), delta.stop_reason, n
-    return "".join(out) + stream.finish(), None, len(text_ids)
+    return "".join(out) + output.finish(), None, len(text_ids)
 
 
 def test_stop_string_across_tokens_is_trimmed(smollm2_tokenizer: TextTokenizer) -> None:
@@ -42,8 +42,19 @@ def test_ignore_eos_and_extra_stop_token_ids(smollm2_tokenizer: TextTokenizer) -
 
 
 def test_finish_releases_partial_stop_string(smollm2_tokenizer: TextTokenizer) -> None:
-    stream = TextOutput(smollm2_tokenizer, SamplingParams(stop=("ENDING",)))
-    pushed = "".join(stream.push(t).text for t in smollm2_tokenizer.encode("go END"))
+    output = TextOutput(smollm2_tokenizer, SamplingParams(stop=("ENDING",)))
+    pushed = "".join(output.push(t).text for t in smollm2_tokenizer.encode("go END"))
     assert pushed == "go "
-    assert stream.finish() == "END"
-    assert stream.finished
+    assert output.finish() == "END"
+    assert output.finished
+
+
+def test_output_events_and_a_whole_output_decode_as_the_tokenizer_does(smollm2_tokenizer: TextTokenizer) -> None:
+    tok = smollm2_tokenizer
+    ids = tok.encode("ok 😀 done") + [tok.eos_token_id] + tok.encode("never")
+    stops = frozenset({tok.eos_token_id})
+    output = TextOutput(tok, SamplingParams(), stop_ids=stops)
+    events = [ids[:2], ids[2:3], ids[3:]]           # an event's ids may end inside a character
+    text = "".join(output.push_ids(e, is_last=i == len(events) - 1) for i, e in enumerate(events))
+    assert text == tok.decode(ids[:ids.index(tok.eos_token_id)]) == "ok 😀 done"   # nothing after the stop
+    assert output_text(tok, ids, stops) == text
