@@ -113,7 +113,7 @@ def _post(url: str) -> None:
 
 
 async def _decoding(url: str, batch: int, steps: int) -> None:
-    """`batch` streams decode; once all of them have sent tokens, profile `steps` engine steps."""
+    """`batch` concurrent requests decode; once all of them have sent tokens, profile `steps` engine steps."""
     async with prefill_load.session() as http:
         runs = [prefill_load.Background() for _ in range(batch)]
         tasks = [asyncio.create_task(prefill_load.background(

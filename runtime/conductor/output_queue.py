@@ -1,11 +1,11 @@
-"""`OutputQueue`: a request's output events, from the conductor to the one handler streaming them.
+"""`OutputQueue`: a request's output events, from the conductor to the one handler that answers them.
 
 The conductor puts one event per request per step (runtime/conductor/request.py); the server's
 handler for that request awaits them in order (runtime/entrypoints/http: chat, tasks, speech...). That is
 one producer and one consumer on one event loop, so this is a deque and at most one waiting
 future: `put_nowait` is an append and, when the handler waits, one `set_result` — a few
 bytecodes where `asyncio.Queue`'s (built for many producers, many consumers and a bound) are
-tens, paid on every token of every stream.
+tens, paid on every token of every request.
 """
 from __future__ import annotations
 

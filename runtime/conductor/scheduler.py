@@ -14,7 +14,7 @@ KV cache, until a preemption frees that cache (`Request.replicas`).
 
 Chunked prefill: a prompt longer than `prefill_chunk_tokens` goes to a node whose worker
 takes chunks (`NodeInfo.prefill_chunks`) one chunk per step, in the same batch as the
-running decodes, so a long prompt never stalls the streams on its rank for more than one
+running decodes, so a long prompt never stalls the decoding requests on its rank for more than one
 chunk's forward. The Run's cursor stays on it until its last chunk comes back. A short
 tail (at most a quarter chunk) rides with the chunk before it. A request alone in the system
 (nothing running or waiting beside it) takes larger chunks (`prefill_chunk_alone_tokens`):
@@ -47,7 +47,7 @@ class SchedulerConfig:
     batch_invariant: bool = False    # one Run per batch: no output depends on what else is running
     # prompt tokens per prefill chunk (0: whole prompts). 256 rows keep a CPU forward's GEMMs
     # compute-bound (past ~128 rows they run near peak FLOP/s), while a chunk's forward costs
-    # a few decode steps of a small model, so running streams keep flowing
+    # a few decode steps of a small model, so the running requests keep decoding
     prefill_chunk_tokens: int = 256
     # the chunk of a prompt whose request is the only one in the system (0: prefill_chunk_tokens).
     # No stream waits on it, and fewer, larger forwards take long prompts faster on CPU (fewer

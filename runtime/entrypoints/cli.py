@@ -65,10 +65,10 @@ def _serve_parser() -> argparse.ArgumentParser:
                         "(a shared system prompt, the previous turns of a chat) already computed")
     p.add_argument("--prefill-chunk", type=int, default=256, metavar="TOKENS",
                    help="cut prompts longer than this into chunks that run in the same batches as the decoding "
-                        "requests, so streams keep flowing while a long prompt prefills (0: whole prompts)")
+                        "requests, so they keep receiving tokens while a long prompt prefills (0: whole prompts)")
     p.add_argument("--prefill-chunk-alone", type=int, default=1024, metavar="TOKENS",
-                   help="the chunk of a prompt whose request is the only one in the server: no stream waits on "
-                        "it, and fewer, larger forwards are faster; a request arriving meanwhile waits for at most "
+                   help="the chunk of a prompt whose request is the only one in the server: no other request waits "
+                        "on it, and fewer, larger forwards are faster; a request arriving meanwhile waits for at most "
                         "one such chunk (0: --prefill-chunk whatever else runs)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _ray_args(p)
