@@ -1,10 +1,11 @@
 """FlashInfer attention backend (CUDA only; used when `flashinfer` imports).
 
-The block tables become FlashInfer's CSR page table (indptr, indices, last_page_len).
+The block tables become FlashInfer's CSR page table (indptr, indices, last_page_len): FlashInfer's
+"page" is our KV block, and its argument names (`page_size`, `last_page_len`) stay the library's.
 A decode-only batch uses `BatchDecodeWithPagedKVCacheWrapper`; any batch with a prefill
 chunk uses `BatchPrefillWithPagedKVCacheWrapper`, whose causal mask is aligned to the
 end of each request's keys (query i of a chunk of q sees kv_len - q + i), matching
-`AttentionMetadata`. Pages are "NHD": (num_blocks, block_size, kv_heads, head_dim).
+`AttentionMetadata`. The KV tensors are "NHD": (num_blocks, block_size, kv_heads, head_dim).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class FlashInferAttention(AttentionBackend):
         self._scale: float | None = None
 
     def plan(self, batch: AttentionMetadata, shape: AttentionShape) -> None:
-        # FlashInfer plans on the host: indptr / last_page_len / qo_indptr stay CPU tensors
+        # FlashInfer plans on the host: indptr / last_page_len / qo_indptr stay CPU tensors (its pages are
+        # our KV blocks: page_size is the block size, last_page_len the tokens in each request's last block)
         tables, bs = batch.block_tables_cpu, batch.block_size
         indptr = torch.tensor([0] + [len(t) for t in tables], dtype=torch.int32).cumsum(0, dtype=torch.int32)
         indices = torch.tensor([b for t in tables for b in t], dtype=torch.int32).to(batch.seq_lens.device)

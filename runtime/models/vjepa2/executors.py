@@ -60,7 +60,7 @@ class RolloutExecutor(Executor):
             self._horizons.pop(request_id, None)
 
     def kv_used_blocks(self) -> int:
-        """Pool pages' worth of the live rollouts' frame caches (reserved for their whole horizon)."""
+        """KV blocks' worth of the live rollouts' frame caches (reserved for their whole horizon)."""
         tokens = sum(r.cache.max_steps * r.cache.tokens_per_step for r in list(self._rollouts.values()))
         return -(-tokens // self.kv_block_size)
 

@@ -65,7 +65,7 @@ def changed_slots(before: PagedKVCache, after: PagedKVCache) -> set[int]:
     return set(torch.nonzero(changed).flatten().tolist())
 
 
-def real_pages(cache: PagedKVCache) -> list[torch.Tensor]:
+def real_blocks(cache: PagedKVCache) -> list[torch.Tensor]:
     """Every layer's K and V without the padding block."""
     return [t[:cache.num_blocks] for t in (*cache.k, *cache.v)]
 

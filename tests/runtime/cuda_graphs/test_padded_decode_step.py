@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runtime.cuda_graphs.graph_factories import (BLOCK, changed_slots, clone_cache, eager_decode, new_slot, prefilled, real_pages,
+from tests.runtime.cuda_graphs.graph_factories import (BLOCK, changed_slots, clone_cache, eager_decode, new_slot, prefilled, real_blocks,
                              tiny_llama)
 from mstar_compiler.catalogue import load_catalogue
 from runtime.model_executor.components import component_class
@@ -23,8 +23,8 @@ STEPS = ([0, 1, 2], [2, 0], [1], [0, 1, 2])
 # sgemm and the attention backends), but a BLAS may block 4 rows otherwise than 3 on another CPU, and that is an fp32
 # order difference of a few ulps (eps 1.2e-7) on logits |l| <= 0.6 and hidden states |h| <= 3.5 after 2 layers
 TOL = 1e-5
-# the pages a step writes hold k/v projections of the same rows (|kv| <= 0.64): the same few ulps, at that scale
-PAGES_TOL = 1e-6
+# the KV blocks a step writes hold k/v projections of the same rows (|kv| <= 0.64): the same few ulps, at that scale
+BLOCKS_TOL = 1e-6
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -38,8 +38,8 @@ def test_padded_step_equals_unpadded_and_writes_only_new_slots(backend: str) -> 
         tokens = torch.randint(0, model.config.vocab_size, (len(reqs),), generator=gen).tolist()
         for r in reqs:
             manager.append(r, 1)
-        for pages in (*cache.k, *cache.v):
-            pages[cache.padding_block].zero_()     # so that this step's padding writes show
+        for blocks in (*cache.k, *cache.v):
+            blocks[cache.padding_block].zero_()     # so that this step's padding writes show
         before = clone_cache(model, cache)
         tables = [manager.table(r) for r in reqs]
         logits, hidden = graphs.run(tokens, [t.blocks for t in tables], [t.num_tokens for t in tables])
@@ -50,8 +50,8 @@ def test_padded_step_equals_unpadded_and_writes_only_new_slots(backend: str) -> 
         changed = changed_slots(before, cache)
         assert changed - padding == {new_slot(manager, r) for r in reqs}
         assert bool(changed & padding) == (bucket_for(len(reqs), BUCKETS) > len(reqs)), "padding rows write only there"
-        for got, want in zip(real_pages(cache), real_pages(reference)):
-            torch.testing.assert_close(got, want, atol=PAGES_TOL, rtol=PAGES_TOL)
+        for got, want in zip(real_blocks(cache), real_blocks(reference)):
+            torch.testing.assert_close(got, want, atol=BLOCKS_TOL, rtol=BLOCKS_TOL)
 
 
 def test_fill_pads_rows_to_the_padding_slot_and_block() -> None:

@@ -1,4 +1,4 @@
-"""A real `mstar-run` whose KV pool (8 pages x 16 tokens) cannot hold all concurrent requests:
+"""A real `mstar-run` whose KV pool (8 blocks x 16 tokens) cannot hold all concurrent requests:
 the conductor holds and preempts them (recomputing their context later) instead of failing,
 and every request still gets the exact text its seed gives when it runs alone."""
 from __future__ import annotations

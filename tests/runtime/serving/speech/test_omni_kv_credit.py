@@ -3,7 +3,7 @@
 really take: on a pool too small for three chats' full blocks, three chats that share their system
 prompt run at once, none held for room, and answer as they do alone.
 
-Sizes (tiny preset, byte tokenizer, 16-token pages): each chat holds 339 prompt rows (~300 of them
+Sizes (tiny preset, byte tokenizer, 16-token blocks): each chat holds 339 prompt rows (~300 of them
 the shared system prompt, its own piece of the prompt) and 480 answer rows: 52 blocks in full, ~34
 of its own beside the ~18 shared. The pool has 128 blocks: three chats in full (156) do not fit,
 counted as the worker holds them (~18 + 3 x 34 = 120) they do. A ledger that charged full blocks
@@ -24,7 +24,7 @@ from tests.runtime.serving.conftest import Server, serve
 from tests.runtime.serving.speech.conftest import OMNI
 
 SYSTEM = "You answer questions about the weather in one short, friendly sentence, and you never use lists. " * 3
-POOL_PAGES = 128
+POOL_BLOCKS = 128
 ANSWER = 480
 
 
@@ -35,7 +35,7 @@ def small_pool(tmp_path_factory: pytest.TempPathFactory):
     assert old in text
     graph = tmp_path_factory.mktemp("omni-kv") / "qwen3_omni.yaml"
     graph.write_text(text.replace(old, f"executor: qwen3_omni_thinker, "
-                                       f"kv_cache: {{page_tokens: 16, max_pages: {POOL_PAGES}}},"))
+                                       f"kv_cache: {{page_tokens: 16, max_pages: {POOL_BLOCKS}}},"))
     plan = graph.with_suffix(".plan.bin")
     plan.write_bytes(compile_file(str(graph), Options(preset="tiny", placement="single")).data)
     yield from serve(str(plan))
