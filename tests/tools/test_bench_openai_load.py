@@ -74,3 +74,44 @@ def test_decode_gap_runs_from_the_last_chunk_before_to_the_first_after_and_serve
     prompt = prefill_load.prompt_words(["a", "b"], 3, nonce=7)
     assert prompt.content == "Words: a b a" and len(prompt.system.split()) == prefill_load.NONCE_WORDS
     assert prompt.system.split()[:3] == ["b", "b", "b"]            # 7 = 0b111, least significant digit first
+
+
+def test_a_first_token_without_text_is_timed_at_the_chunk_that_finishes_the_answer() -> None:
+    """A server whose one token is a special one (its text skipped) sends the role, then a chunk that only
+    finishes the answer: with max_tokens=1 that chunk cannot come before the token, so it is the TTFT."""
+    import asyncio
+
+    from aiohttp import web
+
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+              {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 1}}]
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in chunks:
+            await asyncio.sleep(0.05)
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def go() -> tuple[prefill_load.Timed, float]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        try:
+            async with prefill_load.session() as http:
+                start = time.perf_counter()
+                got = await prefill_load.timed(http, url, "m", prefill_load.prompt_words(["a"], 4, 1))
+                return got, time.perf_counter() - start
+        finally:
+            await runner.cleanup()
+
+    got, total = asyncio.run(go())
+    assert (got.prompt_tokens, got.completion_tokens) == (30, 1)
+    assert 0.1 <= got.ttft_s <= total      # the finishing chunk (the second), not the role chunk (the first)

@@ -71,3 +71,15 @@ def test_a_peer_records_its_label_cache_and_settings():
                 "start-up log", lambda: (0, 0), {"omp_threads": 2, "ld_preload_missing": ["tcmalloc"]})
     assert peer.record() == {"label": "vLLM 0.32.0 CPU build, LD_PRELOAD libiomp5.so", "cache_enabled": False,
                              "cache_source": "start-up log", "omp_threads": 2, "ld_preload_missing": ["tcmalloc"]}
+
+
+def test_the_xllamacpp_launcher_takes_the_flags_llama_server_is_given():
+    from bench.llamacpp_serve import parse_args
+
+    for mode in (COLD, WARM):
+        flags = server_flags(Weights("bf16", Path("m.gguf"), "bf16"), 8080, 9, 4096, mode)
+        args = parse_args(flags)
+        assert (args.model, args.port, args.parallel, args.ctx_size, args.kv_unified) == ("m.gguf", 8080, 9, 4096, True)
+        assert (args.cache_type_k, args.cache_type_v, args.metrics, args.alias) == ("bf16", "bf16", True, "smollm2")
+        assert (args.cache_prompt, args.cache_ram, args.cache_idle_slots) == (
+            (False, 0, False) if mode == COLD else (True, None, True))

@@ -31,6 +31,7 @@ from bench.smollm2_fp32 import smollm2_gguf
 
 LAUNCHER = Path(__file__).with_name("llamacpp_serve.py")
 KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+CTX_PAD = 256             # llama.cpp rounds its context up to a multiple of this: ask for one, within the budget
 
 
 @dataclass(frozen=True)
@@ -110,13 +111,13 @@ def llamacpp_peer(ctx: Context, stack: contextlib.ExitStack, dtype: str, mode: s
     """llama.cpp serving `dtype`'s GGUF (or "q4_1") in `mode` with `slots` slots and `kv_bytes` of KV cache."""
     b, w = build(ctx), weights(ctx, dtype)
     config = json.loads((ctx.bench_dir / "smollm2-135m-fp32/config.json").read_text())
-    port, ctx_tokens = free_port(), kv_tokens(kv_bytes, config, w.kv_type)
+    port, ctx_tokens = free_port(), kv_tokens(kv_bytes, config, w.kv_type) // CTX_PAD * CTX_PAD
     flags = server_flags(w, port, slots, ctx_tokens, mode)
     log = ctx.root / "bench-results/logs" / f"llamacpp-{w.key}.log"
     srv = stack.enter_context(Server(f"llama.cpp ({w.key})", [*b.cmd, *flags], port, log, start_timeout_s=600.0))
     said = system_info(log.read_text(errors="replace"))
     kind = ("llama-server built for this CPU (GGML_NATIVE)" if b.is_native
-            else f"llama.cpp's server in-process via {b.version} (prebuilt AVX2 wheel, not built for this CPU)")
+            else f"server in-process via {b.version} (prebuilt AVX2 wheel, not built for this CPU)")
     label = f"llama.cpp {kind}, {w.path.name}, KV {w.kv_type}, {slots} slots, unified KV"
     settings = {"build": b.version, "native": b.is_native, "flags": flags, "weights": str(w.path), "kv_type": w.kv_type,
                 "kv_budget_bytes": kv_bytes, "kv_tokens": ctx_tokens, "kv_budget_source": "-c: tokens of mstar's plan pool",
@@ -127,9 +128,10 @@ def llamacpp_peer(ctx: Context, stack: contextlib.ExitStack, dtype: str, mode: s
                 else {"built": "GGML_NATIVE=ON (-march=native) for this CPU", "cpu_flags": cpu_isa_flags()},
                 **said}
     name = "llamacpp" if dtype != "q4_1" else "llamacpp-q4_1"
+    said_by = ("its flags --no-cache-prompt -cram 0 and cache_prompt: false in every request" if mode == COLD
+               else "its defaults (prompt cache on) and cache_prompt: true in every request")
     return Peer(name, label, srv, "smollm2", mode != COLD,
-                "its flags (--no-cache-prompt -cram 0 and cache_prompt: false per request when cold); /metrics "
-                "llamacpp:prompt_tokens_total + llamacpp:prompt_tokens_cached_total",
+                f"{said_by}; /metrics llamacpp:prompt_tokens_total + llamacpp:prompt_tokens_cached_total",
                 lambda: _counters(srv.url), settings, {"cache_prompt": mode != COLD})
 
 

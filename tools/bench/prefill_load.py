@@ -113,14 +113,24 @@ def _content(chunk: dict) -> bool:
     return bool(chunk.get("choices")) and bool(chunk["choices"][0].get("delta", {}).get("content"))
 
 
+def _finished(chunk: dict) -> bool:
+    return bool(chunk.get("choices")) and chunk["choices"][0].get("finish_reason") is not None
+
+
 async def timed(session: aiohttp.ClientSession, url: str, model: str, prompt: Prompt, max_tokens: int = 1,
                 extra: Mapping[str, Any] | None = None) -> Timed:
-    """One streamed chat: TTFT at the first content chunk, and the server's token counts."""
-    start, ttft, usage = time.perf_counter(), None, None
+    """One streamed chat: TTFT at the first content chunk, and the server's token counts. A first token whose
+    text is empty (a special token the answer skips) sends no content: its TTFT is then the chunk that finishes
+    the answer, which with `max_tokens=1` cannot come before that token was computed."""
+    start, ttft, finished, usage = time.perf_counter(), None, None, None
     async for at, chunk in _chunks(session, url, _body(model, prompt, max_tokens, extra or {})):
         if ttft is None and _content(chunk):
             ttft = at - start
+        if finished is None and _finished(chunk):
+            finished = at - start
         usage = chunk.get("usage") or usage
+    if ttft is None and max_tokens == 1:
+        ttft = finished
     if ttft is None or usage is None:
         raise RuntimeError(f"{url}: the stream ended without {'content' if ttft is None else 'usage'}")
     return Timed(ttft, int(usage["prompt_tokens"]), int(usage["completion_tokens"]))

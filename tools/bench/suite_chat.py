@@ -98,6 +98,8 @@ def _peers(ctx: Context, stack: contextlib.ExitStack, dtype: str, mode: str, is_
 def _sides(ctx: Context, stack: contextlib.ExitStack, dtype: str, mode: str, is_best: bool,
            work: list[ChatJob]) -> tuple[dict, dict]:
     """The measure functions of every side that can run, and what each records (label, cache, settings)."""
+    import torch
+
     sides, records = {}, {}
     for name, peer in _peers(ctx, stack, dtype, mode, is_best, work).items():
         try:
@@ -109,7 +111,7 @@ def _sides(ctx: Context, stack: contextlib.ExitStack, dtype: str, mode: str, is_
         try:
             sides["hf"] = _hf_side(ctx, dtype, Rounds(work, mode))
             records["hf"] = {"label": LABELS["hf"].format(dtype=dtype), "cache_enabled": False,
-                             "cache_source": "HF generate: no cache across calls", "torch_threads": ctx.threads}
+                             "cache_source": "HF generate: no cache across calls", "torch_threads": torch.get_num_threads()}
         except Needs as exc:
             ctx.record_needs(f"hf {dtype}", exc)
     return sides, records
