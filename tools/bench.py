@@ -12,7 +12,7 @@ Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound, th
 prefill (default: all).
 Each run writes bench-results/<suite>-<time>.json; then bench-results/latest.md (the markdown table of
 the newest run of every suite) and bench-results/plots/*.png are rendered from the saved
-JSON. Sides alternate A B A B...; figures are medians with [min-max] over the rounds.
+JSON. Sides alternate in ABBA order (A B, B A, ...); figures are medians with [min-max] over the rounds.
 """
 from __future__ import annotations
 

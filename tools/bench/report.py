@@ -76,8 +76,8 @@ def render(records: Sequence[RunRecord], figures: dict[str, list[str]] | None = 
         return "No benchmark results yet: run `python tools/bench.py`.\n"
     figures = figures or {}
     head = ["## Benchmarks", "", machine_line(records[-1]), "",
-            "Figures are medians over the rounds with [min–max]; sides alternate A B A B on the same "
-            "weights and \"A's advantage\" is the median (min–max) of the per-round ratios "
+            "Figures are medians over the rounds with [min–max]; each round runs every side, in ABBA order "
+            "(A B, then B A), on the same weights and \"A's advantage\" is the median (min–max) of the per-round ratios "
             "(> 1: A ahead; A is mstar unless the case says otherwise). The machine is shared and noisy: read the ranges.", ""]
     return "\n".join(head) + "\n" + "\n".join(suite_section(r, figures.get(r.suite, ())) for r in records)
 

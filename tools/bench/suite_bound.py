@@ -1,33 +1,35 @@
-"""bound: SmolLM2-135M decode step time at batch 16 against this machine's weight-streaming bound.
+"""bound: SmolLM2-135M decode step time at batch 1, 16 and 64 against this machine's roofline.
+
+The roofline: a step's floor is the larger of its weight-streaming bound and its compute floor (both below,
+both measured in the same run); each batch gets a row of the step against that floor, per round.
 
 A decode step must read every weight once (the tied embedding once, as the LM head), so
 no step can be faster than `weight bytes / memory read bandwidth`. Both are measured here,
 in the same run, alternating round by round:
-  mstar: one greedy decode step of 16 requests (after a 32-token prefill) through the
+  mstar: one greedy decode step of the batch (after a 32-token prefill) through the
          `lm` node of graphs/smollm2.yaml loaded by the worker's loader in this process
          (the `linear` suite's `Decoder`, linears packed for the GEMM MSTAR_CPU_LINEAR=auto picks), ms per step;
   bound: the model's unique parameter bytes (in the plan's dtype) divided by the read
          bandwidth of one `torch.sum` over a tensor 8x the L2+L3 size of any server CPU
-         (`BANDWIDTH_BYTES`, so it streams from DRAM), on the same threads. On the 2-core Zen 4
-         VM this read 30-35 GB/s most of the time and 58-64 GB/s at other times (one run saw
-         both, minutes apart), on 4 KiB and on 2 MiB pages alike (the host's state, not the page
-         size); the sides alternate round by round so the bound and the step see the same state.
-"A's advantage" is bound / step: 1.0 would be a step at the bound; the issue asks ≥ 0.67
-(within 1.5x). The KV cache reads (batch x context x layers x 2 x kv width) are left out
-of the bound: at a 32..64-token context they are < 1 % of the weights.
+         (`BANDWIDTH_BYTES`, so it streams from DRAM), on the same threads. A shared VM's read
+         bandwidth can change by 2x within minutes (docs/benchmark-log.md), so the sides alternate
+         round by round and the bound and the step see the same state.
+"A's advantage" is bound / step: 1.0 would be a step at the bound. The KV cache reads
+(batch x context x layers x 2 x kv width) are left out of the bound: at a 32..64-token
+context they are small beside the weights.
 
-A second row per dtype says how much of the gap the GEMM kernel itself leaves: the same
+A second row per case says how much of the gap the GEMM kernel itself leaves: the same
 step's GEMMs alone (every packed linear of the model and the LM head, in model order, on
-batch-16 inputs of their widths, through `runtime.model_executor.parallel.cpu_linear.linear` as the model
-calls them, no other op), against the same bound. What the step spends beyond its GEMMs is
-the first row's figure minus this one.
+inputs of the batch's rows and their widths, through `runtime.model_executor.parallel.cpu_linear.linear`
+as the model calls them, no other op), against the same bound. What the step spends beyond
+its GEMMs is the first row's figure minus this one.
 
 A third row sets the GEMMs against the other floor a step has, compute: their FLOPs
 (2 x batch x in x out, summed) at the rate torch.mm (MKL / oneDNN) multiplies two
 `PEAK_SIZE`-square matrices of the dtype that stay in cache, on the same threads, in the
-same run. At batch 16 this can be the higher floor: a step then cannot come within 1.5x
-of the bandwidth bound whatever its memory traffic, and the note says so, with the
-step's ratio to the higher of the two floors (the roofline).
+same run. At batch 1 the bandwidth bound is the higher floor; as the batch grows the compute
+floor overtakes it, and the roofline row (the first of each case) holds the step against
+whichever is higher in that round.
 """
 from __future__ import annotations
 
@@ -42,13 +44,14 @@ from bench.stats import LOWER, median_time
 from bench.peer_mstar import mstar_plan
 from bench.suite_linear import Decoder
 
-BATCH, STEPS, QUICK_STEPS = 16, 16, 4
+BATCHES, STEPS, QUICK_STEPS = (1, 16, 64), 16, 4
 BANDWIDTH_BYTES = 1 << 30          # 1 GiB: far past any last-level cache, so the sum reads DRAM
 SUMS = 5                           # timed sums per sample (the median is kept)
 PEAK_SIZE, PEAK_PRODUCTS = 512, 20  # torch.mm operands (1 MiB fp32 each: cache-resident), products per timing
-MSTAR = "mstar decode step, batch 16 (lm node of graphs/smollm2.yaml, worker loader, packed linears, fused CPU kernels)"
+MSTAR = "mstar decode step (lm node of graphs/smollm2.yaml, worker loader, packed linears, fused CPU kernels)"
 BOUND = "weight bytes / measured read bandwidth (torch.sum over 1 GiB, same threads, same run)"
-GEMMS = "the same step's GEMMs alone: every packed linear and the LM head on batch-16 inputs, no other op"
+GEMMS = "the same step's GEMMs alone: every packed linear and the LM head on the batch's inputs, no other op"
+ROOFLINE = "the roofline floor: the larger of the bandwidth bound and the compute floor, per round (same run)"
 FLOOR = f"their FLOPs at torch.mm's rate on cache-resident {PEAK_SIZE}x{PEAK_SIZE} matrices (same dtype, threads, run)"
 
 
@@ -116,22 +119,23 @@ def _floor(flops: int, dtype: torch.dtype) -> dict[str, float]:
     return {"ms": 1e3 * flops / rate, "gflop_s": rate / 1e9}
 
 
-def _rows(ctx: Context, dtype: str, decoder: Decoder, steps: int) -> list[Row]:
+def _rows(ctx: Context, dtype: str, decoder: Decoder, steps: int, batch: int) -> list[Row]:
     model = decoder.executor.model
     nbytes, gemms = weight_bytes(model), step_gemms(model)
-    flops = gemm_flops(gemms, BATCH)
+    flops = gemm_flops(gemms, batch)
     buffer = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32)
-    decoder.decode(BATCH, 2)                  # warm-up: first calls pick and cache kernels
-    gemms_ms(gemms, BATCH, 1)
-    samples = ctx.alternate(f"bound {dtype}", {
-        "mstar": lambda: {"ms": 1e3 * BATCH / decoder.decode(BATCH, steps)[1]},
-        "gemms": lambda: {"ms": gemms_ms(gemms, BATCH, steps)},
+    decoder.decode(batch, 2)                  # warm-up: first calls pick and cache kernels
+    gemms_ms(gemms, batch, 1)
+    samples = ctx.alternate(f"bound {dtype} batch {batch}", {
+        "mstar": lambda: {"ms": 1e3 * batch / decoder.decode(batch, steps)[1]},
+        "gemms": lambda: {"ms": gemms_ms(gemms, batch, steps)},
         "bound": lambda: _bound(nbytes, buffer),
         "floor": lambda: _floor(flops, getattr(torch, dtype))}, warmup=0)
     del buffer
     gb_s = statistics.median(samples["bound"]["gb_s"])
     bound_ms, floor_ms = statistics.median(samples["bound"]["ms"]), statistics.median(samples["floor"]["ms"])
     step_ms, gflop_s = statistics.median(samples["mstar"]["ms"]), statistics.median(samples["floor"]["gflop_s"])
+    roof = [max(b, f) for b, f in zip(samples["bound"]["ms"], samples["floor"]["ms"])]
     label = MSTAR + (", decode steps compiled (cpu_compile)" if ctx.cpu_compile else "")
     note = f"{nbytes / 1e6:.0f} MB of weights, median read bandwidth {gb_s:.1f} GB/s; advantage = bound / step " \
            "(1.0 = at the bound)"
@@ -139,21 +143,32 @@ def _rows(ctx: Context, dtype: str, decoder: Decoder, steps: int) -> list[Row]:
     roofline = f"{flops / 1e9:.2f} GFLOP of GEMMs at {gflop_s:.0f} GFLOP/s: compute floor {floor_ms:.2f} ms " \
                f"against the bandwidth bound's {bound_ms:.2f} ms ({higher} is the higher floor; 1.5x the bound " \
                f"is {1.5 * bound_ms:.2f} ms); the step is {step_ms / max(floor_ms, bound_ms):.2f}x the higher floor"
-    bound = Side(BOUND, samples["bound"]["ms"])
-    return [Row(f"{dtype}, batch {BATCH}", "decode step time", "ms", LOWER, Side(label, samples["mstar"]["ms"]),
-                bound, names=("mstar", "bound"), plot="bound", x=dtype, xlabel="dtype", note=f"{note}; {roofline}"),
-            Row(f"{dtype}, batch {BATCH}, its GEMMs alone", "GEMM time of one decode step", "ms", LOWER,
-                Side(GEMMS, samples["gemms"]["ms"]), bound, names=("GEMMs", "bound"), plot="bound-gemms", x=dtype,
-                xlabel="dtype", note=f"{len(gemms)} GEMMs (the linears and the LM head); {note}"),
-            Row(f"{dtype}, batch {BATCH}, its GEMMs vs the compute floor", "GEMM time of one decode step", "ms", LOWER,
+    bound, case = Side(BOUND, samples["bound"]["ms"]), f"{dtype}, batch {batch}"
+    return [Row(f"{case}, against the roofline", "decode step time", "ms", LOWER,
+                Side(label, samples["mstar"]["ms"]), Side(ROOFLINE, roof), names=("mstar", "roofline"),
+                plot="roofline", x=f"{dtype} b{batch}", xlabel="dtype, batch",
+                note=f"{roofline}; advantage = floor / step (1.0 = at the floor)"),
+            Row(case, "decode step time", "ms", LOWER, Side(label, samples["mstar"]["ms"]),
+                bound, names=("mstar", "bound"), plot="bound", x=f"{dtype} b{batch}", xlabel="dtype, batch",
+                note=f"{note}; {roofline}"),
+            Row(f"{case}, its GEMMs alone", "GEMM time of one decode step", "ms", LOWER,
+                Side(GEMMS, samples["gemms"]["ms"]), bound, names=("GEMMs", "bound"), plot="bound-gemms",
+                x=f"{dtype} b{batch}", xlabel="dtype, batch",
+                note=f"{len(gemms)} GEMMs (the linears and the LM head); {note}"),
+            Row(f"{case}, its GEMMs vs the compute floor", "GEMM time of one decode step", "ms", LOWER,
                 Side(GEMMS, samples["gemms"]["ms"]), Side(FLOOR, samples["floor"]["ms"]),
-                names=("GEMMs", "compute floor"), plot="bound-compute", x=dtype, xlabel="dtype",
+                names=("GEMMs", "compute floor"), plot="bound-compute", x=f"{dtype} b{batch}", xlabel="dtype, batch",
                 note=f"{roofline}; advantage = floor / GEMMs (1.0 = the GEMMs at torch.mm's cache-resident rate)")]
 
 
-@register("bound", "SmolLM2 decode step at batch 16 vs the weight-streaming bound (weight bytes / read bandwidth)")
+@register("bound", "SmolLM2 decode step at batch 1, 16 and 64 vs the roofline (weight bytes / read bandwidth, "
+                   "GEMM FLOPs / torch.mm's rate)")
 def run(ctx: Context) -> list[Row]:
     steps = QUICK_STEPS if ctx.quick else STEPS
-    ctx.settings.update(batch=BATCH, steps=steps, bandwidth_bytes=BANDWIDTH_BYTES, threads=torch.get_num_threads(),
-                        peak_size=PEAK_SIZE, peak_products=PEAK_PRODUCTS)
-    return [row for dtype in ("float32", "bfloat16") for row in _rows(ctx, dtype, Decoder(mstar_plan(ctx, dtype), packed=True), steps)]
+    ctx.settings.update(batches=list(BATCHES), steps=steps, bandwidth_bytes=BANDWIDTH_BYTES,
+                        threads=torch.get_num_threads(), peak_size=PEAK_SIZE, peak_products=PEAK_PRODUCTS)
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        decoder = Decoder(mstar_plan(ctx, dtype), packed=True)
+        rows += [row for batch in BATCHES for row in _rows(ctx, dtype, decoder, steps, batch)]
+    return rows
