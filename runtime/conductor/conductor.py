@@ -13,7 +13,6 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
@@ -29,11 +28,11 @@ from runtime.conductor.replies import InFlight, ReplyCheck, can_retry_alone, ret
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.running import RunningSet
 from runtime.conductor.batch import PlannedBatch
-from runtime.conductor.scheduler import Scheduler, SchedulerConfig
+from runtime.conductor.config import ConductorConfig, QueueFull
+from runtime.conductor.scheduler import Scheduler
 from runtime.ranks.start_watch import StartFailed, StartWatch
 from runtime.conductor.streams import StreamLedger
-from runtime.ranks.workers import RankLauncher, WorkerSet
-from runtime.model_executor.weights.sources import WeightOptions
+from runtime.ranks.workers import WorkerSet
 from runtime.transport.messages import (
     BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, ItemResult, KVUsage, MoveKV, OpenRequest, PeerUnreachable,
     Peers, Ready, RunBatch, Shutdown, StreamItems,
@@ -45,25 +44,6 @@ from runtime.transport.request_params import RequestParams
 
 log = logging.getLogger(__name__)
 TICK_S = 0.1
-
-
-@dataclass(frozen=True)
-class ConductorConfig:
-    plan_path: str
-    endpoint: str = "tcp://127.0.0.1:0"       # where workers connect (port 0: pick a free one)
-    worker_host: str = "127.0.0.1"            # where local workers bind their inboxes (the server's --host)
-    remote_ranks: frozenset[int] = frozenset()  # ranks whose workers are started by hand elsewhere
-    keys_dir: str | None = None               # `mstar-run keygen` output (needed for remote ranks); None: per start
-    weights: WeightOptions = WeightOptions()   # passed on to the local workers
-    log_level: str = "info"
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    prefix_cache: bool = True                 # reuse cached KV blocks of equal prompt prefixes across requests
-    max_queue: int = 1024                     # requests waiting for admission; more are refused (QueueFull)
-    launcher: RankLauncher | None = None      # starts the local ranks elsewhere (runtime/ranks/ray); None: subprocesses
-
-
-class QueueFull(RuntimeError):
-    """The admission queue is full: the server answers 429 with Retry-After."""
 
 
 class Conductor:

@@ -52,7 +52,8 @@ class NullConductor:
         try:
             from mstar_compiler.ir import Options
             from mstar_compiler.pipeline import compile_file
-            from runtime.conductor.conductor import Conductor, ConductorConfig
+            from runtime.conductor.conductor import Conductor
+            from runtime.conductor.config import ConductorConfig
             from runtime.conductor.scheduler import SchedulerConfig
             from runtime.conductor.null_workers import NullWorkers
         except ImportError as exc:

@@ -18,7 +18,8 @@ from aiohttp import web
 
 from mstar_compiler.plan import Plan, load_plan
 from runtime.ranks.ray.ray_launcher import RayLauncher
-from runtime.conductor.conductor import Conductor, ConductorConfig
+from runtime.conductor.conductor import Conductor
+from runtime.conductor.config import ConductorConfig
 from runtime.conductor.request import Request
 from runtime.ranks.start_watch import StartFailed
 from runtime.conductor.scheduler import SchedulerConfig

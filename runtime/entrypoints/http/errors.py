@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from runtime.conductor.conductor import QueueFull
+from runtime.conductor.config import QueueFull
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1      # what a 429 tells the client to wait

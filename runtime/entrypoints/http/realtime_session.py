@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Callable
 
 import torch
 
-from runtime.conductor.conductor import QueueFull
+from runtime.conductor.config import QueueFull
 from runtime.entrypoints.http.audio_events import AudioEvents
 from runtime.entrypoints.http.audio_io import pcm16
 from runtime.entrypoints.http.audio_metrics import RealtimeMetrics

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.conductor.conductor import Conductor, ConductorConfig
+from runtime.conductor.conductor import Conductor
+from runtime.conductor.config import ConductorConfig
 from runtime.conductor.request import RequestState
 from runtime.transport.messages import BatchDone, BatchFailed, ItemResult, RunBatch
 from runtime.transport.queues import Envelope

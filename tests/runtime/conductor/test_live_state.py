@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.conductor.conductor import Conductor, ConductorConfig
+from runtime.conductor.conductor import Conductor
+from runtime.conductor.config import ConductorConfig
 from runtime.conductor.request import RequestState
 from runtime.ranks.workers import WorkerSet
 from tests.runtime.serving.conftest import REPO

@@ -6,7 +6,8 @@ import asyncio
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.conductor.conductor import Conductor, ConductorConfig
+from runtime.conductor.conductor import Conductor
+from runtime.conductor.config import ConductorConfig
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.scheduler import SchedulerConfig
 from runtime.ranks.workers import WorkerSet

@@ -7,7 +7,8 @@ from collections import defaultdict
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.conductor.conductor import Conductor, ConductorConfig
+from runtime.conductor.conductor import Conductor
+from runtime.conductor.config import ConductorConfig
 from runtime.conductor.request import Request
 from runtime.ranks.workers import WorkerSet
 from runtime.transport.messages import BatchDone, ItemResult, RunBatch

@@ -14,7 +14,8 @@ import pytest
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.conductor import scheduler as scheduler_module
-from runtime.conductor.conductor import Conductor, ConductorConfig
+from runtime.conductor.conductor import Conductor
+from runtime.conductor.config import ConductorConfig
 from runtime.conductor.scheduler import SchedulerConfig
 from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.request_params import RequestParams

@@ -13,7 +13,8 @@ import torch
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from runtime.conductor.conductor import Conductor, ConductorConfig
+from runtime.conductor.conductor import Conductor
+from runtime.conductor.config import ConductorConfig
 from runtime.conductor.request import Request
 from runtime.ranks.workers import WorkerSet
 from runtime.model_executor.sampling import SamplingParams
