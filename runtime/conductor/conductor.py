@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any, Callable
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -297,15 +298,26 @@ class Conductor:
         elif isinstance(msg, Ready):
             self._rank_ready(rank, msg)
         elif isinstance(msg, Heartbeat):
-            self.worker_stats[rank] = msg
+            self._beat(rank, msg)
         elif isinstance(msg, KVUsage):
             self.ledger.note_used(rank, msg.kv_used, closed=msg.request_ids)
         else:
             log.warning("unexpected %s from rank %d", type(msg).__name__, rank)
 
+    def _beat(self, rank: int, msg: Heartbeat) -> None:
+        """The rank's latest numbers; a beat without them (`counted=False`) keeps the counted ones."""
+        held = self.worker_stats.get(rank)
+        if msg.counted or held is None or not held.counted:
+            self.worker_stats[rank] = msg
+        else:
+            self.worker_stats[rank] = msgspec.structs.replace(held, start_steps=msg.start_steps,
+                                                              start_last=msg.start_last)
+
     def _rank_ready(self, rank: int, msg: Ready) -> None:
         status = self.workers.ranks[rank]
         status.nodes, status.is_ready = msg.nodes, True
+        if msg.held is not None:    # a heartbeat sent before Ready may still arrive: `_beat` keeps this one
+            self.worker_stats[rank] = msg.held
         self.ledger.add_rank(rank, msg.nodes, self.index, self.config.prefix_cache)
         self.ledger.note_reported(rank, msg.prefix)     # /metrics shows those caches' counters from the start
         self.scheduler.chunked_prefill.update((rank, info.name) for info in msg.nodes if info.prefill_chunks)
@@ -460,6 +472,7 @@ class Conductor:
                 req.ranks_opened.discard(rank)
                 self._fail(req, f"the worker of rank {rank} died while running this request")
         self.ledger.free_rank(rank)
+        self.worker_stats.pop(rank, None)    # what the dead worker held is gone; its successor reports anew
         self.workers.restart(rank)
 
     def _send(self, rank: int, msg: Any, tensors: dict | None = None) -> bool:

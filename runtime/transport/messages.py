@@ -88,6 +88,7 @@ class Ready(_Msg, tag="ready"):
     rank: int
     nodes: list[NodeInfo]
     prefix: list[PrefixCounts] = []     # the self-deciding prefix caches' totals (0 on a fresh start)
+    held: Heartbeat | None = None       # what the rank holds as it turns ready (/metrics has it from then on)
 
 
 class Peers(_Msg, tag="peers"):
@@ -242,6 +243,9 @@ class Heartbeat(_Msg, tag="heartbeat"):
     start_last: str = ""                  # the latest of them
     threads: int = 0                      # OpenMP threads the rank runs now (runtime/worker/openmp.py's governor)
     threads_allotted: int = 0             # ... of those it was given
+    # False: liveness and start progress only (the worker has not built its executors yet, or its tables
+    # kept changing under the read); the conductor then keeps the numbers it has for the rank
+    counted: bool = True
 
 
 class KVUsage(_Msg, tag="kv_used"):

@@ -50,20 +50,20 @@ def start_heartbeat(worker: Beating, conductor: str) -> None:
 
 def heartbeat(worker: Beating) -> Heartbeat:
     """Alive, with what the rank holds. Read from the heartbeat thread while the worker changes its tables:
-    a read that meets a table changing size is tried again, since a beat without its numbers replaces the
-    conductor's (a /metrics scrape then finds the rank's KV gauges gone); after SNAPSHOT_TRIES it goes
-    without them, so the rank still counts as alive."""
+    a read that meets a table changing size is tried again; after SNAPSHOT_TRIES it goes without its
+    numbers (`counted=False`: the conductor keeps the ones it has), so the rank still counts as alive."""
     for _ in range(SNAPSHOT_TRIES):
         try:
             return _snapshot(worker)
         except RuntimeError:   # a table changed size under us
             continue
     steps, last = progress.snapshot()
-    return Heartbeat(rank=worker.rank, start_steps=steps, start_last=last)
+    return Heartbeat(rank=worker.rank, start_steps=steps, start_last=last, counted=False)
 
 
 def _snapshot(worker: Beating) -> Heartbeat:
-    """What the rank holds (the worker may still be starting: each part it has not built yet is left out)."""
+    """What the rank holds (the worker may still be starting: each part it has not built yet is left out,
+    and the beat is not `counted` until its executors are built)."""
     executors = dict(worker.executors)
     streams, guard, governor = worker.streams, worker.guard, worker.governor
     steps, last = progress.snapshot()
@@ -74,4 +74,5 @@ def _snapshot(worker: Beating) -> Heartbeat:
                      dropped_messages=worker.dropped,
                      refused_peers=guard.admission.refused if guard else 0,
                      threads=governor.threads if governor else 0,
-                     threads_allotted=governor.allotted if governor else 0)
+                     threads_allotted=governor.allotted if governor else 0,
+                     counted=bool(executors))

@@ -29,6 +29,7 @@ import os
 import time
 import traceback
 
+import msgspec
 import torch
 import zmq
 
@@ -46,7 +47,7 @@ from runtime.transport.queues import (
     EdgeInbox, EdgeOutbox, Envelope, MalformedMessage, PeerUnreachableError, WorkerQueue,
 )
 from runtime.model_executor.weights.sources import WeightOptions
-from runtime.worker.heartbeat import start_heartbeat
+from runtime.worker.heartbeat import heartbeat, start_heartbeat
 from runtime.worker.loader import cpu_kernels_note, load_rank, tensor_parallel_group
 from runtime.worker.opened import OpenedRequests
 from runtime.worker.openmp import ThreadGovernor
@@ -109,10 +110,10 @@ class Worker:
                      prefill_chunks=self.executors[name].chunks_prefill,
                      compiled_buckets=list(self.executors[name].compiled_buckets),
                      cpu_kernels=cpu_kernels_note(module))
-            for name, (module, source) in modules.items()], prefix=self._prefix_counts())
+            for name, (module, source) in modules.items()])
         self.governor = ThreadGovernor(torch.get_num_threads(), torch.set_num_threads, fixed=(
             "a tensor-parallel rank (one that dropped a thread would hold back its group)" if self.is_tp else ""))
-        self.control.send(self.ready)
+        self._send_ready()
 
     def _await_welcome(self) -> Welcome:
         """The conductor's answer to Hello (it waits for the TP group's lead before answering)."""
@@ -274,8 +275,12 @@ class Worker:
                     self.rank, len(self.requests.ids() | set(self.values)))
         self._close(CloseRequest(request_ids=sorted(self.requests.ids() | set(self.values))))
         self.control.send(Hello(rank=self.rank, pid=os.getpid(), peer_endpoint=self.inbox.endpoint))
-        self.control.send(self.ready)
+        self._send_ready()
         return True
+
+    def _send_ready(self) -> None:
+        """Ready, with the prefix totals and what the rank holds now (a rejoin sends it again)."""
+        self.control.send(msgspec.structs.replace(self.ready, prefix=self._prefix_counts(), held=heartbeat(self)))
 
     def _open_request(self, msg: OpenRequest) -> None:
         """Register the request with every executor; one that refuses its params fails the request."""

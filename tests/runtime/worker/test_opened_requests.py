@@ -103,7 +103,9 @@ async def _scenario(plan: str, keys_dir: str) -> None:
     try:
         inbox = (await conductor.expect(Hello, 60)).peer_endpoint
         conductor.queue.send(0, Welcome())     # no tensor-parallel group: an empty rendezvous
-        await conductor.expect(Ready, 60)
+        ready = await conductor.expect(Ready, 60)
+        # Ready carries the rank's numbers: /metrics has them from the first moment the server is ready
+        assert ready.held is not None and ready.held.counted and ready.held.kv_used_blocks == {"lm": 0}, ready
         never = await conductor.run(1, 5, PROMPT)
         assert isinstance(never, BatchFailed) and "not open on rank 0" in never.message, never
         _push(keys_dir, inbox, (EdgeTensors(request_id=6, tensors=[]), {"lm.hidden#1": torch.ones(2, 4)}),
