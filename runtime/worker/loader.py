@@ -12,11 +12,12 @@ rank set (`tensor_parallel_group`); every rank reads the full tensors and keeps 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -59,11 +60,28 @@ def build_module(node: Node, ref: str | None, tp: TensorParallelGroup = SINGLE) 
     args: dict[str, Any] = dict(node.args)
     if ref is not None and _is_gguf(ref):
         ref = gguf_as_safetensors(ref)
-    if tp.size > 1:
-        module = cls(node.dims, {**args, "weights": ref}, tp=tp)
-    else:
-        module = cls(node.dims, {**args, "weights": ref})
-    return module.to(TORCH_DTYPES[node.dtype]).eval()
+    dtype = TORCH_DTYPES[node.dtype]
+    with cast_as_built(dtype):
+        if tp.size > 1:
+            module = cls(node.dims, {**args, "weights": ref}, tp=tp)
+        else:
+            module = cls(node.dims, {**args, "weights": ref})
+    return module.to(dtype).eval()
+
+
+@contextlib.contextmanager
+def cast_as_built(dtype: torch.dtype) -> Iterator[None]:
+    """Within: each module is cast to `dtype` as it is attached to its parent, so a bf16 model is never
+    whole in fp32 (a 3B model would need its 13 GB fp32 copy to start). The values are the ones a cast of
+    the whole model gives: every module is initialised (in fp32, as built) before it is attached."""
+    def attached(parent: torch.nn.Module, name: str, child: torch.nn.Module | None) -> None:
+        if child is not None:
+            child.to(dtype)
+    handle = torch.nn.modules.module.register_module_module_registration_hook(attached)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def meta_slots(node: Node) -> dict[str, Slot]:
