@@ -31,6 +31,7 @@ from runtime.model_executor.weights.published import WeightMismatch, check_publi
 from runtime.model_executor.weights.slots import Slot, checkpoint_follows, module_slots
 from runtime.model_executor.weights.sources import NodeWeights, WeightOptions, resolve
 from runtime import progress
+from runtime.model_executor.parallel.cpu_linear import device_of
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +148,11 @@ def rank_device(rank: int) -> torch.device:
 
 
 def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
-              tp: TensorParallelGroup = SINGLE) -> dict[str, tuple[torch.nn.Module, str]]:
+              tp: TensorParallelGroup = SINGLE, pack: bool = True) -> dict[str, tuple[torch.nn.Module, str]]:
     """node name -> (module, weight source) for every node of `rank`, on the rank's device
-    (`tp`: the rank's tensor-parallel group, used by its nodes with tp_size > 1)."""
+    (`tp`: the rank's tensor-parallel group, used by its nodes with tp_size > 1). Its linears are packed for
+    the CPU, each packed copy the weight's only one (`pack=False` keeps the dense weights: a test's oracle
+    reads them)."""
     torch.manual_seed(0)
     options = options or WeightOptions()
     device = rank_device(rank)
@@ -163,7 +166,8 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
                     "rank %d: loading %s (%s) from %s", rank, name, node.kind, source.describe())
             group = tp if node.placement.tp_size > 1 else SINGLE
             module = by_key[node.weight_key] = load_node(plan.node(node.weight_key), source, group).to(device)
-            log.debug("rank %d: %s: %d linear weights packed for oneDNN", rank, name, pack_linears(module))
+            if pack:
+                log.debug("rank %d: %s: %d linear weights packed", rank, name, pack_linears(module))
             if device.type == "cpu" and (note := bf16_gemm_note()) and _has_bf16_weights(module):
                 log.warning("rank %d: %s: %s", rank, name, note)
             if (kernels := cpu_kernels_note(module)) and kernels != "fused":
@@ -175,7 +179,7 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
 
 def cpu_kernels_note(module: torch.nn.Module) -> str:
     """For a decoder LM on CPU: "fused", or why its layers run torch ops (runtime/model_executor/kernels/cpu.py); else ""."""
-    on_cpu = next((p.device.type == "cpu" for p in module.parameters()), False)
+    on_cpu = any(True for _ in module.parameters()) and device_of(module).type == "cpu"
     return cpu_kernels.describe() if on_cpu and isinstance(module, DecoderLM) else ""
 
 

@@ -13,8 +13,8 @@ fed in chunks of 256 (the server's --prefill-chunk-tokens), seconds to its first
 GEMM rows (fp32 and bf16, the decode batches and 8): the panel GEMM against oneDNN's packed GEMM, both with the
 fused kernels between them (MSTAR_CPU_LINEAR=mstar vs onednn) and both layer by layer from Python: the panel
 side's layer stack in one C++ call (runtime/model_executor/layers/cpu_stack.py) is switched off, since oneDNN-packed layers cannot
-take it, so the rows compare the GEMMs and nothing else. What `auto`'s choice rests on, batch 8 for
-"split"'s row cut on AMX CPUs (runtime.model_executor.parallel.cpu_linear.AMX_PANEL_ROWS). bf16 rows
+take it, so the rows compare the GEMMs and nothing else. What `auto`'s choice rests on (bf16 on AMX CPUs:
+oneDNN; runtime.model_executor.parallel.cpu_linear), batch 8 where the two cross there. bf16 rows
 are left out where oneDNN has no bf16 kernels for the CPU (said among the results' needs).
 """
 from __future__ import annotations

@@ -313,3 +313,30 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | Non
     _lib.mstar_gemm(_ptr(a), a.stride(0), _ptr(packed), _ptr(bias) if bias is not None else None, _ptr(out), n,
                     a.shape[0], n, k, _DTYPES[x.dtype])
     return out.view(*lead, n)
+
+
+def panel_rows(packed: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Rows `ids` (any shape) of the (N, k) weight `packed` holds (`pack_panels`): (*ids.shape, k). A table
+    packed for the LM head answers the embedding's lookups from the same copy."""
+    flat = ids.reshape(-1)
+    panel, col = flat // PANEL, flat % PANEL
+    if _pairs(packed.dtype):      # bf16 on AVX512-BF16: k in pairs, (panels, depth / 2, 16, 2)
+        rows = packed.view(packed.shape[0], packed.shape[1] // 2, PANEL, 2)[panel, :, col, :]
+        rows = rows.reshape(flat.shape[0], packed.shape[1])
+    else:                         # (panels, depth, 16)
+        rows = packed[panel, :, col]
+    return rows[:, :k].reshape(*ids.shape, k)
+
+
+def gemm_columns(x: torch.Tensor, packed: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """x (..., K) @ W[lo:hi]^T for the weight `packed` holds: the panel GEMM over the panels of rows lo .. hi - 1."""
+    first, last = lo // PANEL, -(-hi // PANEL)
+    out = gemm(x, packed[first:last], (last - first) * PANEL, None)
+    return out[..., lo - first * PANEL:hi - first * PANEL]
+
+
+@functools.cache
+def _pairs(dtype: torch.dtype) -> bool:
+    """Whether `pack_panels` interleaves k in pairs for `dtype` (the C++ kPairs: bf16 with AVX512-BF16)."""
+    probe = pack_panels(torch.tensor([[1.0, 2.0]], dtype=dtype))
+    return bool(probe.reshape(-1)[1] == 2)

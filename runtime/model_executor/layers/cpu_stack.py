@@ -11,8 +11,8 @@ the same arguments in the same order, so its output is bit-equal to the per-laye
 It takes the layers the per-layer path would run on those kernels, nothing else: no tensor
 parallelism, no sparse MoE or replaced MLP, no q/k norms, no bias on the row-parallel
 projections (the per-layer path adds it after the GEMM, in the activations' dtype), the `cpu`
-attention backend with heads its kernels take, every linear on its panel-packed weight for this
-batch's row count (AMX machines run larger batches on oneDNN), and one norm epsilon. Any other
+attention backend with heads its kernels take, every linear on its panel-packed weight (bf16 on AMX
+machines packs for oneDNN: `MSTAR_CPU_LINEAR=mstar` for the stack there), and one norm epsilon. Any other
 model or batch runs the per-layer path, as before. `DecoderLM.cpu_stack = False` switches it
 off for a model (tools/profile_decode.py does, to time the kernels one by one). The C++ side keeps
 its activations (those of the largest batch so far: ~30 MB for 1,024 fp32 rows of SmolLM2) from
@@ -28,7 +28,6 @@ from runtime.model_executor.attention.cpu_backend import CpuAttention
 from runtime.model_executor.kernels import cpu as cpu_kernels
 from runtime.model_executor.layers.attention import DecoderAttention
 from runtime.model_executor.layers.mlp import GatedMLP
-from runtime.model_executor.parallel import cpu_linear
 
 # one row of the layer table per layer (cpu_stack.cpp's Field, in this order); 0 stands for no bias
 LAYER_FIELDS = ("qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "gate_up_bias", "down", "down_bias",
@@ -80,28 +79,24 @@ class LayerStack:
             return None
         return LayerStack(lm)
 
-    def _linears(self, rows: int, dtype: torch.dtype) -> list[list[torch.Tensor]] | None:
-        """Per layer the panel-packed qkv, o, gate_up and down weights that run `rows` rows, or None."""
-        probe = torch.empty((rows, 1))
+    def _linears(self, dtype: torch.dtype) -> list[list[torch.Tensor]] | None:
+        """Per layer the panel-packed qkv, o, gate_up and down weights, or None."""
         packed = []
         for mod in self._mods:
-            if mod.packed is None:
-                return None
-            p = cpu_linear._for_rows(mod.packed, probe)
-            if p.dim() != 3 or p.dtype != dtype or mod.weight.dtype != dtype:
+            p = mod.packed
+            if p is None or p.dim() != 3 or p.dtype != dtype or mod.weight.dtype != dtype:
                 return None
             packed.append(p)
         return [packed[i:i + 4] for i in range(0, len(packed), 4)]
 
-    def _fill(self, dtype: torch.dtype, rows: int, kv_cache: Any) -> bool:
-        """The table's weight columns for this row count's kernel choice (once per choice) and the cache's
-        addresses (once per cache)."""
-        # which copy of a "split" pair runs, and the packed copies themselves (packed again: other addresses)
-        key = (dtype, rows <= cpu_linear.AMX_PANEL_ROWS, tuple(id(m.packed) for m in self._mods))
+    def _fill(self, dtype: torch.dtype, kv_cache: Any) -> bool:
+        """The table's weight columns (once per dtype and packed copies) and the cache's addresses (once per
+        cache)."""
+        key = (dtype, tuple(id(m.packed) for m in self._mods))    # packed again: other addresses
         if key in self._cannot:
             return False
         if self._filled != key:
-            linears = self._linears(rows, dtype)
+            linears = self._linears(dtype)
             if linears is None:
                 self._cannot.add(key)
                 return False
@@ -130,7 +125,7 @@ class LayerStack:
         n, dtype = residual.shape[0], residual.dtype
         if (type(backend) is not CpuAttention or ctx.rope is None or kv.dtype != dtype
                 or not residual.is_contiguous() or self.first_norm.dtype != dtype
-                or not self._fill(dtype, n, kv)):
+                or not self._fill(dtype, kv)):
             return None
         rows_info, rows_ptrs = backend.stack_rows()
         cos, sin = (t.contiguous() for t in ctx.rope)

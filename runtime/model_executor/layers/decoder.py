@@ -45,6 +45,7 @@ from runtime.model_executor.layers.moe import SparseMoE
 from runtime.model_executor.layers.norm import RMSNorm
 from runtime.model_executor.layers.rotary import RotaryEmbedding
 from runtime.model_executor.parallel import SINGLE, ParallelLMHead, TensorParallelGroup, VocabParallelEmbedding
+from runtime.model_executor.parallel.cpu_linear import device_of
 from runtime.model_executor.weights import Slot, iter_safetensors, load_into, random_tensors
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class DecoderLM(nn.Module):
         weight = self.model.embed_tokens.weight
         return PagedKVCache(self.config.num_layers, num_blocks, block_size,
                             self.config.num_kv_heads // self.tp.size, self.config.head_dim,
-                            dtype=dtype or weight.dtype, device=device or weight.device)
+                            dtype=dtype or weight.dtype, device=device or device_of(self))
 
     def attention_backend(self, device: torch.device) -> AttentionBackend:
         if self._backend is None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from runtime.model_executor.layers.config import DecoderConfig
 from runtime.model_executor.parallel import TensorParallelGroup
-from runtime.model_executor.parallel.cpu_linear import Packed, linear, pack_weight
+from runtime.model_executor.parallel.cpu_linear import Packed, dense_gone, linear, pack_weight
 from runtime.model_executor.weights import Slot
 
 
@@ -32,9 +32,15 @@ class SparseMoE(nn.Module):
         self.packed: list[tuple[Packed, Packed]] | None = None  # per expert (runtime.model_executor.parallel.cpu_linear)
 
     def pack_for_cpu(self) -> int:
+        """Each expert's two weights packed; the dense ones then go (runtime.model_executor.parallel.cpu_linear)."""
+        if self.experts.gate_up_proj.device.type == "meta":     # packed already
+            return 0
         packs = [(pack_weight(gate_up), pack_weight(down))
                  for gate_up, down in zip(self.experts.gate_up_proj, self.experts.down_proj)]
         self.packed = packs if all(p is not None for pair in packs for p in pair) else None
+        if self.packed:
+            self.experts.gate_up_proj = dense_gone(self.experts.gate_up_proj)
+            self.experts.down_proj = dense_gone(self.experts.down_proj)
         return 2 * len(packs) if self.packed else 0
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,35 +2,33 @@
 
 torch's fp32 `F.linear` on CPU calls MKL's sgemm, which runs decode-sized GEMMs (16 x 576 x
 1728) far below what a kernel reading a weight laid out for it does. Two such kernels, chosen
-per process and weight dtype by `gemm_kernel(dtype)` (`MSTAR_CPU_LINEAR`: auto, mstar, onednn or torch;
-`auto` may also take both by row count, "split"):
+per process and weight dtype by `gemm_kernel(dtype)` (`MSTAR_CPU_LINEAR`: auto, mstar, onednn or torch):
 
 * "mstar": runtime/model_executor/kernels/cpu.cpp's panel GEMM (weights in 16-column k-major panels, register
   blocks of rows over one to three panels by the CPU's vector width and the batch's row count, each
   output one in-order sum over k, whatever the batch; bf16 through AVX512-BF16's `vdpbf16ps` where the
   CPU has it). It takes bf16 weights on any CPU (without bf16 instructions: converted to
-  fp32 in registers). `auto` picks it wherever it builds (for bf16 weights on CPUs with AMX: "split"):
-  on every CPU measured it ran SmolLM2's decode GEMMs faster than oneDNN, in fp32 and bf16 alike, except
-  bf16 on AMX, where oneDNN's tile kernels lead above `AMX_PANEL_ROWS` rows.
+  fp32 in registers). `auto` picks it wherever it builds, except for bf16 weights on CPUs with AMX: on
+  every CPU measured it ran SmolLM2's decode GEMMs faster than oneDNN, in fp32 and bf16 alike, except
+  bf16 on AMX, where oneDNN's tile kernels lead from 8–16 rows on (behind at 1–4 rows).
 * "onednn": oneDNN with the weight reordered into its blocked layout (the op torch's own
   compiler uses after freezing). bf16 needs oneDNN's bf16 kernels for the CPU (AVX-512 BW/VL/DQ,
   AVX-NE-CONVERT or AMX); without them bf16 weights stay unpacked.
-* "split" (`auto`'s choice for bf16 weights on AMX CPUs, not a setting): both copies, the panel GEMM for
-  calls of at most `AMX_PANEL_ROWS` rows and oneDNN's tile kernels above, the row count where the two
-  crossed on a Sapphire Rapids Xeon (a decode layer's GEMMs, weights streamed from DRAM).
-  It costs the weight's size a second time in host memory (`MSTAR_CPU_LINEAR=onednn`: one packed copy). The cut
-  was measured before the panel GEMM's 8 x 3 blocks, which may move it up; not re-measured on an AMX machine.
 * "torch": nothing packed, `F.linear` (also where neither kernel is available).
 
 `python tools/bench.py linear` measures the chosen kernel against F.linear on the same
 weights and `python tools/bench.py kernels` the two kernels against each other; the figures are in
 docs/benchmark-log.md.
 
-`pack_linears(module)` runs after a rank's weights are loaded (runtime.worker.loader):
-every linear of the module tree on CPU keeps its dense weight (state_dict, tied
-embeddings and weight loading are unchanged) and gains a packed copy that its forward
-uses. The packed copy costs the weight's size again in host memory. It is skipped for
-other devices and dtypes.
+One copy of each weight. `pack_linears(module)` runs after a rank's weights are loaded
+(runtime.worker.loader): every linear of the module tree on CPU packs its weight and gives up the dense
+one, whose parameter becomes a stand-in on the meta device (`dense_gone`: same name, shape and dtype, so
+the plan's weight count and the module's structure stand; any read of it fails loudly instead of running
+on stale data). A table that is also read by rows (an embedding tied to its LM head) is packed in panels
+whatever the kernel choice, and its rows are gathered from them (`kernels.cpu.panel_rows`); where the
+panel GEMM does not build it stays dense and unpacked. The memory plan (`mstarc explain`) counts one
+copy: a rank's resident weights are the plan's weight bytes. `device_of(module)` is where a module's
+tensors live (a packed linear's stand-in says "meta").
 
 Results differ from MKL's in the last bits (another summation order), like any change of
 GEMM kernel; every serving test runs on the packed path.
@@ -51,10 +49,9 @@ from torch import nn
 from runtime.model_executor.kernels import cpu as cpu_kernels
 
 PACK_BATCH_HINT = 16        # the row count oneDNN picks the packed layout for (decode batches)
-AMX_PANEL_ROWS = 10         # "split": the panel GEMM up to this many rows, oneDNN's AMX kernels above (module doc)
 _DTYPES = (torch.float32, torch.bfloat16)
 KERNELS = ("auto", "mstar", "onednn", "torch")
-Packed = torch.Tensor | tuple[torch.Tensor, torch.Tensor]    # one packed copy, or "split"'s (panel, oneDNN)
+Packed = torch.Tensor    # the panel GEMM's (panels, k, 16) or oneDNN's blocked copy (the weight's 2-D shape)
 
 
 def onednn_available() -> bool:
@@ -70,22 +67,19 @@ def bf16_packable() -> bool:
 
 
 def gemm_kernel(dtype: torch.dtype = torch.float32) -> str:
-    """The packed GEMM this process uses for weights of `dtype`: "mstar", "onednn", "split" or "torch" (module doc)."""
+    """The packed GEMM this process uses for weights of `dtype`: "mstar", "onednn" or "torch" (module doc)."""
     choice = os.environ.get("MSTAR_CPU_LINEAR", "auto")
     if choice not in KERNELS:
         raise ValueError(f"MSTAR_CPU_LINEAR={choice!r}: choose one of {', '.join(KERNELS)}")
     if choice == "torch":
         return "torch"
     panel = cpu_kernels.status() == ""
+    if choice == "mstar" and not panel:
+        raise RuntimeError(f"MSTAR_CPU_LINEAR=mstar, but the CPU kernels are {cpu_kernels.status()}")
     if choice == "auto":
-        choice = ("split" if dtype == torch.bfloat16 and _has_amx() else "mstar") if panel else "onednn"
-    if choice == "mstar":
-        if not panel:
-            raise RuntimeError(f"MSTAR_CPU_LINEAR=mstar, but the CPU kernels are {cpu_kernels.status()}")
-        return choice
-    if not onednn_available():
-        return "mstar" if choice == "split" else "torch"
-    return choice
+        amx_bf16 = dtype == torch.bfloat16 and _has_amx() and onednn_available()
+        choice = "mstar" if panel and not amx_bf16 else "onednn"
+    return choice if choice == "mstar" or onednn_available() else "torch"
 
 
 def _has_amx() -> bool:
@@ -95,45 +89,52 @@ def _has_amx() -> bool:
 def bf16_gemm_note() -> str | None:
     """What a bf16 model should be told on a CPU where its GEMMs run torch's generic kernel (None: they don't)."""
     kernel = gemm_kernel(torch.bfloat16)
-    if kernel in ("mstar", "split", "torch") or (kernel == "onednn" and bf16_packable()):
+    if kernel in ("mstar", "torch") or (kernel == "onednn" and bf16_packable()):
         return None
     return ("this CPU has no bf16 instructions oneDNN can use (AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX): bf16 "
             "linears run through torch's generic kernel, several times slower than fp32 here; serve the fp32 "
             "weights for speed")
 
 
-def pack_weight(weight: torch.Tensor) -> Packed | None:
+def pack_weight(weight: torch.Tensor, rows_read: bool = False) -> Packed | None:
     """The packed copy of a (out, in) weight for this process's GEMM kernel, or None where packing does not apply.
-    The panel GEMM's copy is 3-D (panels, in, 16); oneDNN's keeps the weight's 2-D shape; "split" gives both
-    (panel, oneDNN)."""
+    The panel GEMM's copy is 3-D (panels, in, 16); oneDNN's keeps the weight's 2-D shape. `rows_read`: the
+    weight is also read by rows (a tied embedding table): panels or nothing (module doc)."""
     if weight.device.type != "cpu" or weight.dtype not in _DTYPES or weight.dim() != 2 or weight.numel() == 0:
         return None
     kernel = gemm_kernel(weight.dtype)
-    if kernel == "mstar":
-        return cpu_kernels.pack_panels(weight)
-    if kernel == "torch" or (weight.dtype == torch.bfloat16 and not bf16_packable()):
+    if kernel == "torch":
+        return None
+    if kernel == "mstar" or rows_read:
+        return cpu_kernels.pack_panels(weight) if cpu_kernels.status() == "" else None
+    if weight.dtype == torch.bfloat16 and not bf16_packable():
         return None
     with torch.no_grad():
-        onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_BATCH_HINT)
-    return (cpu_kernels.pack_panels(weight), onednn) if kernel == "split" else onednn
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_BATCH_HINT)
 
 
-def _for_rows(packed: Packed, x: torch.Tensor) -> torch.Tensor:
-    """The packed copy that runs `x`: a "split" pair's panel copy for at most AMX_PANEL_ROWS rows, else its oneDNN one."""
-    if isinstance(packed, torch.Tensor):
-        return packed
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return packed[0] if rows <= AMX_PANEL_ROWS else packed[1]
+def dense_gone(weight: torch.Tensor) -> nn.Parameter:
+    """The stand-in for a weight whose one copy is now its packed one (module doc): same shape and dtype,
+    on the meta device, so that any read of the dense weight fails instead of computing on nothing."""
+    return nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
+
+
+def device_of(module: nn.Module) -> torch.device:
+    """Where `module`'s tensors live (its first parameter or buffer not on the meta device; CPU for none)."""
+    for t in (*module.parameters(), *module.buffers()):
+        if t.device.type != "meta":
+            return t.device
+    return torch.device("cpu")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            packed: Packed | None) -> torch.Tensor:
     """F.linear(x, weight, bias), on the packed weight when there is one and x can use it."""
-    if packed is None or x.device.type != "cpu":
+    if packed is None:
         return F.linear(x, weight, bias)
-    packed = _for_rows(packed, x)      # under torch.compile: chosen at trace time, each bucket's rows are fixed
-    if x.dtype != packed.dtype:
-        return F.linear(x, weight, bias)
+    if x.device.type != "cpu" or x.dtype != packed.dtype:
+        raise RuntimeError(f"a {x.dtype} input on {x.device} to a linear packed for {packed.dtype} on the CPU "
+                           "(its packed copy is its only one)")
     if torch.compiler.is_compiling():
         return packed_linear(x, packed, bias, weight.shape[0])
     return _packed(x, packed, bias, weight.shape[0])
@@ -162,8 +163,9 @@ class PackedLinear(nn.Module):
     def __init__(self, source: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = source.in_features, source.out_features
-        self.weight, self.bias = source.weight, source.bias
-        self.packed = pack_weight(self.weight)
+        self.bias = source.bias
+        self.packed = pack_weight(source.weight)
+        self.weight = dense_gone(source.weight) if self.packed is not None else source.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)
@@ -174,16 +176,22 @@ def pack_linears(root: nn.Module) -> int:
 
     Modules that hold a linear weight under another name implement `pack_for_cpu()`
     (runtime.model_executor.parallel's column/row-parallel linears and LM head); plain `nn.Linear`
-    children are swapped for `PackedLinear` around the same parameters.
+    children are swapped for `PackedLinear` around the same bias. A module packs once: its dense
+    weight is gone after (`dense_gone`), so a second call finds nothing more to pack.
     """
     if gemm_kernel() == "torch":
         return 0
+    owners: dict[int, int] = {}     # parameter -> modules holding it (a weight two modules hold stays dense)
+    for module in root.modules(remove_duplicate=False):
+        for p in module.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
     count = 0
     for module in list(root.modules()):
         if callable(getattr(module, "pack_for_cpu", None)):
             count += module.pack_for_cpu()
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and (packed := PackedLinear(child)).packed is not None:
+            if type(child) is nn.Linear and owners[id(child.weight)] == 1 \
+                    and (packed := PackedLinear(child)).packed is not None:
                 setattr(module, name, packed)
                 count += 1
     return count

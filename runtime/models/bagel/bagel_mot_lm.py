@@ -37,6 +37,7 @@ from runtime.model_executor.layers.norm import RMSNorm
 from runtime.model_executor.layers.rotary import RotaryEmbedding
 from runtime.model_executor.parallel import SINGLE, ParallelLMHead, VocabParallelEmbedding
 from runtime.model_executor.weights import Slot, iter_safetensors, load_into, random_tensors
+from runtime.model_executor.parallel.cpu_linear import device_of
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class BagelMoTLM(nn.Module):
         """An empty paged cache (one per KV node; CFG branches may share one through block tables)."""
         weight = self.vae2llm.weight
         return PagedKVCache(self.config.num_layers, num_blocks, block_size, self.config.num_kv_heads,
-                            self.config.head_dim, dtype=dtype or weight.dtype, device=device or weight.device)
+                            self.config.head_dim, dtype=dtype or weight.dtype, device=device or device_of(self))
 
     # ---- inputs --------------------------------------------------------------------
 
@@ -178,7 +179,7 @@ class BagelMoTLM(nn.Module):
     def _embed(self, segments: Sequence[Segment], layout: SegmentLayout, device: torch.device):
         """(N, hidden) input rows, (N,) positions, and the rows of each expert."""
         plan = RowPlan.of(segments, layout, self._token_ids)
-        hidden = self.vae2llm.weight.new_zeros(layout.num_rows, self.config.hidden_size)
+        hidden = torch.zeros(layout.num_rows, self.config.hidden_size, dtype=self.vae2llm.weight.dtype, device=device)
         tokens = self.language_model.model.embed_tokens(_index(device, plan.token_ids))
         hidden[_index(device, plan.token_rows)] = tokens.to(hidden.dtype)
         if plan.vit_segments:
@@ -202,7 +203,7 @@ class BagelMoTLM(nn.Module):
     @torch.inference_mode()
     def forward(self, segments: Sequence[Segment], kv_cache: PagedKVCache) -> MoTOutput:
         """Run one packed call (see the module docstring and runtime/models/bagel/segments.py)."""
-        device = self.vae2llm.weight.device
+        device = device_of(self)
         layout = layout_segments(segments, self.patch, kv_cache.block_size, device)
         hidden, positions, experts = self._embed(segments, layout, device)
         backend = self.attention_backend(device)

@@ -42,6 +42,7 @@ from runtime.models.bagel.row_keys import decode_rows, image_rows, text_rows
 from runtime.model_executor.sampling import Sampler, SamplingState
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
+from runtime.model_executor.parallel.cpu_linear import device_of
 
 log = logging.getLogger(__name__)
 SeqId = tuple[int, str]   # (request id, CFG role)
@@ -271,7 +272,7 @@ class BagelLMEngine:
     def _sampling_state(self, request_id: int) -> SamplingState:
         if request_id not in self._sampling:
             params = self.params[request_id].sampling
-            self._sampling[request_id] = SamplingState(params, device=self.module.vae2llm.weight.device)
+            self._sampling[request_id] = SamplingState(params, device=device_of(self.module))
         return self._sampling[request_id]
 
 
@@ -313,7 +314,7 @@ class BagelLMExecutor(Executor):
         """The segment this node runs for `item` (its kind follows from the item's walk)."""
         kind = self.kinds.get(item.walk, SegmentKind.TEXT)
         seq = (item.request_id, self.role)
-        device = self.engine.module.vae2llm.weight.device
+        device = device_of(self.engine.module)
         if kind is SegmentKind.GEN:
             return self._gen_spec(seq, item, inputs.get("latent"))
         if kind is SegmentKind.DECODE:   # the answer starts from BAGEL's <|im_start|>
@@ -328,7 +329,7 @@ class BagelLMExecutor(Executor):
         params = self.engine.params[seq[0]]
         gen = Generation.from_params(params, self.dims)
         t, _ = gen.step_times(item.step)
-        device = self.engine.module.vae2llm.weight.device
+        device = device_of(self.engine.module)
         if latent is None or latent.numel() == 0:   # the first step starts from the request's noise
             latent = gen.noise(self.dims["latent_channels"], device)
         return SegmentSpec(seq, SegmentKind.GEN, latent=latent.to(device), timestep=t,

@@ -22,6 +22,7 @@ from runtime.models.bagel.cfg_combine import CfgRequest
 from runtime.worker.executors import ExecResult, Executor
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
+from runtime.model_executor.parallel.cpu_linear import device_of
 
 
 def lm_dims(plan: Plan) -> Mapping[str, Any]:
@@ -41,7 +42,7 @@ class _Stateless(Executor):
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
         self.params: dict[int, RequestParams] = {}
-        self.device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        self.device = device_of(module)
 
     def open(self, request_id: int, params: RequestParams) -> None:
         self.params[request_id] = params

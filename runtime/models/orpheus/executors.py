@@ -17,7 +17,6 @@ from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from mstar_compiler.plan import Node, Plan
 from runtime.worker.executors import CachelessExecutor, ExecResult
@@ -52,17 +51,17 @@ class _AudioSlots:
         c = self.codebook_size
         out = torch.full((hidden.shape[0], c + 1), float("-inf"), device=hidden.device)   # (B, C + 1)
         full = self.lm.compute_logits(hidden) if self.lm.tp.size > 1 else None
-        table = self.lm.lm_head.table() if full is None else None      # (vocab, hidden)
+        head = self.lm.lm_head
         slots: dict[int, list[int]] = {}
         for row, (position, _) in enumerate(self.rows):
             slots.setdefault(position % self.per_frame, []).append(row)
         for slot, rows in slots.items():            # rows of one frame slot share their C columns
             lo = self.offset + c * slot
             idx = torch.tensor(rows, device=hidden.device)
-            out[idx, :c] = full[idx, lo:lo + c] if full is not None else F.linear(hidden[idx], table[lo:lo + c]).float()
+            out[idx, :c] = full[idx, lo:lo + c] if full is not None else head.columns(hidden[idx], lo, lo + c).float()
             if slot == 0:
                 stops = torch.tensor([self.rows[r][1] for r in rows], device=hidden.device)
-                out[idx, c] = full[idx, stops] if full is not None else (hidden[idx] * table[stops]).sum(-1).float()
+                out[idx, c] = full[idx, stops] if full is not None else (hidden[idx] * head.rows(stops)).sum(-1).float()
         return out
 
     def __call__(self, logits: torch.Tensor, states: Sequence[SamplingState]) -> SamplerOutput:

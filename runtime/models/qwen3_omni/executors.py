@@ -43,6 +43,7 @@ from runtime.models.qwen3_omni.talker_prompt import TalkerText, talker_prompt
 from runtime.streams.chunk_policy import Chunk
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
+from runtime.model_executor.parallel.cpu_linear import device_of
 
 DEFAULT_SPEAKER = "ethan"
 
@@ -60,7 +61,7 @@ class AudioEncoderExecutor(CachelessExecutor):
 
     def __init__(self, node: Node, encoder: nn.Module) -> None:
         self.encoder = encoder
-        self.device = next(encoder.parameters()).device
+        self.device = device_of(encoder)
         self.output_dim = int(node.dims["output_dim"])
         self._inputs: dict[int, str] = {}
         self._loudest: dict[int, float] = {}      # streamed requests: the largest log10 mel value so far
@@ -116,7 +117,7 @@ class VisionEncoderExecutor(CachelessExecutor):
 
     def __init__(self, node: Node, encoder: nn.Module) -> None:
         self.encoder = encoder
-        self.device = next(encoder.parameters()).device
+        self.device = device_of(encoder)
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
@@ -208,7 +209,7 @@ class CodePredictorExecutor(CachelessExecutor):
 
     def __init__(self, node: Node, predictor: nn.Module, codec_eos: int) -> None:
         self.predictor = predictor
-        self.device = next(predictor.parameters()).device
+        self.device = device_of(predictor)
         self.codec_eos = codec_eos
         self.hidden_size = int(node.dims["hidden_size"])
 
@@ -232,7 +233,7 @@ class Code2WavExecutor(CachelessExecutor):
     def __init__(self, node: Node, module: nn.Module) -> None:
         self.module = module
         self.num_quantizers = int(node.dims["num_quantizers"])
-        self.device = next(module.parameters()).device
+        self.device = device_of(module)
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, Any]]) -> list[ExecResult]:

@@ -35,6 +35,7 @@ from runtime.model_executor.layers.rotary import RotaryEmbedding
 from runtime.model_executor.parallel import SINGLE, TensorParallelGroup
 from runtime.models.qwen3_omni.weights import CheckpointWeights, decoder_slots, initialise
 from runtime.model_executor.weights import Slot
+from runtime.model_executor.parallel.cpu_linear import device_of
 
 Sample = Callable[[torch.Tensor], torch.Tensor]     # logits (B, vocab) -> (B,) ids
 
@@ -74,7 +75,7 @@ class Qwen3OmniCodePredictor(CheckpointWeights, nn.Module):
         weight = self.lm_head[0].weight
         return PagedKVCache(self.config.num_layers, num_blocks, block_size or self.num_code_groups,
                             self.config.num_kv_heads // self.tp.size, self.config.head_dim,
-                            dtype=dtype or weight.dtype, device=device or weight.device)
+                            dtype=dtype or weight.dtype, device=device or device_of(self))
 
     def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, batch: AttentionMetadata,
                 kv_cache: PagedKVCache) -> torch.Tensor:

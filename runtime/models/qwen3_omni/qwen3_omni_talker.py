@@ -36,6 +36,7 @@ from runtime.model_executor.parallel import SINGLE, TensorParallelGroup
 from runtime.models.qwen3_omni.talker_layers import MRotaryEmbedding, ResizeMLP, SharedExpertMoE
 from runtime.models.qwen3_omni.weights import CheckpointWeights, decoder_slots, initialise
 from runtime.model_executor.weights import Slot
+from runtime.model_executor.parallel.cpu_linear import device_of
 
 
 class Qwen3OmniTalker(CheckpointWeights, nn.Module):
@@ -76,7 +77,7 @@ class Qwen3OmniTalker(CheckpointWeights, nn.Module):
                       device: torch.device | str | None = None) -> PagedKVCache:
         weight = self.codec_head.weight
         return PagedKVCache(self.config.num_layers, num_blocks, block_size, self.config.num_kv_heads // self.tp.size,
-                            self.config.head_dim, dtype=dtype or weight.dtype, device=device or weight.device)
+                            self.config.head_dim, dtype=dtype or weight.dtype, device=device or device_of(self))
 
     def _attention(self, device: torch.device, dtype: torch.dtype) -> tuple[AttentionBackend, AttentionShape]:
         if self._backend is None:
@@ -122,4 +123,4 @@ class Qwen3OmniTalker(CheckpointWeights, nn.Module):
         suppresses them the same way)."""
         allowed = torch.arange(self.config.vocab_size) < self.dims["codebook_size"]
         allowed[self.dims["codec_eos_token_id"]] = True
-        return allowed.to(self.codec_head.weight.device)
+        return allowed.to(device_of(self))

@@ -17,6 +17,7 @@ from runtime.worker.executors import CachelessExecutor, ExecResult, Executor
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 from runtime.models.vjepa2 import Rollout, rollout_step, start_rollout
+from runtime.model_executor.parallel.cpu_linear import device_of
 
 
 class EncoderExecutor(CachelessExecutor):
@@ -24,7 +25,7 @@ class EncoderExecutor(CachelessExecutor):
 
     def __init__(self, node: Node, module: nn.Module) -> None:
         self.module = module
-        self.device = next(module.parameters()).device
+        self.device = device_of(module)
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
@@ -67,7 +68,7 @@ class RolloutExecutor(Executor):
     def _start(self, request_id: int, ins: dict[str, torch.Tensor]) -> Rollout:
         horizon = self._horizons.get(request_id, self.default_horizon)
         weight = self.predictor.predictor_proj.weight
-        frames, states, actions = (ins[k].to(weight.device, weight.dtype) for k in ("frames", "states", "actions"))
+        frames, states, actions = (ins[k].to(device_of(self.predictor), weight.dtype) for k in ("frames", "states", "actions"))
         return start_rollout(self.predictor, frames, states, actions, horizon)   # frames (C*P, E)
 
     @torch.inference_mode()

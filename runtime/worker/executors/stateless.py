@@ -14,6 +14,7 @@ import torch
 from mstar_compiler.plan import Node, Plan
 from runtime.worker.executors.base import CachelessExecutor, ExecResult
 from runtime.transport.messages import WorkItem
+from runtime.model_executor.parallel.cpu_linear import device_of
 
 
 class StatelessExecutor(CachelessExecutor):
@@ -23,7 +24,7 @@ class StatelessExecutor(CachelessExecutor):
         self.node = node
         self.module = module
         self.out_ports = [p.name for p in node.outputs]
-        self.device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        self.device = device_of(module)
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:

@@ -42,11 +42,11 @@ def tiny_plan(placement: str = "single"):
 
 def rank_executors(plan, rank: int = 0, options: WeightOptions | None = None
                    ) -> tuple[dict[str, Any], dict[str, torch.nn.Module]]:
-    """name -> executor and name -> module of one rank, as the worker builds them (weights loaded
-    before the worker packs its linears: loading into a built module would not reach them)."""
+    """name -> executor of one rank, as the worker builds them (its linears packed: the packed copy is each
+    weight's only one), and name -> the same modules with their dense weights, built again, for oracles."""
     modules = load_rank(plan, rank, options)
     executors = {name: executor_for(plan.node(name), module, rank, plan) for name, (module, _) in modules.items()}
-    return executors, {name: module for name, (module, _) in modules.items()}
+    return executors, {name: module for name, (module, _) in load_rank(plan, rank, options, pack=False).items()}
 
 
 class Driver:

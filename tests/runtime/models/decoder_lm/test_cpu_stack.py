@@ -3,9 +3,8 @@
 Both make the same kernel calls with the same arguments in the same order, so the check is bit
 equality of every logit, not a tolerance: decode rows alone, prompts alone, a prompt cut into
 chunks after cached context, and prompts and decode rows mixed in one batch; fp32 and bf16
-weights, packed for the panel GEMM as a worker packs them (bf16 on AMX CPUs: the panel GEMM for
-batches of up to AMX_PANEL_ROWS rows, oneDNN's tile kernels above, which the stack leaves to the
-per-layer path)."""
+weights, packed for the panel GEMM as a worker packs them (`MSTAR_CPU_LINEAR=mstar`: bf16 on AMX CPUs packs for
+oneDNN's tile kernels by default, which the stack leaves to the per-layer path)."""
 from __future__ import annotations
 
 import pytest
@@ -58,16 +57,15 @@ def _logits(model, stack: bool) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", ["llama", "qwen2"])
-def test_the_stack_gives_the_per_layer_paths_logits_bit_for_bit(case: str, dtype: torch.dtype, calls) -> None:
+def test_the_stack_gives_the_per_layer_paths_logits_bit_for_bit(case: str, dtype: torch.dtype, calls,
+                                                                  monkeypatch) -> None:
+    monkeypatch.setenv("MSTAR_CPU_LINEAR", "mstar")     # the panel GEMM (auto packs bf16 for oneDNN on AMX CPUs)
     model = _model(case, dtype)
     per_layer = _logits(model, stack=False)
     assert not calls
     stacked = _logits(model, stack=True)
     assert isinstance(model.cpu_stack, LayerStack)
-    rows = [7, 1, 10, 15, 17, 4, 2]          # each batch of the script's rows
-    if cpu_linear.gemm_kernel(dtype) == "split":   # bf16 on AMX: batches over AMX_PANEL_ROWS run on oneDNN
-        rows = [n for n in rows if n <= cpu_linear.AMX_PANEL_ROWS]
-    assert calls == rows, "every batch the panel GEMM takes ran as one stack call (its rows)"
+    assert calls == [7, 1, 10, 15, 17, 4, 2], "every batch ran as one stack call (its rows)"
     for i, (a, b) in enumerate(zip(stacked, per_layer)):
         assert torch.equal(a, b), f"request row group {i}: the stack's logits differ from the per-layer path's"
 
@@ -88,30 +86,27 @@ def test_unpacked_weights_run_the_per_layer_path(calls) -> None:
     assert all(torch.equal(a, b) for a, b in zip(stacked, _logits(model, stack=False)))
 
 
-def test_with_split_packing_only_batches_on_the_panel_copy_take_the_stack(calls, monkeypatch) -> None:
-    """AMX machines pack bf16 weights twice ("split"): batches of at most AMX_PANEL_ROWS rows run the panel copy
-    (the stack can), larger ones oneDNN's (the per-layer path). Here, without AMX, the choice is made as if the CPU
-    had it; both copies' GEMMs are real."""
-    from runtime.model_executor.parallel import cpu_linear
+def test_weights_packed_for_onednn_run_the_per_layer_path(calls, monkeypatch) -> None:
+    """bf16 on an AMX CPU packs for oneDNN's tile kernels (`auto`): the stack reads panels only, so every batch
+    runs the per-layer path, on the same oneDNN copies. Here the choice is made as if the CPU had AMX."""
     if not (cpu_linear.onednn_available() and cpu_linear.bf16_packable()):
         pytest.skip("no oneDNN bf16 GEMM on this CPU")
+    monkeypatch.setenv("MSTAR_CPU_LINEAR", "auto")
     monkeypatch.setattr(cpu_linear, "_has_amx", lambda: True)
     model = _model("llama", torch.bfloat16)
-    assert isinstance(model.model.layers[0].mlp.down_proj.packed, tuple)
+    assert model.model.layers[0].mlp.down_proj.packed.dim() == 2       # oneDNN's blocked copy, not panels
     stacked = _logits(model, stack=True)
-    assert calls == [r for r in (7, 1, 10, 15, 17, 4, 2) if r <= cpu_linear.AMX_PANEL_ROWS]
+    assert isinstance(model.cpu_stack, LayerStack) and not calls
     assert all(torch.equal(a, b) for a, b in zip(stacked, _logits(model, stack=False)))
 
 
-def test_weights_loaded_and_packed_again_are_the_ones_the_stack_reads(calls) -> None:
-    """The layer table holds addresses of packed copies: packing again (after new weights) must reach it."""
+def test_a_model_packed_twice_keeps_its_table(calls) -> None:
+    """Packing again finds nothing to pack (each weight's packed copy is its only one): the table the stack
+    filled stays valid."""
     model = _model("llama", torch.float32)
     before = _logits(model, stack=True)
-    other = build(CASES["llama"][0], tiny_dims(CASES["llama"][0]), backend="auto", seed=1)
-    model.load_state_dict(other.state_dict())
-    assert pack_linears(model) > 0
     stack = model.cpu_stack
-    stacked = _logits(model, stack=True)
-    assert model.cpu_stack is stack and len(calls) == 2 * len(_script())     # the same table, filled again
-    assert not torch.equal(stacked[0], before[0])
-    assert all(torch.equal(a, b) for a, b in zip(stacked, _logits(model, stack=False)))
+    assert pack_linears(model) == 0
+    again = _logits(model, stack=True)
+    assert model.cpu_stack is stack and len(calls) == 2 * len(_script())
+    assert all(torch.equal(a, b) for a, b in zip(again, before))
