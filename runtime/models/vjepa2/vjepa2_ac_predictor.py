@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from runtime.model_executor.parallel.cpu_linear import device_of
 from runtime.models.vjepa2.frame_cache import FrameKVCache
 from runtime.models.vjepa2.layers import Mlp, merge_heads, split_heads
 from runtime.models.vjepa2.rope import apply_rope_3d
@@ -92,7 +93,7 @@ class Vjepa2ACPredictor(nn.Module):
         """An empty KV cache for one request with room for `max_steps` frame steps."""
         p = self.predictor_proj.weight
         return FrameKVCache(len(self.predictor_blocks), self.num_heads, self.head_dim, self.tokens_per_step,
-                            max_steps, dtype=p.dtype, device=p.device)
+                            max_steps, dtype=p.dtype, device=device_of(self))
 
     def forward(self, frames: torch.Tensor, actions: torch.Tensor, states: torch.Tensor,
                 caches: Sequence[FrameKVCache] | None = None) -> torch.Tensor:
