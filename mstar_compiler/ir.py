@@ -51,6 +51,8 @@ class NodeIR:
     weight_map: plan.WeightMap | None = None                   # resolve: preset `weights:` mapping
     random_weights: bool = False                               # resolve: preset `random_weights:`
     executor: str = ""                                         # resolve: the runtime executor's name (Family.executors)
+    declared_layers: int = 0                                   # resolve: preset `layers:`, where fewer than ...
+    published_layers: int = 0                                  # ... the kind preset's layers
     inputs: list[plan.Port] = field(default_factory=list)     # typecheck
     outputs: list[plan.Port] = field(default_factory=list)    # typecheck
     placement: plan.Placement | None = None                   # place

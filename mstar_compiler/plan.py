@@ -205,6 +205,10 @@ class Node(Base):
     executor: str = ""
     # a streaming consumer's first Run waits for this many chunks (catalogue `first_run_chunks`)
     first_run_chunks: int = 1
+    # where the graph preset's `layers:` built the node with fewer layers than its kind preset has: the count
+    # it is built with and the kind preset's (0, 0: all of them)
+    declared_layers: int = 0
+    published_layers: int = 0
 
 
 # ---------------------------------------------------------------- dataflow

@@ -2,7 +2,8 @@
 
 Triton kernels run on CPU tensors through the interpreter, which must be switched on
 before any kernel module is imported; on a machine with a CUDA device they compile for
-real. Tests marked `gpu` are skipped without a CUDA device. The suite runs in a random order
+real. Tests marked `gpu` are skipped without a CUDA device; tests marked `slow` (real-size models: minutes
+and many GiB each) run only with `--slow`, each beside a CI-sized test of the same code. The suite runs in a random order
 (pytest-randomly); the seed is printed at the end, even under -q, so a failure can be rerun in
 the same order (`pytest --randomly-seed=N`; `-p no:randomly` runs it in file order).
 """
@@ -18,13 +19,18 @@ if not HAS_CUDA_DEVICE:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (real-size models)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if HAS_CUDA_DEVICE:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    no_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    no_slow = pytest.mark.skip(reason="a real-size model: run with --slow")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not HAS_CUDA_DEVICE:
+            item.add_marker(no_gpu)
+        if "slow" in item.keywords and not config.getoption("--slow"):
+            item.add_marker(no_slow)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -93,6 +93,9 @@ class KindSpec:
     first_run_chunks: int = 1
     # the name of the `Family` that declares the kind; set by the catalogue from that family
     family: str = ""
+    # the dims key counting the kind's repeated layers (a graph preset's `layers:` declares fewer); a kind
+    # without it in its dims has no layer count to declare
+    layer_dim: str = "num_hidden_layers"
 
     @property
     def default_executor(self) -> str:

@@ -247,6 +247,7 @@ LM_ARGS: dict[str, Any] = {**ARGS, "attention_backend": "auto"}  # torch | trito
 KINDS: tuple[KindSpec, ...] = (
     KindSpec(
         kind="qwen3_omni_audio_encoder",
+        layer_dim="encoder_layers",
         executor="qwen3_omni_audio_encoder",
         doc="Qwen3-Omni AuT audio encoder: 16 kHz waveform -> log-mel -> hidden states at 12.5 Hz",
         # `mel`: a live utterance's log-mel frames, one item each, encoded per attention window
@@ -260,6 +261,7 @@ KINDS: tuple[KindSpec, ...] = (
     ),
     KindSpec(
         kind="qwen3_omni_vision_encoder",
+        layer_dim="depth",
         executor="qwen3_omni_vision_encoder",
         doc="Qwen3-Omni vision encoder: image -> merged patch hidden states plus DeepStack taps",
         inputs=(Port("image", "image", (3, "H", "W")),),

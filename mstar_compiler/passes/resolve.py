@@ -100,10 +100,14 @@ def _fields(struct: plan.Param) -> dict[str, Any]:
 def _nodes(ir: IR, preset: dict[str, Any]) -> None:
     raw_nodes: dict[str, Any] = ir.doc.data["nodes"]
     preset_map = preset.get("nodes", {})
-    for name in preset_map:
-        if name not in raw_nodes:
-            raise ir.doc.error(f"preset '{ir.preset}' maps unknown node '{name}'",
-                               ("presets", ir.preset, "nodes", name), did_you_mean(name, raw_nodes), key=True)
+    for key in ("nodes", "layers"):
+        for name in preset.get(key, {}):
+            if name not in raw_nodes:
+                raise ir.doc.error(f"preset '{ir.preset}' {'maps' if key == 'nodes' else 'cuts'} unknown node '{name}'",
+                                   ("presets", ir.preset, key, name), did_you_mean(name, raw_nodes), key=True)
+            if key == "layers" and "same_as" in raw_nodes[name]:
+                raise ir.doc.error(f"node '{name}' shares weights (same_as): its layers are those of "
+                                   f"'{raw_nodes[name]['same_as']}'", ("presets", ir.preset, key, name), key=True)
     if plan.CLIENT in raw_nodes:     # `from: client.<item>` would name this node, not the request's client
         raise ir.doc.error(f"'{plan.CLIENT}' is reserved: a stream `from: {plan.CLIENT}.<item>` names the "
                            "request's client", ("nodes", plan.CLIENT), "rename the node", key=True)
@@ -164,8 +168,24 @@ def _root_node(ir: IR, name: str, raw: dict[str, Any], preset: dict[str, Any],
                   param_args={}, weight_key=name, dtype=raw.get("dtype", preset.get("dtype", "bf16")),
                   has_kv_cache=False, block_tokens=DEFAULT_BLOCK_TOKENS, max_blocks=None,
                   max_batch=1, path=path)
+    if name in preset.get("layers", {}):
+        _cut_layers(ir, node, preset["layers"][name])
     _apply_node_options(ir, node, raw, dict(spec.args))
     return node
+
+
+def _cut_layers(ir: IR, node: NodeIR, layers: int) -> None:
+    """Build `node` with `layers` of its kind preset's layers (the graph preset's `layers:`)."""
+    path: Path = ("presets", ir.preset, "layers", node.name)
+    key = node.spec.layer_dim
+    if key not in node.dims:
+        raise ir.doc.error(f"kind '{node.kind}' has no layer count to cut (no dim '{key}')", path)
+    published = int(node.dims[key])
+    if layers > published:
+        raise ir.doc.error(f"node '{node.name}' has {published} layers in preset '{node.preset}': "
+                           f"`layers:` can only declare fewer, not {layers}", path)
+    if layers < published:
+        node.dims[key], node.declared_layers, node.published_layers = layers, layers, published
 
 
 def _node_preset(ir: IR, name: str, raw: dict[str, Any], preset_map: dict[str, str]) -> tuple[str, Path]:
@@ -192,6 +212,7 @@ def _shared_node(ir: IR, name: str, raw: dict[str, Any], raw_nodes: dict[str, An
                   args={}, param_args={}, weight_key=root_name, dtype=root.dtype,
                   has_kv_cache=False, block_tokens=root.block_tokens, max_blocks=root.max_blocks,
                   max_batch=1, path=path)
+    node.declared_layers, node.published_layers = root.declared_layers, root.published_layers
     defaults = {**root.spec.args, **root.args, **{k: f"${v}" for k, v in root.param_args.items()}}
     _apply_node_options(ir, node, {**raw_nodes[root_name], **raw}, defaults)
     return node

@@ -48,6 +48,23 @@ def http(method: str, url: str, body: object | bytes | None = None, timeout: flo
         return status, raw.decode()
 
 
+def process_tree(root: int) -> list[int]:
+    """`root` and every process descending from it (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
 class Server:
     """A real `mstar-run` process on a port the system picks when it binds (`--port 0 --port-file`):
     a port picked here and handed over could be taken meanwhile (another server's worker sockets
@@ -110,6 +127,17 @@ class Server:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+
+    def peak_rss(self) -> int:
+        """The largest lifetime peak resident set (VmHWM, bytes) among the server's processes: its workers'."""
+        peaks = []
+        for pid in process_tree(self.proc.pid):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:       # exited meanwhile
+                continue
+            peaks += [int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")]
+        return max(peaks, default=0)
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -13,6 +13,8 @@ rank set (`tensor_parallel_group`); every rank reads the full tensors and keeps 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -168,6 +170,7 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
             module = by_key[node.weight_key] = load_node(plan.node(node.weight_key), source, group).to(device)
             if pack:
                 log.debug("rank %d: %s: %d linear weights packed", rank, name, pack_linears(module))
+            release_freed_memory()
             if device.type == "cpu" and (note := bf16_gemm_note()) and _has_bf16_weights(module):
                 log.warning("rank %d: %s: %s", rank, name, note)
             if (kernels := cpu_kernels_note(module)) and kernels != "fused":
@@ -175,6 +178,23 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
             progress.advance(f"loaded {name}")
         out[name] = (by_key[node.weight_key], source.describe())
     return out
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages freed while a node was built (fp32 draws, dense weights its packing replaced) back to
+    the OS: glibc keeps freed chunks below its mmap threshold mapped, ~0.6 GiB of BAGEL's 10 GiB rank, which
+    would count against the memory plan. Elsewhere than glibc there is nothing to call."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
 
 
 def cpu_kernels_note(module: torch.nn.Module) -> str:

@@ -58,10 +58,10 @@ def load_into(slots: Mapping[str, Slot], tensors: Mapping[str, torch.Tensor] | I
     optional, seen = set(optional), set()
     unexpected, misshaped, wrong = [], [], set()
     for name, tensor in items:
-        if name in optional or name.endswith(IGNORED_SUFFIXES):
-            continue
         slot = slots.get(name)
-        if slot is None:
+        if name in optional or name.endswith(IGNORED_SUFFIXES):
+            pass
+        elif slot is None:
             unexpected.append(name)
         elif tuple(tensor.shape) != slot.shape:
             misshaped.append(f"{name} {tuple(tensor.shape)} != expected {slot.shape}")
@@ -69,6 +69,7 @@ def load_into(slots: Mapping[str, Slot], tensors: Mapping[str, torch.Tensor] | I
         else:
             slot.load(tensor)
             seen.add(name)
+        del tensor     # before the stream makes the next one: a 2 GB table is never held twice
     missing = sorted(set(slots) - seen - wrong)
     if missing or unexpected or misshaped:
         raise WeightLoadError(missing, sorted(unexpected), misshaped)
@@ -90,7 +91,7 @@ def random_tensors(slots: Mapping[str, Slot], seed: int, std: float = 0.02) -> I
             yield name, torch.ones(slot.shape)
             continue
         gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
-        yield name, torch.randn(slot.shape, generator=gen) * std
+        yield name, torch.randn(slot.shape, generator=gen).mul_(std)    # in place: one fp32 copy of a 2 GB table
 
 
 def parameter_slots(module: nn.Module) -> dict[str, Slot]:

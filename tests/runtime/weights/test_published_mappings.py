@@ -158,3 +158,28 @@ def test_a_wrong_bagel_config_value_names_the_part_the_field_and_both_values(tmp
         check_config(plan_node, tmp_path)
     assert (f"{file} `{dim}` = {wrong} but preset 'bagel-7b' of node '{node}' has "
             f"{dim} = {plan_node.dims[dim]}") in str(err.value)
+
+
+# presets that keep the published shapes with fewer layers (`layers:`): (graph, preset, published preset, list,
+# node -> layers kept)
+CUT = [
+    ("qwen3_omni", "omni-wide", "qwen3-omni-30b-a3b", "qwen3-omni-30b-a3b-instruct", {"thinker": 4, "talker": 4}),
+    ("bagel", "bagel-wide", "bagel-7b", "bagel-7b-mot", {"llm": 8}),
+]
+
+
+@pytest.mark.parametrize("graph,preset,full,repo,cut", CUT, ids=[c[1] for c in CUT])
+def test_a_preset_cut_in_depth_has_the_published_shapes(graph: str, preset: str, full: str, repo: str,
+                                                         cut: dict[str, int]) -> None:
+    """Run through the published preset's mapping, the cut node fills every slot from a published tensor of
+    the same shape; what it leaves are exactly the tensors of the layers it does not build."""
+    tensors = published(repo)
+    for name, kept in cut.items():
+        node = full_plan(graph, preset).node(name)
+        assert (node.declared_layers, node.published_layers) == (kept, full_plan(graph, full).node(name).dims[
+            "num_hidden_layers"])
+        result = meta_report(full_plan(graph, full).node(name), tensors, meta_slots(node))
+        assert not result.missing and not result.misshaped, f"node {name}:\n{result.problems()}"
+        found = [re.search(r"\.layers\.(\d+)\.", key) for key in result.unexpected]
+        assert result.unexpected and all(found), [k for k, m in zip(result.unexpected, found) if not m][:5]
+        assert {int(m.group(1)) for m in found} == set(range(kept, node.published_layers))
