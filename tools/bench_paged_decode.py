@@ -28,6 +28,7 @@ from runtime.model_executor.components import component_class
 from runtime.model_executor.compiled import DecodeGraphs
 from runtime.model_executor.kv import KVBlockManager
 from runtime.model_executor.layers import DecoderLM
+from runtime.model_executor.parallel.cpu_linear import device_of
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -40,8 +41,8 @@ class DenseCache:
         shape = (batch, c.num_kv_heads, max_len, c.head_dim)
         weight = model.model.embed_tokens.weight
         self.model = model
-        self.k = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in range(c.num_layers)]
-        self.v = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in range(c.num_layers)]
+        self.k = [torch.zeros(shape, dtype=weight.dtype, device=device_of(model)) for _ in range(c.num_layers)]
+        self.v = [torch.zeros(shape, dtype=weight.dtype, device=device_of(model)) for _ in range(c.num_layers)]
         self.length = 0
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -78,3 +78,13 @@ def test_publish_keeps_the_newest_json_per_suite_and_writes_the_table_between_th
     (docs / "benchmarks.md").write_text("no markers")
     with pytest.raises(ValueError, match="markers"):
         publish([newer], docs)
+
+
+def test_a_suite_s_files_are_not_those_of_a_suite_its_name_begins(tmp_path) -> None:
+    """`bound` and `bound-3b` both write `bound-...json`: each suite's newest file is its own."""
+    from bench.results import latest_paths, suite_files
+    for name in ("bound-20261206T071359Z", "bound-3b-20261206T084544Z", "bound-3b-20261205T010101Z", "bound-x.json"):
+        (tmp_path / f"{name}.json").write_text("{}")
+    assert [p.name for p in suite_files(tmp_path, "bound")] == ["bound-20261206T071359Z.json"]
+    assert [p.name for p in latest_paths(tmp_path, ["bound", "bound-3b"])] == [
+        "bound-20261206T071359Z.json", "bound-3b-20261206T084544Z.json"]

@@ -18,8 +18,8 @@ from bench.abab import Measure, Samples, alternate, round_order
 from bench.results import Row
 
 # the issue's order, then ours
-SUITE_ORDER = ("chat", "rollout", "cfg", "tts", "stack", "sched", "linear", "kernels", "speech", "prefix", "bound", "threads",
-               "network", "realtime", "prefill", "attention")
+SUITE_ORDER = ("chat", "rollout", "cfg", "tts", "stack", "sched", "linear", "kernels", "speech", "prefix", "bound",
+               "bound-3b", "threads", "network", "realtime", "prefill", "attention")
 
 
 class Needs(Exception):
@@ -91,5 +91,5 @@ def register(name: str, title: str) -> Callable[[Callable[[Context], list[Row]]]
 def suites() -> dict[str, Suite]:
     """Every suite, in the issue's order (imports the suite modules on first use)."""
     for name in SUITE_ORDER:
-        importlib.import_module(f"bench.suite_{name}")
+        importlib.import_module(f"bench.suite_{name.replace('-', '_')}")
     return {name: _SUITES[name] for name in SUITE_ORDER if name in _SUITES}

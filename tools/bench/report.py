@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from bench.results import Row, RunRecord
+from bench.results import Row, RunRecord, suite_files
 from bench.stats import summarize, verdict
 
 HEADER = "| case | metric | A (mstar) | B (baseline) | A's advantage | anchor | verdict |"
@@ -94,7 +94,7 @@ def publish(paths: Sequence[Path], docs: Path) -> list[Path]:
     copied = []
     for path in paths:
         suite = path.name.rsplit("-", 1)[0]
-        for old in kept.glob(f"{suite}-*.json"):
+        for old in suite_files(kept, suite):
             if old.name != path.name:
                 old.unlink()
         copied.append(Path(shutil.copyfile(path, kept / path.name)))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -124,9 +125,14 @@ def write(record: RunRecord, out_dir: Path) -> Path:
     return path
 
 
+def suite_files(out_dir: Path, suite: str) -> list[Path]:
+    """`suite`'s result files under `out_dir` (`<suite>-<time>.json`), oldest first: `bound`'s are not `bound-3b`'s."""
+    return sorted(p for p in out_dir.glob(f"{suite}-*.json") if re.fullmatch(r"\d{8}T\d{6}Z", p.stem[len(suite) + 1:]))
+
+
 def latest_paths(out_dir: Path, suites: Sequence[str]) -> list[Path]:
     """The newest result file of each suite in `suites` found under `out_dir`, in that order."""
-    return [paths[-1] for suite in suites if (paths := sorted(out_dir.glob(f"{suite}-*.json")))]
+    return [paths[-1] for suite in suites if (paths := suite_files(out_dir, suite))]
 
 
 def latest(out_dir: Path, suites: Sequence[str]) -> list[RunRecord]:

@@ -1,4 +1,5 @@
-"""bound: SmolLM2-135M decode step time at batch 1, 16 and 64 against this machine's roofline.
+"""bound: SmolLM2-135M decode step time at batch 1, 16 and 64 against this machine's roofline (suite_bound_3b.py:
+the same rows for Orpheus-3B's LM at its published shapes).
 
 The roofline: a step's floor is the larger of its weight-streaming bound and its compute floor (both below,
 both measured in the same run); each batch gets a row of the step against that floor, per round.
@@ -56,11 +57,28 @@ FLOOR = f"their FLOPs at torch.mm's rate on cache-resident {PEAK_SIZE}x{PEAK_SIZ
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
-    """Bytes of the module's distinct parameter and buffer storages (a tied weight counts once)."""
+    """Bytes of weights the module holds: its distinct parameter and buffer storages (a tied weight counts once;
+    the meta stand-ins of packed weights count nothing) and its packed copies (each such weight's only one)."""
     seen: dict[int, int] = {}
-    for t in [*module.parameters(), *module.buffers()]:
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    for t in [*module.parameters(), *module.buffers(), *_packed_copies(module)]:
+        if t.device.type == "meta":
+            continue
+        try:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        except NotImplementedError:      # oneDNN's blocked copy is opaque: a tensor of its own
+            seen[id(t)] = t.numel() * t.element_size()
     return sum(seen.values())
+
+
+def _packed_copies(module: torch.nn.Module) -> list[torch.Tensor]:
+    out = []
+    for m in module.modules():
+        packed = getattr(m, "packed", None)
+        if isinstance(packed, torch.Tensor):
+            out.append(packed)
+        elif isinstance(packed, list):          # a mixture of experts: (gate_up, down) per expert
+            out += [t for pair in packed for t in pair]
+    return out
 
 
 def read_bandwidth(buffer: torch.Tensor) -> float:
@@ -119,7 +137,8 @@ def _floor(flops: int, dtype: torch.dtype) -> dict[str, float]:
     return {"ms": 1e3 * flops / rate, "gflop_s": rate / 1e9}
 
 
-def _rows(ctx: Context, dtype: str, decoder: Decoder, steps: int, batch: int) -> list[Row]:
+def _rows(ctx: Context, dtype: str, decoder: Decoder, steps: int, batch: int, label: str = MSTAR,
+          model_name: str = "") -> list[Row]:
     model = decoder.executor.model
     nbytes, gemms = weight_bytes(model), step_gemms(model)
     flops = gemm_flops(gemms, batch)
@@ -136,14 +155,14 @@ def _rows(ctx: Context, dtype: str, decoder: Decoder, steps: int, batch: int) ->
     bound_ms, floor_ms = statistics.median(samples["bound"]["ms"]), statistics.median(samples["floor"]["ms"])
     step_ms, gflop_s = statistics.median(samples["mstar"]["ms"]), statistics.median(samples["floor"]["gflop_s"])
     roof = [max(b, f) for b, f in zip(samples["bound"]["ms"], samples["floor"]["ms"])]
-    label = MSTAR + (", decode steps compiled (cpu_compile)" if ctx.cpu_compile else "")
+    label += ", decode steps compiled (cpu_compile)" if ctx.cpu_compile else ""
     note = f"{nbytes / 1e6:.0f} MB of weights, median read bandwidth {gb_s:.1f} GB/s; advantage = bound / step " \
            "(1.0 = at the bound)"
     higher = "compute" if floor_ms > bound_ms else "bandwidth"
     roofline = f"{flops / 1e9:.2f} GFLOP of GEMMs at {gflop_s:.0f} GFLOP/s: compute floor {floor_ms:.2f} ms " \
                f"against the bandwidth bound's {bound_ms:.2f} ms ({higher} is the higher floor; 1.5x the bound " \
                f"is {1.5 * bound_ms:.2f} ms); the step is {step_ms / max(floor_ms, bound_ms):.2f}x the higher floor"
-    bound, case = Side(BOUND, samples["bound"]["ms"]), f"{dtype}, batch {batch}"
+    bound, case = Side(BOUND, samples["bound"]["ms"]), f"{model_name}{dtype}, batch {batch}"
     return [Row(f"{case}, against the roofline", "decode step time", "ms", LOWER,
                 Side(label, samples["mstar"]["ms"]), Side(ROOFLINE, roof), names=("mstar", "roofline"),
                 plot="roofline", x=f"{dtype} b{batch}", xlabel="dtype, batch",
@@ -172,3 +191,4 @@ def run(ctx: Context) -> list[Row]:
         decoder = Decoder(mstar_plan(ctx, dtype), packed=True)
         rows += [row for batch in BATCHES for row in _rows(ctx, dtype, decoder, steps, batch)]
     return rows
+

@@ -36,11 +36,12 @@ class Decoder:
     """The plan's lm node in this process; `linear` picks the GEMM at load (MSTAR_CPU_LINEAR), `kernels`
     whether its layers run the fused CPU kernels."""
 
-    def __init__(self, plan_path, packed: bool = True, linear: str | None = None, kernels: bool = True) -> None:
+    def __init__(self, plan_path, packed: bool = True, linear: str | None = None, kernels: bool = True,
+                 random_weights: bool = False) -> None:
         before = os.environ.pop("MSTAR_CPU_LINEAR", None)
         os.environ["MSTAR_CPU_LINEAR"] = linear or ("auto" if packed else "torch")
         try:
-            _, _, self.executor = lm_executor(plan_path)
+            _, _, self.executor = lm_executor(plan_path, random_weights)
         finally:
             os.environ.pop("MSTAR_CPU_LINEAR")
             if before is not None:

@@ -34,18 +34,21 @@ MSTAR = "mstar-run: HTTP + conductor + worker process (fp32)"
 BARE = "the same DecoderLMExecutor driven in-process, no server (fp32)"
 
 
-def lm_executor(plan_path):
-    """The plan's llama_lm node loaded by the worker's loader in this process: (plan, node, executor)."""
+def lm_executor(plan_path, random_weights: bool = False):
+    """The plan's llama_lm node loaded by the worker's loader in this process: (plan, node, executor);
+    `random_weights`: seeded random weights at the plan's shapes (`mstar-run --random-weights`)."""
     try:
         from mstar_compiler.plan import load_plan
+        from runtime.model_executor.weights.sources import WeightOptions
         from runtime.models.decoder_lm.executors import DecoderLMExecutor
         from runtime.worker.loader import load_rank
     except ImportError as exc:
         raise Needs(f"the decoder LM executor and worker loader: {exc}") from exc
     plan = load_plan(plan_path)
     node = next(n for n in plan.nodes if n.kind == "llama_lm")
+    options = WeightOptions(allow_random=True) if random_weights else None
     # with the plan, as a worker builds it: its capture regions compile when the graph sets cpu_compile
-    return plan, node, DecoderLMExecutor(node, load_rank(plan, 0, None)[node.name][0], 0, plan)
+    return plan, node, DecoderLMExecutor(node, load_rank(plan, 0, options)[node.name][0], 0, plan)
 
 
 class BareLoop:
