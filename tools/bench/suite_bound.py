@@ -180,12 +180,17 @@ def _rows(ctx: Context, dtype: str, decoder: Decoder, steps: int, batch: int, la
                 note=f"{roofline}; advantage = floor / GEMMs (1.0 = the GEMMs at torch.mm's cache-resident rate)")]
 
 
+def record_settings(ctx: Context, batches: tuple[int, ...], steps: int) -> int:
+    """The run's batches, steps per sample and measuring constants, into the result's settings; returns `steps`."""
+    ctx.settings.update(batches=list(batches), steps=steps, bandwidth_bytes=BANDWIDTH_BYTES,
+                        threads=torch.get_num_threads(), peak_size=PEAK_SIZE, peak_products=PEAK_PRODUCTS)
+    return steps
+
+
 @register("bound", "SmolLM2 decode step at batch 1, 16 and 64 vs the roofline (weight bytes / read bandwidth, "
                    "GEMM FLOPs / torch.mm's rate)")
 def run(ctx: Context) -> list[Row]:
-    steps = QUICK_STEPS if ctx.quick else STEPS
-    ctx.settings.update(batches=list(BATCHES), steps=steps, bandwidth_bytes=BANDWIDTH_BYTES,
-                        threads=torch.get_num_threads(), peak_size=PEAK_SIZE, peak_products=PEAK_PRODUCTS)
+    steps = record_settings(ctx, BATCHES, QUICK_STEPS if ctx.quick else STEPS)
     rows = []
     for dtype in ("float32", "bfloat16"):
         decoder = Decoder(mstar_plan(ctx, dtype), packed=True)

@@ -5,12 +5,10 @@ roofline at the size people deploy (issue 40). A step reads 6.2 GB of weights: a
 """
 from __future__ import annotations
 
-import torch
-
 from bench.peer_mstar import compile_plan
 from bench.registry import Context, register
 from bench.results import Row
-from bench.suite_bound import BANDWIDTH_BYTES, PEAK_PRODUCTS, PEAK_SIZE, _rows
+from bench.suite_bound import _rows, record_settings
 from bench.suite_linear import Decoder
 
 
@@ -22,9 +20,7 @@ ORPHEUS = ("mstar decode step (lm node of graphs/orpheus.yaml's orpheus-3b prese
 @register("bound-3b", "Orpheus-3B's LM (Llama-3.2-3B shapes, random weights, bf16) decode step at batch 1 and 16 "
                       "vs the roofline (issue 40's real size)")
 def run_3b(ctx: Context) -> list[Row]:
-    steps = ORPHEUS_QUICK_STEPS if ctx.quick else ORPHEUS_STEPS
-    ctx.settings.update(batches=list(ORPHEUS_BATCHES), steps=steps, bandwidth_bytes=BANDWIDTH_BYTES,
-                        threads=torch.get_num_threads(), peak_size=PEAK_SIZE, peak_products=PEAK_PRODUCTS)
+    steps = record_settings(ctx, ORPHEUS_BATCHES, ORPHEUS_QUICK_STEPS if ctx.quick else ORPHEUS_STEPS)
     plan = compile_plan(ctx.root / "graphs/orpheus.yaml", ctx.root / "bench-results/plans/orpheus-3b.plan.bin",
                         "--preset", "orpheus-3b", "--device-memory", "12GiB")
     decoder = Decoder(plan, packed=True, random_weights=True)
