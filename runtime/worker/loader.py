@@ -169,7 +169,8 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
             group = tp if node.placement.tp_size > 1 else SINGLE
             module = by_key[node.weight_key] = load_node(plan.node(node.weight_key), source, group).to(device)
             if pack:
-                log.debug("rank %d: %s: %d linear weights packed", rank, name, pack_linears(module))
+                packed = pack_linears(module)
+                log.debug("rank %d: %s: %d linear weights packed", rank, name, packed)
             release_freed_memory()
             if device.type == "cpu" and (note := bf16_gemm_note()) and _has_bf16_weights(module):
                 log.warning("rank %d: %s: %s", rank, name, note)
