@@ -65,6 +65,18 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
+def peak_rss(root: int) -> int:
+    """The largest lifetime peak resident set (VmHWM, bytes) among `root` and its descendants (0: none read)."""
+    peaks = []
+    for pid in process_tree(root):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:       # exited meanwhile
+            continue
+        peaks += [int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")]
+    return max(peaks, default=0)
+
+
 class Server:
     """A real `mstar-run` process on a port the system picks when it binds (`--port 0 --port-file`):
     a port picked here and handed over could be taken meanwhile (another server's worker sockets
@@ -130,14 +142,7 @@ class Server:
 
     def peak_rss(self) -> int:
         """The largest lifetime peak resident set (VmHWM, bytes) among the server's processes: its workers'."""
-        peaks = []
-        for pid in process_tree(self.proc.pid):
-            try:
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:       # exited meanwhile
-                continue
-            peaks += [int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")]
-        return max(peaks, default=0)
+        return peak_rss(self.proc.pid)
 
     def stop(self) -> int:
         if self.proc.poll() is None:

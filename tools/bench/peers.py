@@ -10,7 +10,6 @@ ISA, preloaded libraries, KV budget: recorded in the result JSON's settings, `Pe
 """
 from __future__ import annotations
 
-import os
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,18 +88,6 @@ def process_threads(pid: int) -> dict[str, Any]:
     fields = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
     return {"pid": pid, "threads": int(fields.get("Threads", "0")),
             "cpus_allowed": fields.get("Cpus_allowed_list", "?").strip()}
-
-
-def group_processes(leader: int) -> list[int]:
-    """The pids of a server's process group (it starts in a session of its own: servers.Server)."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.getpgid(int(pid)) == leader:
-                pids.append(int(pid))
-        except (OSError, ProcessLookupError):
-            continue
-    return sorted(pids)
 
 
 def cpu_isa_flags() -> list[str]:

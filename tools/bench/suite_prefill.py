@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from pathlib import Path
 from typing import Callable
 
 from bench import cache_state, prefill_load
@@ -33,11 +32,12 @@ from bench.cache_state import COLD, CacheMismatch
 from bench.peer_llamacpp import llamacpp_peer, native_missing
 from bench.peer_mstar import kv_bytes, mstar_peer, mstar_plan
 from bench.peer_vllm import vllm_peer
-from bench.peers import Peer, group_processes, measured
+from bench.peers import Peer, measured
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.servers import Server
 from bench.stats import HIGHER, LOWER
+from runtime.launch.server import peak_rss
 
 LENGTHS = (256, 1024, 4096)
 RSS_PROMPT = 8191            # + 1 generated token = the model's 8,192 positions
@@ -77,17 +77,11 @@ class PromptMaker:
 
 
 def peak_rss_gib(srv: Server) -> float:
-    """VmHWM of the largest process in the server's process group (GiB)."""
-    peaks = []
-    for pid in group_processes(srv.proc.pid):
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        peaks += [int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")]
-    if not peaks:
+    """VmHWM of the largest process the server started (GiB)."""
+    peak = peak_rss(srv.proc.pid)
+    if not peak:
         raise Needs(f"/proc/<pid>/status of {srv.name}'s processes (Linux)")
-    return max(peaks) / 2 ** 20
+    return peak / 2 ** 30
 
 
 def _side(peer: Peer, maker: PromptMaker, n: int, is_loaded: bool) -> Callable[[], dict[str, float]]:

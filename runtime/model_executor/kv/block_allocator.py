@@ -85,7 +85,11 @@ class BlockAllocator:
                 raise ValueError(f"block {b} is freed twice")
             self._refs[b] -= 1
             if self._refs[b] == 0:
-                self._free[b] = None
+                self._unowned(b)
+
+    def _unowned(self, block: int) -> None:
+        """Where a block goes once its last owner freed it: the free list."""
+        self._free[block] = None
 
 
 def take_run_block(pool: OrderedDict[int, None], after: int | None, num_blocks: int) -> int:

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 import hashlib
 import struct
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -135,16 +135,12 @@ class PrefixCachingAllocator(BlockAllocator):
         self.stats.evictions += 1
         return block
 
-    def free(self, blocks: Iterable[int]) -> None:
-        for b in blocks:
-            if self._refs[b] == 0:
-                raise ValueError(f"block {b} is freed twice")
-            self._refs[b] -= 1
-            if self._refs[b] == 0:
-                if b in self._keys:
-                    self._evictable[b] = None
-                else:
-                    self._free[b] = None
+    def _unowned(self, block: int) -> None:
+        """A cached block stays findable (evictable, least recently freed first); any other is free."""
+        if block in self._keys:
+            self._evictable[block] = None
+        else:
+            self._free[block] = None
 
     def lookup(self, key: Key) -> int | None:
         """The block cached under `key`, if any (nothing changes)."""

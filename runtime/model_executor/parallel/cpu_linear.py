@@ -40,6 +40,7 @@ packed here, once, shared by every batch bucket.
 """
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
@@ -113,6 +114,18 @@ def pack_weight(weight: torch.Tensor, rows_read: bool = False) -> Packed | None:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_BATCH_HINT)
 
 
+def pack_own_weight(module: nn.Module) -> int:
+    """Pack `module.weight` into `module.packed`, the dense weight then gone (1), or leave it (0: it does not
+    pack, or it is packed already)."""
+    if module.weight.device.type == "meta":     # packed already: its packed copy is its only one
+        return 0
+    module.packed = pack_weight(module.weight)
+    if module.packed is None:
+        return 0
+    module.weight = dense_gone(module.weight)
+    return 1
+
+
 def dense_gone(weight: torch.Tensor) -> nn.Parameter:
     """The stand-in for a weight whose one copy is now its packed one (module doc): same shape and dtype,
     on the meta device, so that any read of the dense weight fails instead of computing on nothing."""
@@ -121,10 +134,8 @@ def dense_gone(weight: torch.Tensor) -> nn.Parameter:
 
 def device_of(module: nn.Module) -> torch.device:
     """Where `module`'s tensors live (its first parameter or buffer not on the meta device; CPU for none)."""
-    for t in (*module.parameters(), *module.buffers()):
-        if t.device.type != "meta":
-            return t.device
-    return torch.device("cpu")
+    return next((t.device for t in itertools.chain(module.parameters(), module.buffers()) if t.device.type != "meta"),
+                torch.device("cpu"))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from runtime.model_executor.parallel.cpu_linear import Packed, dense_gone, linear, pack_weight
+from runtime.model_executor.parallel.cpu_linear import Packed, linear, pack_own_weight
 from runtime.model_executor.parallel.group import SINGLE, TensorParallelGroup
 
 
@@ -36,12 +36,7 @@ class ColumnParallelLinear(nn.Module):
         return linear(x, self.weight, self.bias, self.packed)
 
     def pack_for_cpu(self) -> int:
-        if self.weight.device.type == "meta":     # packed already: its packed copy is its only one
-            return 0
-        self.packed = pack_weight(self.weight)
-        if self.packed is not None:
-            self.weight = dense_gone(self.weight)
-        return int(self.packed is not None)
+        return pack_own_weight(self)
 
     def _rows(self, part: int) -> slice:
         start = sum(self.local_parts[:part])
@@ -76,12 +71,7 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def pack_for_cpu(self) -> int:
-        if self.weight.device.type == "meta":     # packed already: its packed copy is its only one
-            return 0
-        self.packed = pack_weight(self.weight)
-        if self.packed is not None:
-            self.weight = dense_gone(self.weight)
-        return int(self.packed is not None)
+        return pack_own_weight(self)
 
     @torch.no_grad()
     def load_weight(self, part: int, full: torch.Tensor) -> None:
