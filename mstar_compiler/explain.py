@@ -30,7 +30,8 @@ def _node_line(n: plan.Node, rank: int) -> str:
     tp = f" tp={n.placement.tp_size}" if n.placement.tp_size > 1 else ""
     kv = "".join(f", KV {k.num_blocks} blocks x {k.block_tokens} tok" for k in n.kv_pools if k.rank == rank)
     layers = f" ({n.declared_layers} of its {n.published_layers} layers)" if n.published_layers else ""
-    return (f"{n.name}: {n.kind}/{n.preset}{layers} {n.dtype}{shared}{tp}, {n.num_params:,} params "
+    quant = f" linears {n.quant}" if n.quant else ""
+    return (f"{n.name}: {n.kind}/{n.preset}{layers} {n.dtype}{quant}{shared}{tp}, {n.num_params:,} params "
             f"({format_size(share)} here){kv}, batch<={n.max_batch}, weights: {n.weights or 'seeded random'}")
 
 

@@ -53,6 +53,8 @@ class NodeIR:
     executor: str = ""                                         # resolve: the runtime executor's name (Family.executors)
     declared_layers: int = 0                                   # resolve: preset `layers:`, where fewer than ...
     published_layers: int = 0                                  # ... the kind preset's layers
+    quant: str = ""                                            # resolve: `quant:` scheme ("" = none) ...
+    quant_path: Path = ()                                      # ... and where the graph says it
     inputs: list[plan.Port] = field(default_factory=list)     # typecheck
     outputs: list[plan.Port] = field(default_factory=list)    # typecheck
     placement: plan.Placement | None = None                   # place

@@ -209,6 +209,8 @@ class Node(Base):
     # it is built with and the kind preset's (0, 0: all of them)
     declared_layers: int = 0
     published_layers: int = 0
+    # weight-only quantization of its decoder linears ("int8", "int4_g32"; "" = none): graph `quant:`
+    quant: str = ""
 
 
 # ---------------------------------------------------------------- dataflow

@@ -67,6 +67,18 @@ class Port:
 
 
 @dataclass(frozen=True)
+class Linear:
+    """`count` weights of `n` output by `k` input features that a node of the kind may keep quantized
+    (mstar_compiler.quant); `splits_input`: under tensor parallelism each rank holds k / tp of the inputs
+    (a row-parallel linear), else n / tp of the outputs."""
+
+    n: int
+    k: int
+    count: int = 1
+    splits_input: bool = False
+
+
+@dataclass(frozen=True)
 class KindSpec:
     """Everything the compiler needs about one component kind, without torch."""
 
@@ -96,6 +108,9 @@ class KindSpec:
     # the dims key counting the kind's repeated layers (a graph preset's `layers:` declares fewer); a kind
     # without it in its dims has no layer count to declare
     layer_dim: str = "num_hidden_layers"
+    # the linears a graph's `quant:` quantizes (its decoder layers' attention, MLP and expert weights),
+    # mirroring the runtime module exactly; None: the kind cannot be quantized
+    quant_linears: Callable[[Dims], list[Linear]] | None = None
 
     @property
     def default_executor(self) -> str:

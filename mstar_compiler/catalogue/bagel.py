@@ -15,7 +15,8 @@ bench-mid presets).
 """
 from __future__ import annotations
 
-from mstar_compiler.catalogue import Dims, Family, KindSpec, Port
+from mstar_compiler.catalogue import Dims, Family, KindSpec, Linear, Port
+from mstar_compiler.catalogue.decoder_lm import attention_linears, swiglu_linears
 
 # ---------------------------------------------------------------------------- siglip_vit
 
@@ -128,6 +129,12 @@ def _expert_layer_params(d: Dims) -> int:
     return attention + 3 * h * i + 2 * h                # + gate/up/down, 2 RMSNorms
 
 
+def _mot_quant_linears(d: Dims) -> list[Linear]:
+    """Both experts' attention and MLP linears of every layer (mstar_compiler.quant)."""
+    expert = attention_linears(d) + swiglu_linears(d["hidden_size"], d["intermediate_size"])
+    return [Linear(lin.n, lin.k, 2 * d["num_hidden_layers"], lin.splits_input) for lin in expert]
+
+
 def _mot_lm_params(d: Dims) -> int:
     h, v, f = d["hidden_size"], d["vocab_size"], d["timestep_embedding_dim"]
     patch_dim = d["latent_patch_size"] ** 2 * d["latent_channels"]
@@ -201,6 +208,7 @@ KINDS: tuple[KindSpec, ...] = (
         ),
         presets={"tiny": _LM_TINY, "bench-mid": _LM_BENCH_MID, "bagel-7b": _LM_BAGEL},
         num_params=_mot_lm_params,
+        quant_linears=_mot_quant_linears,
         has_kv_cache=True,
         kv_bytes_per_token=_kv_bytes,
         tp_divides=("num_attention_heads", "num_key_value_heads"),

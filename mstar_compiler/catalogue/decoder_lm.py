@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mstar_compiler.catalogue import Dims, Family, KindSpec, Port
+from mstar_compiler.catalogue import Dims, Family, KindSpec, Linear, Port
 
 # Each family: (qkv bias always on, q/k norm, sparse MoE MLP)
 _FAMILIES: dict[str, tuple[bool, bool, bool]] = {
@@ -81,6 +81,29 @@ def _mlp_params(dims: Dims, sparse: bool) -> int:
         return e * h + e * 3 * h * i
     i = dims["intermediate_size"]
     return 3 * h * i + (2 * i + h if dims.get("mlp_bias", False) else 0)
+
+
+def attention_linears(dims: Dims) -> list[Linear]:
+    """The fused q/k/v projection and the output projection of one layer (quantizable: mstar_compiler.quant)."""
+    h, d = dims["hidden_size"], head_dim(dims)
+    q, kv = dims["num_attention_heads"] * d, dims["num_key_value_heads"] * d
+    return [Linear(q + 2 * kv, h), Linear(h, q, splits_input=True)]
+
+
+def swiglu_linears(hidden: int, intermediate: int, count: int = 1) -> list[Linear]:
+    """The fused gate/up and the down projection of `count` SwiGLU MLPs (or experts)."""
+    return [Linear(2 * intermediate, hidden, count), Linear(hidden, intermediate, count, splits_input=True)]
+
+
+def _quant_linears(dims: Dims) -> list[Linear]:
+    out: list[Linear] = []
+    for layer in range(dims["num_hidden_layers"]):
+        out += attention_linears(dims)
+        if is_sparse_layer(dims, layer):
+            out += swiglu_linears(dims["hidden_size"], dims["moe_intermediate_size"], dims["num_experts"])
+        else:
+            out += swiglu_linears(dims["hidden_size"], dims["intermediate_size"])
+    return out
 
 
 def _num_params(kind: str):
@@ -193,6 +216,7 @@ def _spec(kind: str) -> KindSpec:
         outputs=OUTPUTS,
         presets=_PRESETS[kind],
         num_params=_num_params(kind),
+        quant_linears=_quant_linears,
         has_kv_cache=True,
         can_batch=True,
         # sparse-MoE routing reads the per-expert token counts back to the host to size each

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from mstar_compiler.catalogue import Dims, Family, KindSpec, Port
+from mstar_compiler.catalogue import Dims, Family, KindSpec, Linear, Port
+from mstar_compiler.catalogue.decoder_lm import attention_linears, swiglu_linears
 
 FULL = "qwen3-omni-30b-a3b"
 
@@ -168,6 +169,14 @@ def talker_params(d: Dims) -> int:
     return d["num_hidden_layers"] * layer + h + 2 * d["vocab_size"] * h + 2 * projection
 
 
+def talker_quant_linears(d: Dims) -> list[Linear]:
+    """Every layer's attention, routed experts and shared expert (mstar_compiler.quant)."""
+    h = d["hidden_size"]
+    layer = attention_linears(d) + swiglu_linears(h, d["moe_intermediate_size"], d["num_experts"]) \
+        + swiglu_linears(h, d["shared_expert_intermediate_size"])
+    return [Linear(lin.n, lin.k, lin.count * d["num_hidden_layers"], lin.splits_input) for lin in layer]
+
+
 # ---------------------------------------------------------------- code predictor
 
 _PREDICTOR_TINY: dict[str, Any] = {
@@ -290,6 +299,7 @@ KINDS: tuple[KindSpec, ...] = (
         ),
         presets=_presets(_TALKER_TINY, _TALKER_FULL),
         num_params=talker_params,
+        quant_linears=talker_quant_linears,
         has_kv_cache=True,
         is_capture_safe=True,
         kv_bytes_per_token=_kv_bytes,

@@ -57,7 +57,7 @@ def _node(ir: IR, n: NodeIR) -> plan.Node:
         source=f"{os.path.basename(pos.file)}:{pos.line}:{pos.column}", weights=n.weights,
         weight_map=n.weight_map, random_weights=n.random_weights,
         executor=n.executor, first_run_chunks=n.spec.first_run_chunks, declared_layers=n.declared_layers,
-        published_layers=n.published_layers,
+        published_layers=n.published_layers, quant=n.quant,
     )
 
 

@@ -4,7 +4,7 @@ the device memory budget. A model that does not fit is a CompileError.
 """
 from __future__ import annotations
 
-from mstar_compiler import plan
+from mstar_compiler import plan, quant
 from mstar_compiler.errors import Path
 from mstar_compiler.ir import IR, NodeIR
 from mstar_compiler.passes.place import all_ranks
@@ -18,6 +18,11 @@ ACTIVATION_SHARE = 0.05        # share of device memory kept for activations and
 def run(ir: IR) -> IR:
     usable = int(ir.device_memory * MEMORY_UTILISATION)
     reserve = int(ir.device_memory * ACTIVATION_SHARE)
+    for node in ir.nodes.values():
+        assert node.placement is not None
+        if node.quant and (why := quant.why_not(node.spec, node.dims, node.quant, node.placement.tp_size)):
+            raise ir.doc.error(f"node '{node.name}' cannot be quantized at tp={node.placement.tp_size}: {why}",
+                               node.quant_path)
     weights = _weights_per_rank(ir)
     for rank in range(ir.num_ranks):
         if weights[rank] + reserve > usable:
@@ -28,8 +33,8 @@ def run(ir: IR) -> IR:
 
 
 def weight_bytes(node: NodeIR) -> int:
-    """Bytes of `node`'s full weights (before any TP split)."""
-    return node.spec.num_params(node.dims) * DTYPE_BYTES[node.dtype]
+    """Bytes of `node`'s full weights (before any TP split), its quantized linears at their size."""
+    return quant.weight_bytes(node.spec, node.dims, DTYPE_BYTES[node.dtype], node.quant)
 
 
 def _weights_per_rank(ir: IR) -> list[int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mstar_compiler import plan
+from mstar_compiler import plan, quant
 from mstar_compiler.errors import Path, did_you_mean
 from mstar_compiler.ir import IR, NodeIR, ParamIR
 from mstar_compiler.passes import resolve_walks, weight_map
@@ -100,13 +100,14 @@ def _fields(struct: plan.Param) -> dict[str, Any]:
 def _nodes(ir: IR, preset: dict[str, Any]) -> None:
     raw_nodes: dict[str, Any] = ir.doc.data["nodes"]
     preset_map = preset.get("nodes", {})
-    for key in ("nodes", "layers"):
+    verbs = {"nodes": "maps", "layers": "cuts", "quant": "quantizes"}
+    for key, verb in verbs.items():
         for name in preset.get(key, {}):
             if name not in raw_nodes:
-                raise ir.doc.error(f"preset '{ir.preset}' {'maps' if key == 'nodes' else 'cuts'} unknown node '{name}'",
+                raise ir.doc.error(f"preset '{ir.preset}' {verb} unknown node '{name}'",
                                    ("presets", ir.preset, key, name), did_you_mean(name, raw_nodes), key=True)
-            if key == "layers" and "same_as" in raw_nodes[name]:
-                raise ir.doc.error(f"node '{name}' shares weights (same_as): its layers are those of "
+            if key != "nodes" and "same_as" in raw_nodes[name]:
+                raise ir.doc.error(f"node '{name}' shares weights (same_as): its {key} are those of "
                                    f"'{raw_nodes[name]['same_as']}'", ("presets", ir.preset, key, name), key=True)
     if plan.CLIENT in raw_nodes:     # `from: client.<item>` would name this node, not the request's client
         raise ir.doc.error(f"'{plan.CLIENT}' is reserved: a stream `from: {plan.CLIENT}.<item>` names the "
@@ -170,8 +171,23 @@ def _root_node(ir: IR, name: str, raw: dict[str, Any], preset: dict[str, Any],
                   max_batch=1, path=path)
     if name in preset.get("layers", {}):
         _cut_layers(ir, node, preset["layers"][name])
+    _quant(ir, node, raw, preset)
     _apply_node_options(ir, node, raw, dict(spec.args))
     return node
+
+
+def _quant(ir: IR, node: NodeIR, raw: dict[str, Any], preset: dict[str, Any]) -> None:
+    """The node's `quant:` (the graph preset's, where it names the node, else the node's own), checked
+    against its kind (mstar_compiler.quant)."""
+    scheme, path = raw.get("quant", "none"), (*node.path, "quant")
+    if node.name in preset.get("quant", {}):
+        scheme, path = preset["quant"][node.name], ("presets", ir.preset, "quant", node.name)
+    if scheme == "none":
+        return
+    why = quant.why_not(node.spec, node.dims, scheme)
+    if why:
+        raise ir.doc.error(f"node '{node.name}' cannot be quantized: {why}", path)
+    node.quant, node.quant_path = scheme, path
 
 
 def _cut_layers(ir: IR, node: NodeIR, layers: int) -> None:
@@ -199,7 +215,7 @@ def _node_preset(ir: IR, name: str, raw: dict[str, Any], preset_map: dict[str, s
 def _shared_node(ir: IR, name: str, raw: dict[str, Any], raw_nodes: dict[str, Any],
                  preset_map: dict[str, str]) -> NodeIR:
     path: Path = ("nodes", name)
-    for key in ("kind", "preset", "dims", "dtype"):
+    for key in ("kind", "preset", "dims", "dtype", "quant"):
         if key in raw:
             raise ir.doc.error(f"node '{name}' shares weights (same_as) and cannot set `{key}`",
                                (*path, key), f"it takes `{key}` from '{raw['same_as']}'", key=True)
@@ -213,6 +229,7 @@ def _shared_node(ir: IR, name: str, raw: dict[str, Any], raw_nodes: dict[str, An
                   has_kv_cache=False, block_tokens=root.block_tokens, max_blocks=root.max_blocks,
                   max_batch=1, path=path)
     node.declared_layers, node.published_layers = root.declared_layers, root.published_layers
+    node.quant, node.quant_path = root.quant, root.quant_path
     defaults = {**root.spec.args, **root.args, **{k: f"${v}" for k, v in root.param_args.items()}}
     _apply_node_options(ir, node, {**raw_nodes[root_name], **raw}, defaults)
     return node

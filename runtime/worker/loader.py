@@ -62,9 +62,11 @@ def build_module(node: Node, ref: str | None, tp: TensorParallelGroup = SINGLE) 
     cls = component_class(node.kind)
     args: dict[str, Any] = dict(node.args)
     if ref is not None and _is_gguf(ref):
-        ref = gguf_as_safetensors(ref)
+        # a quantized node reads the GGUF itself: its Q4 blocks become its int4 codes as they are
+        from runtime.model_executor.weights.gguf_loader import resolve_gguf
+        ref = str(resolve_gguf(ref)) if node.quant else gguf_as_safetensors(ref)
     dtype = TORCH_DTYPES[node.dtype]
-    with cast_as_built(dtype):
+    with cast_as_built(dtype, node.quant):
         if tp.size > 1:
             module = cls(node.dims, {**args, "weights": ref}, tp=tp)
         else:
@@ -73,13 +75,18 @@ def build_module(node: Node, ref: str | None, tp: TensorParallelGroup = SINGLE) 
 
 
 @contextlib.contextmanager
-def cast_as_built(dtype: torch.dtype) -> Iterator[None]:
+def cast_as_built(dtype: torch.dtype, quant: str = "") -> Iterator[None]:
     """Within: each module is cast to `dtype` as it is attached to its parent, so a bf16 model is never
     whole in fp32 (a 3B model would need its 13 GB fp32 copy to start). The values are the ones a cast of
-    the whole model gives: every module is initialised (in fp32, as built) before it is attached."""
+    the whole model gives: every module is initialised (in fp32, as built) before it is attached. With
+    `quant`, each linear that quantizes is told to as it is attached, before its dense weight is ever
+    filled (runtime.model_executor.parallel.quant)."""
     def attached(parent: torch.nn.Module, name: str, child: torch.nn.Module | None) -> None:
-        if child is not None:
-            child.to(dtype)
+        if child is None:
+            return
+        if quant and callable(getattr(child, "quant_as_loaded", None)):
+            child.quant_as_loaded(quant)
+        child.to(dtype)
     handle = torch.nn.modules.module.register_module_module_registration_hook(attached)
     try:
         yield
@@ -167,7 +174,11 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
             log.log(logging.WARNING if source.kind == "random" else logging.INFO,
                     "rank %d: loading %s (%s) from %s", rank, name, node.kind, source.describe())
             group = tp if node.placement.tp_size > 1 else SINGLE
-            module = by_key[node.weight_key] = load_node(plan.node(node.weight_key), source, group).to(device)
+            if node.quant and device.type != "cpu":
+                raise RuntimeError(f"node '{name}' is declared quant: {node.quant}, which runs on CPU ranks only "
+                                   f"(rank {rank} is {device})")
+            module = load_node(plan.node(node.weight_key), source, group)
+            by_key[node.weight_key] = module = module if device.type == "cpu" else module.to(device)
             if pack:
                 packed = pack_linears(module)
                 log.debug("rank %d: %s: %d linear weights packed", rank, name, packed)

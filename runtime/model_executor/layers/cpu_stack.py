@@ -84,7 +84,7 @@ class LayerStack:
         packed = []
         for mod in self._mods:
             p = mod.packed
-            if p is None or p.dim() != 3 or p.dtype != dtype or mod.weight.dtype != dtype:
+            if not isinstance(p, torch.Tensor) or p.dim() != 3 or p.dtype != dtype or mod.weight.dtype != dtype:
                 return None
             packed.append(p)
         return [packed[i:i + 4] for i in range(0, len(packed), 4)]

@@ -126,9 +126,14 @@ class DecoderLM(nn.Module):
         load_into(self.hf_slots(), tensors, optional=optional)
 
     def load_weights(self, path: str) -> None:
-        """Load a safetensors checkpoint (file or directory) in HF layout."""
+        """Load a safetensors checkpoint (file or directory) in HF layout, or a GGUF file (read as it is, its
+        Q4 blocks kept for linears quantized int4_g32: runtime.model_executor.parallel.quant)."""
         log.info("loading %s weights from %s", type(self).__name__, path)
-        self.load_hf_state_dict(iter_safetensors(path))
+        from runtime.model_executor.weights.gguf_loader import is_gguf_ref, open_gguf
+        if is_gguf_ref(path):
+            self.load_hf_state_dict(open_gguf(path).iter_state_dict(int4_blocks=True))
+        else:
+            self.load_hf_state_dict(iter_safetensors(path))
 
     # ---- cache and attention -------------------------------------------------------
 

@@ -48,11 +48,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.model_executor.kernels import cpu as cpu_kernels
+from runtime.model_executor.parallel.quant import QuantWeight
 
 PACK_BATCH_HINT = 16        # the row count oneDNN picks the packed layout for (decode batches)
 _DTYPES = (torch.float32, torch.bfloat16)
 KERNELS = ("auto", "mstar", "onednn", "torch")
-Packed = torch.Tensor    # the panel GEMM's (panels, k, 16) or oneDNN's blocked copy (the weight's 2-D shape)
+# the panel GEMM's (panels, k, 16) or oneDNN's blocked copy (the weight's 2-D shape), or the quantized weight
+Packed = torch.Tensor | QuantWeight
 
 
 def onednn_available() -> bool:
@@ -140,9 +142,12 @@ def device_of(module: nn.Module) -> torch.device:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            packed: Packed | None) -> torch.Tensor:
-    """F.linear(x, weight, bias), on the packed weight when there is one and x can use it."""
+    """F.linear(x, weight, bias), on the packed (or quantized) weight when there is one and x can use it."""
     if packed is None:
         return F.linear(x, weight, bias)
+    if isinstance(packed, QuantWeight):
+        y = packed.matmul(x)
+        return y if bias is None else y + bias
     if x.device.type != "cpu" or x.dtype != packed.dtype:
         raise RuntimeError(f"a {x.dtype} input on {x.device} to a linear packed for {packed.dtype} on the CPU "
                            "(its packed copy is its only one)")

@@ -7,7 +7,9 @@ communication. A row-parallel layer splits its input features and sums the parti
 products with an all-reduce. With a group of size 1 both are a plain linear (`runtime.model_executor.parallel.cpu_linear.linear`).
 
 Weights are loaded from full (unsharded) checkpoint tensors: `load_weight(part, full)`
-copies this rank's slice of `full` into place, so every rank can read the same file.
+copies this rank's slice of `full` into place, so every rank can read the same file. A linear told
+`quant_as_loaded(scheme)` while its model is built quantizes its weight as the parts arrive instead
+(runtime.model_executor.parallel.quant): its dense weight is never whole.
 """
 from __future__ import annotations
 
@@ -16,11 +18,42 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from runtime.model_executor.parallel.cpu_linear import Packed, linear, pack_own_weight
+from runtime.model_executor.parallel.cpu_linear import Packed, dense_gone, linear, pack_own_weight
 from runtime.model_executor.parallel.group import SINGLE, TensorParallelGroup
+from runtime.model_executor.parallel.quant import Assembly, check_shape, take
+from runtime.model_executor.weights.slots import placeholders_loading
 
 
-class ColumnParallelLinear(nn.Module):
+class _Linear(nn.Module):
+    """What the two parallel linears share: their one packed or quantized copy, and loading into it."""
+
+    weight: nn.Parameter
+    packed: Packed | None
+    quant: str = ""                     # the scheme it quantizes by as it loads ("" = dense)
+    assembly: Assembly | None = None    # its rows loaded so far, while quantizing
+
+    def pack_for_cpu(self) -> int:
+        return pack_own_weight(self)
+
+    def quant_as_loaded(self, scheme: str) -> None:
+        """Quantize the weight by `scheme` as its parts load; the dense weight goes now (module doc)."""
+        check_shape(scheme, *self.weight.shape)
+        self.quant = scheme
+        self.weight = dense_gone(self.weight)
+
+    @torch.no_grad()
+    def _store(self, rows: slice, values: torch.Tensor) -> None:
+        if not self.quant:
+            self.weight[rows].copy_(values)
+        elif not placeholders_loading():
+            if self.assembly is None:
+                self.assembly = Assembly(*self.weight.shape, self.quant, self.weight.dtype)
+            done = self.assembly.put(rows, values)
+            if done is not None:
+                self.packed, self.assembly = done, None
+
+
+class ColumnParallelLinear(_Linear):
     """y = x W^T (+ b) where W stacks `out_parts`, each split over the group's ranks."""
 
     def __init__(self, in_features: int, out_parts: Sequence[int], bias: bool,
@@ -35,9 +68,6 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)
 
-    def pack_for_cpu(self) -> int:
-        return pack_own_weight(self)
-
     def _rows(self, part: int) -> slice:
         start = sum(self.local_parts[:part])
         return slice(start, start + self.local_parts[part])
@@ -46,7 +76,7 @@ class ColumnParallelLinear(nn.Module):
     def load_weight(self, part: int, full: torch.Tensor) -> None:
         """Copy this rank's rows of output part `part` from the full tensor (out_part, in)."""
         n = self.local_parts[part]
-        self.weight[self._rows(part)].copy_(full[self.tp.rank * n:(self.tp.rank + 1) * n])
+        self._store(self._rows(part), take(full, rows=slice(self.tp.rank * n, (self.tp.rank + 1) * n)))
 
     @torch.no_grad()
     def load_bias(self, part: int, full: torch.Tensor) -> None:
@@ -54,7 +84,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias[self._rows(part)].copy_(full[self.tp.rank * n:(self.tp.rank + 1) * n])
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_Linear):
     """y = sum over ranks of x_r W_r^T (+ b): input features split, outputs all-reduced."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool,
@@ -70,14 +100,11 @@ class RowParallelLinear(nn.Module):
         y = self.tp.all_reduce(linear(x, self.weight, None, self.packed))
         return y if self.bias is None else y + self.bias
 
-    def pack_for_cpu(self) -> int:
-        return pack_own_weight(self)
-
     @torch.no_grad()
     def load_weight(self, part: int, full: torch.Tensor) -> None:
         """Copy this rank's input columns from the full tensor (out, in); `part` must be 0."""
         start = self.tp.rank * self.local_in
-        self.weight.copy_(full[:, start:start + self.local_in])
+        self._store(slice(None), take(full, cols=slice(start, start + self.local_in)))
 
     @torch.no_grad()
     def load_bias(self, part: int, full: torch.Tensor) -> None:

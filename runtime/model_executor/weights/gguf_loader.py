@@ -124,20 +124,30 @@ class GGUFCheckpoint:
             "max_position_embeddings": self.get(f"{arch}.context_length", 2048),
         }
 
-    def iter_state_dict(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_state_dict(self, dtype: torch.dtype = torch.float32,
+                        int4_blocks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, tensor de-quantised to `dtype`, q/k rows in HF order), one tensor at a time.
 
         A tied checkpoint has no `lm_head.weight`: the model ties it to the embedding.
         Feed it to `DecoderLM.load_hf_state_dict` to load without holding two copies.
+        `int4_blocks`: a tensor stored in Q4_0 / Q4_1 blocks also carries its codes, scales and zeros
+        (runtime.model_executor.parallel.quant.Int4Blocks), for a linear quantized int4_g32 to keep as they are.
         """
+        from runtime.model_executor.parallel.quant import Int4Blocks, with_blocks
         config = self.config()
         for tensor in self.reader.tensors:
             name = hf_name(tensor.name)
-            weight = _dequantised(tensor)
             heads = _rope_heads(name, config)
+            weight = _dequantised(tensor)
+            blocks = _int4_blocks(tensor) if int4_blocks else None
             if heads:
                 weight = _unpermute_rope_rows(weight, heads)
-            yield name, torch.from_numpy(weight).to(dtype)
+                blocks = blocks and tuple(_unpermute_rope_rows(b, heads) for b in blocks)
+            out = torch.from_numpy(weight).to(dtype)
+            if blocks:
+                codes, scale, zero = (torch.from_numpy(np.ascontiguousarray(b)) for b in blocks)
+                out = with_blocks(out, Int4Blocks(codes, scale, zero, f"GGUF {tensor.tensor_type.name}"))
+            yield name, out
 
     def state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         """`iter_state_dict` collected into a dict."""
@@ -170,6 +180,28 @@ def _dequantised(tensor: Any) -> np.ndarray:
     """float32 array in HF (row-major, out_features first) order."""
     shape = tuple(int(n) for n in reversed(tensor.shape))   # GGUF lists the fastest axis first
     return np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+
+
+_Q4_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}     # fp16 d (and Q4_1's fp16 m), then 16 bytes of 32 nibbles
+
+
+def _int4_blocks(tensor: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A Q4_0 / Q4_1 tensor's codes (n, k) uint8 in [0, 15] and per (row, block of 32) scale and zero in
+    torch's int4 convention, w = (q - 8) scale + zero (runtime.model_executor.parallel.quant): Q4_0's
+    w = d (q - 8) is scale d, zero 0; Q4_1's w = d q + m is scale d, zero m + 8 d (one fp32 rounding).
+    None for another type. A block's byte j holds element j in its low nibble and element j + 16 in its high."""
+    kind = tensor.tensor_type.name
+    if kind not in _Q4_BLOCK_BYTES:
+        return None
+    raw = np.asarray(tensor.data, dtype=np.uint8)
+    blocks = raw.reshape(raw.shape[0], -1, _Q4_BLOCK_BYTES[kind])               # (n, k / 32, bytes)
+    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
+    nibbles = blocks[..., 4:] if kind == "Q4_1" else blocks[..., 2:]
+    codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(raw.shape[0], -1)
+    if kind == "Q4_0":
+        return codes, d, np.zeros_like(d)
+    m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
+    return codes, d, m + np.float32(8) * d
 
 
 def _rope_heads(name: str, config: dict[str, Any]) -> int:

@@ -124,3 +124,9 @@ def checkpoint_follows() -> Iterator[None]:
         yield
     finally:
         _CHECKPOINT_FOLLOWS.reset(token)
+
+
+def placeholders_loading() -> bool:
+    """Whether the tensors being loaded now are `checkpoint_follows`' uninitialised ones (a quantized linear
+    skips them: quantizing what is overwritten next would cost seconds per GB)."""
+    return _CHECKPOINT_FOLLOWS.get()
