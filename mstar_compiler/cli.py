@@ -1,7 +1,7 @@
 """`mstarc`: compile, lint, explain and draw walk graphs. Torch-free.
 
     mstarc compile GRAPH -o plan.bin [--placement NAME] [--preset NAME]
-                   [--device-memory 80GiB] [--devices N] [--dump-stages DIR]
+                   [--device-memory 80GiB] [--devices N] [--quant NODE=SCHEME ...] [--dump-stages DIR]
     mstarc lint PATH... [--format text|github]
     mstarc explain plan.bin
     mstarc graph GRAPH [--format dot|svg|json] [-o FILE] [--placement NAME] [--preset NAME]
@@ -20,6 +20,7 @@ from typing import Sequence
 from mstar_compiler.errors import CompileError
 from mstar_compiler.ir import Options
 from mstar_compiler.plan import PlanFormatError, load_plan
+from mstar_compiler.quant import SCHEMES
 from mstar_compiler.units import parse_size
 
 
@@ -49,6 +50,8 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset")
     parser.add_argument("--device-memory", metavar="SIZE", help="per device, e.g. 80GiB")
     parser.add_argument("--devices", type=int, metavar="N")
+    parser.add_argument("--quant", action="append", default=[], metavar="NODE=SCHEME",
+                        help="quantize a node's linears (int8, int4_g32; none: as loaded), over the graph's own `quant:`")
 
 
 def _options(args: argparse.Namespace) -> Options:
@@ -60,7 +63,14 @@ def _options(args: argparse.Namespace) -> Options:
             raise CompileError(f"--device-memory: {exc}") from None
     if args.devices is not None and args.devices < 1:
         raise CompileError("--devices must be at least 1")
-    return Options(preset=args.preset, placement=args.placement, device_memory=memory, devices=args.devices)
+    quant = {}
+    for item in args.quant:
+        node, _, scheme = item.partition("=")
+        if not node or scheme not in (*SCHEMES, "none"):
+            raise CompileError(f"--quant {item}: give NODE=SCHEME, SCHEME one of {', '.join(SCHEMES)}, none")
+        quant[node] = scheme
+    return Options(preset=args.preset, placement=args.placement, device_memory=memory, devices=args.devices,
+                   quant=quant)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

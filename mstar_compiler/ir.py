@@ -23,6 +23,7 @@ class Options:
     placement: str | None = None         # placement profile (default: `default_placement`, else the first)
     device_memory: int | None = None     # bytes per device (default: the preset's, else 80 GiB)
     devices: int | None = None           # number of ranks (default: highest placed rank + 1)
+    quant: dict[str, str] = field(default_factory=dict)   # node -> scheme, over the graph's `quant:` (--quant)
 
 
 @dataclass

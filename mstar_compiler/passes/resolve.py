@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from mstar_compiler import plan, quant
-from mstar_compiler.errors import Path, did_you_mean
+from mstar_compiler.errors import CompileError, Path, did_you_mean
 from mstar_compiler.ir import IR, NodeIR, ParamIR
 from mstar_compiler.passes import resolve_walks, weight_map
 from mstar_compiler.passes.resolve_walks import param_ref
@@ -109,6 +109,12 @@ def _nodes(ir: IR, preset: dict[str, Any]) -> None:
             if key != "nodes" and "same_as" in raw_nodes[name]:
                 raise ir.doc.error(f"node '{name}' shares weights (same_as): its {key} are those of "
                                    f"'{raw_nodes[name]['same_as']}'", ("presets", ir.preset, key, name), key=True)
+    for name in ir.options.quant:
+        if name not in raw_nodes or "same_as" in raw_nodes[name]:
+            hint = did_you_mean(name, raw_nodes) if name not in raw_nodes else \
+                f"it shares weights (same_as): quantize '{raw_nodes[name]['same_as']}'"
+            raise CompileError(f"--quant {name}={ir.options.quant[name]}: the graph has no node '{name}' to quantize"
+                               if name not in raw_nodes else f"--quant {name}: node '{name}' cannot set it", hint=hint)
     if plan.CLIENT in raw_nodes:     # `from: client.<item>` would name this node, not the request's client
         raise ir.doc.error(f"'{plan.CLIENT}' is reserved: a stream `from: {plan.CLIENT}.<item>` names the "
                            "request's client", ("nodes", plan.CLIENT), "rename the node", key=True)
@@ -182,11 +188,14 @@ def _quant(ir: IR, node: NodeIR, raw: dict[str, Any], preset: dict[str, Any]) ->
     scheme, path = raw.get("quant", "none"), (*node.path, "quant")
     if node.name in preset.get("quant", {}):
         scheme, path = preset["quant"][node.name], ("presets", ir.preset, "quant", node.name)
+    given = f" (--quant {node.name}={ir.options.quant[node.name]})" if node.name in ir.options.quant else ""
+    if given:
+        scheme, path = ir.options.quant[node.name], node.path
     if scheme == "none":
         return
     why = quant.why_not(node.spec, node.dims, scheme)
     if why:
-        raise ir.doc.error(f"node '{node.name}' cannot be quantized: {why}", path)
+        raise ir.doc.error(f"node '{node.name}' cannot be quantized{given}: {why}", path)
     node.quant, node.quant_path = scheme, path
 
 

@@ -25,10 +25,14 @@ from mstar_compiler.pipeline import compile_file
 REPO = Path(__file__).resolve().parents[2]   # the checkout: graphs/ and the runtime package live here
 
 
-def compile_plan(tmp: Path, graph: str, preset: str | None = None, placement: str | None = None) -> str:
-    """graphs/<graph>.yaml compiled into `tmp`; the plan.bin's path."""
-    out = tmp / f"{graph}-{preset or 'default'}-{placement or 'default'}.plan.bin"
-    out.write_bytes(compile_file(str(REPO / "graphs" / f"{graph}.yaml"), Options(preset=preset, placement=placement)).data)
+def compile_plan(tmp: Path, graph: str, preset: str | None = None, placement: str | None = None,
+                 quant: dict[str, str] | None = None) -> str:
+    """graphs/<graph>.yaml compiled into `tmp` (`quant`: node -> scheme, as `mstarc compile --quant`); the plan.bin's
+    path."""
+    quantized = "-".join(f"{n}.{s}" for n, s in sorted((quant or {}).items()))
+    out = tmp / f"{graph}-{preset or 'default'}-{placement or 'default'}{'-' + quantized if quant else ''}.plan.bin"
+    options = Options(preset=preset, placement=placement, quant=dict(quant or {}))
+    out.write_bytes(compile_file(str(REPO / "graphs" / f"{graph}.yaml"), options).data)
     return str(out)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from compiler_helpers import HERE, REPO
 from mstar_compiler.cli import main
+from mstar_compiler.plan import load_plan
 
 MSTARC = [sys.executable, "-m", "mstar_compiler.cli"]
 INVALID = HERE / "invalid" / "unknown_node_in_walk.yaml"
@@ -92,3 +93,23 @@ def test_usage_errors_exit_2(argv):
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
+
+
+def test_quant_on_the_command_line_quantizes_over_the_graph_and_names_its_mistakes(tmp_path, capsys):
+    """`mstarc compile --quant NODE=SCHEME` wins over the graph's `quant:`; explain shows the quantized bytes."""
+    graph, out = str(REPO / "graphs" / "smollm2.yaml"), str(tmp_path / "p.bin")
+    sizes = {}
+    for scheme in ("none", "int8", "int4_g32"):
+        assert main(["compile", graph, "--preset", "smollm2-135m-q4", "--quant", f"lm={scheme}", "-o", out]) == 0
+        capsys.readouterr()
+        plan = load_plan(out)
+        assert plan.node("lm").quant == ("" if scheme == "none" else scheme)
+        sizes[scheme] = plan.ranks[0].weight_bytes
+        assert main(["explain", out]) == 0
+        assert (f"linears {scheme}" in capsys.readouterr().out) == (scheme != "none")
+    # SmolLM2: 106M of its 135M parameters in the linears, fp32 -> int8 / int4 with their scales
+    assert sizes["none"] > sizes["int8"] > sizes["int4_g32"]
+    assert main(["compile", graph, "--quant", "ml=int8", "-o", out]) == 1
+    assert "--quant ml=int8: the graph has no node 'ml' to quantize" in capsys.readouterr().err
+    assert main(["compile", graph, "--quant", "lm=int3", "-o", out]) == 1
+    assert "--quant lm=int3: give NODE=SCHEME, SCHEME one of int8, int4_g32, none" in capsys.readouterr().err

@@ -163,6 +163,7 @@ class MstarServer:
                 "placement": self.plan.placement, "weights": nodes, "random_weights": self.random_nodes,
                 "batch_invariant": self.config.batch_invariant, "prefix_cache": self.config.prefix_cache,
                 "dtype": {n.name: n.dtype for n in self.plan.nodes},
+                "quant": {n.name: n.quant for n in self.plan.nodes if n.quant},
                 "ranks": {str(r): {n.name: {"params": n.num_params, **_compiled(n)} for n in s.nodes}
                           for r, s in sorted(self.conductor.workers.ranks.items())}}
         if self.launcher is not None:    # where the cluster manager put each rank

