@@ -39,13 +39,14 @@ def compile_plan(graph: Path, plan: Path, *options: str) -> Path:
 
 
 def mstar_plan(ctx: Context, dtype: str) -> Path:
-    """Compile graphs/smollm2.yaml (its `smollm2-135m-bf16` preset for bfloat16) to a plan under bench-results/;
+    """Compile graphs/smollm2.yaml (its `smollm2-135m-bf16` preset for bfloat16, `smollm2-135m-q4` for "q4_1": the
+    shipped Q4_1 file served as int4) to a plan under bench-results/;
     with `--cpu-compile`, a copy of the graph whose lm node sets `args: {cpu_compile: true}`."""
     graph, out = ctx.root / "graphs/smollm2.yaml", ctx.root / "bench-results/plans"
     mstarc = Path(sys.executable).parent / "mstarc"
     if not graph.is_file() or not (ctx.root / "runtime/entrypoints/http/app.py").is_file() or not mstarc.exists():
         raise Needs("mstar-run's chat serving: graphs/smollm2.yaml, runtime/entrypoints/http/app.py and mstarc")
-    options = ("--preset", "smollm2-135m-bf16") if dtype == "bfloat16" else ()
+    options = {"bfloat16": ("--preset", "smollm2-135m-bf16"), "q4_1": ("--preset", "smollm2-135m-q4")}.get(dtype, ())
     ctx.settings["mstar_cpu_compile"] = ctx.cpu_compile
     if not ctx.cpu_compile:
         return compile_plan(graph, out / f"smollm2-{dtype}.plan.bin", *options)

@@ -1,7 +1,7 @@
 """The seed models at the sizes people deploy, served by a real `mstar-run` on this CPU with seeded random weights
 at the published shapes (issue 40): each serves one request end to end, and its worker's peak resident memory
 (VmHWM: loading included) stays within 10 % over the plan `mstarc explain` shows for the rank (weights and KV
-pools), and holds at least the weights. Paged KV pools are allocated whole at start; V-JEPA 2-AC's predictor
+pools), and holds at least the weights; Orpheus-3B also with its LM quantized int4_g32 as it loads (issue 41). Paged KV pools are allocated whole at start; V-JEPA 2-AC's predictor
 allocates each rollout's frame cache as it starts, so one rollout leaves most of its pool unallocated.
 
 Marked slow (`pytest --slow`): each builds gigabytes of weights (Orpheus-3B: 6.2 GiB, a minute on 2 cores). The
@@ -48,20 +48,22 @@ def _rollout(srv: Server, model: str) -> None:
     assert status == 200, answer
 
 
-# (graph, preset, --device-memory, the request)
+# (graph, preset, --device-memory, the request, --quant)
 CASES = [
-    ("orpheus", "orpheus-3b", "12GiB", _speech),
-    ("vjepa2_ac", "vitg", "6GiB", _rollout),
-    ("qwen3_omni", "omni-wide", None, _chat),
-    ("bagel", "bagel-wide", None, _chat),
+    ("orpheus", "orpheus-3b", "12GiB", _speech, {}),
+    ("orpheus", "orpheus-3b", "6GiB", _speech, {"lm": "int4_g32"}),     # issue 41: quantized as it loads
+    ("vjepa2_ac", "vitg", "6GiB", _rollout, {}),
+    ("qwen3_omni", "omni-wide", None, _chat, {}),
+    ("bagel", "bagel-wide", None, _chat, {}),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("graph, preset, memory, request_one", CASES, ids=[c[1] for c in CASES])
+@pytest.mark.parametrize("graph, preset, memory, request_one, quant", CASES,
+                         ids=[c[1] + "".join(f"-{s}" for s in c[4].values()) for c in CASES])
 def test_a_real_size_preset_serves_within_its_memory_plan(tmp_path: Path, graph: str, preset: str,
-                                                          memory: str | None, request_one) -> None:
-    options = Options(preset=preset, device_memory=parse_size(memory) if memory else None)
+                                                          memory: str | None, request_one, quant) -> None:
+    options = Options(preset=preset, device_memory=parse_size(memory) if memory else None, quant=quant)
     compiled = compile_file(str(REPO / "graphs" / f"{graph}.yaml"), options)
     path = tmp_path / "plan.bin"
     path.write_bytes(compiled.data)
