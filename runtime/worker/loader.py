@@ -29,6 +29,7 @@ from runtime.model_executor.parallel import SINGLE, TensorParallelGroup, init_te
 from runtime.model_executor.kernels import cpu as cpu_kernels
 from runtime.model_executor.layers import DecoderLM
 from runtime.model_executor.parallel.cpu_linear import bf16_gemm_note
+from runtime.model_executor.parallel.quant import QuantWeight
 from runtime.model_executor.weights.published import WeightMismatch, check_published, load_published
 from runtime.model_executor.weights.slots import Slot, checkpoint_follows, module_slots
 from runtime.model_executor.weights.sources import NodeWeights, WeightOptions, resolve
@@ -185,11 +186,33 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
             release_freed_memory()
             if device.type == "cpu" and (note := bf16_gemm_note()) and _has_bf16_weights(module):
                 log.warning("rank %d: %s: %s", rank, name, note)
+            if node.quant:
+                log.log(logging.WARNING if node.dtype == "fp32" else logging.INFO, "rank %d: %s: %s", rank, name,
+                        quant_note(module, node.quant, node.dtype))
             if (kernels := cpu_kernels_note(module)) and kernels != "fused":
                 log.warning("rank %d: %s: fused CPU kernels %s; its layers run torch ops (slower)", rank, name, kernels)
             progress.advance(f"loaded {name}")
         out[name] = (by_key[node.weight_key], source.describe())
     return out
+
+
+def quant_note(module: torch.nn.Module, scheme: str, dtype: str) -> str:
+    """What the log says of a quantized node: how many weights, how many kept as a file stored them, and for fp32
+    activations that torch's quantized kernels run them on a generic path (docs/quantization.md)."""
+    weights = [w for m in module.modules() for w in _quantized(getattr(m, "packed", None))]
+    kept = sorted({w.exact for w in weights if w.exact})
+    note = f"{len(weights)} weights {scheme}" + (f", {sum(bool(w.exact) for w in weights)} with the codes of "
+                                                 f"{' and '.join(kept)} as stored" if kept else ", quantized at load")
+    if dtype == "fp32":
+        note += ("; fp32 activations: torch's int8/int4 kernels run them on a generic path, many times slower than "
+                 "bf16 (docs/quantization.md): serve the node in bf16 for speed")
+    return note
+
+
+def _quantized(packed: Any) -> list[QuantWeight]:
+    if isinstance(packed, QuantWeight):
+        return [packed]
+    return [w for pair in packed for w in pair if isinstance(w, QuantWeight)] if isinstance(packed, list) else []
 
 
 def release_freed_memory() -> None:

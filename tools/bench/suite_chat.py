@@ -54,7 +54,7 @@ def jobs(quick: bool) -> list[ChatJob]:
     return [ChatJob(f"Write a long story about {t}.", lo + round((hi - lo) * i / 15)) for i, t in enumerate(TOPICS)]
 
 
-def _served(name: str, peer: Peer, rounds: Rounds) -> Callable[[], dict[str, float]]:
+def served(name: str, peer: Peer, rounds: Rounds) -> Callable[[], dict[str, float]]:
     """A measure function for a started server, after checking it honours the forced lengths (that first
     burst is the warm mode's: the prompts every later round sends again)."""
     work = rounds.next()
@@ -103,7 +103,7 @@ def _sides(ctx: Context, stack: contextlib.ExitStack, dtype: str, mode: str, is_
     sides, records = {}, {}
     for name, peer in _peers(ctx, stack, dtype, mode, is_best, work).items():
         try:
-            sides[name] = _served(name, peer, Rounds(work, mode))
+            sides[name] = served(name, peer, Rounds(work, mode))
             records[name] = peer.record()
         except Needs as exc:
             ctx.record_needs(f"{name} {dtype} {mode}", exc)

