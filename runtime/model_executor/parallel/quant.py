@@ -12,10 +12,16 @@ Scales and zeros are held in the activation dtype (the node's), as torch's kerne
 rounded against the stored (rounded) scale, so a weight's dequantised value is exactly what the kernel
 multiplies by. Quantizing is deterministic: the same weights give the same codes on any machine.
 
-Kernels: torch's `_weight_int8pack_mm` (int8 codes, per-channel scales) and `_weight_int4pack_mm_for_cpu`
-(codes packed by `_convert_weight_to_int4pack_for_cpu`, scales and zeros as (k/32, n, 2)). Both accumulate
-in fp32; their results differ from `x @ dequantised.T` by the order of that sum and by the rounding of the
-output to the activation dtype.
+Kernels, chosen per weight as it is quantized by `quant_kernel` (MSTAR_CPU_QUANT: auto, amx or torch):
+* "amx": runtime/model_executor/kernels/cpu_quant.cpp, bf16 activations on CPUs with AMX-BF16 tiles: each weight
+  tile made from its codes in registers (int8: the codes, the scale applied to the fp32 sum; int4: the
+  de-quantised value rounded to bf16), multiplied on the tiles with fp32 sums. Codes in its blocked layout, scales
+  (and zeros) in bf16: the same bytes as torch's.
+* "torch": torch's `_weight_int8pack_mm` (int8 codes, per-channel scales) and `_weight_int4pack_mm_for_cpu`
+  (codes packed by `_convert_weight_to_int4pack_for_cpu`, scales and zeros as (k/32, n, 2)), elsewhere (and
+  for fp32 activations, which torch runs on a generic loop).
+Both accumulate in fp32; their results differ from `x @ dequantised.T` by the order of that sum and by the
+rounding of the output (and, amx int4, of each de-quantised weight) to bf16.
 
 Built as loaded: a linear told `quant_as_loaded(scheme)` while its model is built (runtime.worker.loader's
 `cast_as_built`) gives up its dense weight at once (a meta stand-in, `cpu_linear.dense_gone`) and gathers
@@ -31,9 +37,12 @@ the scales are held in fp32 (an fp32 node; a bf16 node rounds d and m to bf16). 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
+
+from runtime.model_executor.kernels import cpu as cpu_kernels
 
 SCHEMES = ("int8", "int4_g32")
 GROUP = 32                  # int4_g32's group of input features
@@ -84,8 +93,10 @@ class QuantWeight:
     n: int                  # output features
     k: int                  # input features
     data: torch.Tensor      # int8: (n, k) int8; int4_g32: torch's packed (n, k / 2) uint8
-    scales: torch.Tensor    # int8: (n,); int4_g32: (k / 32, n, 2) scale and zero; in the activation dtype
+    scales: torch.Tensor    # int8: (n,); int4_g32: (k / 32, n, 2) scale and zero (amx: per 16 outputs and group, 16
+                            # scales then 16 zeros); in the activation dtype
     exact: str = ""         # where its codes came from as they are ("GGUF Q4_1"), "" if quantized here
+    kernel: str = "torch"   # "amx" or "torch" (module doc): the layout of `data` and `scales`
 
     @property
     def dtype(self) -> torch.dtype:
@@ -103,11 +114,28 @@ class QuantWeight:
         rows = x.reshape(-1, self.k)
         if not rows.is_contiguous():
             rows = rows.contiguous()
-        if self.scheme == "int8":
+        if self.kernel == "amx":
+            out = cpu_kernels.quant_gemm(rows, self.data, self.scales, self.scheme == "int4_g32", self.n)
+        elif self.scheme == "int8":
             out = torch.ops.aten._weight_int8pack_mm(rows, self.data, self.scales)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.data, GROUP, self.scales)
         return out.reshape(*x.shape[:-1], self.n)
+
+
+KERNELS = ("auto", "amx", "torch")
+
+
+def quant_kernel(dtype: torch.dtype, n: int, k: int) -> str:
+    """The kernel a (n, k) weight quantized for `dtype` activations runs on: "amx" or "torch" (module doc)."""
+    choice = os.environ.get("MSTAR_CPU_QUANT", "auto")
+    if choice not in KERNELS:
+        raise ValueError(f"MSTAR_CPU_QUANT={choice!r}: choose one of {', '.join(KERNELS)}")
+    fits = dtype == torch.bfloat16 and n % cpu_kernels.QUANT_COLS == 0 and k % cpu_kernels.QUANT_DEPTH == 0
+    if choice == "amx" and not (fits and cpu_kernels.quant_amx()):
+        raise RuntimeError(f"MSTAR_CPU_QUANT=amx, but a ({n}, {k}) weight for {dtype} activations cannot run there "
+                           f"(bf16, outputs in 16s and inputs in 32s, on a CPU with AMX-BF16: {cpu_kernels.quant_amx()})")
+    return "amx" if choice != "torch" and fits and cpu_kernels.quant_amx() else "torch"
 
 
 def check_shape(scheme: str, n: int, k: int) -> None:
@@ -127,8 +155,7 @@ def quantize(weight: torch.Tensor, scheme: str, dtype: torch.dtype | None = None
     if scheme == "int8":
         scale = (w.abs().amax(dim=1) / 127).to(dtype)
         safe = torch.where(scale == 0, torch.ones_like(scale), scale).float()
-        codes = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)
-        return QuantWeight(scheme, n, k, codes, scale)
+        return int8_weight(torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8), scale)
     groups = w.view(n, k // GROUP, GROUP)
     low, high = groups.amin(dim=2), groups.amax(dim=2)
     scale = ((high - low) / 15).to(dtype)
@@ -138,11 +165,24 @@ def quantize(weight: torch.Tensor, scheme: str, dtype: torch.dtype | None = None
     return int4_weight(codes.view(n, k).to(torch.uint8), scale, zero)
 
 
+def int8_weight(codes: torch.Tensor, scale: torch.Tensor) -> QuantWeight:
+    """An int8 weight from codes (n, k) in [-127, 127] and a scale per row (its dtype the activation's)."""
+    n, k = codes.shape
+    if quant_kernel(scale.dtype, n, k) == "amx":
+        return QuantWeight("int8", n, k, cpu_kernels.quant_pack(codes, int4=False), scale.contiguous(), kernel="amx")
+    return QuantWeight("int8", n, k, codes.contiguous(), scale.contiguous())
+
+
 def int4_weight(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, exact: str = "") -> QuantWeight:
     """An int4_g32 weight from codes (n, k) in [0, 15] and per-(row, group) scale and zero (their dtype the
     activation's)."""
     n, k = codes.shape
     check_shape("int4_g32", n, k)
+    if quant_kernel(scale.dtype, n, k) == "amx":
+        cols = cpu_kernels.QUANT_COLS       # per block of 16 outputs and group: its 16 scales, then its 16 zeros
+        blocked = torch.stack([t.view(n // cols, cols, k // GROUP).transpose(1, 2) for t in (scale, zero)], dim=2)
+        return QuantWeight("int4_g32", n, k, cpu_kernels.quant_pack(codes, int4=True), blocked.contiguous(), exact,
+                           kernel="amx")
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
     scales = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()
     return QuantWeight("int4_g32", n, k, packed, scales, exact)

@@ -13,7 +13,8 @@ import torch
 from mstar_compiler.catalogue import load_catalogue
 from mstar_compiler.quant import weight_bytes, why_not
 from runtime.model_executor.components import component_class
-from runtime.model_executor.parallel.quant import QuantWeight, int4_weight, quantize
+from runtime.model_executor.kernels import cpu as cpu_kernels
+from runtime.model_executor.parallel.quant import QuantWeight, int4_weight, int8_weight, quantize
 from runtime.worker.loader import cast_as_built
 
 FP32_EPS = 2.0 ** -24
@@ -79,30 +80,41 @@ def test_int4_quantize_is_within_half_a_step_of_each_group():
     assert torch.equal(again.data, q.data) and torch.equal(again.scales, q.scales)
 
 
-def _oracle_weight(q: QuantWeight, w: torch.Tensor) -> torch.Tensor:
-    """The de-quantised weight from the codes as the scheme defines them (float64)."""
-    if q.scheme == "int8":
-        return q.data.double() * q.scales.double()[:, None]
-    groups = w.float().view(q.n, q.k // 32, 32)
-    scale = q.scales[..., 0].t().float()
-    zero = q.scales[..., 1].t().float()
-    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-    codes = (torch.round((groups - zero[..., None]) / safe[..., None]) + 8).clamp(0, 15)
-    return _int4_oracle(codes.view(q.n, q.k), q.scales[..., 0].t(), q.scales[..., 1].t())
+def _codes(w: torch.Tensor, scheme: str, dtype: torch.dtype):
+    """The scheme's codes, scales (and zeros) by its definition (module doc of quant.py), computed here."""
+    if scheme == "int8":
+        scale = (w.abs().amax(dim=1) / 127).to(dtype)
+        return torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8), scale, None
+    n, k = w.shape
+    groups = w.view(n, k // 32, 32)
+    low, high = groups.amin(dim=2), groups.amax(dim=2)
+    scale = ((high - low) / 15).to(dtype)
+    zero = (low + 8 * scale.float()).to(dtype)
+    codes = (torch.round((groups - zero.float()[..., None]) / scale.float()[..., None]) + 8).clamp(0, 15)
+    return codes.view(n, k).to(torch.uint8), scale, zero
+
+
+KERNELS = [("torch", torch.float32), ("torch", torch.bfloat16), ("amx", torch.bfloat16)]
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4_g32"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("rows", [1, 5, 16])
-def test_linear_matches_the_dequantised_weight(scheme, dtype, rows):
+@pytest.mark.parametrize("kernel, dtype", KERNELS, ids=[f"{k}-{'fp32' if d == torch.float32 else 'bf16'}"
+                                                        for k, d in KERNELS])
+@pytest.mark.parametrize("rows", [1, 5, 16, 37])
+def test_linear_matches_the_dequantised_weight(monkeypatch, scheme, kernel, dtype, rows):
+    if kernel == "amx" and not cpu_kernels.quant_amx():
+        pytest.skip(f"no AMX-BF16 tiles on this CPU ({cpu_kernels.status() or 'kernels built'}): torch's kernels run")
+    monkeypatch.setenv("MSTAR_CPU_QUANT", kernel)
     n, k = 80, 256
-    w = _weights(n, k, seed=4)
-    q = quantize(w, scheme, dtype)
+    codes, scale, zero = _codes(_weights(n, k, seed=4), scheme, dtype)
+    q = int8_weight(codes, scale) if scheme == "int8" else int4_weight(codes, scale, zero)
+    assert q.kernel == kernel
+    deq = codes.double() * scale.double()[:, None] if scheme == "int8" else _int4_oracle(codes, scale, zero)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5)).to(dtype)
-    want = x.double() @ _oracle_weight(q, w).t()
+    want = x.double() @ deq.t()
     got = q.matmul(x).double()
     assert got.shape == (rows, n) and q.matmul(x.view(1, rows, k)).shape == (1, rows, n)
-    magnitude = x.double().abs() @ _oracle_weight(q, w).abs().t()
+    magnitude = x.double().abs() @ deq.abs().t()
     # fp32 accumulation over k terms (a relative k * 2^-24 of sum |x w| at worst); bf16 adds the rounding of
     # the de-quantised weight and of the output to bf16, each a relative 2^-8
     eps = k * FP32_EPS if dtype == torch.float32 else k * FP32_EPS + 2 * BF16_EPS
@@ -192,3 +204,17 @@ def test_quantized_logits_match_the_model_dequantised_on_the_same_values(kind, s
         # fp32 GEMMs summed in another order (torch's quantized kernels against MKL): a few ulps (eps 1.2e-7)
         # per layer on logits |l| <= 1, as the tensor-parallel test's bound
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4_g32"])
+def test_amx_rows_do_not_depend_on_their_batch(monkeypatch, scheme):
+    """On AMX tiles each row's sums are its own: a row alone, and the same row among 37 others (three row tiles),
+    give the same bits (the batch-invariance the decode path relies on)."""
+    if not cpu_kernels.quant_amx():
+        pytest.skip(f"no AMX-BF16 tiles on this CPU ({cpu_kernels.status() or 'kernels built'}): torch's kernels run")
+    monkeypatch.setenv("MSTAR_CPU_QUANT", "amx")
+    q = quantize(_weights(96, 320, seed=8), scheme, torch.bfloat16)
+    x = torch.randn(38, 320, generator=torch.Generator().manual_seed(9)).bfloat16()
+    batch = q.matmul(x)
+    for row in (0, 15, 16, 37):
+        assert torch.equal(q.matmul(x[row:row + 1]), batch[row:row + 1])
