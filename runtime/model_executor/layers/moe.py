@@ -95,8 +95,9 @@ class SparseMoE(nn.Module):
         if not self.quant:
             weight[e, rows].copy_(part)
         elif not placeholders_loading():
-            assembly = self.assemblies.setdefault((e, which), Assembly(*weight.shape[1:], self.quant, weight.dtype))
-            if (done := assembly.put(rows, part)) is not None:
+            if (e, which) not in self.assemblies:
+                self.assemblies[e, which] = Assembly(*weight.shape[1:], self.quant, weight.dtype)
+            if (done := self.assemblies[e, which].put(rows, part)) is not None:
                 self.packed[e][which] = done
                 del self.assemblies[e, which]
 

@@ -14,14 +14,14 @@ multiplies by. Quantizing is deterministic: the same weights give the same codes
 
 Kernels, chosen per weight as it is quantized by `quant_kernel` (MSTAR_CPU_QUANT: auto, amx or torch):
 * "amx": runtime/model_executor/kernels/cpu_quant.cpp, bf16 activations on CPUs with AMX-BF16 tiles: each weight
-  tile made from its codes in registers (int8: the codes, the scale applied to the fp32 sum; int4: the
-  de-quantised value rounded to bf16), multiplied on the tiles with fp32 sums. Codes in its blocked layout, scales
-  (and zeros) in bf16: the same bytes as torch's.
+  tile made from its codes in registers, exactly (int8: the codes; int4: 128 + q), multiplied on the tiles with
+  fp32 sums, the scales (and int4's zeros) applied to those sums. Codes in its blocked layout, scales (and zeros)
+  in bf16: the same bytes as torch's.
 * "torch": torch's `_weight_int8pack_mm` (int8 codes, per-channel scales) and `_weight_int4pack_mm_for_cpu`
   (codes packed by `_convert_weight_to_int4pack_for_cpu`, scales and zeros as (k/32, n, 2)), elsewhere (and
   for fp32 activations, which torch runs on a generic loop).
 Both accumulate in fp32; their results differ from `x @ dequantised.T` by the order of that sum and by the
-rounding of the output (and, amx int4, of each de-quantised weight) to bf16.
+rounding of the output to the activation dtype.
 
 Built as loaded: a linear told `quant_as_loaded(scheme)` while its model is built (runtime.worker.loader's
 `cast_as_built`) gives up its dense weight at once (a meta stand-in, `cpu_linear.dense_gone`) and gathers
