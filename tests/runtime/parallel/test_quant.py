@@ -186,7 +186,7 @@ def _dense_twin(kind: str, dims: dict, quantized: torch.nn.Module) -> torch.nn.M
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4_g32"])
-@pytest.mark.parametrize("kind", ["llama_lm", "qwen3_moe_lm"])
+@pytest.mark.parametrize("kind", ["llama_lm", "qwen2_lm", "qwen3_lm", "qwen3_moe_lm"])
 def test_quantized_logits_match_the_model_dequantised_on_the_same_values(kind, scheme):
     """Prefill and decode over a paged cache (the tensor-parallel test's mixed schedule): the quantized model
     against its de-quantised fp32 twin. Only the GEMMs' summation order differs."""
