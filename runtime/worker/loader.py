@@ -29,7 +29,7 @@ from runtime.model_executor.parallel import SINGLE, TensorParallelGroup, init_te
 from runtime.model_executor.kernels import cpu as cpu_kernels
 from runtime.model_executor.layers import DecoderLM
 from runtime.model_executor.parallel.cpu_linear import bf16_gemm_note
-from runtime.model_executor.parallel.quant import QuantWeight
+from runtime.model_executor.parallel.quant import quantized_weights
 from runtime.model_executor.weights.published import WeightMismatch, check_published, load_published
 from runtime.model_executor.weights.slots import Slot, checkpoint_follows, module_slots
 from runtime.model_executor.weights.sources import NodeWeights, WeightOptions, resolve
@@ -199,7 +199,7 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
 def quant_note(module: torch.nn.Module, scheme: str, dtype: str) -> str:
     """What the log says of a quantized node: how many weights, how many kept as a file stored them, and for fp32
     activations that torch's quantized kernels run them on a generic path (docs/quantization.md)."""
-    weights = [w for m in module.modules() for w in _quantized(getattr(m, "packed", None))]
+    weights = quantized_weights(module)
     kept = sorted({w.exact for w in weights if w.exact})
     note = f"{len(weights)} weights {scheme}" + (f", {sum(bool(w.exact) for w in weights)} with the codes of "
                                                  f"{' and '.join(kept)} as stored" if kept else ", quantized at load")
@@ -207,12 +207,6 @@ def quant_note(module: torch.nn.Module, scheme: str, dtype: str) -> str:
         note += ("; fp32 activations: torch's int8/int4 kernels run them on a generic path, many times slower than "
                  "bf16 (docs/quantization.md): serve the node in bf16 for speed")
     return note
-
-
-def _quantized(packed: Any) -> list[QuantWeight]:
-    if isinstance(packed, QuantWeight):
-        return [packed]
-    return [w for pair in packed for w in pair if isinstance(w, QuantWeight)] if isinstance(packed, list) else []
 
 
 def release_freed_memory() -> None:

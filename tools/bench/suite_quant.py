@@ -90,7 +90,6 @@ GEMM_SHAPE, GEMM_ROWS, GEMM_CALLS = (8192, 3072), (1, 16, 64), 20
 def _gemm_rows(ctx: Context) -> list[Row]:
     """One GEMM of Orpheus-3B's MLP (8192 x 3072, bf16 activations), `GEMM_CALLS` calls a sample: each scheme on
     each kernel, against each other and against the bf16 weight packed as mstar packs it (oneDNN on AMX CPUs)."""
-    import os
     import time
 
     import torch
@@ -105,16 +104,10 @@ def _gemm_rows(ctx: Context) -> list[Row]:
     weights = {}
     for scheme in SCHEMES[1:]:
         for kernel in ("amx", "torch"):
-            before = os.environ.get("MSTAR_CPU_QUANT")
-            os.environ["MSTAR_CPU_QUANT"] = kernel
             try:
-                weights[f"{scheme} {kernel}"] = quantize(w, scheme, torch.bfloat16)
+                weights[f"{scheme} {kernel}"] = quantize(w, scheme, torch.bfloat16, kernel)
             except RuntimeError as exc:
                 ctx.record_needs(f"GEMM {scheme} on {kernel}", Needs(str(exc)))
-            finally:
-                os.environ.pop("MSTAR_CPU_QUANT")
-                if before is not None:
-                    os.environ["MSTAR_CPU_QUANT"] = before
 
     def timed(call):
         call()
@@ -145,10 +138,10 @@ def _gemm_rows(ctx: Context) -> list[Row]:
 
 def _served_rows(ctx: Context) -> list[Row]:
     rows = []
+    kv = kv_bytes(mstar_plan(ctx, "q4_1"))      # both sides' KV budget: mstar's plan pool
     for concurrency in SERVED_CONCURRENCY:
         work = jobs(ctx.quick)[:concurrency]
         with contextlib.ExitStack() as stack:
-            kv = kv_bytes(mstar_plan(ctx, "q4_1"))
             peers = {"mstar": mstar_peer(ctx, stack, "q4_1", COLD, "mstar-run (graphs/smollm2.yaml smollm2-135m-q4: "
                                          "the shipped Q4_1 file, codes kept as int4, bf16 activations)", kv, ctx.threads),
                      "llamacpp": llamacpp_peer(ctx, stack, "q4_1", COLD, concurrency, kv)}

@@ -14,11 +14,7 @@
 //
 // Built only where the compiler targets AMX-BF16 (-march=native on such a CPU); `mstar_quant_amx` says whether
 // this build has it and the kernel granted the process the tile state (arch_prctl).
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-#include <omp.h>
+#include "cpu_common.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -74,19 +70,6 @@ inline void b_int4(const uint8_t* src, uint16_t* buf) {
         const __m512i pair = _mm512_or_si512(_mm512_and_si512(d, low), _mm512_slli_epi32(_mm512_and_si512(d, high), 12));
         _mm512_storeu_si512(buf + r * 32, _mm512_or_si512(pair, bias));
     }
-}
-
-inline float bf16_value(uint16_t x) {
-    const uint32_t u = static_cast<uint32_t>(x) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-inline uint16_t to_bf16(float v) {      // round to nearest even (finite sums)
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 // a C tile's rows into `tmp` (rows x 16 fp32; tile numbers are immediates)
@@ -153,8 +136,8 @@ void group_rows(const uint16_t* a, int64_t lda, int64_t r0, int rows, const uint
         for (int r = 0; r < rows; ++r) {
             uint16_t* out = c + (r0 + r) * ldc + col;
             for (int q = 0; q < kCols; ++q)
-                out[q] = to_bf16(kInt4 ? acc[(r * kBlocks + j) * kCols + q]
-                                       : tmp[r * kCols + q] * bf16_value(scales[col + q]));
+                out[q] = mstar::from_f32<mstar::bf16_t>(kInt4 ? acc[(r * kBlocks + j) * kCols + q]
+                                                              : tmp[r * kCols + q] * mstar::to_f32(scales[col + q]));
         }
     }
 }

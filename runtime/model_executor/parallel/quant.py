@@ -126,14 +126,15 @@ class QuantWeight:
 KERNELS = ("auto", "amx", "torch")
 
 
-def quant_kernel(dtype: torch.dtype, n: int, k: int) -> str:
-    """The kernel a (n, k) weight quantized for `dtype` activations runs on: "amx" or "torch" (module doc)."""
-    choice = os.environ.get("MSTAR_CPU_QUANT", "auto")
+def quant_kernel(dtype: torch.dtype, n: int, k: int, choice: str | None = None) -> str:
+    """The kernel a (n, k) weight quantized for `dtype` activations runs on: "amx" or "torch" (module doc);
+    `choice` (auto, amx or torch) over the process's MSTAR_CPU_QUANT."""
+    choice = choice or os.environ.get("MSTAR_CPU_QUANT", "auto")
     if choice not in KERNELS:
         raise ValueError(f"MSTAR_CPU_QUANT={choice!r}: choose one of {', '.join(KERNELS)}")
     fits = dtype == torch.bfloat16 and n % cpu_kernels.QUANT_COLS == 0 and k % cpu_kernels.QUANT_DEPTH == 0
     if choice == "amx" and not (fits and cpu_kernels.quant_amx()):
-        raise RuntimeError(f"MSTAR_CPU_QUANT=amx, but a ({n}, {k}) weight for {dtype} activations cannot run there "
+        raise RuntimeError(f"the amx quantized kernel was asked for, but a ({n}, {k}) weight for {dtype} activations cannot run there "
                            f"(bf16, outputs in 16s and inputs in 32s, on a CPU with AMX-BF16: {cpu_kernels.quant_amx()})")
     return "amx" if choice != "torch" and fits and cpu_kernels.quant_amx() else "torch"
 
@@ -146,8 +147,10 @@ def check_shape(scheme: str, n: int, k: int) -> None:
 
 
 @torch.no_grad()
-def quantize(weight: torch.Tensor, scheme: str, dtype: torch.dtype | None = None) -> QuantWeight:
-    """`weight` (n, k) quantized by `scheme`, its scales in `dtype` (default: the weight's)."""
+def quantize(weight: torch.Tensor, scheme: str, dtype: torch.dtype | None = None,
+             kernel: str | None = None) -> QuantWeight:
+    """`weight` (n, k) quantized by `scheme`, its scales in `dtype` (default: the weight's), laid out for `kernel`
+    (auto, amx or torch; default MSTAR_CPU_QUANT: `quant_kernel`)."""
     n, k = weight.shape
     check_shape(scheme, n, k)
     dtype = dtype or weight.dtype
@@ -155,30 +158,31 @@ def quantize(weight: torch.Tensor, scheme: str, dtype: torch.dtype | None = None
     if scheme == "int8":
         scale = (w.abs().amax(dim=1) / 127).to(dtype)
         safe = torch.where(scale == 0, torch.ones_like(scale), scale).float()
-        return int8_weight(torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8), scale)
+        return int8_weight(torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8), scale, kernel)
     groups = w.view(n, k // GROUP, GROUP)
     low, high = groups.amin(dim=2), groups.amax(dim=2)
     scale = ((high - low) / 15).to(dtype)
     zero = (low + INT4_MID * scale.float()).to(dtype)
     safe = torch.where(scale == 0, torch.ones_like(scale), scale).float()
     codes = torch.round((groups - zero.float()[..., None]) / safe[..., None]).add_(INT4_MID).clamp_(0, 15)
-    return int4_weight(codes.view(n, k).to(torch.uint8), scale, zero)
+    return int4_weight(codes.view(n, k).to(torch.uint8), scale, zero, kernel=kernel)
 
 
-def int8_weight(codes: torch.Tensor, scale: torch.Tensor) -> QuantWeight:
+def int8_weight(codes: torch.Tensor, scale: torch.Tensor, kernel: str | None = None) -> QuantWeight:
     """An int8 weight from codes (n, k) in [-127, 127] and a scale per row (its dtype the activation's)."""
     n, k = codes.shape
-    if quant_kernel(scale.dtype, n, k) == "amx":
+    if quant_kernel(scale.dtype, n, k, kernel) == "amx":
         return QuantWeight("int8", n, k, cpu_kernels.quant_pack(codes, int4=False), scale.contiguous(), kernel="amx")
     return QuantWeight("int8", n, k, codes.contiguous(), scale.contiguous())
 
 
-def int4_weight(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, exact: str = "") -> QuantWeight:
+def int4_weight(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, exact: str = "",
+                kernel: str | None = None) -> QuantWeight:
     """An int4_g32 weight from codes (n, k) in [0, 15] and per-(row, group) scale and zero (their dtype the
     activation's)."""
     n, k = codes.shape
     check_shape("int4_g32", n, k)
-    if quant_kernel(scale.dtype, n, k) == "amx":
+    if quant_kernel(scale.dtype, n, k, kernel) == "amx":
         cols = cpu_kernels.QUANT_COLS       # per block of 16 outputs and group: its 16 scales, then its 16 zeros
         blocked = torch.stack([t.view(n // cols, cols, k // GROUP).transpose(1, 2) for t in (scale, zero)], dim=2)
         return QuantWeight("int4_g32", n, k, cpu_kernels.quant_pack(codes, int4=True), blocked.contiguous(), exact,
@@ -186,6 +190,18 @@ def int4_weight(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, ex
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
     scales = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()
     return QuantWeight("int4_g32", n, k, packed, scales, exact)
+
+
+def quantized_weights(module: torch.nn.Module) -> list[QuantWeight]:
+    """Every quantized weight under `module`: a linear's `packed`, or each expert's pair of an MoE's."""
+    found = []
+    for m in module.modules():
+        packed = getattr(m, "packed", None)
+        if isinstance(packed, QuantWeight):
+            found.append(packed)
+        elif isinstance(packed, list):          # an MoE's experts, [gate_up, down] each
+            found += [w for pair in packed for w in pair if isinstance(w, QuantWeight)]
+    return found
 
 
 class Assembly:

@@ -14,7 +14,7 @@ from mstar_compiler.catalogue import load_catalogue
 from mstar_compiler.quant import weight_bytes, why_not
 from runtime.model_executor.components import component_class
 from runtime.model_executor.kernels import cpu as cpu_kernels
-from runtime.model_executor.parallel.quant import QuantWeight, int4_weight, int8_weight, quantize
+from runtime.model_executor.parallel.quant import QuantWeight, int4_weight, int8_weight, quantize, quantized_weights
 from runtime.worker.loader import cast_as_built
 
 FP32_EPS = 2.0 ** -24
@@ -150,9 +150,7 @@ def test_the_memory_plan_counts_the_bytes_the_module_holds(kind, preset, scheme)
         return
     with cast_as_built(torch.bfloat16, scheme):
         module = component_class(kind)(dims, dict(spec.args))
-    quantized = [m.packed for m in module.modules() if isinstance(getattr(m, "packed", None), QuantWeight)]
-    quantized += [p for m in module.modules() if isinstance(getattr(m, "packed", None), list)
-                  for pair in m.packed for p in pair]
+    quantized = quantized_weights(module)
     assert quantized and all(isinstance(q, QuantWeight) and q.scheme == scheme for q in quantized)
     dense = sum(p.numel() * p.element_size() for p in module.parameters() if p.device.type != "meta")
     held = dense + sum(q.nbytes for q in quantized)
