@@ -50,12 +50,14 @@ def load_executor(graph: Path, preset: str | None) -> Any:
     sys.path.insert(0, str(ROOT))
     from mstar_compiler.ir import Options
     from mstar_compiler.pipeline import compile_file
+    from runtime.conductor.local_run import LocalRun
     from runtime.worker.executors import executor_for
     from runtime.worker.loader import load_rank
     plan = compile_file(str(graph), Options(preset=preset)).plan
     name = next(n.name for n in plan.nodes if n.has_kv_cache)
     module, _ = load_rank(plan, 0, None)[name]
-    return executor_for(plan.node(name), module, 0, plan)
+    # its block tables as the conductor keeps them, no prefix reuse: every run computes its whole prompt
+    return LocalRun(executor_for(plan.node(name), module, 0, plan), prefix_cache=False)
 
 
 def _scope_module(module: nn.Module, name: str) -> None:
@@ -94,7 +96,7 @@ def instrument(ex: Any) -> None:
     backend = model.attention_backend(ex.device)
     backend.attend = _scoped(backend.attend, "attention")
     ex.cache.write = _scoped(ex.cache.write, "attention")
-    ex.sampler = _scoped(ex.sampler, "sampling")
+    ex.executor.sampler = _scoped(ex.sampler, "sampling")
 
 
 @contextlib.contextmanager

@@ -1,20 +1,16 @@
-"""The conductor's count of KV blocks per (rank, KV node), mirroring the workers' block tables.
+"""The conductor's KV pools per (rank, KV node): the block tables it owns, and the caches it counts.
 
-A worker's `KVBlockManager` holds ceil(tokens / block_size) blocks per request (no forks
-across requests yet), so counting tokens here tells exactly whether its next allocation
-fits: the conductor only dispatches work that fits, and a worker never runs out.
-Paired verbs: `can_grow` / `grow` / `free`.
-
-A pool whose worker caches prefixes (its `NodeInfo.kv_prefix_key`) is a `PrefixPoolLedger`:
-it runs its own `KVBlockManager` with prefix caching over the same token ids, in the same
-order as the worker (grows in batch order, `commit` once the pass's batches are formed:
-the worker commits after their forward, before any later batch of that pool or any close
-sent after them), so both hold the same cached chains. `grow` returns the prompt tokens the
-worker will reuse (`WorkItem.cached`), for a request's first Run and for each later chunk of
-its prompt; `cached_prefix` says beforehand how many of them a Run of `tokens` would reuse.
-A worker that does not hold them fails the batch loudly (`PrefixOutOfStep`) instead of
-computing on the wrong blocks. Placeholder ids (`NodeInfo.kv_prefix_stop_ids`) stop caching
-in the mirror as in the worker.
+A pool the conductor owns is a `KVPoolLedger`: its `KVBlockManager` holds every request's block
+table (runtime/model_executor/kv/block_manager.py). The scheduler grows a request's table when it
+places a Run (`try_grow`: room for the Run's tokens, reusing cached full blocks where the node caches
+prefixes, its `NodeInfo.kv_prefix_key`) and `tell`s the Run what changed in the table
+(`WorkItem.kv_at` / `kv_blocks` / `kv_copies`: the full table on a request's first Run, then only new
+blocks); the worker keeps its copy (runtime/model_executor/kv/block_tables.py) and allocates nothing,
+so it never runs out and never disagrees. Full blocks are keyed (`commit`) once the pass's batches are
+formed: the worker runs a pool's batches in order, so a later batch that reuses them reads what the
+earlier one wrote; a batch that fails un-keys what it was to write (`forget`). Placeholder ids
+(`NodeInfo.kv_prefix_stop_ids`) stop caching. Admission is exact: a request is charged the blocks it
+really takes, reused ones included or not as they are held.
 
 A pool whose worker decides reuse itself (BAGEL: rows named by digests of the encoders' output,
 the Qwen3-Omni thinker: media rows named by their embeds; runtime/model_executor/kv/prefix_cache.py) is a
@@ -37,89 +33,130 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from runtime.model_executor.kv import KVBlockManager, PrefixStats
-from runtime.transport.messages import NodeInfo, PrefixCounts
+from runtime.transport.messages import NodeInfo, PrefixCounts, WorkItem
 
 if TYPE_CHECKING:
     from runtime.conductor.plan_index import PlanIndex
 
 
-@dataclass
 class KVPoolLedger:
-    """One KV pool: capacity and tokens held per request."""
+    """One KV pool the conductor owns: every request's block table (module docstring)."""
 
-    num_blocks: int
-    block_size: int
-    tokens: dict[int, int] = field(default_factory=dict)   # request id -> tokens in the cache
-    peak_blocks: int = 0                                     # most blocks ever held at once
-    used_blocks: int = 0                                     # blocks held now: the sum over `tokens`
+    def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes | None = None,
+                 stop_ids: frozenset[int] = frozenset()) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.prefix_root, self.stop_ids = prefix_root, stop_ids
+        self.tables = KVBlockManager(num_blocks, block_size, prefix_root, stop_ids)
+        self.peak_blocks = 0                          # most blocks ever held at once
+        self._grown: set[int] = set()                 # requests grown since the last commit (prefix caching)
+        self._committed: dict[int, list[int]] = {}    # request -> blocks its last commit keyed
+        self._copies: dict[int, list[tuple[int, int]]] = {}   # request -> copies its worker has not been told
 
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "try_grow" not in cls.__dict__:    # a pool with its own count: the inline one is not its
-            cls.try_grow = KVPoolLedger.checked_grow
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held now (a cached block no request holds is free: it can be handed out)."""
+        return self.num_blocks - self.tables.allocator.num_free
 
-    def _blocks(self, n: int) -> int:
-        return -(-n // self.block_size)
+    @property
+    def stats(self) -> PrefixStats | None:
+        return self.tables.allocator.stats if self.prefix_root is not None else None
 
-    def needed(self, request_id: int, n_new: int) -> int:
-        held = self.tokens.get(request_id, 0)
-        return (-held // self.block_size) - (-(held + n_new) // self.block_size)   # ceil(after) - ceil(before)
+    def held(self, request_id: int) -> int:
+        """Tokens the request's table holds (0: none)."""
+        table = self.tables.get(request_id)
+        return 0 if table is None else table.num_tokens
+
+    def _reuse(self, request_id: int, tokens: Sequence[int] | None) -> int:
+        if tokens is None or self.prefix_root is None:
+            return 0
+        return self.tables.prefix_hit(tokens, after=request_id if request_id in self.tables else None)
+
+    def cached_prefix(self, request_id: int, tokens: Sequence[int]) -> int:
+        """Leading `tokens` (the request's next ones) a Run would reuse from the cache."""
+        return self._reuse(request_id, tokens)
+
+    def needed(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
+        """Blocks growing by `n_new` tokens takes from the free ones (for a later chunk that reuses
+        cached blocks, an upper bound)."""
+        if request_id in self.tables:
+            return self.tables.append_needs(request_id, n_new)
+        return self.tables.blocks_needed(n_new, tokens, self._reuse(request_id, tokens))
 
     def fits_alone(self, request_id: int, n_new: int) -> bool:
         """Whether the request's cache after growing fits the pool at all (with nobody else in it)."""
-        return self._blocks(self.tokens.get(request_id, 0) + n_new) <= self.num_blocks
+        return -(-(self.held(request_id) + n_new) // self.block_size) <= self.num_blocks
 
     def can_grow(self, request_id: int, n_new: int, reserved: int = 0, tokens: Sequence[int] | None = None) -> bool:
-        return self.needed(request_id, n_new) + reserved <= self.num_blocks - self.used_blocks
+        return self.needed(request_id, n_new, tokens) + reserved <= self.tables.allocator.num_free
 
     def try_grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int | None:
-        """`grow` if `can_grow`, else None: one call for each row the scheduler places (here the
-        two inline, one count of the blocks; the other pools check then grow, `checked_grow`)."""
-        held, size = self.tokens.get(request_id, 0), self.block_size
-        needed = (-held // size) - (-(held + n_new) // size)
-        if needed > self.num_blocks - self.used_blocks:
-            return None
-        self.used_blocks += needed
-        self.tokens[request_id] = held + n_new
-        if self.used_blocks > self.peak_blocks:
-            self.peak_blocks = self.used_blocks
-        return 0
-
-    def checked_grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int | None:
+        """`grow` if `can_grow`, else None (one call for each row the scheduler places). A decode
+        step's one row into its own partly filled last block goes straight there: it takes no block."""
+        if n_new == 1 and self.tables.append_in_place(request_id, tokens):
+            if self.prefix_root is not None:
+                self._grown.add(request_id)
+            return 0
         if not self.can_grow(request_id, n_new, tokens=tokens):
             return None
         return self.grow(request_id, n_new, tokens)
 
     def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
-        """Count `n_new` more tokens (ids `tokens` if known); returns the cached prompt tokens
-        the worker reuses (always 0 here: this pool caches no prefixes)."""
-        held, size = self.tokens.get(request_id, 0), self.block_size
-        self.used_blocks += (-held // size) - (-(held + n_new) // size)
-        self.tokens[request_id] = held + n_new
-        if self.used_blocks > self.peak_blocks:
-            self.peak_blocks = self.used_blocks
-        return 0
+        """Room for `n_new` more tokens (ids `tokens`, if known); returns the leading ones reused
+        from cached blocks (`WorkItem.cached`). OutOfBlocks if they do not fit."""
+        reuse = self._reuse(request_id, tokens)
+        if request_id in self.tables:
+            copies = self.tables.append(request_id, n_new, tokens, reuse)
+            if copies:
+                self._copies.setdefault(request_id, []).extend(copies)
+        else:
+            self.tables.allocate(request_id, n_new, tokens, reuse)
+        if self.prefix_root is not None:
+            self._grown.add(request_id)
+        used = self.used_blocks
+        if used > self.peak_blocks:
+            self.peak_blocks = used
+        return reuse
 
-    def cached_prefix(self, request_id: int, tokens: Sequence[int]) -> int:
-        """Leading `tokens` (the request's next ones) a Run would reuse from the cache: none here."""
-        return 0
+    def tell(self, request_id: int, item: WorkItem) -> None:
+        """Put in the request's Run what its worker's copy of the table lacks (runtime/model_executor/
+        kv/block_tables.py): the blocks from `kv_at` on (-1: none changed) and the copies to make first."""
+        at, blocks = self.tables.changes(request_id)
+        item.kv_at, item.kv_blocks = (at, blocks) if blocks else (-1, blocks)
+        item.kv_copies = self._copies.pop(request_id, []) if self._copies else []
 
     def commit(self) -> None:
-        return None
+        """The batches of this scheduling pass are formed: their full blocks count as cached."""
+        if self._grown:   # else this pass formed no batch here: the one in flight keeps its record
+            tables = self.tables
+            self._committed = {rid: tables.commit(rid) for rid in self._grown if rid in tables}
+            self._grown.clear()
 
     def forget(self, request_ids: Sequence[int]) -> None:
-        """The batch that was to write these requests' latest blocks failed (nothing to undo here)."""
-        return None
+        """The batch that was to write these requests' latest blocks failed: they are not cached."""
+        for rid in request_ids:
+            for block in self._committed.pop(rid, []):
+                self.tables.allocator.forget(block)
 
     def free(self, request_id: int) -> None:
-        self.used_blocks -= self._blocks(self.tokens.pop(request_id, 0))
+        if request_id in self.tables:
+            self.tables.free(request_id)
+        self._grown.discard(request_id)
+        self._copies.pop(request_id, None)
 
-    def clear(self) -> None:
-        self.tokens.clear()
-        self.used_blocks = 0
+    def clear(self, num_blocks: int | None = None) -> None:
+        """The worker restarted with an empty cache (of `num_blocks`, if given): so do the tables
+        (the prefix counters go on)."""
+        stats = self.stats
+        self.num_blocks = self.num_blocks if num_blocks is None else num_blocks
+        self.tables = KVBlockManager(self.num_blocks, self.block_size, self.prefix_root, self.stop_ids)
+        if stats is not None:
+            self.tables.allocator.stats = stats
+        self._grown.clear()
+        self._committed.clear()
+        self._copies.clear()
 
     def holders(self) -> list[int]:
-        return list(self.tokens)
+        return self.tables.requests()
 
     def account(self) -> KVPoolLedger | ReportedCache:
         """What holds this pool's capacity and use (a cache several pools share, or the pool)."""
@@ -131,92 +168,7 @@ class KVPoolLedger:
         return False
 
     def free_blocks(self) -> int:
-        account = self.account()
-        return account.num_blocks - account.used_blocks
-
-
-class PrefixPoolLedger(KVPoolLedger):
-    """A pool whose worker caches full blocks by content: counted by a mirror of its block tables."""
-
-    def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes,
-                 stop_ids: frozenset[int] = frozenset()) -> None:
-        super().__init__(num_blocks, block_size)
-        self.prefix_root, self.stop_ids = prefix_root, stop_ids
-        self.mirror = KVBlockManager(num_blocks, block_size, prefix_root, stop_ids)
-        self._grown: set[int] = set()                 # requests grown since the last commit
-        self._committed: dict[int, list[int]] = {}    # request -> blocks its last commit keyed
-
-    @property
-    def stats(self) -> PrefixStats:
-        return self.mirror.allocator.stats
-
-    def _reuse(self, request_id: int, tokens: Sequence[int] | None) -> int:
-        if tokens is None:
-            return 0
-        return self.mirror.prefix_hit(tokens, after=request_id if request_id in self.mirror else None)
-
-    def cached_prefix(self, request_id: int, tokens: Sequence[int]) -> int:
-        return self._reuse(request_id, tokens)
-
-    def needed(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
-        if request_id in self.mirror:    # an upper bound when a later chunk reuses cached blocks
-            return super().needed(request_id, n_new)
-        return self.mirror.blocks_needed(n_new, tokens, self._reuse(request_id, tokens))
-
-    def can_grow(self, request_id: int, n_new: int, reserved: int = 0, tokens: Sequence[int] | None = None) -> bool:
-        return self.needed(request_id, n_new, tokens) + reserved <= self.mirror.allocator.num_free
-
-    def try_grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int | None:
-        """`checked_grow`, but a decode step's one row into its own partly filled last block goes
-        straight there: it needs no block (so it always fits), reuses nothing and frees nothing."""
-        if n_new == 1 and self.mirror.append_in_place(request_id, tokens):
-            self._grown.add(request_id)
-            self.tokens[request_id] = self.tokens.get(request_id, 0) + 1
-            return 0
-        return self.checked_grow(request_id, n_new, tokens)
-
-    def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
-        reuse = self._reuse(request_id, tokens)
-        if request_id in self.mirror:
-            self.mirror.append(request_id, n_new, tokens, reuse)
-        else:
-            self.mirror.allocate(request_id, n_new, tokens, reuse)
-        self._grown.add(request_id)
-        self.tokens[request_id] = self.tokens.get(request_id, 0) + n_new
-        self._recount()
-        return reuse
-
-    def commit(self) -> None:
-        if self._grown:   # else this pass formed no batch here: the one in flight keeps its record
-            self._committed = {rid: self.mirror.commit(rid) for rid in self._grown if rid in self.mirror}
-        self._grown.clear()
-
-    def forget(self, request_ids: Sequence[int]) -> None:
-        """The worker never cached what the failed batch was to write: neither does the mirror."""
-        for rid in request_ids:
-            for block in self._committed.pop(rid, []):
-                self.mirror.allocator.forget(block)
-        self._recount()
-
-    def free(self, request_id: int) -> None:
-        if request_id in self.mirror:
-            self.mirror.free(request_id)
-        self.tokens.pop(request_id, None)
-        self._grown.discard(request_id)
-        self._recount()
-
-    def clear(self) -> None:
-        """The worker restarted with an empty cache: so does the mirror (the counters go on)."""
-        stats = self.stats
-        super().clear()
-        self.mirror = KVBlockManager(self.num_blocks, self.block_size, self.prefix_root, self.stop_ids)
-        self.mirror.allocator.stats = stats
-        self._grown.clear()
-        self._committed.clear()
-
-    def _recount(self) -> None:
-        self.used_blocks = self.num_blocks - self.mirror.allocator.num_free
-        self.peak_blocks = max(self.peak_blocks, self.used_blocks)
+        return self.tables.allocator.num_free
 
 
 @dataclass
@@ -244,34 +196,59 @@ class ReportedCache:
         self.peak_blocks = max(self.peak_blocks, self.used_blocks)
 
 
-class ReportedPoolLedger(KVPoolLedger):
+class ReportedPoolLedger:
     """A pool of a `ReportedCache`: tokens per request (for fitting and preemption) and the
     blocks charged to its Run in flight (at most one batch per (rank, node) is)."""
 
     def __init__(self, num_blocks: int, block_size: int, cache: ReportedCache, node: str) -> None:
-        super().__init__(num_blocks, block_size)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.tokens: dict[int, int] = {}     # request id -> tokens in the cache
+        self.used_blocks = 0                 # this pool's full count, for show (the cache counts what is held)
+        self.peak_blocks = 0
         self.cache, self.charged = cache, 0
         cache.members[node] = self
         cache.num_blocks += num_blocks
 
-    def account(self) -> ReportedCache:
-        return self.cache
+    def held(self, request_id: int) -> int:
+        return self.tokens.get(request_id, 0)
 
-    def needed(self, request_id: int, n_new: int) -> int:
+    def _full(self, request_id: int, n_new: int) -> int:
+        held = self.tokens.get(request_id, 0)
+        return (-held // self.block_size) - (-(held + n_new) // self.block_size)   # ceil(after) - ceil(before)
+
+    def needed(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
         """Every block new, and one more when the last block is partly filled: the worker may
         have shared it (a fork) and copy it before writing."""
         partial = n_new > 0 and self.tokens.get(request_id, 0) % self.block_size != 0
-        return super().needed(request_id, n_new) + partial
+        return self._full(request_id, n_new) + partial
+
+    def fits_alone(self, request_id: int, n_new: int) -> bool:
+        return -(-(self.tokens.get(request_id, 0) + n_new) // self.block_size) <= self.num_blocks
 
     def can_grow(self, request_id: int, n_new: int, reserved: int = 0, tokens: Sequence[int] | None = None) -> bool:
         return self.needed(request_id, n_new) + reserved <= self.cache.num_blocks - self.cache.used_blocks
 
+    def try_grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int | None:
+        return self.grow(request_id, n_new, tokens) if self.can_grow(request_id, n_new, tokens=tokens) else None
+
     def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
+        """Charge the Run in full; the worker decides reuse itself (returns 0: the conductor reuses nothing)."""
         self.charged += self.needed(request_id, n_new)
-        self.used_blocks += super().needed(request_id, n_new)    # this pool's full count, for show
+        self.used_blocks += self._full(request_id, n_new)
+        self.peak_blocks = max(self.peak_blocks, self.used_blocks)
         self.tokens[request_id] = self.tokens.get(request_id, 0) + n_new
         self.cache.peak_blocks = max(self.cache.peak_blocks, self.cache.used_blocks)
         return 0
+
+    def cached_prefix(self, request_id: int, tokens: Sequence[int]) -> int:
+        return 0
+
+    def tell(self, request_id: int, item: WorkItem) -> None:
+        """Nothing to tell: the worker keeps this pool's tables."""
+        return None
+
+    def commit(self) -> None:
+        return None
 
     def forget(self, request_ids: Sequence[int]) -> None:
         """The batch failed: what it allocated before failing counts until the worker's next report."""
@@ -282,23 +259,35 @@ class ReportedPoolLedger(KVPoolLedger):
         """The blocks come back once the worker reports the close (KVUsage naming the request)."""
         if request_id in self.tokens:
             self.cache.awaiting.add(request_id)
-        super().free(request_id)
+            self.used_blocks -= -(-self.tokens.pop(request_id) // self.block_size)
+
+    def clear(self, num_blocks: int | None = None) -> None:
+        self.tokens.clear()
+        self.used_blocks = self.charged = 0
+        self.cache.reported = self.cache.unsettled = 0
+        self.cache.awaiting.clear()
+
+    def holders(self) -> list[int]:
+        return list(self.tokens)
+
+    def account(self) -> ReportedCache:
+        return self.cache
 
     def frees_pending(self) -> bool:
         return bool(self.cache.awaiting)
 
-    def clear(self) -> None:
-        super().clear()
-        self.charged = 0
-        self.cache.reported = self.cache.unsettled = 0
-        self.cache.awaiting.clear()
+    def free_blocks(self) -> int:
+        return self.cache.num_blocks - self.cache.used_blocks
+
+
+Pool = KVPoolLedger | ReportedPoolLedger
 
 
 class KVLedger:
     """Every KV pool of the plan, keyed by (rank, node)."""
 
     def __init__(self) -> None:
-        self.pools: dict[tuple[int, str], KVPoolLedger] = {}
+        self.pools: dict[tuple[int, str], Pool] = {}
         self.reported: dict[tuple[int, str], PrefixStats] = {}   # caches workers decide on their own
         self.reported_caches: dict[tuple[int, str], ReportedCache] = {}   # (rank, reporting node) -> its cache
 
@@ -319,10 +308,9 @@ class KVLedger:
                 cache.awaiting.difference_update(closed)
 
     def add_rank(self, rank: int, nodes: Sequence[NodeInfo], index: PlanIndex, prefix_cache: bool) -> None:
-        """The pools of a rank that reported Ready. A node's pool mirrors its worker's prefix cache
-        when that is on and the node is whole on each rank (a TP group's ranks would each need the
-        lead's count); a TP group's caches advance in lockstep, so the lead's (counted) pool gets
-        the group's smallest size."""
+        """The pools of a rank that reported Ready. A node's pool caches prefixes when that is on and
+        the node is whole on each rank; a TP group's ranks all take the lead's tables (every rank of
+        it runs the same Runs), so the lead's pool gets the group's smallest size."""
         self.reported_caches = {key: c for key, c in self.reported_caches.items() if key[0] != rank}   # anew
         for info in nodes:
             if not info.kv_blocks:
@@ -335,8 +323,9 @@ class KVLedger:
         for node in index.kv_nodes():
             if node.placement.tp_size > 1:
                 pools = [self.pool(r, node.name) for r in node.placement.ranks]
-                if all(pools):
-                    pools[0].num_blocks = min(p.num_blocks for p in pools)
+                smallest = min((p.num_blocks for p in pools if p is not None), default=0)
+                if all(pools) and pools[0].num_blocks != smallest:
+                    pools[0].clear(smallest)
 
     def add_pool(self, rank: int, node: str, num_blocks: int, block_size: int,
                  prefix_root: bytes | None = None, stop_ids: frozenset[int] = frozenset(),
@@ -349,12 +338,10 @@ class KVLedger:
         if reported_by:
             cache = self.reported_caches.setdefault((rank, reported_by), ReportedCache())
             self.pools[(rank, node)] = ReportedPoolLedger(num_blocks, block_size, cache, node)
-        elif prefix_root is not None:
-            self.pools[(rank, node)] = PrefixPoolLedger(num_blocks, block_size, prefix_root, stop_ids)
         else:
-            self.pools[(rank, node)] = KVPoolLedger(num_blocks, block_size)
+            self.pools[(rank, node)] = KVPoolLedger(num_blocks, block_size, prefix_root, stop_ids)
 
-    def pool(self, rank: int, node: str) -> KVPoolLedger | None:
+    def pool(self, rank: int, node: str) -> Pool | None:
         return self.pools.get((rank, node))
 
     def commit(self) -> None:
@@ -364,8 +351,9 @@ class KVLedger:
 
     def prefix_stats(self) -> dict[tuple[int, str], PrefixStats]:
         """(rank, node) -> prefix-cache counters of every pool that caches prefixes."""
-        mirrored = {key: pool.stats for key, pool in self.pools.items() if isinstance(pool, PrefixPoolLedger)}
-        return {**self.reported, **mirrored}
+        owned = {key: pool.stats for key, pool in self.pools.items()
+                 if isinstance(pool, KVPoolLedger) and pool.stats is not None}
+        return {**self.reported, **owned}
 
     def free_request(self, request_id: int) -> None:
         for pool in self.pools.values():

@@ -27,7 +27,7 @@ from typing import Callable
 
 from runtime.conductor.batch import Entry, PlannedBatch
 from runtime.conductor.cursor import PendingRun
-from runtime.conductor.kv_ledger import KVLedger, KVPoolLedger
+from runtime.conductor.kv_ledger import KVLedger, Pool
 from runtime.conductor.plan_index import PlanIndex, RunFacts
 from runtime.conductor.request import Request, RequestState
 from runtime.conductor.steady import steady_row
@@ -195,7 +195,7 @@ class Scheduler:
         cached = pool.try_grow(req.request_id, n_new, tokens)
         while cached is None:
             if not pool.fits_alone(req.request_id, n_new):     # asked only here: what can grow fits alone
-                self._reject(req, pool.tokens.get(req.request_id, 0) + n_new, batch, pool)
+                self._reject(req, pool.held(req.request_id) + n_new, batch, pool)
                 return False
             victim = None if admitting or pool.frees_pending() else self._victim(pool.holders(), req, placed)
             if victim is None:
@@ -207,6 +207,7 @@ class Scheduler:
             self.preemptions += 1
             cached = pool.try_grow(req.request_id, n_new, tokens)
         entry.item.cached = cached
+        pool.tell(req.request_id, entry.item)
         return True
 
     def _chunk(self, req: Request, entry: Entry, rank: int) -> None:
@@ -247,7 +248,7 @@ class Scheduler:
         """KV pressure numbers for /metrics."""
         return {"kv_peak_usage": self.ledger.peak_usage(), "kv_preemptions": self.preemptions, "kv_holds": self.holds}
 
-    def _reject(self, req: Request, tokens: int, batch: PlannedBatch, pool: KVPoolLedger) -> None:
+    def _reject(self, req: Request, tokens: int, batch: PlannedBatch, pool: Pool) -> None:
         """The request's cache can never fit the pool, even alone: it fails instead of waiting forever."""
         self._held.discard(req.request_id)
         self.rejected.append((req, f"its context of {tokens} tokens needs {-(-tokens // pool.block_size)} KV blocks, "

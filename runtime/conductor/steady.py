@@ -30,7 +30,7 @@ import msgspec
 
 from mstar_compiler.plan import DONE, DynamicLoopEnd
 from runtime.conductor.batch import Entry, PlannedBatch
-from runtime.conductor.kv_ledger import KVPoolLedger
+from runtime.conductor.kv_ledger import Pool
 
 if TYPE_CHECKING:
     from runtime.conductor.cursor import TrackCursor, _Loop
@@ -52,7 +52,7 @@ class SteadyRow(msgspec.Struct):
     loop: _Loop                        # the decode loop (its counter is the item's step)
     end: DynamicLoopEnd                # that loop's end op (passed when it ends)
     fed_back: str                      # the value whose last ids are the next item's tokens
-    pools: dict[tuple[int, str], KVPoolLedger]   # the ledger's pools (a rank that reports Ready anew gets new ones)
+    pools: dict[tuple[int, str], Pool]   # the ledger's pools (a rank that reports Ready anew gets new ones)
     history: list[int] | None          # the request's KV history of the node (None: no KV node)
     client_tokens: bool                # its tokens go to the client
     cap: int | None                    # the most client tokens the request may get (max_tokens)
@@ -79,13 +79,11 @@ class SteadyRow(msgspec.Struct):
         cached = 0
         if pool is not None:
             rid = req.request_id
-            held = pool.tokens.get(rid, 0) if type(pool) is KVPoolLedger and len(tokens) == 1 else 0
-            if held % pool.block_size:           # a plain pool's last block has room: no block taken
-                pool.tokens[rid] = held + 1
-            elif (cached := pool.try_grow(rid, len(tokens), tokens)) is None:
+            if (cached := pool.try_grow(rid, len(tokens), tokens)) is None:
                 req.steady = None
                 return False
             item.cached = cached
+            pool.tell(rid, item)
         item.step = self.loop.counter
         if self.history is not None:             # Request.note_kv of a cache that is held
             self.history.extend(tokens)
@@ -130,7 +128,7 @@ class SteadyRow(msgspec.Struct):
 
 
 def steady_row(req: Request, entry: Entry, cursor: TrackCursor, facts: RunFacts,
-               pools: dict[tuple[int, str], KVPoolLedger], limit: int, max_batch_tokens: int) -> SteadyRow | None:
+               pools: dict[tuple[int, str], Pool], limit: int, max_batch_tokens: int) -> SteadyRow | None:
     """The row to keep if `entry`, just placed by the general path, is a decode row that only its
     token and counts change from step to step; else None."""
     item, run = entry.item, entry.pending.run

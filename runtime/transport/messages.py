@@ -149,6 +149,9 @@ class WorkItem(msgspec.Struct, omit_defaults=True):
     cached: int = 0             # leading `tokens` already in this rank's prefix cache: reuse, compute the rest
     partial: bool = False       # a prompt chunk with more of the prompt to follow (chunked prefill):
                                 # cache its keys/values, sample nothing
+    kv_at: int = -1             # the request's KV block table changed from this index on (-1: unchanged) ...
+    kv_blocks: list[int] = []   # ... to these block ids: table[kv_at:] = kv_blocks (the conductor allocates them)
+    kv_copies: list[tuple[int, int]] = []   # (src, dst) blocks to copy before the Run writes (copy-on-write)
 
 
 class RunBatch(_Msg, tag="run"):

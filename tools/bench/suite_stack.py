@@ -40,6 +40,7 @@ def lm_executor(plan_path, random_weights: bool = False):
     try:
         from mstar_compiler.plan import load_plan
         from runtime.model_executor.weights.sources import WeightOptions
+        from runtime.conductor.local_run import LocalRun
         from runtime.models.decoder_lm.executors import DecoderLMExecutor
         from runtime.worker.loader import load_rank
     except ImportError as exc:
@@ -47,8 +48,10 @@ def lm_executor(plan_path, random_weights: bool = False):
     plan = load_plan(plan_path)
     node = next(n for n in plan.nodes if n.kind == "llama_lm")
     options = WeightOptions(allow_random=True) if random_weights else None
-    # with the plan, as a worker builds it: its capture regions compile when the graph sets cpu_compile
-    return plan, node, DecoderLMExecutor(node, load_rank(plan, 0, options)[node.name][0], 0, plan)
+    # with the plan, as a worker builds it: its capture regions compile when the graph sets cpu_compile;
+    # its block tables as the conductor keeps them, no prefix reuse (every round computes its prompts)
+    executor = DecoderLMExecutor(node, load_rank(plan, 0, options)[node.name][0], 0, plan)
+    return plan, node, LocalRun(executor, prefix_cache=False)
 
 
 class BareLoop:

@@ -45,6 +45,7 @@ class _Orpheus:
             from mstar_compiler.catalogue import load_catalogue
             from mstar_compiler.plan import load_plan
             from runtime.model_executor.components import component_class
+            from runtime.conductor.local_run import LocalRun
             from runtime.models.decoder_lm.executors import DecoderLMExecutor
             from runtime.streams import Sliding, StreamBuffer
             from runtime.transport.messages import WorkItem
@@ -54,7 +55,7 @@ class _Orpheus:
         plan = load_plan(compile_plan(ctx.root / "graphs/orpheus.yaml", ctx.root / "bench-results/plans/orpheus-tiny.plan.bin",
                                       "--preset", "tiny"))
         node = next(n for n in plan.nodes if n.kind == "llama_lm")
-        self.executor = DecoderLMExecutor(node, load_rank(plan, 0, None)[node.name][0], 0)
+        self.executor = LocalRun(DecoderLMExecutor(node, load_rank(plan, 0, None)[node.name][0], 0))
         spec = load_catalogue()["snac_decoder"]
         torch.manual_seed(0)
         self.snac = component_class("snac_decoder")(spec.presets["24khz"], dict(spec.args)).eval()

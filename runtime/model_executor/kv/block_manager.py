@@ -1,6 +1,8 @@
 """Per-request block tables over a `BlockAllocator`, with prefix sharing and copy-on-write.
 
-The scheduler's view of one KV cache (one KV node on one rank):
+The owner's view of one KV cache (one KV node on one rank): the conductor's for the pools it
+allocates (runtime/conductor/kv_ledger.py; the worker is told each table's `changes`), a worker's
+for the caches it decides itself (BAGEL, the Qwen3-Omni thinker and talker):
   * `can_allocate(n_tokens)` / `allocate(req, n_tokens)`: admit a request with room for
     its first tokens;
   * `can_append(req, n)` / `append(req, n)`: room for n more tokens (a prefill chunk or
@@ -58,10 +60,7 @@ class BlockTable:
     num_tokens: int = 0
     keys: list[Key] = field(default_factory=list)   # content keys of the first len(keys) (full) blocks
     pending: list[Row] | None = None                # rows after those blocks; None: unknown, never cached
-
-
-class PrefixOutOfStep(ValueError):
-    """The conductor counted cached prefix blocks this cache does not hold."""
+    told: int = 0                                   # blocks[:told] are as the worker was last told (`changes`)
 
 
 class KVBlockManager:
@@ -80,6 +79,12 @@ class KVBlockManager:
 
     def table(self, req: RequestId) -> BlockTable:
         return self._tables[req]
+
+    def get(self, req: RequestId) -> BlockTable | None:
+        return self._tables.get(req)
+
+    def requests(self) -> list[RequestId]:
+        return list(self._tables)
 
     def num_tokens(self, req: RequestId) -> int:
         return self._tables[req].num_tokens
@@ -125,14 +130,14 @@ class KVBlockManager:
 
     def _reused(self, tokens: Sequence[Row] | None, reuse: int, after: RequestId | None = None) -> list[int]:
         """The cached blocks holding the first `reuse` tokens (and the rows before them in the request's
-        partly filled last block); PrefixOutOfStep if they are not all here."""
+        partly filled last block); a ValueError (a caller's mistake) if they are not all here."""
         if reuse == 0:
             return []
         hit = self.prefix_hit(tokens, after) if tokens is not None else 0
         parent, pending = self._chain_end(after) or (None, [])
         if (len(pending) + reuse) % self.block_size or reuse > hit:
-            raise PrefixOutOfStep(f"asked to reuse {reuse} cached tokens, but this KV cache holds {hit} of them "
-                                  "(the conductor's ledger and the worker's cache are out of step)")
+            raise ValueError(f"asked to reuse {reuse} cached tokens, but this KV cache holds {hit} of them "
+                             "(reuse only what prefix_hit finds, ending on a block boundary)")
         return self.allocator.cached(chain_keys(parent, [*pending, *tokens[:reuse]], self.block_size))
 
     def blocks_needed(self, num_tokens: int, tokens: Sequence[Row] | None = None, reuse: int = 0) -> int:
@@ -234,6 +239,7 @@ class KVBlockManager:
         copies = [(tail, fresh[0])] if tail is not None else []
         if tail is not None:
             self.allocator.free([tail])           # its rows stay until an allocation reuses the block
+        table.told = min(table.told, len(table.keys))
         table.blocks[len(table.keys):] = [*blocks, *fresh]
         table.keys.extend(keys)
         table.num_tokens += len(rows)
@@ -251,8 +257,12 @@ class KVBlockManager:
         cow = not replaced and last_partial and self.allocator.ref_count(table.blocks[-1]) > 1
         return fresh + int(cow), cow
 
+    def append_needs(self, req: RequestId, n: int) -> int:
+        """Fresh blocks `append(req, n)` takes when it reuses nothing (an upper bound when it does)."""
+        return self._append_needs(self._tables[req], n)[0]
+
     def can_append(self, req: RequestId, n: int) -> bool:
-        return self.allocator.can_allocate(self._append_needs(self._tables[req], n)[0])
+        return self.allocator.can_allocate(self.append_needs(req, n))
 
     def append(self, req: RequestId, n: int, tokens: Sequence[Row] | None = None,
                reuse: int = 0) -> list[tuple[int, int]]:
@@ -305,6 +315,7 @@ class KVBlockManager:
             parent, pending = self._chain_end(req)
             self.allocator.claim(reused)     # first: allocating fresh blocks must not evict these
             self.allocator.free(replaced)
+            table.told = min(table.told, len(table.keys))
             del table.blocks[len(table.keys):]
             table.keys.extend(chain_keys(parent, [*pending, *tokens[:reuse]], self.block_size))
             table.blocks.extend(reused)
@@ -315,11 +326,21 @@ class KVBlockManager:
         if cow:
             src, dst = table.blocks[-1], fresh.pop()
             self.allocator.free([src])
+            table.told = min(table.told, len(table.blocks) - 1)
             table.blocks[-1] = dst
             copies.append((src, dst))
         table.blocks.extend(fresh)
         table.num_tokens += n
         return copies
+
+    def changes(self, req: RequestId) -> tuple[int, list[int]]:
+        """(index, the table's blocks from it on) that changed since the last call: what the worker
+        holding the cache tensors must be told (its copy is `table[index:] = blocks`); (len, []) when
+        nothing did. Marks them told."""
+        table = self._tables[req]
+        at, blocks = table.told, table.blocks
+        table.told = len(blocks)
+        return at, blocks[at:]
 
     def fork(self, parent: RequestId, child: RequestId) -> None:
         """`child` starts with the same tokens as `parent`, sharing its blocks."""
@@ -338,10 +359,16 @@ class KVBlockManager:
     def metadata(self, schedule: Sequence[tuple[RequestId, int]],
                  device: torch.device | str = "cpu") -> AttentionMetadata:
         """Metadata for a forward that runs the last `n` tokens of each (request, n) in order."""
-        tables = [self._tables[req] for req, _ in schedule]
-        return AttentionMetadata.build(
-            query_lens=[n for _, n in schedule], seq_lens=[t.num_tokens for t in tables],
-            block_tables=[t.blocks for t in tables], block_size=self.block_size, device=device)
+        return tables_metadata(self._tables, schedule, self.block_size, device)
 
 
-__all__ = ["BlockTable", "KVBlockManager", "OutOfBlocks", "PrefixOutOfStep"]
+def tables_metadata(tables: dict[RequestId, BlockTable], schedule: Sequence[tuple[RequestId, int]], block_size: int,
+                    device: torch.device | str) -> AttentionMetadata:
+    """Attention metadata of a forward over the last `n` rows of each (request, n) of `schedule`, in order."""
+    held = [tables[req] for req, _ in schedule]
+    return AttentionMetadata.build(
+        query_lens=[n for _, n in schedule], seq_lens=[t.num_tokens for t in held],
+        block_tables=[t.blocks for t in held], block_size=block_size, device=device)
+
+
+__all__ = ["BlockTable", "KVBlockManager", "OutOfBlocks", "tables_metadata"]

@@ -5,8 +5,9 @@ preemption, or one decode token) into one forward over the paged KV cache, then 
 one token per request with that request's own `SamplingState` (seeded per request, so the
 batch around a request never changes its tokens). A prompt chunk with more to follow
 (`WorkItem.partial`, chunked prefill) only fills the cache: no logits, no token. The
-block tables live here (`KVBlockManager`); the conductor keeps a matching count and
-never over-commits.
+conductor owns the block tables and tells each Run what changed in its request's
+(`WorkItem.kv_at` / `kv_blocks` / `kv_copies`); this executor keeps its copy (`BlockTables`)
+and allocates nothing.
 
 CUDA graphs: on a CUDA device, when the plan puts the node in a capture region,
 decode-only batches (one token per request) that fit a batch bucket replay a captured
@@ -22,23 +23,24 @@ embeds a request was given are kept until it closes, so a recompute after preemp
 refills every placeholder of its history in order.
 
 Disaggregation: `export_kv(request_id)` hands a request's cache contents and sampling
-state to the rank that runs the node next (and frees them here); `import_kv` takes them.
+state to the rank that runs the node next (and frees them here); `import_kv` takes them, written
+into the blocks the Run that brings them is told.
 
 Prefix caching (`prefix_cache=True`, the declared executor's default): full blocks are
-cached by content (runtime/model_executor/kv/prefix_cache.py) and committed after the forward that wrote
-them; a new request's `item.cached` leading tokens (the conductor's count, from its mirror
-of this cache) reuse cached blocks and are not computed. Off when the plan reads the node's
+cached by content (runtime/model_executor/kv/prefix_cache.py) in the conductor's tables, keyed from
+the root this executor names (`kv_prefix_key`); a Run's `item.cached` leading tokens sit in reused
+blocks of its table and are not computed. Off when the plan reads the node's
 hidden states (a cached token has none) unless the executor says its state outputs need no
 forward of the cached rows (`states_need_forward = False`), and for subclasses unless they ask
 for it. A node fed embeddings caches only with declared `placeholder_ids`, which stop caching
 (`kv_prefix_stop_ids`): their ids do not say what was embedded there. A subclass that can name
-what its embedded rows hold keys them itself (`cache_rows`) and decides reuse on the worker.
+what its embedded rows hold keys them itself and decides reuse on the worker (the Qwen3-Omni
+thinker: its own `KVBlockManager`, overriding `_reserve` and `import_kv`).
 """
 from __future__ import annotations
 
 import logging
 from itertools import accumulate
-from typing import Sequence
 
 import torch
 
@@ -46,8 +48,7 @@ from mstar_compiler.plan import DynamicLoopBegin, LoopBegin, Node, Plan
 from runtime.model_executor.compiled import DecodeGraphs, capture_buckets
 from runtime.model_executor.compiled.cpu_compile import require_cpp_compiler
 from runtime.worker.executors import ExecResult, Executor, token_logprobs
-from runtime.model_executor.kv import KVBlockManager, prefix_root
-from runtime.model_executor.kv.prefix_cache import Row
+from runtime.model_executor.kv import BlockTables, prefix_root
 from runtime.model_executor.sampling import Sampler, SamplingParams, SamplingState
 from runtime.transport.messages import KVState, WorkItem
 from runtime.transport.request_params import RequestParams
@@ -75,9 +76,11 @@ class DecoderLMExecutor(Executor):
             # the model's identity: equal keys must mean equal KV contents
             root = prefix_root(plan.model, plan.preset, node.name, node.kind, node.preset, node.weights,
                                node.dtype, pool.block_tokens)
+        self.prefix_root = root
         self.kv_prefix_key = root.hex() if root is not None else ""
         self.kv_prefix_stop_ids = self.placeholder_ids if root is not None else frozenset()
-        self.blocks = KVBlockManager(pool.num_blocks, pool.block_tokens, root, self.kv_prefix_stop_ids)
+        self.blocks = BlockTables(pool.num_blocks, pool.block_tokens)
+        self._moved_in: dict[int, tuple[KVState, dict[str, torch.Tensor]]] = {}   # caches moved here, not written yet
         self.sampler = Sampler()
         self._params: dict[int, SamplingParams] = {}
         self._states: dict[int, SamplingState] = {}
@@ -126,13 +129,14 @@ class DecoderLMExecutor(Executor):
         if request_id in self.blocks:
             self.blocks.free(request_id)
         self._prompt_parts.pop(request_id, None)
+        self._moved_in.pop(request_id, None)
         if not kv_only:
             self._params.pop(request_id, None)
             self._states.pop(request_id, None)
             self._embeds.pop(request_id, None)
 
     def kv_used_blocks(self) -> int:
-        return self.kv_blocks - self.blocks.allocator.num_free
+        return self.blocks.used_blocks()
 
     def export_kv(self, request_id: int) -> tuple[KVState, dict[str, torch.Tensor]] | None:
         """The request's cache contents and sampling state for another rank (None: none held);
@@ -152,12 +156,15 @@ class DecoderLMExecutor(Executor):
         return msg, tensors
 
     def import_kv(self, msg: KVState, tensors: dict[str, torch.Tensor]) -> None:
-        """Take a request's cache contents and sampling state from the rank that held them."""
+        """Take a request's cache contents and sampling state from the rank that held them: written
+        when the Run that brings them takes its table (`_reserve`)."""
+        self._moved_in[msg.request_id] = (msg, tensors)
+
+    def _write_kv(self, msg: KVState, tensors: dict[str, torch.Tensor]) -> None:
+        """A moved cache into the first blocks of its request's table, its sampling state kept."""
         rid = msg.request_id
-        if rid in self.blocks:
-            self.blocks.free(rid)
-        self.blocks.allocate(rid, msg.num_tokens)
-        idx = torch.tensor(self.blocks.table(rid).blocks, dtype=torch.long, device=self.device)
+        idx = torch.tensor(self.blocks.table(rid).blocks[:-(-msg.num_tokens // self.kv_block_size)],
+                           dtype=torch.long, device=self.device)
         for layer, (k, v) in enumerate(zip(self.cache.k, self.cache.v)):
             k[idx] = tensors["k"][layer].to(self.device, k.dtype)
             v[idx] = tensors["v"][layer].to(self.device, v.dtype)
@@ -176,8 +183,7 @@ class DecoderLMExecutor(Executor):
             logits, hidden = self._decode_step(items)
         else:
             logits, hidden = self._forward(items, starts, inputs, sampling)
-        for item in items:            # written now: later requests may share the full blocks
-            self.blocks.commit(item.request_id)
+        for item in items:
             if item.partial and item.request_id not in self._states:
                 self._prompt_parts.setdefault(item.request_id, []).extend(item.tokens)
         states = [self._state(items[b]) for b in sampling]
@@ -251,23 +257,18 @@ class DecoderLMExecutor(Executor):
         return logits, hidden.clone()
 
     def _reserve(self, items: list[WorkItem]) -> list[int]:
-        """Room for every item's tokens in the cache; the position of each item's first token."""
+        """Each item's table as the conductor told it (a cache moved here written into it), holding
+        the item's tokens; the cache position of each item's first computed token."""
         starts = []
         for item in items:
             rid = item.request_id
-            rows = self.cache_rows(item)
-            if rid not in self.blocks:
-                self.blocks.allocate(rid, len(item.tokens), rows, reuse=item.cached)
-                starts.append(item.cached)
-            else:     # a later prompt chunk may continue in cached blocks too
-                starts.append(self.blocks.num_tokens(rid) + item.cached)
-                # copied at once: an OutOfBlocks for a later item must not leave a table without its copy
-                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens), rows, reuse=item.cached))
+            self.blocks.take(rid, item.kv_at, item.kv_blocks, item.kv_copies, self.cache)
+            moved = self._moved_in.pop(rid, None)
+            if moved is not None:
+                self._write_kv(*moved)
+                self.blocks.hold(rid, moved[0].num_tokens)
+            starts.append(self.blocks.grow(rid, len(item.tokens)) + item.cached)
         return starts
-
-    def cache_rows(self, item: WorkItem) -> Sequence[Row] | None:
-        """What the item's rows hold, as the prefix cache keys them (None: unknown, never cached): its tokens."""
-        return item.tokens
 
     def _state(self, item: WorkItem) -> SamplingState:
         rid = item.request_id

@@ -45,7 +45,7 @@ from runtime.model_executor.layers.attention import BatchContext
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.models.qwen3_omni.mrope import MropePositions
 from runtime.models.qwen3_omni.row_keys import thinker_rows
-from runtime.transport.messages import WorkItem
+from runtime.transport.messages import KVState, WorkItem
 from runtime.transport.request_params import RequestParams
 
 
@@ -100,8 +100,8 @@ class ThinkerExecutor(DecoderLMExecutor):
         # a tensor-parallel group's ranks would each have to decide alike, so it caches nothing
         self.kv_prefix_key, self.kv_prefix_stop_ids = "", frozenset()
         self.kv_reported = node.name     # the conductor counts this pool from the worker's reports
-        root = self.blocks.prefix_root if node.placement.tp_size == 1 else None
-        self.blocks = KVBlockManager(self.kv_blocks, self.kv_block_size, root)
+        root = self.prefix_root if node.placement.tp_size == 1 else None
+        self.blocks = KVBlockManager(self.kv_blocks, self.kv_block_size, root)   # its own tables: it decides reuse
         self._rows: dict[int, list[Row] | None] = {}       # request -> this Run's rows as the cache keys them
         self._positions: dict[int, torch.Tensor] = {}       # request -> this Run's positions, every row
         self.tts_ids = torch.tensor(tts_ids, dtype=torch.long, device=self.device)
@@ -143,11 +143,33 @@ class ThinkerExecutor(DecoderLMExecutor):
         allocator = self.blocks.allocator
         return allocator.stats if isinstance(allocator, PrefixCachingAllocator) else None
 
+    def kv_used_blocks(self) -> int:
+        return self.kv_blocks - self.blocks.allocator.num_free
+
+    def import_kv(self, msg: KVState, tensors: dict[str, torch.Tensor]) -> None:
+        """A moved cache, in blocks this executor's own tables take for it."""
+        if msg.request_id in self.blocks:
+            self.blocks.free(msg.request_id)
+        self.blocks.allocate(msg.request_id, msg.num_tokens)
+        self._write_kv(msg, tensors)
+
+    def _reserve(self, items: list[WorkItem]) -> list[int]:
+        """Room for every item's rows in this executor's own tables, reusing the `item.cached` rows
+        `_look_up` found; the cache position of each item's first computed row."""
+        starts = []
+        for item in items:
+            rid, rows = item.request_id, self._rows[item.request_id]
+            if rid not in self.blocks:
+                self.blocks.allocate(rid, len(item.tokens), rows, reuse=item.cached)
+                starts.append(item.cached)
+            else:     # a later piece of the prompt may continue in cached blocks too
+                starts.append(self.blocks.num_tokens(rid) + item.cached)
+                # copied at once: an OutOfBlocks for a later item must not leave a table without its copy
+                self.cache.copy_blocks(self.blocks.append(rid, len(item.tokens), rows, reuse=item.cached))
+        return starts
+
     def positions(self, item: WorkItem, start: int) -> torch.Tensor:
         return self._positions[item.request_id][..., item.cached:]
-
-    def cache_rows(self, item: WorkItem) -> list[Row] | None:
-        return self._rows[item.request_id]
 
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
@@ -157,6 +179,8 @@ class ThinkerExecutor(DecoderLMExecutor):
             self._look_up(item, start, ins)
         try:
             results = super().run(items, inputs)
+            for item in items:    # written: later requests may share the full blocks
+                self.blocks.commit(item.request_id)
         except BaseException:    # what the failed forward was to write is never keyed
             for item in items:
                 if item.request_id in self.blocks:

@@ -100,14 +100,14 @@ def test_the_ledger_keeps_its_block_count_equal_to_what_it_holds() -> None:
             ledger.free_request(rid)
         else:
             pool.grow(rid, rng.randint(1, 40))
-        assert pool.used_blocks == sum(-(-n // 16) for n in pool.tokens.values())
+        assert pool.used_blocks == sum(-(-pool.held(r) // 16) for r in pool.holders())
     ledger.free_rank(0)
     assert pool.used_blocks == 0 and ledger.usage() == 0.0
 
 
 def test_a_step_stops_looking_once_every_batch_is_full(plan) -> None:
     bench = Bench(plan)
-    bench.ledger.pools[(0, "lm")].num_blocks = 400
+    bench.ledger.add_pool(0, "lm", 400, 16)
     max_batch = plan.node("lm").max_batch
     reqs = [bench.submit(rid, 4) for rid in range(3 * max_batch)]
     asked: list[int] = []
@@ -143,16 +143,17 @@ def test_a_reported_pool_preempts_one_victim_per_worker_report(plan) -> None:
 
 
 def test_try_grow_is_can_grow_then_grow_for_every_kind_of_pool() -> None:
-    """The scheduler grows each row with one `try_grow` call: the plain pool counts inline, the
-    prefix pool puts a decode row in its last block directly, the others check then grow. Fed the same random requests, each pool ends every call as the pair
-    `can_grow` / `grow` leaves a twin of it (tokens, blocks, peak, the answer)."""
+    """The scheduler grows each row with one `try_grow` call: a pool the conductor owns puts a
+    decode row in its own partly filled last block directly, otherwise checks then grows, as a
+    reported pool does. Fed the same random requests, each pool ends every call as the pair
+    `can_grow` / `grow` leaves a twin of it (tokens, blocks, peak, the answer, the tables)."""
     import random
 
-    from runtime.conductor.kv_ledger import KVPoolLedger, PrefixPoolLedger, ReportedCache, ReportedPoolLedger
+    from runtime.conductor.kv_ledger import KVPoolLedger, ReportedCache, ReportedPoolLedger
 
     def pools():
         cache = ReportedCache()
-        return [KVPoolLedger(40, 16), PrefixPoolLedger(40, 16, b"root"), ReportedPoolLedger(40, 16, cache, "lm")]
+        return [KVPoolLedger(40, 16), KVPoolLedger(40, 16, b"root"), ReportedPoolLedger(40, 16, cache, "lm")]
 
     for one, twin in zip(pools(), pools()):
         rng, answers = random.Random(1), set()
@@ -163,19 +164,18 @@ def test_try_grow_is_can_grow_then_grow_for_every_kind_of_pool() -> None:
                 one.free(rid)
                 twin.free(rid)
                 continue
-            held = one.tokens.get(rid, 0)
+            held = one.held(rid)
             n = 1 if rng.random() < 0.5 else rng.randint(2, 40)     # a decode row half the time
             tokens = prompts[rid][held:held + n] if held + n <= 200 else None
             got = one.try_grow(rid, n, tokens)
             want = twin.grow(rid, n, tokens=tokens) if twin.can_grow(rid, n, tokens=tokens) else None
             assert got == want, type(one).__name__
             answers.add(got is None)
-            assert (one.tokens, one.used_blocks, one.peak_blocks) == (twin.tokens, twin.used_blocks, twin.peak_blocks)
-            if isinstance(one, PrefixPoolLedger):   # its mirror's tables too (a decode row's short way)
+            held = {r: one.held(r) for r in one.holders()}
+            assert (held, one.used_blocks, one.peak_blocks) == \
+                ({r: twin.held(r) for r in twin.holders()}, twin.used_blocks, twin.peak_blocks)
+            if isinstance(one, KVPoolLedger):   # its tables too (a decode row's short way)
                 one.commit()
                 twin.commit()
-                assert {r: vars(one.mirror.table(r)) for r in one.tokens if r in one.mirror} == \
-                    {r: vars(twin.mirror.table(r)) for r in twin.tokens if r in twin.mirror}
+                assert {r: vars(one.tables.table(r)) for r in held} == {r: vars(twin.tables.table(r)) for r in held}
         assert answers == {True, False}      # both answers were compared: grown and refused
-    # the reported pool checks then grows; the prefix pool's own try_grow takes a decode row's short way
-    assert ReportedPoolLedger.try_grow is KVPoolLedger.checked_grow is not PrefixPoolLedger.try_grow

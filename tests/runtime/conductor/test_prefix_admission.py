@@ -63,7 +63,7 @@ def test_a_finished_requests_cached_blocks_are_reused_and_still_count_as_room(pl
     b.ledger.free_request(1)                    # finished: its blocks stay cached but belong to nobody
     b.requests[1].fail("done")
     pool = b.ledger.pool(0, "lm")
-    assert pool.used_blocks == 0 and pool.mirror.allocator.num_cached == 5
+    assert pool.used_blocks == 0 and pool.tables.allocator.num_cached == 5
     b.submit(2, 90)
     assert step(b) == {2: 80}
     b.submit(3, 7 * 16)                         # all 7s: shares request 2's 5 blocks, needs 2 more of 2 free

@@ -103,7 +103,7 @@ def test_preemption_unbinds_the_request_so_its_recompute_may_move() -> None:
         await conductor.step()
         assert req.replicas == {NODE: 0}
         conductor._preempt(req)
-        assert req.replicas == {} and req.request_id not in conductor.ledger.pool(0, NODE).tokens
+        assert req.replicas == {} and req.request_id not in conductor.ledger.pool(0, NODE).holders()
         conductor.ledger.pool(0, NODE).grow(999, 16 * 60)    # rank 0 now nearly full (an outside holder)
         await conductor.step()
         conductor.abort(req)

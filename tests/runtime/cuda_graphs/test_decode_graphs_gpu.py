@@ -14,6 +14,7 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.model_executor.components import component_class
 from runtime.model_executor.compiled import DecodeGraphs
+from runtime.conductor.local_run import LocalRun
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
 from runtime.model_executor.sampling import SamplingParams
@@ -68,11 +69,12 @@ def test_executor_captures_its_capture_region_on_cuda() -> None:
         assert (executor.decode_graphs is not None) == with_plan
         for rid in prompts:
             executor.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
-        results = executor.run([WorkItem(rid, tokens) for rid, tokens in prompts.items()], [{}] * 3)
+        run = LocalRun(executor)
+        results = run.run([WorkItem(rid, tokens) for rid, tokens in prompts.items()], [{}] * 3)
         last = {rid: r.tokens[0] for rid, r in zip(prompts, results)}
         history = [dict(last)]
         for live in ([0, 1, 2], [2, 1], [0, 1, 2], [0]):
-            results = executor.run([WorkItem(rid, [last[rid]]) for rid in live], [{}] * len(live))
+            results = run.run([WorkItem(rid, [last[rid]]) for rid in live], [{}] * len(live))
             last.update({rid: r.tokens[0] for rid, r in zip(live, results)})
             history.append(dict(last))
         runs.append(history)

@@ -13,6 +13,7 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.model_executor.components import component_class
 from runtime.model_executor.compiled import DecodeGraphs, capture_buckets
+from runtime.conductor.local_run import LocalRun
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.transport.messages import WorkItem
 from runtime.model_executor.sampling import SamplingParams
@@ -40,11 +41,12 @@ def test_padded_decode_batches_match_eager_executor() -> None:
         executor = _executor(plan, padded)
         for rid in PROMPTS:
             executor.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
-        results = executor.run([WorkItem(rid, tokens) for rid, tokens in PROMPTS.items()], [{}] * 3)
+        run = LocalRun(executor)
+        results = run.run([WorkItem(rid, tokens) for rid, tokens in PROMPTS.items()], [{}] * 3)
         last = {rid: r.tokens[0] for rid, r in zip(PROMPTS, results)}
         tokens, hidden = [dict(last)], []
         for live in ([0, 1, 2], [2, 1], [0, 1, 2]):  # 3 rows pad to bucket 4; 2 fill bucket 2
-            results = executor.run([WorkItem(rid, [last[rid]]) for rid in live], [{}] * len(live))
+            results = run.run([WorkItem(rid, [last[rid]]) for rid in live], [{}] * len(live))
             last.update({rid: r.tokens[0] for rid, r in zip(live, results)})
             tokens.append(dict(last))
             hidden.append(torch.cat([r.outputs["hidden"] for r in results]))

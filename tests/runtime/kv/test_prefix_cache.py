@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from runtime.conductor.kv_ledger import KVPoolLedger, PrefixPoolLedger
-from runtime.model_executor.kv import KVBlockManager, OutOfBlocks, PrefixOutOfStep, prefix_root
+from runtime.conductor.kv_ledger import KVPoolLedger
+from runtime.model_executor.kv import KVBlockManager, OutOfBlocks, prefix_root
 
 BS = 4
 ROOT = prefix_root("test-model", "lm", "fp32")
@@ -75,7 +75,7 @@ def test_a_held_block_is_never_evicted_and_running_out_changes_nothing() -> None
 
 def test_reusing_more_than_is_cached_is_a_loud_error() -> None:
     kv = KVBlockManager(8, BS, ROOT)
-    with pytest.raises(PrefixOutOfStep, match="out of step"):
+    with pytest.raises(ValueError, match="asked to reuse 8 cached tokens, but this KV cache holds 0"):
         kv.allocate(1, 9, list(range(9)), reuse=8)
     assert 1 not in kv and kv.allocator.num_free == 8
 
@@ -91,14 +91,36 @@ def test_decode_tokens_fill_blocks_that_a_later_turn_reuses() -> None:
     assert kv.prefix_hit(turn1 + [8, 9, 10, 11, 12, 13, 14]) == 8
 
 
+class _Count:
+    """Tokens per request, each its own ceil(tokens / BS) blocks, nothing shared: what a pool that
+    does not know the worker's reuse would count (an upper bound on what the cache holds)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks, self.tokens = num_blocks, {}
+
+    @property
+    def used_blocks(self) -> int:
+        return sum(-(-n // BS) for n in self.tokens.values())
+
+    def can_grow(self, req: int, n: int) -> bool:
+        held = self.tokens.get(req, 0)
+        return -(-(held + n) // BS) + held // -BS <= self.num_blocks - self.used_blocks
+
+    def grow(self, req: int, n: int) -> None:
+        self.tokens[req] = self.tokens.get(req, 0) + n
+
+    def free(self, req: int) -> None:
+        self.tokens.pop(req, None)
+
+
 def test_randomised_allocate_reuse_decode_evict_abort_keeps_every_invariant() -> None:
     """Also prompts prefilled in two chunks (the second looked up after the first, which may end
     mid-block), and a plain ledger fed the same calls: what it admits always fits the cache (the
     count of a node that decides reuse on its worker)."""
     rng = random.Random(1234)
     kv = KVBlockManager(24, BS, ROOT)
-    ledger = PrefixPoolLedger(24, BS, ROOT)             # the conductor's mirror, fed the same calls
-    plain = KVPoolLedger(24, BS)                        # a count of tokens only: an upper bound
+    ledger = KVPoolLedger(24, BS, ROOT)                 # the conductor's tables, fed the same calls
+    plain = _Count(24)                                  # a count that shares nothing: an upper bound
     prefixes = [[rng.randrange(50) for _ in range(rng.randrange(4, 14))] for _ in range(5)]
     written: dict[int, tuple[int, ...]] = {}            # block -> the tokens its KV was computed from
     live: dict[int, list[int]] = {}                     # request -> its tokens so far
@@ -180,7 +202,7 @@ def test_randomised_allocate_reuse_decode_evict_abort_keeps_every_invariant() ->
     assert kv.allocator.num_free == 24 and kv.allocator.stats.evictions > 0 and kv.allocator.stats.hits > 0
 
 
-def _second_chunk(kv: KVBlockManager, ledger: PrefixPoolLedger, plain: KVPoolLedger, req: int,
+def _second_chunk(kv: KVBlockManager, ledger: KVPoolLedger, plain: _Count, req: int,
                   todo: dict[int, list[int]], live: dict[int, list[int]], written: dict) -> None:
     """The rest of `req`'s prompt, continuing in cached blocks where they hold it (the randomised test)."""
     rest = todo[req]
@@ -206,7 +228,7 @@ def _second_chunk(kv: KVBlockManager, ledger: PrefixPoolLedger, plain: KVPoolLed
 
 def test_a_later_prompt_chunk_continues_in_cached_blocks() -> None:
     """Chunked prefill: B's first chunk was computed before A's prompt was cached; B's next chunk
-    looks up again, continuing B's chain, and shares A's blocks (mirror and worker alike)."""
+    looks up again, continuing B's chain, and shares A's blocks (the conductor's tables and a worker's own alike)."""
     kv = KVBlockManager(16, BS, ROOT)
     prompt = list(range(200, 216))                       # 4 full blocks
     kv.allocate("b", 4, prompt[:4], reuse=0)
@@ -218,7 +240,7 @@ def test_a_later_prompt_chunk_continues_in_cached_blocks() -> None:
     assert kv.table("b").blocks[:3] == kv.table("a").blocks[:3]
     kv.commit("b")
     assert kv.allocator.stats.queries == 3 and kv.allocator.stats.hit_tokens == 4 + 8
-    with pytest.raises(PrefixOutOfStep):                 # nothing follows B's last block in the cache
+    with pytest.raises(ValueError, match="asked to reuse"):                 # nothing follows B's last block in the cache
         kv.append("b", 8, list(range(300, 308)), reuse=4)
     kv.append("b", 1, [5])                               # decode steps look up nothing
     assert kv.allocator.stats.queries == 3
@@ -245,7 +267,7 @@ def test_a_chunk_after_a_partly_filled_block_continues_in_the_cached_block_holdi
     assert len(kv.table("b").blocks) == 4 and kv.allocator.num_free == free
     kv.commit("b")
     assert len(kv.table("b").keys) == 4 and kv.table("b").keys == kv.table("a").keys
-    with pytest.raises(PrefixOutOfStep):                 # a reuse not ending on a block boundary
+    with pytest.raises(ValueError, match="asked to reuse"):                 # a reuse not ending on a block boundary
         kv.allocate("c", 6, prompt[:6], reuse=4)
         kv.commit("c")
         kv.append("c", 10, prompt[6:], reuse=5)
@@ -255,11 +277,11 @@ def test_a_chunk_after_a_partly_filled_block_continues_in_the_cached_block_holdi
     assert kv.allocator.num_free == 16
 
 
-def test_the_ledger_reuses_later_chunks_like_the_worker() -> None:
-    pool = PrefixPoolLedger(16, BS, ROOT)
+def test_the_ledger_reuses_later_chunks_like_a_worker_deciding_itself() -> None:
+    pool = KVPoolLedger(16, BS, ROOT)
     worker = KVBlockManager(16, BS, ROOT)
     prompt = list(range(400, 416))
-    for kv in (pool.mirror, worker):
+    for kv in (pool.tables, worker):
         prefill(kv, "a", prompt)
     chunks = [prompt[:8], prompt[8:]]
     assert pool.cached_prefix("b", prompt) == 12         # a Run of the whole rest would reuse 3 blocks
@@ -270,17 +292,17 @@ def test_the_ledger_reuses_later_chunks_like_the_worker() -> None:
     worker.allocate("b", 8, chunks[0], reuse=reuse[0])
     worker.commit("b")
     worker.append("b", 8, chunks[1], reuse=reuse[1])     # what the conductor counted is there
-    assert len(worker.table("b").blocks) == len(pool.mirror.table("b").blocks) == 4
+    assert len(worker.table("b").blocks) == len(pool.tables.table("b").blocks) == 4
 
 
 def test_a_piece_holding_a_placeholder_is_neither_looked_up_nor_cached() -> None:
     """Placeholder ids (an encoder's rows go there) stop caching, in the worker's cache and the
-    ledger's mirror alike: the text before them is reused, nothing from them on."""
+    conductor's tables alike: the text before them is reused, nothing from them on."""
     pad = 99
     kv = KVBlockManager(16, BS, ROOT, frozenset({pad}))
-    ledger = PrefixPoolLedger(16, BS, ROOT, frozenset({pad}))
+    ledger = KVPoolLedger(16, BS, ROOT, frozenset({pad}))
     text, picture = list(range(10)), [pad] * 6 + [7, 8, 9, 10, 11]
-    for cache in (kv, ledger.mirror):
+    for cache in (kv, ledger.tables):
         prefill(cache, 1, text)
         assert cache.prefix_hit(text + [50]) == 8
         assert cache.prefix_hit(picture) == 0 and cache.prefix_hit(text[:8] + picture) == 0

@@ -52,7 +52,10 @@ class FakeConductor:
                 return env.msg
 
     async def run(self, batch_id: int, request_id: int, tokens: list[int]) -> BatchDone | BatchFailed:
-        self.queue.send(0, RunBatch(batch_id=batch_id, node="lm", items=[WorkItem(request_id=request_id, tokens=tokens)]))
+        # the request's first Run (each Run here is one, or one after a close): a table of the pool's first blocks
+        table = list(range(-(-len(tokens) // 16)))
+        item = WorkItem(request_id=request_id, tokens=tokens, kv_at=0, kv_blocks=table)
+        self.queue.send(0, RunBatch(batch_id=batch_id, node="lm", items=[item]))
         while True:
             reply = await self.expect((BatchDone, BatchFailed))
             if reply.batch_id == batch_id:

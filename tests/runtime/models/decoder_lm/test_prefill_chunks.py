@@ -6,6 +6,7 @@ from pathlib import Path
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
+from runtime.conductor.local_run import LocalRun
 from runtime.worker.executors import executor_for
 from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.messages import WorkItem
@@ -19,7 +20,7 @@ PARAMS = RequestParams(sampling=SamplingParams(temperature=0.0, repetition_penal
 def _executor():
     plan = compile_file(str(ROOT / "graphs/smollm2.yaml"), Options(preset="tiny")).plan
     module, _ = load_rank(plan, 0, None)["lm"]
-    return executor_for(plan.node("lm"), module, 0, plan)
+    return LocalRun(executor_for(plan.node("lm"), module, 0, plan))
 
 
 def _decode(ex, rid: int, first: int, steps: int) -> list[int]:
@@ -31,11 +32,11 @@ def _decode(ex, rid: int, first: int, steps: int) -> list[int]:
 
 def test_chunked_prompt_samples_the_whole_prompt_tokens() -> None:
     ex = _executor()
-    assert ex.chunks_prefill
+    assert ex.executor.chunks_prefill
     prompt = [(7 * i) % 300 + 3 for i in range(45)]
-    ex.open(1, PARAMS)
+    ex.executor.open(1, PARAMS)
     whole = _decode(ex, 1, ex.run([WorkItem(request_id=1, tokens=prompt)], [{}])[0].tokens[0], 12)
-    ex.open(2, PARAMS)
+    ex.executor.open(2, PARAMS)
     pieces = [prompt[:16], prompt[16:32], prompt[32:]]
     for piece in pieces[:-1]:
         result = ex.run([WorkItem(request_id=2, tokens=piece, partial=True)], [{}])[0]

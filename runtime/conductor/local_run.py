@@ -1,0 +1,50 @@
+"""One node executor driven in this process, its KV block tables owned as the conductor owns them.
+
+Tests, benchmarks and profilers that call an executor directly (no conductor, no worker) still need
+the tables a served node's Runs are told: `LocalRun` grows each Run's table in a `KVPoolLedger`
+(runtime/conductor/kv_ledger.py), with prefix reuse where the executor names a prefix root, tells
+the item (`WorkItem.kv_at` / `kv_blocks` / `kv_copies`, `cached`), keys the full blocks and runs the
+executor; a Run that raises un-keys what it was to write, as a failed batch does when served.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from runtime.conductor.kv_ledger import KVPoolLedger
+from runtime.transport.messages import WorkItem
+
+
+class LocalRun:
+    """An executor with a KV pool, and the conductor's tables for it."""
+
+    def __init__(self, executor: Any, prefix_cache: bool = True) -> None:
+        root = bytes.fromhex(executor.kv_prefix_key) if prefix_cache and executor.kv_prefix_key else None
+        self.executor = executor
+        self.pool = KVPoolLedger(executor.kv_blocks, executor.kv_block_size, root,
+                                 frozenset(executor.kv_prefix_stop_ids))
+
+    def run(self, items: Sequence[WorkItem], inputs: Sequence[dict[str, torch.Tensor]]) -> list:
+        """Grow and tell each item's table (OutOfBlocks if the pool is full), then run the batch."""
+        items = list(items)
+        for item in items:
+            item.cached = self.pool.grow(item.request_id, len(item.tokens), item.tokens)
+            self.pool.tell(item.request_id, item)
+        self.pool.commit()
+        try:
+            return self.executor.run(items, list(inputs))
+        except BaseException:
+            self.pool.forget([item.request_id for item in items])
+            raise
+
+    def close(self, request_id: int, kv_only: bool = False) -> None:
+        self.pool.free(request_id)
+        self.executor.close(request_id, kv_only)
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything else is the executor's (`open`, `model`, `cache`, ...: read, not set, through here)."""
+        return getattr(self.executor, name)
+
+
+__all__ = ["LocalRun"]
