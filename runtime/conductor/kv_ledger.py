@@ -117,6 +117,19 @@ class KVPoolLedger:
             self.peak_blocks = used
         return reuse
 
+    def place_row(self, request_id: int, tokens: Sequence[int], item: WorkItem) -> bool:
+        """A decode row's one token into its request's own partly filled last block, nothing to tell
+        (the usual decode step; a steady row's hot path): `try_grow` and `tell` in one call. False,
+        changing nothing, when the row needs more (a block, a copy, a change the worker was not told)."""
+        if not self.tables.append_in_place(request_id, tokens, told=True):
+            return False
+        if self.prefix_root is not None:
+            self._grown.add(request_id)
+        item.cached = 0
+        if item.kv_at != -1 or item.kv_copies:    # what the item's last Run was told (a steady row's item is kept)
+            item.kv_at, item.kv_blocks, item.kv_copies = -1, [], []
+        return True
+
     def tell(self, request_id: int, item: WorkItem) -> None:
         """Put in the request's Run what its worker's copy of the table lacks (runtime/model_executor/
         kv/block_tables.py): the blocks from `kv_at` on (-1: none changed) and the copies to make first."""
@@ -242,6 +255,10 @@ class ReportedPoolLedger:
 
     def cached_prefix(self, request_id: int, tokens: Sequence[int]) -> int:
         return 0
+
+    def place_row(self, request_id: int, tokens: Sequence[int], item: WorkItem) -> bool:
+        """Never: each Run is charged in full (`try_grow`)."""
+        return False
 
     def tell(self, request_id: int, item: WorkItem) -> None:
         """Nothing to tell: the worker keeps this pool's tables."""

@@ -79,11 +79,12 @@ class SteadyRow(msgspec.Struct):
         cached = 0
         if pool is not None:
             rid = req.request_id
-            if (cached := pool.try_grow(rid, len(tokens), tokens)) is None:
-                req.steady = None
-                return False
-            item.cached = cached
-            pool.tell(rid, item)
+            if len(tokens) != 1 or not pool.place_row(rid, tokens, item):
+                if (cached := pool.try_grow(rid, len(tokens), tokens)) is None:
+                    req.steady = None
+                    return False
+                item.cached = cached
+                pool.tell(rid, item)
         item.step = self.loop.counter
         if self.history is not None:             # Request.note_kv of a cache that is held
             self.history.extend(tokens)

@@ -42,14 +42,14 @@ class BlockAllocator:
             raise ValueError(f"a KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))   # oldest first
-        self._refs = [0] * num_blocks
+        self.refs = [0] * num_blocks      # owners of each block (read it, change it only through these methods)
 
     @property
     def num_free(self) -> int:
         return len(self._free)
 
     def ref_count(self, block: int) -> int:
-        return self._refs[block]
+        return self.refs[block]
 
     def can_allocate(self, n: int) -> bool:
         return n <= len(self._free)
@@ -64,7 +64,7 @@ class BlockAllocator:
             after = self._take(after)
             blocks.append(after)
         for b in blocks:
-            self._refs[b] = 1
+            self.refs[b] = 1
         return blocks
 
     def _take(self, after: int | None) -> int:
@@ -74,17 +74,17 @@ class BlockAllocator:
     def share(self, blocks: Iterable[int]) -> None:
         """Add one owner to each of `blocks` (all must be allocated)."""
         for b in blocks:
-            if self._refs[b] == 0:
+            if self.refs[b] == 0:
                 raise ValueError(f"block {b} is free; only allocated blocks can be shared")
-            self._refs[b] += 1
+            self.refs[b] += 1
 
     def free(self, blocks: Iterable[int]) -> None:
         """Drop one owner from each of `blocks`; a block with no owner left is free again."""
         for b in blocks:
-            if self._refs[b] == 0:
+            if self.refs[b] == 0:
                 raise ValueError(f"block {b} is freed twice")
-            self._refs[b] -= 1
-            if self._refs[b] == 0:
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
                 self._unowned(b)
 
     def _unowned(self, block: int) -> None:

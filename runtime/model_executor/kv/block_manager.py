@@ -279,18 +279,21 @@ class KVBlockManager:
             self.allocator.note_query(len(tokens), reuse)    # a later prompt chunk: a lookup too
         return copies
 
-    def append_in_place(self, req: RequestId, tokens: Sequence[Row] | None) -> bool:
+    def append_in_place(self, req: RequestId, tokens: Sequence[Row] | None, told: bool = False) -> bool:
         """One row (a decode step's) into the request's own partly filled last block, as `append`
         would put it there (no block taken, none copied, nothing to look up); False, changing
-        nothing, if it needs more than that (or the request holds no table)."""
+        nothing, if it needs more than that (or the request holds no table). `told`: also False
+        while the table has `changes` not yet taken (so after it there are none)."""
         table = self._tables.get(req)
         if table is None:
             return False
-        if (not table.num_tokens % self.block_size or len(table.blocks) != table.num_tokens // self.block_size + 1
-                or self.allocator.ref_count(table.blocks[-1]) != 1):
+        n, blocks, size = table.num_tokens, table.blocks, self.block_size
+        if (not n % size or len(blocks) != n // size + 1 or (told and table.told != len(blocks))
+                or self.allocator.refs[blocks[-1]] != 1):
             return False
-        self._note_rows(table, tokens, 0)
-        table.num_tokens += 1
+        if table.pending is not None:
+            self._note_rows(table, tokens, 0)
+        table.num_tokens = n + 1
         return True
 
     def _note_rows(self, table: BlockTable, tokens: Sequence[Row] | None, reuse: int) -> None:

@@ -123,7 +123,7 @@ class PrefixCachingAllocator(BlockAllocator):
             after = self._take(after) if self._free else self._evict(after)
             blocks.append(after)
         for b in blocks:
-            self._refs[b] = 1
+            self.refs[b] = 1
         return blocks
 
     def _evict(self, after: int | None = None) -> int:
@@ -162,12 +162,12 @@ class PrefixCachingAllocator(BlockAllocator):
             if b not in self._keys:
                 raise ValueError(f"block {b} is not cached; only a cached block can be claimed")
             self._evictable.pop(b, None)
-            self._refs[b] += 1
+            self.refs[b] += 1
 
     def register(self, block: int, key: Key) -> None:
         """`block` (allocated, written) now holds the contents `key` names. A key already
         cached in another block (two requests computed it at once) keeps that block."""
-        if self._refs[block] == 0:
+        if self.refs[block] == 0:
             raise ValueError(f"block {block} is free; only a written, held block can be cached")
         if key in self._blocks:
             return
