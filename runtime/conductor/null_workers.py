@@ -17,7 +17,7 @@ class NullWorkers:
 
     def __init__(self, conductor: Conductor, kv_blocks: int = 1 << 16, block_size: int = 16, token: int = 7,
                  prefix_root: bytes | None = None) -> None:
-        """`prefix_root`: the pools mirror a prefix cache keyed from it (as a served LM's, by default)."""
+        """`prefix_root`: the pools cache prefixes keyed from it (as a served LM's do, by default)."""
         self.conductor = conductor
         self.token = token
         self.batches = 0          # RunBatch messages answered (lead ranks)

@@ -187,7 +187,7 @@ class ItemResult(msgspec.Struct, omit_defaults=True):
 
 class PrefixCounts(msgspec.Struct, omit_defaults=True):
     """Running prefix-cache totals of a node whose worker decides reuse itself (the conductor
-    mirrors the others' caches and counts them there)."""
+    owns the others' tables and counts them there)."""
 
     node: str
     queries: int = 0            # inputs looked up

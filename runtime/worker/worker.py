@@ -311,7 +311,7 @@ class Worker:
         return {n: self.executors[n].kv_used_blocks() for n in self.reporting}
 
     def _report_kv(self, request_ids: list[int]) -> None:
-        """The conductor credits freed blocks of the caches it cannot mirror once told (KVUsage)."""
+        """The conductor credits freed blocks of the caches a worker decides itself once told (KVUsage)."""
         if self.reporting:
             self.control.send(KVUsage(rank=self.rank, kv_used=self._kv_used(), request_ids=request_ids))
 

@@ -20,9 +20,10 @@ The count is the same on any machine and any load (but for a few opcodes of the 
 time-based checks), so a change to the conductor's hot path shows in it when the timed rows
 are lost in a shared machine's noise; per decode row it is the step's count minus the
 1-live count, divided by the rows.
-The last case runs the 512 with the KV pool mirroring a prefix cache (`PrefixPoolLedger`), as a
-served LM's pool does by default (`--no-prefix-cache` turns it off): each decode row then also
-advances the mirror's block table, and a filled block is hashed and registered.
+Every case runs the conductor's own block tables (`KVPoolLedger`: each Run grown and told what
+changed in its table). The last case runs the 512 with the pool caching prefixes, as a served LM's
+pool does by default (`--no-prefix-cache` turns it off): each decode row's token is also kept for
+its block's key, and a filled block is hashed and registered.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ STEPS = 200                # timed steps per round
 SNAPSHOTS = 20             # timed /v1/state snapshots per round
 TRACED_STEPS = 20          # steps whose opcodes are counted per round (tracing runs ~50x slower)
 MAX_TOKENS = 8192          # decode loops far longer than a run: every request stays live
-PREFIX_ROOT = bytes(16)     # the "prefix cache" case: the pool mirrors a prefix cache, as a served LM's does by default
+PREFIX_ROOT = bytes(16)     # the "prefix cache" case: the pool caches prefixes, as a served LM's does by default
 LABEL = "mstar Conductor.step() with null workers (tiny smollm2 plan, one lm node, batch {batch})"
 NOTE = "absolute figure: there is no baseline peer for the conductor's own cost"
 

@@ -1,8 +1,7 @@
 """Prefix-cache counters per (rank, KV node) on /metrics, read from the conductor's KV ledger.
 
-The ledger's mirror of each worker's cache makes the same reuse decisions as the worker
-(runtime/conductor/kv_ledger.py), so its counts are the worker's: lookups of a new
-request's prompt, lookups that reused at least one block, prompt tokens looked up and
+The ledger decides reuse for the pools whose block tables it owns (runtime/conductor/kv_ledger.py),
+so it counts them itself: lookups of a new request's prompt, lookups that reused at least one block, prompt tokens looked up and
 reused, and cached blocks evicted to make room. Caches a worker decides on its own (BAGEL's
 LM, whose rows are named by image digests the conductor never sees) are counted by the
 worker and reported with each BatchDone (`KVLedger.note_reported`).

@@ -20,8 +20,8 @@ Block life cycle, on top of the reference counts of `BlockAllocator`:
     when none are left. A block with an owner is never evicted.
 `num_free` counts free and evictable blocks: both can be handed out.
 
-Keys are blake2b digests, identical in every process (the conductor mirrors a worker's
-cache with its own instance: see runtime/conductor/kv_ledger.py).
+Keys are blake2b digests, identical in every process (the conductor keys the tables it owns
+from the root a worker's executor names: see runtime/conductor/kv_ledger.py).
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ class Executor(Protocol):
 
     kv_blocks: int = 0                    # KV pool size in blocks (0: the node keeps no KV cache)
     kv_block_size: int = 0                # tokens per block
-    # the cache's prefix key root (hex; "" = no prefix reuse the conductor can mirror) and the token ids
+    # the cache's prefix key root (hex; "" = no prefix reuse the conductor decides) and the token ids
     # whose blocks may not be shared by id alone (placeholders an encoder fills)
     kv_prefix_key: str = ""
     kv_prefix_stop_ids: frozenset[int] = frozenset()
