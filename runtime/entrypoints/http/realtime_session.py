@@ -15,8 +15,9 @@ Client events (JSON text frames) and what they do here:
                             task for modalities ["text"]) -> response.created, response.audio.delta /
                             response.audio_transcript.delta (or response.text.delta), their .done, response.done
   response.cancel           stops the deltas -> response.done with status "cancelled"
-A bad event gets an `error` event (OpenAI's shape, `event_id` of the client event) and the session
-goes on. Turn detection is off (`turn_detection: null`): the client commits. Each response answers
+Each event's fields are read once into its schema (runtime/entrypoints/http/schemas.py: a field of
+the wrong kind is named in the error). A bad event gets an `error` event (OpenAI's shape, `event_id`
+of the client event) and the session goes on. Turn detection is off (`turn_detection: null`): the client commits. Each response answers
 the last committed utterance alone (no conversation history is kept).
 `close()` (the socket closed) aborts every request of the session: the conductor frees their KV
 blocks and stream buffers.
@@ -31,6 +32,7 @@ import logging
 import uuid
 from typing import Any, Awaitable, Callable
 
+import msgspec
 import torch
 
 from runtime.conductor.config import QueueFull
@@ -41,6 +43,9 @@ from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.families import Listener
 from runtime.entrypoints.http.realtime_utterance import Utterance
+from runtime.entrypoints.http.schemas import (
+    AudioAppendEvent, RealtimeEvent, SessionUpdateEvent, convert_body,
+)
 from runtime.entrypoints.http.speech import speech_params
 from runtime.model_executor.sampling import SamplingParams
 from runtime.text import TextOutput
@@ -90,11 +95,11 @@ class RealtimeSession:
             event = json.loads(raw)
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                 raise ApiError(400, "a client event must be a JSON object with a string 'type'", "type")
-            handler = _HANDLERS.get(event["type"])
-            if handler is None:
+            if event["type"] not in _HANDLERS:
                 raise ApiError(400, f"unknown event type '{event['type']}' (one of {', '.join(_HANDLERS)})",
                                "type", "unknown_event")
-            await handler(self, event)
+            handler, schema = _HANDLERS[event["type"]]
+            await handler(self, convert_body(event, schema))
         except json.JSONDecodeError as exc:
             await self._error(ApiError(400, f"the event is not valid JSON: {exc}", code="invalid_json"), None)
         except ApiError as err:
@@ -116,18 +121,18 @@ class RealtimeSession:
         await self.send("error", error={"type": err.type, "code": err.code, "message": err.message,
                                         "param": err.param, "event_id": event_id})
 
-    async def update(self, event: dict) -> None:
-        session = event.get("session")
-        if not isinstance(session, dict):
-            raise ApiError(400, "session.update needs a 'session' object", "session")
-        config = {**self.config, **{k: v for k, v in session.items() if k in self.config}}
+    async def update(self, event: SessionUpdateEvent) -> None:
+        if event.session is msgspec.UNSET:
+            raise ApiError(400, SessionUpdateEvent.FIELD_ERRORS["session"], "session")
+        given = msgspec.structs.asdict(event.session)
+        config = {**self.config, **{k: v for k, v in given.items() if v is not msgspec.UNSET}}
         _check_config(self.server, config)
         self.config = config
         await self.send("session.updated", session=self._session())
 
-    async def append(self, event: dict) -> None:
+    async def append(self, event: AudioAppendEvent) -> None:
         try:
-            data = base64.b64decode(event.get("audio") or "", validate=True)
+            data = base64.b64decode(event.audio, validate=True)
         except (binascii.Error, ValueError, TypeError):
             raise ApiError(400, "'audio' must be base64 pcm16", "audio", "invalid_audio") from None
         if len(data) % 2:
@@ -141,7 +146,7 @@ class RealtimeSession:
             await self.cancel_response()                 # barge-in: the user speaks over the answer
         await self.utterance.push(data)
 
-    async def commit(self, event: dict) -> None:
+    async def commit(self, event: RealtimeEvent) -> None:
         if self.utterance.seconds < MIN_COMMIT_S:
             raise ApiError(400, f"buffer too small: {self.utterance.seconds * 1000:.0f} ms of audio, at least "
                                 f"{MIN_COMMIT_S * 1000:.0f} ms needed", "audio", "input_audio_buffer_commit_empty")
@@ -154,7 +159,7 @@ class RealtimeSession:
             "id": self.item[0], "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
             "content": [{"type": "input_audio", "transcript": None}]})
 
-    async def clear(self, event: dict) -> None:
+    async def clear(self, event: RealtimeEvent) -> None:
         self._drop_buffer()
         await self.send("input_audio_buffer.cleared")
 
@@ -162,7 +167,7 @@ class RealtimeSession:
         self.utterance.drop()
         self.utterance = Utterance(self.server, self.listener, self.metrics)
 
-    async def create_response(self, event: dict) -> None:
+    async def create_response(self, event: RealtimeEvent) -> None:
         if self.response is not None:
             raise ApiError(400, "the session already has an active response; cancel it first", None,
                            "conversation_already_has_active_response")
@@ -172,7 +177,7 @@ class RealtimeSession:
         await self.send("response.created", response=self._response("in_progress", []))
         self.response = asyncio.ensure_future(self._answer(self.response_id, self.item))
 
-    async def cancel(self, event: dict) -> None:
+    async def cancel(self, event: RealtimeEvent) -> None:
         if self.response is None:
             raise ApiError(400, "there is no active response to cancel", None, "response_cancel_not_active")
         await self.cancel_response()
@@ -266,27 +271,19 @@ def _check_config(server: ServerContext, config: dict) -> None:
     for key in ("input_audio_format", "output_audio_format"):
         if config[key] != "pcm16":
             raise ApiError(400, f"session.{key} must be 'pcm16' (16-bit mono at 24 kHz)", f"session.{key}")
-    if not isinstance(config["instructions"], str):
-        raise ApiError(400, "session.instructions must be a string", "session.instructions")
-    if not isinstance(config["voice"], str) or server.speech_model.speaker.voice(config["voice"]) is None:
+    if server.speech_model.speaker.voice(config["voice"]) is None:
         raise ApiError(400, f"unknown voice {config['voice']!r}", "session.voice")
     if config["turn_detection"] is not None:
         raise ApiError(400, "session.turn_detection must be null: this server does no voice activity detection; "
                             "commit the buffer yourself", "session.turn_detection")
-    limit = config["max_response_output_tokens"]
-    if limit != "inf" and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ApiError(400, "session.max_response_output_tokens must be a positive integer or 'inf'",
-                       "session.max_response_output_tokens")
-    t = config["temperature"]
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
-        raise ApiError(400, "session.temperature must be a number", "session.temperature")
 
 
-_HANDLERS: dict[str, Callable[[RealtimeSession, dict], Awaitable[None]]] = {
-    "session.update": RealtimeSession.update,
-    "input_audio_buffer.append": RealtimeSession.append,
-    "input_audio_buffer.commit": RealtimeSession.commit,
-    "input_audio_buffer.clear": RealtimeSession.clear,
-    "response.create": RealtimeSession.create_response,
-    "response.cancel": RealtimeSession.cancel,
+# event type -> (its handler, the schema its fields are read into once: schemas.py)
+_HANDLERS: dict[str, tuple[Callable[[RealtimeSession, Any], Awaitable[None]], type[RealtimeEvent]]] = {
+    "session.update": (RealtimeSession.update, SessionUpdateEvent),
+    "input_audio_buffer.append": (RealtimeSession.append, AudioAppendEvent),
+    "input_audio_buffer.commit": (RealtimeSession.commit, RealtimeEvent),
+    "input_audio_buffer.clear": (RealtimeSession.clear, RealtimeEvent),
+    "response.create": (RealtimeSession.create_response, RealtimeEvent),
+    "response.cancel": (RealtimeSession.cancel, RealtimeEvent),
 }

@@ -11,7 +11,7 @@ integer, got a string`). JSON itself is strict: NaN and Infinity are not numbers
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
@@ -100,6 +100,70 @@ class SpeechBody(msgspec.Struct):
     max_audio_frames: int | None = None
 
 
+class TranscriptionForm(msgspec.Struct):
+    """POST /v1/audio/transcriptions: the multipart form's text fields (the `file` part is the audio;
+    a field not named here is refused as the form is read). Form values are strings: numbers and
+    booleans are read from them (`parse_form`)."""
+
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {
+        "model": "'model' must be a string",
+        "response_format": "response_format must be one of ('json', 'text', 'verbose_json')",
+        "temperature": "temperature must be a number",
+        "stream": "stream must be 'true' or 'false'",
+    }
+
+    model: str
+    language: str | None = None              # the audio's language, for the model's prompt
+    prompt: str | None = None                # text the transcription continues
+    response_format: Literal["json", "text", "verbose_json"] = "json"
+    temperature: float = 0.0                 # 0: greedy
+    stream: bool = False                     # SSE transcript.text.delta events
+
+
+class RealtimeEvent(msgspec.Struct):
+    """A /v1/realtime client event this server takes no fields of (input_audio_buffer.commit and
+    .clear, response.create, response.cancel): its type and the client's id for it."""
+
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {}
+
+    type: str = ""
+    event_id: Any = None                     # echoed in an `error` event about this one
+
+
+class RealtimeSessionConfig(msgspec.Struct):
+    """session.update's `session`: the settings this server reads (unset: unchanged; any other field,
+    such as OpenAI's `tools`, is not taken)."""
+
+    instructions: str | msgspec.UnsetType = msgspec.UNSET
+    voice: str | msgspec.UnsetType = msgspec.UNSET
+    modalities: list[str] | msgspec.UnsetType = msgspec.UNSET
+    input_audio_format: str | msgspec.UnsetType = msgspec.UNSET
+    output_audio_format: str | msgspec.UnsetType = msgspec.UNSET
+    turn_detection: dict[str, Any] | None | msgspec.UnsetType = msgspec.UNSET    # null only (no VAD here)
+    temperature: float | None | msgspec.UnsetType = msgspec.UNSET
+    max_response_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | Literal["inf"] | msgspec.UnsetType = \
+        msgspec.UNSET
+
+
+class SessionUpdateEvent(RealtimeEvent):
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {
+        "session": "session.update needs a 'session' object",
+        "session.instructions": "session.instructions must be a string",
+        "session.voice": "session.voice must be a string",
+        "session.modalities": 'session.modalities must be ["text"] or ["audio", "text"]',
+        "session.temperature": "session.temperature must be a number",
+        "session.max_response_output_tokens": "session.max_response_output_tokens must be a positive integer or 'inf'",
+    }
+
+    session: RealtimeSessionConfig | msgspec.UnsetType = msgspec.UNSET
+
+
+class AudioAppendEvent(RealtimeEvent):
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {"audio": "'audio' must be base64 pcm16"}
+
+    audio: str = ""                          # base64 pcm16, 24 kHz mono
+
+
 class TextInput(msgspec.Struct, tag_field="type", tag="text"):
     text: str                                # tokenised by the served LM's tokenizer
 
@@ -129,6 +193,21 @@ def parse_body(raw: bytes, schema: type[Body]) -> Body:
         raise field_error(str(exc), getattr(schema, "FIELD_ERRORS", {})) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the body is not valid JSON ({exc})") from None
+
+
+def parse_form(fields: dict[str, str], schema: type[Body]) -> Body:
+    """A form's string `fields` read into `schema` (numbers and booleans from their text); ApiError(400)
+    naming the field when one does not fit."""
+    return convert_body(fields, schema, strict=False)
+
+
+def convert_body(value: Any, schema: type[Body], strict: bool = True) -> Body:
+    """`value`, decoded already (a realtime event's JSON, a form's fields), read into `schema`;
+    ApiError(400) naming the field when it does not fit."""
+    try:
+        return msgspec.convert(value, schema, strict=strict)
+    except msgspec.ValidationError as exc:
+        raise field_error(str(exc), getattr(schema, "FIELD_ERRORS", {})) from None
 
 
 _AT = re.compile(r"(?P<detail>.*?)(?: - at `\$(?P<path>.*)`)?", re.S)

@@ -19,10 +19,10 @@ from runtime.entrypoints.http.chat import ChatEvents, ChatRequest, item_tokens, 
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.params import resolve_params
+from runtime.entrypoints.http.schemas import TranscriptionForm, parse_form
 from runtime.entrypoints.http.sse import sse_data, sse_response
 
-RESPONSE_FORMATS = ("json", "text", "verbose_json")
-FIELDS = ("model", "language", "prompt", "response_format", "temperature", "stream")
+FIELDS = tuple(TranscriptionForm.__struct_fields__)
 
 
 async def _form(request: web.Request) -> tuple[bytes, str, dict[str, str]]:
@@ -44,24 +44,16 @@ async def _form(request: web.Request) -> tuple[bytes, str, dict[str, str]]:
     return data, name, fields
 
 
-def _chat(server: ServerContext, data: bytes, name: str, fields: dict[str, str]) -> tuple[ChatRequest, str]:
-    server.check_model(fields.get("model"))
-    fmt = fields.get("response_format", "json")
-    if fmt not in RESPONSE_FORMATS:
-        raise ApiError(400, f"response_format must be one of {RESPONSE_FORMATS}", "response_format")
+def _chat(server: ServerContext, data: bytes, name: str, form: TranscriptionForm) -> tuple[ChatRequest, str]:
+    server.check_model(form.model)
     if server.chat_inputs is None:
         raise ApiError(400, f"the model '{server.model_id}' does not take audio input", "file")
-    try:
-        temperature = float(fields.get("temperature", 0.0))
-    except ValueError:
-        raise ApiError(400, "temperature must be a number", "temperature") from None
     part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(),
                                                    "format": "mp3" if name.lower().endswith(".mp3") else "wav"}}
-    messages = server.chat_inputs.transcription_messages(part, fields.get("language"), fields.get("prompt"))
+    messages = server.chat_inputs.transcription_messages(part, form.language, form.prompt)
     items = server.chat_inputs.chat_items(messages, server.tokenizer)
-    params = resolve_params(server.plan, {"temperature": temperature})
-    is_sse = fields.get("stream", "false").lower() == "true"
-    return ChatRequest(item_tokens(items), params, (), is_sse, False, None, items), fmt
+    params = resolve_params(server.plan, {"temperature": form.temperature})
+    return ChatRequest(item_tokens(items), params, (), form.stream, False, None, items), form.response_format
 
 
 async def audio_transcriptions(request: web.Request) -> web.StreamResponse:
@@ -69,7 +61,7 @@ async def audio_transcriptions(request: web.Request) -> web.StreamResponse:
     if server.draining:
         raise ApiError(503, "the server is shutting down", code="shutting_down")
     data, name, fields = await _form(request)
-    chat, fmt = _chat(server, data, name, fields)
+    chat, fmt = _chat(server, data, name, parse_form(fields, TranscriptionForm))
     req = submit_chat(server, chat)
     events = ChatEvents(server, req, chat.stop, chat.prompt_ids)
     try:

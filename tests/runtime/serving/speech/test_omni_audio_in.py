@@ -115,6 +115,22 @@ def test_transcription_fields_this_server_does_not_take_are_a_400_naming_them(si
         model=OMNI, file=("clip.wav", io.BytesIO(wav_bytes(0.5, 16000)))).text, str)   # and it serves on
 
 
+@pytest.mark.parametrize("fields,field,message", [
+    ({"response_format": "srt"}, "response_format", "response_format must be one of ('json', 'text', 'verbose_json')"),
+    ({"extra_body": {"temperature": "warm"}}, "temperature", "temperature must be a number"),
+    ({"extra_body": {"stream": "maybe"}}, "stream", "stream must be 'true' or 'false'"),
+])
+def test_a_transcription_form_field_of_the_wrong_kind_is_a_400_naming_it(single, fields, field, message) -> None:
+    """The form's text fields are read into their schema (schemas.TranscriptionForm): a value that is
+    not what the field takes is refused, naming the field, and the server serves on."""
+    client = client_of(single)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.transcriptions.create(model=OMNI, file=("clip.wav", io.BytesIO(wav_bytes(0.5, 16000))), **fields)
+    assert info.value.body["param"] == field and info.value.body["message"] == message, info.value.body
+    assert isinstance(client.audio.transcriptions.create(
+        model=OMNI, file=("clip.wav", io.BytesIO(wav_bytes(0.5, 16000))), temperature=0.0).text, str)
+
+
 def test_streamed_transcription_ends_with_the_whole_text(single) -> None:
     events = list(client_of(single).audio.transcriptions.create(
         model=OMNI, file=("clip.wav", io.BytesIO(wav_bytes(1.0, 16000))), stream=True))

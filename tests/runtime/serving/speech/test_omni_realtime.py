@@ -234,6 +234,29 @@ def test_bad_events_get_error_events_and_the_session_keeps_serving(omni_single, 
     assert updated["type"] == "session.updated" and updated["session"]["modalities"] == ["text"]
 
 
+@pytest.mark.parametrize("event, param, message", [
+    ({"type": "session.update", "session": {"temperature": "warm"}}, "session.temperature",
+     "session.temperature must be a number"),
+    ({"type": "session.update", "session": {"max_response_output_tokens": 0}}, "session.max_response_output_tokens",
+     "session.max_response_output_tokens must be a positive integer or 'inf'"),
+    ({"type": "session.update", "session": "text only"}, "session", "session.update needs a 'session' object"),
+    ({"type": "input_audio_buffer.append", "audio": 5}, "audio", "'audio' must be base64 pcm16"),
+])
+def test_an_event_field_of_the_wrong_kind_is_named_in_its_error(omni_single, event, param, message):
+    """Each event's fields are read into its schema (schemas.py): the error names the field, with the
+    client's event id, and the session's settings are as they were."""
+    async def body(client: Client) -> tuple[dict, dict]:
+        await client.ws.send_str(json.dumps({**event, "event_id": "ev_2"}))
+        error = await client.recv()
+        await client.send("session.update", session={"modalities": ["text"]})
+        return error, await client.recv()
+
+    error, updated = session(omni_single, body)
+    assert error["type"] == "error", error
+    assert (error["error"]["param"], error["error"]["message"], error["error"]["event_id"]) == (param, message, "ev_2")
+    assert updated["session"]["temperature"] is None and updated["session"]["max_response_output_tokens"] == "inf"
+
+
 def test_the_listen_task_is_refused_where_nothing_can_feed_its_stream(omni_single):
     status, body = http("POST", f"{omni_single.url}/v1/tasks/listen", {"inputs": []})
     assert status == 400 and body["error"]["code"] == "task_needs_stream"
