@@ -27,6 +27,7 @@ from runtime.model_executor.sampling import SamplingParams, stop_token_ids
 from runtime.entrypoints.http.audio_metrics import AudioMetrics, RealtimeMetrics, RuntimeCollector
 from runtime.entrypoints.http.audio_routes import install_audio_routes
 from runtime.entrypoints.http.chat_inputs import chat_inputs_for
+from runtime.entrypoints.http.completions import completions
 from runtime.entrypoints.http.context import ServerConfig
 from runtime.entrypoints.http.errors import ApiError, error_middleware
 from runtime.entrypoints.http.families import families_of
@@ -189,6 +190,7 @@ class MstarServer:
         app.router.add_get("/v1/models", self.models)
         install_audio_routes(self, app)    # /v1/chat/completions (text or audio), /v1/audio/speech
         app.router.add_post("/v1/audio/transcriptions", audio_transcriptions)
+        app.router.add_post("/v1/completions", completions)
         for family in families_of(self.plan):   # a family's own endpoints: BAGEL's images, V-JEPA's rollouts
             if family.install is not None:
                 family.install(app)

@@ -34,7 +34,24 @@ class AudioOutput(msgspec.Struct):
     format: str | msgspec.UnsetType = msgspec.UNSET    # "wav" | "pcm16"; unset: pcm16 when streamed, else wav
 
 
-class ChatCompletionBody(msgspec.Struct):
+class SamplingFields(msgspec.Struct, kw_only=True):
+    """The sampling fields chat and completions bodies share (vLLM's extensions `top_k`, `min_p`,
+    `repetition_penalty`, `stop_token_ids`, `ignore_eos` among them)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: str | list[str] | None = None          # stop strings, cut from the answer
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None               # forced lengths (benchmarks)
+
+
+class ChatCompletionBody(SamplingFields):
     """POST /v1/chat/completions (OpenAI's chat; vLLM's extensions `top_k`, `min_p`,
     `repetition_penalty`, `stop_token_ids`, `ignore_eos`; `max_audio_frames` for an audio answer)."""
 
@@ -58,22 +75,37 @@ class ChatCompletionBody(msgspec.Struct):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None                # None: the graph's default
     max_completion_tokens: int | None = None     # OpenAI's newer name for max_tokens (taken when given)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    stop: str | list[str] | None = None          # stop strings, cut from the answer
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool | None = None               # forced lengths (benchmarks)
     logprobs: bool | None = None
     top_logprobs: int | None = None              # 0..20 alternatives per token, with logprobs
     modalities: list[str] | None = None          # ["text", "audio"]: answered in speech too (audio_chat.py)
     audio: AudioOutput | None = None
     max_audio_frames: int | None = None          # a speaking plan's param (Qwen3-Omni)
+
+
+class CompletionBody(SamplingFields):
+    """POST /v1/completions (OpenAI's completions: a raw prompt, no chat template; vLLM's extensions as on
+    chat). One prompt per request: a string or its token ids (an array holding one of them is taken too)."""
+
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {
+        "model": "'model' must be a string",
+        "prompt": "'prompt' must be a string or an array of token ids",
+        "stream": "'stream' must be a boolean",
+        "stop": "'stop' must be a string or an array of strings",
+        "stop_token_ids": "'stop_token_ids' must be an array of token ids",
+        "logprobs": "'logprobs' must be an integer: how many alternatives to give per token (0-20)",
+    }
+
+    model: str
+    prompt: str | list[Any]                      # a string, token ids, or a one-element array of either
+    max_tokens: int | None = 16                  # OpenAI's default for completions
+    n: int = 1                                   # answers per request: only 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: bool = False                           # the prompt before the answer: not supported
+    suffix: str | None = None                    # text after the insertion: not supported
+    best_of: int | None = None                   # only 1
+    logprobs: int | None = None                  # alternatives per token (0: the chosen token's alone)
+    user: str | None = None                      # OpenAI's end-user id: not used
 
 
 class SpeechBody(msgspec.Struct):
