@@ -76,6 +76,8 @@ def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
 def _parse(server: ServerContext,
            body: ChatCompletionBody) -> tuple[tuple[list[tuple[str, Any]], dict[str, Any], frozenset[int]], str]:
     server.check_model(body.model)
+    if body.n != 1:
+        raise ApiError(400, "n must be 1 with audio output (one spoken answer per request)", "n")
     model = server.speech_model
     if model is None or not model.speaker.can_chat:
         raise ApiError(400, f"the model '{server.model_id}' does not answer with audio in chat", "modalities")

@@ -2,16 +2,17 @@
 
 The prompt is the checkpoint's chat template applied to `messages`; output text is
 decoded incrementally (never splitting a character), stop strings are cut, and `usage`
-and `finish_reason` are real. A client that goes away aborts the request, which frees
-its KV blocks at once.
+and `finish_reason` are real. `n` answers share the prompt's prefill (`Samples`). A client that goes
+away aborts the request, which frees its KV blocks at once.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator
 
 import msgspec
 from aiohttp import web
@@ -55,8 +56,7 @@ def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
     image_items = None if media_items else image_chat_items(messages, server.plan, server.tokenizer)
     if image_items is None and media_items is None:
         messages = [{"role": m["role"], "content": _text_content(m["content"], i)} for i, m in enumerate(messages)]
-    if body.n != 1:
-        raise ApiError(400, "only n = 1 is supported", "n")
+    check_n(body.n)
     # a media prompt's shape (its pieces, its pictures' grids) is set by the family's reader, not the body
     family = server.chat_inputs.request_params(media_items) if media_items is not None else None
     params = resolve_params(server.plan, _given(body), family)
@@ -173,6 +173,97 @@ class ChatEvents:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
 
 
+# ---- n answers to one prompt ---------------------------------------------------------
+
+MAX_N = 16            # answers one request may ask for
+_SEED_MOD = 2 ** 63   # answer seeds stay in torch's range
+
+
+def check_n(n: int) -> None:
+    if not 1 <= n <= MAX_N:
+        raise ApiError(400, f"n must be an integer in [1, {MAX_N}], got {n}", "n")
+
+
+class Samples:
+    """The requests of one prompt's `n` answers (chat's and completions' `n`).
+
+    The first answer's request is submitted at once; the others once it has its first token. By then the
+    prompt's full KV blocks are in the conductor's prefix cache (it keys them as the first request's batch
+    is formed), so each later answer is admitted charged only for its own blocks and computes only the
+    prompt's last, partly filled block before it samples (with `--no-prefix-cache` each computes the whole
+    prompt: the counters on /metrics show which). Answer i samples with seed `seed + i` when the request
+    gives a seed (so the answers differ, and a repeat gives the same n answers), else each with its own;
+    greedy answers are equal. `deltas()` yields (answer, text delta, whether it ended) in the order the
+    answers' tokens arrive; closing the group aborts every request not finished.
+    """
+
+    def __init__(self, server: ServerContext, chat: ChatRequest, n: int) -> None:
+        self.server, self.chat, self.n = server, chat, n
+        self.requests: list[Request] = [submit_chat(server, chat)]
+        self.events = [ChatEvents(server, self.requests[0], chat.stop, chat.prompt_ids)]
+
+    def _params(self, i: int) -> RequestParams:
+        sampling = self.chat.params.sampling
+        if sampling.seed is None:
+            return self.chat.params
+        seeded = dataclasses.replace(sampling, seed=sampling.seed if i == 0 else (sampling.seed + i) % _SEED_MOD)
+        return msgspec.structs.replace(self.chat.params, sampling=seeded)
+
+    def _submit_rest(self) -> None:
+        for i in range(1, self.n):
+            req = submit_chat(self.server, dataclasses.replace(self.chat, params=self._params(i)))
+            self.requests.append(req)
+            self.events.append(ChatEvents(self.server, req, self.chat.stop, self.chat.prompt_ids))
+
+    async def deltas(self) -> AsyncIterator[tuple[int, str, bool]]:
+        """(answer, text delta, ended) as each answer's events come; an answer's error is raised."""
+        queue: asyncio.Queue[tuple[int, str, bool] | BaseException] = asyncio.Queue()
+
+        async def pump(i: int) -> None:
+            try:
+                done = False
+                while not done:
+                    delta, done = await self.events[i].next()
+                    await queue.put((i, delta, done))
+            except (ApiError, asyncio.CancelledError) as exc:
+                await queue.put(exc)
+        tasks = [asyncio.ensure_future(pump(0))]
+        open_answers = 1
+        try:
+            while open_answers:
+                got = await queue.get()
+                if isinstance(got, BaseException):
+                    raise got
+                i, delta, done = got
+                if i == 0 and len(self.requests) < self.n and (self.requests[0].output_ids or done):
+                    self._submit_rest()       # the prompt is cached: the others start from it
+                    tasks += [asyncio.ensure_future(pump(j)) for j in range(1, self.n)]
+                    open_answers += self.n - 1
+                open_answers -= done
+                yield i, delta, done
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def finish_reasons(self) -> list[str | None]:
+        return [e.finish_reason for e in self.events]
+
+    def usage(self) -> dict[str, int]:
+        """The prompt once, every answer's tokens."""
+        prompt = len(self.chat.prompt_ids)
+        done = sum(len(r.output_ids) for r in self.requests)
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+
+    def observe(self) -> None:
+        for req in self.requests:
+            self.server.observe_finished(req)
+
+    def close(self) -> None:
+        """Abort every answer's request not finished (a no-op for those that are)."""
+        for req in self.requests:
+            self.server.conductor.abort(req)
+
+
 async def chat_completions(request: web.Request, body: ChatCompletionBody) -> web.StreamResponse:
     """The text chat (audio_chat.py's `chat_or_audio` routes here what does not ask for speech)."""
     server: ServerContext = request.app["mstar"]
@@ -181,51 +272,46 @@ async def chat_completions(request: web.Request, body: ChatCompletionBody) -> we
         chat = await asyncio.to_thread(parse_chat, body, server)
     else:
         chat = parse_chat(body, server)
-    req = submit_chat(server, chat)
-    events = ChatEvents(server, req, chat.stop, chat.prompt_ids)
-    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    samples = Samples(server, chat, body.n)
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.model_id}
     try:
         if chat.is_sse:
-            return await _send_events(request, server, chat, events, cid, created)
-        text, done = "", False
-        while not done:
-            delta, done = await events.next()
-            text += delta
-        server.observe_finished(req)
-        return web.json_response({
-            "id": cid, "object": "chat.completion", "created": created, "model": server.model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": events.finish_reason, "logprobs": events.take_logprobs()}],
-            "usage": events.usage(len(chat.prompt_ids))})
+            return await _send_events(request, chat, samples, head)
+        texts = [""] * body.n
+        async for i, delta, _ in samples.deltas():
+            texts[i] += delta
+        samples.observe()
+        choices = [{"index": i, "message": {"role": "assistant", "content": text},
+                    "finish_reason": events.finish_reason, "logprobs": events.take_logprobs()}
+                   for i, (text, events) in enumerate(zip(texts, samples.events))]
+        return web.json_response({**head, "object": "chat.completion", "choices": choices, "usage": samples.usage()})
     finally:
-        server.conductor.abort(req)   # no-op when finished; frees everything on disconnect
+        samples.close()   # no-op when finished; frees everything on disconnect
 
 
-async def _send_events(request: web.Request, server: ServerContext, chat: ChatRequest, events: ChatEvents,
-                       cid: str, created: int) -> web.StreamResponse:
+async def _send_events(request: web.Request, chat: ChatRequest, samples: Samples,
+                       head: dict[str, Any]) -> web.StreamResponse:
     resp = await sse_response(request)
 
-    def chunk(delta: dict, finish: str | None, usage: dict | None = None) -> bytes:
-        body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": server.model_id,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": events.take_logprobs()}]}
-        if usage is not None:
-            body = {**body, "choices": [], "usage": usage}
-        return sse_data(body)
+    def chunk(i: int, delta: dict, finish: str | None) -> bytes:
+        choice = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": samples.events[i].take_logprobs()}
+        return sse_data({**head, "object": "chat.completion.chunk", "choices": [choice]})
 
-    # The role travels with the first content (as vLLM sends it): clients time their first
+    # The role travels with each answer's first content (as vLLM sends it): clients time their first
     # chunk as TTFT, so a role chunk sent before any token is computed would flatter the server.
-    done, role_sent = False, False
+    role_sent = [False] * samples.n
     try:
-        while not done:
-            delta, done = await events.next()
-            if delta or (done and not role_sent):
-                await resp.write(chunk({"content": delta} if role_sent else
+        async for i, delta, done in samples.deltas():
+            if delta or (done and not role_sent[i]):
+                await resp.write(chunk(i, {"content": delta} if role_sent[i] else
                                        {"role": "assistant", "content": delta}, None))
-                role_sent = True
-        await resp.write(chunk({}, events.finish_reason))
+                role_sent[i] = True
+            if done:
+                await resp.write(chunk(i, {}, samples.events[i].finish_reason))
         if chat.include_usage:
-            await resp.write(chunk({}, None, events.usage(len(chat.prompt_ids))))
-        server.observe_finished(events.req)
+            await resp.write(sse_data({**head, "object": "chat.completion.chunk", "choices": [],
+                                       "usage": samples.usage()}))
+        samples.observe()
     except ApiError as err:
         await resp.write(sse_error(err))
     await resp.write(SSE_DONE)

@@ -6,7 +6,8 @@ counted as chat's is (chat.py's `ChatEvents`), streamed as `text_completion` chu
 `usage` in a last chunk under `stream_options.include_usage` (what `vllm bench serve`'s default
 backend reads). `logprobs: N` gives each answer token's log-probability and its N most likely
 alternatives in the completions shape (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
-Not taken, each a 400 naming the field: `n` or `best_of` above 1, `echo`, `suffix`, more than one prompt.
+`n` answers share the prompt's prefill (chat.py's `Samples`). Not taken, each a 400 naming the field:
+`best_of` above 1, `echo`, `suffix`, more than one prompt.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from runtime.entrypoints.http.chat import SAMPLING_KEYS, ChatEvents, ChatRequest, submit_chat
+from runtime.entrypoints.http.chat import SAMPLING_KEYS, ChatRequest, Samples, check_n
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.limits import check_top_k, vocab_size
@@ -32,8 +33,8 @@ def parse_completion(body: CompletionBody, server: ServerContext) -> ChatRequest
     server.check_model(body.model)
     if server.chat_node is None:
         raise ApiError(400, f"the model '{server.model_id}' has no chat task to complete text with")
-    for field, refused, why in (("n", body.n != 1, "only n = 1 is supported"),
-                                ("best_of", body.best_of not in (None, 1), "only best_of = 1 is supported"),
+    check_n(body.n)
+    for field, refused, why in (("best_of", body.best_of not in (None, 1), "only best_of = 1 is supported"),
                                 ("echo", body.echo, "echo is not supported by this server"),
                                 ("suffix", body.suffix is not None, "suffix is not supported by this server")):
         if refused:
@@ -96,46 +97,46 @@ class CompletionLogprobs:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     server: ServerContext = request.app["mstar"]
-    chat = parse_completion(await server.read_body(request, CompletionBody), server)
-    req = submit_chat(server, chat)
-    events, logprobs = ChatEvents(server, req, chat.stop, chat.prompt_ids), CompletionLogprobs()
+    body = await server.read_body(request, CompletionBody)
+    chat = parse_completion(body, server)
+    samples = Samples(server, chat, body.n)
+    logprobs = [CompletionLogprobs() for _ in range(body.n)]
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": server.model_id}
     try:
         if chat.is_sse:
-            return await _send_events(request, chat, events, logprobs, head)
-        text, done = "", False
-        while not done:
-            delta, done = await events.next()
-            text += delta
-        server.observe_finished(req)
-        choice = {"index": 0, "text": text, "logprobs": logprobs.shape(events.take_logprobs()),
-                  "finish_reason": events.finish_reason}
-        return web.json_response({**head, "choices": [choice], "usage": events.usage(len(chat.prompt_ids))})
+            return await _send_events(request, chat, samples, logprobs, head)
+        texts = [""] * body.n
+        async for i, delta, _ in samples.deltas():
+            texts[i] += delta
+        samples.observe()
+        choices = [{"index": i, "text": text, "logprobs": lp.shape(events.take_logprobs()),
+                    "finish_reason": events.finish_reason}
+                   for i, (text, events, lp) in enumerate(zip(texts, samples.events, logprobs))]
+        return web.json_response({**head, "choices": choices, "usage": samples.usage()})
     finally:
-        server.conductor.abort(req)   # no-op when finished; frees everything on disconnect
+        samples.close()   # no-op when finished; frees everything on disconnect
 
 
-async def _send_events(request: web.Request, chat: ChatRequest, events: ChatEvents, logprobs: CompletionLogprobs,
+async def _send_events(request: web.Request, chat: ChatRequest, samples: Samples, logprobs: list[CompletionLogprobs],
                        head: dict[str, Any]) -> web.StreamResponse:
-    """Chunks that carry text (a client times its first as TTFT), the finish reason, usage if asked."""
+    """Chunks that carry text (a client times its first as TTFT), each answer's finish reason, usage if asked."""
     resp = await sse_response(request)
 
-    def chunk(text: str, finish: str | None) -> bytes:
-        choice = {"index": 0, "text": text, "logprobs": logprobs.shape(events.take_logprobs()),
+    def chunk(i: int, text: str, finish: str | None) -> bytes:
+        choice = {"index": i, "text": text, "logprobs": logprobs[i].shape(samples.events[i].take_logprobs()),
                   "finish_reason": finish}
         return sse_data({**head, "choices": [choice]})
 
-    done = False
     try:
-        while not done:
-            delta, done = await events.next()
+        async for i, delta, done in samples.deltas():
             if delta:
-                await resp.write(chunk(delta, None))
-        await resp.write(chunk("", events.finish_reason))
+                await resp.write(chunk(i, delta, None))
+            if done:
+                await resp.write(chunk(i, "", samples.events[i].finish_reason))
         if chat.include_usage:
-            await resp.write(sse_data({**head, "choices": [], "usage": events.usage(len(chat.prompt_ids))}))
-        events.server.observe_finished(events.req)
+            await resp.write(sse_data({**head, "choices": [], "usage": samples.usage()}))
+        samples.observe()
     except ApiError as err:
         await resp.write(sse_error(err))
     await resp.write(SSE_DONE)

@@ -59,7 +59,7 @@ class ChatCompletionBody(SamplingFields):
         "model": "'model' must be a string",
         "messages": "'messages' must be a non-empty array",
         "messages[]": "{field} must be an object with a string 'role' and 'content'",
-        "n": "only n = 1 is supported",
+        "n": "'n' must be an integer: how many answers (1-16)",
         "stream": "'stream' must be a boolean",
         "stop": "'stop' must be a string or an array of strings",
         "stop_token_ids": "'stop_token_ids' must be an array of token ids",
@@ -70,7 +70,7 @@ class ChatCompletionBody(SamplingFields):
 
     model: str
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
-    n: int = 1                                   # answers per request: only 1
+    n: int = 1                                   # answers to the prompt (chat.py's Samples), at most 16
     stream: bool = False                         # SSE chunks as the answer decodes
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None                # None: the graph's default
@@ -98,7 +98,7 @@ class CompletionBody(SamplingFields):
     model: str
     prompt: str | list[Any]                      # a string, token ids, or a one-element array of either
     max_tokens: int | None = 16                  # OpenAI's default for completions
-    n: int = 1                                   # answers per request: only 1
+    n: int = 1                                   # answers to the prompt (chat.py's Samples), at most 16
     stream: bool = False
     stream_options: StreamOptions | None = None
     echo: bool = False                           # the prompt before the answer: not supported

@@ -1,10 +1,11 @@
 """POST /v1/completions on SmolLM2-135M-Instruct (real GGUF weights), through the `openai` client: the raw
 prompt (no chat template) completed as the plan's native task endpoint completes it, streamed and not,
-usage as `vllm bench serve` reads it, logprobs in the completions shape, and a 400 naming the field for
-what it does not take while it serves on."""
+usage as `vllm bench serve` reads it, logprobs in the completions shape, `n` answers (chat's too) from
+one prefill, and a 400 naming the field for what it does not take while it serves on."""
 from __future__ import annotations
 
 import importlib.util
+import time
 from typing import Iterator
 
 import openai
@@ -79,7 +80,7 @@ def test_logprobs_come_in_the_completions_shape(client) -> None:
 
 
 @pytest.mark.parametrize("extra,field", [
-    ({"n": 2}, "n"), ({"echo": True}, "echo"), ({"suffix": "!"}, "suffix"), ({"best_of": 3}, "best_of"),
+    ({"n": 17}, "n"), ({"n": 0}, "n"), ({"echo": True}, "echo"), ({"suffix": "!"}, "suffix"), ({"best_of": 3}, "best_of"),
     ({"logprobs": 21}, "logprobs"), ({"prompt": [PROMPT, PROMPT]}, "prompt"), ({"prompt": [[1], [2]]}, "prompt"),
     ({"prompt": [1, 10 ** 7]}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": [1.5]}, "prompt"),
     ({"prompt": 7}, "prompt"), ({"stream": "yes"}, "stream"),
@@ -89,3 +90,41 @@ def test_what_it_does_not_take_is_a_400_naming_the_field(server, extra, field) -
     assert status == 400 and answer["error"]["param"] == field, answer
     status, answer = http("POST", f"{server.url}/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
     assert status == 200 and answer["usage"]["completion_tokens"] == 2       # and it serves on
+
+
+def _hit_tokens(server) -> float:
+    return server.metric("mstar_prefix_cache_hit_tokens_total")
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_n_greedy_answers_are_equal_and_the_prompt_is_prefilled_once(server, client, endpoint) -> None:
+    """The later answers reuse every full block of the first one's prompt (the prefix cache's counters):
+    each computes only the prompt's last, partly filled block."""
+    before = _hit_tokens(server)
+    head = f"Request {endpoint} {time.time_ns()}."        # first: no block of this prompt is cached before it
+    if endpoint == "chat":
+        out = client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": head},
+                                                                    {"role": "user", "content": PROMPT * 4}],
+                                             n=4, max_tokens=6, temperature=0)
+        answers = [c.message.content for c in out.choices]
+    else:
+        out = client.completions.create(model=MODEL, prompt=head + PROMPT * 4, n=4, max_tokens=6, temperature=0)
+        answers = [c.text for c in out.choices]
+    assert [c.index for c in out.choices] == [0, 1, 2, 3] and len(set(answers)) == 1 and answers[0]
+    assert out.usage.completion_tokens == 4 * 6                      # every answer's tokens, the prompt once
+    assert out.usage.total_tokens == out.usage.prompt_tokens + 24
+    full_blocks = (out.usage.prompt_tokens - 1) // 16 * 16           # a prompt's last token is always computed
+    assert full_blocks > 0 and _hit_tokens(server) - before == 3 * full_blocks
+
+
+def test_n_seeded_answers_differ_and_repeat_and_stream_by_index(client) -> None:
+    ask = dict(model=MODEL, prompt=PROMPT, n=3, max_tokens=12, temperature=1.0, seed=5)
+    first = [c.text for c in client.completions.create(**ask).choices]
+    again = [c.text for c in client.completions.create(**ask).choices]
+    alone = client.completions.create(**{**ask, "n": 1}).choices[0].text
+    assert first == again and first[0] == alone and len(set(first)) > 1   # answer i samples with seed + i
+    chunks = list(client.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in range(3)]
+    assert streamed == first
+    assert sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason) == [0, 1, 2]
+    assert chunks[-1].usage.completion_tokens == 36

@@ -41,7 +41,7 @@ BAD = [
     ({**chat(), "top_p": -1}, 400),
     ({**chat(), "messages": [{"role": "user", "content": 5}]}, 400),
     ({**chat(), "stream": "yes"}, 400),
-    ({**chat(), "n": 3}, 400),
+    ({**chat(), "n": 17}, 400),
     (b"x" * (17 << 20), 413),
 ]
 
