@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 import msgspec
 from aiohttp import web
 
+from runtime.conductor.config import QueueFull
 from runtime.conductor.request import OutputEvent, Request
 from runtime.model_executor.sampling import SamplingParams
 from runtime.entrypoints.http.context import ServerContext
@@ -210,8 +211,12 @@ class Samples:
         return msgspec.structs.replace(self.chat.params, sampling=seeded)
 
     def _submit_rest(self) -> None:
+        """The other answers' requests (a full queue is an ApiError here: a stream has begun)."""
         for i in range(1, self.n):
-            req = submit_chat(self.server, dataclasses.replace(self.chat, params=self._params(i)))
+            try:
+                req = submit_chat(self.server, dataclasses.replace(self.chat, params=self._params(i)))
+            except QueueFull as exc:
+                raise ApiError(429, f"the server is at capacity: {exc}; retry later", code="queue_full") from None
             self.requests.append(req)
             self.events.append(ChatEvents(self.server, req, self.chat.stop, self.chat.prompt_ids))
 
@@ -225,7 +230,7 @@ class Samples:
                 while not done:
                     delta, done = await self.events[i].next()
                     await queue.put((i, delta, done))
-            except (ApiError, asyncio.CancelledError) as exc:
+            except BaseException as exc:     # an answer's error (or a bug) ends the group, never hangs it
                 await queue.put(exc)
         tasks = [asyncio.ensure_future(pump(0))]
         open_answers = 1
