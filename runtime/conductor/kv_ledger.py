@@ -91,10 +91,14 @@ class KVPoolLedger:
 
     def try_grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int | None:
         """`grow` if `can_grow`, else None (one call for each row the scheduler places). A decode
-        step's one row into its own partly filled last block goes straight there: it takes no block."""
-        if n_new == 1 and self.tables.append_in_place(request_id, tokens):
+        step's one row goes the short way (`KVBlockManager.append_row`): into its own partly filled
+        last block, or into one fresh block after a full one."""
+        if n_new == 1 and self.tables.append_row(request_id, tokens):
             if self.prefix_root is not None:
                 self._grown.add(request_id)
+            used = self.used_blocks
+            if used > self.peak_blocks:
+                self.peak_blocks = used
             return 0
         if not self.can_grow(request_id, n_new, tokens=tokens):
             return None

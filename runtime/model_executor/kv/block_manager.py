@@ -268,7 +268,7 @@ class KVBlockManager:
                reuse: int = 0) -> list[tuple[int, int]]:
         """Room for `n` more tokens (ids `tokens`, if known), the first `reuse` of them in cached
         blocks (`prefix_hit(tokens, after=req)`); returns (src, dst) block copies to apply before writing."""
-        if n == 1 and not reuse and self.append_in_place(req, tokens):
+        if n == 1 and not reuse and self.append_row(req, tokens):
             return []
         # a lookup when a full block could be found: rows after the partly filled last block's reach it
         # (never one row: a last block's rows are fewer than a block, see _chain_end)
@@ -291,6 +291,25 @@ class KVBlockManager:
         if (not n % size or len(blocks) != n // size + 1 or (told and table.told != len(blocks))
                 or self.allocator.refs[blocks[-1]] != 1):
             return False
+        if table.pending is not None:
+            self._note_rows(table, tokens, 0)
+        table.num_tokens = n + 1
+        return True
+
+    def append_row(self, req: RequestId, tokens: Sequence[Row] | None) -> bool:
+        """One row (a decode step's) the short way, as `append` would place it: into the request's own
+        partly filled last block (`append_in_place`), or, after a full last block, into one fresh block
+        (nothing to copy, nothing to look up: one row is never a cached block). False, changing nothing,
+        if it needs more than that (no table, a shared partly filled block, no block free)."""
+        if self.append_in_place(req, tokens):
+            return True
+        table = self._tables.get(req)
+        if table is None:
+            return False
+        n, blocks = table.num_tokens, table.blocks
+        if n % self.block_size or len(blocks) != n // self.block_size or not self.allocator.can_allocate(1):
+            return False
+        blocks.extend(self.allocator.allocate(1, after=blocks[-1] if blocks else None))
         if table.pending is not None:
             self._note_rows(table, tokens, 0)
         table.num_tokens = n + 1

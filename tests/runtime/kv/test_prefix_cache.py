@@ -313,17 +313,19 @@ def test_a_piece_holding_a_placeholder_is_neither_looked_up_nor_cached() -> None
 
 
 @pytest.mark.parametrize("root", [ROOT, None])
-def test_a_row_appended_in_place_leaves_what_the_general_append_leaves(monkeypatch: pytest.MonkeyPatch, root) -> None:
-    """`append` of one row into a request's own partly filled last block takes a short way
-    (`append_in_place`, every decode step's usual case); driven by the same random calls (forks
-    that share a last block, rows unknown or holding a placeholder, commits, frees), a manager that
-    always takes the general way ends every call in the same state and returns the same copies."""
-    def drive(in_place: bool) -> tuple[list, int]:
+def test_a_row_appended_the_short_way_leaves_what_the_general_append_leaves(monkeypatch: pytest.MonkeyPatch,
+                                                                             root) -> None:
+    """`append` of one row takes a short way (`append_row`: into the request's own partly filled last
+    block, every decode step's usual case, or into one fresh block after a full one); driven by the
+    same random calls (forks that share a last block, rows unknown or holding a placeholder, commits,
+    frees), a manager that always takes the general way ends every call in the same state and returns
+    the same copies."""
+    def drive(short: bool) -> tuple[list, int, int]:
         rng = random.Random(11)
         kv = KVBlockManager(40, BS, root, stop_ids=frozenset({49}))
-        if not in_place:
-            monkeypatch.setattr(kv, "append_in_place", lambda req, tokens: False)
-        trace, live, short_ways, next_id = [], [], 0, 0
+        if not short:
+            monkeypatch.setattr(kv, "append_row", lambda req, tokens: False)
+        trace, live, short_ways, fresh_ways, next_id = [], [], 0, 0, 0
         for _ in range(3000):
             op = rng.random()
             if op < 0.15 or not live:
@@ -345,6 +347,7 @@ def test_a_row_appended_in_place_leaves_what_the_general_append_leaves(monkeypat
                     continue
                 table = kv.table(req)
                 short_ways += table.num_tokens % BS != 0 and kv.allocator.ref_count(table.blocks[-1]) == 1
+                fresh_ways += table.num_tokens % BS == 0 and len(table.blocks) == table.num_tokens // BS
                 out = kv.append(req, 1, None if rng.random() < 0.05 else [rng.randrange(50)])
             elif op < 0.9:
                 out = kv.commit(rng.choice(live))
@@ -355,9 +358,9 @@ def test_a_row_appended_in_place_leaves_what_the_general_append_leaves(monkeypat
             tables = {r: (list(t.blocks), t.num_tokens, list(t.keys), None if t.pending is None else list(t.pending))
                       for r in live for t in [kv.table(r)]}
             trace.append((out, tables, kv.allocator.num_free, [kv.allocator.ref_count(b) for b in range(40)]))
-        return trace, short_ways
-    (short, used), (general, _) = drive(True), drive(False)
-    assert used > 500    # the short way was taken (795 times here)
+        return trace, short_ways, fresh_ways
+    (short, used, fresh), (general, _, _) = drive(True), drive(False)
+    assert used > 500 and fresh > 100    # both short ways were taken (795 and 250 times here)
     assert short == general
 
 
