@@ -61,14 +61,14 @@ def test_opcode_count_is_the_same_work_each_time_and_grows_with_the_rows() -> No
     one, full = (NullConductor(Context(rounds=1, quick=True, root=ROOT), live=n) for n in (1, 40))
     block = one.conductor.ledger.pool(0, "lm").block_size
     try:
-        # windows of one KV block's steps: each holds the one step whose row takes a new block (the table's
-        # general growth, some hundreds of opcodes more than a row into its own last block)
+        # windows of one KV block's steps: each holds the one step whose row takes a new block (`try_grow` and
+        # `tell`, some tens of opcodes more than a row into its own last block: 5-step windows differ by 3 %)
         counts = [one.opcodes_per_step(block), one.opcodes_per_step(block)]
         rows = full.opcodes_per_step(block)
     finally:
         one.close()
         full.close()
     # not rounding: steady decode is the same work but for the conductor's time-based checks, a few opcodes a step
-    # (the docstring); measured 0 of 1717 over 16-step windows (12.4 of 1612 over 5 steps before the tables moved)
+    # (the docstring); measured 0 of 1,696 over 16-step windows (12.4 of 1612 over 5 steps before the tables moved)
     assert counts[0] > 0 and abs(counts[0] - counts[1]) <= 0.01 * counts[0]
     assert rows > counts[0] * full.batch / 4                 # a full batch is many rows' work, not one's
