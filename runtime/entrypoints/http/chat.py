@@ -222,6 +222,12 @@ class Samples:
 
     async def deltas(self) -> AsyncIterator[tuple[int, str, bool]]:
         """(answer, text delta, ended) as each answer's events come; an answer's error is raised."""
+        if self.n == 1:                  # one answer (most requests): its events as they come, no task between
+            done = False
+            while not done:
+                delta, done = await self.events[0].next()
+                yield 0, delta, done
+            return
         queue: asyncio.Queue[tuple[int, str, bool] | BaseException] = asyncio.Queue()
 
         async def pump(i: int) -> None:
