@@ -78,7 +78,7 @@ def instrument(ex: Any) -> None:
     """Put each category's record_function range on the modules and calls that belong to it."""
     import runtime.model_executor.layers.attention as attention_layer
     from runtime.model_executor.kernels import cpu as cpu_kernels
-    model = ex.model
+    model = ex.executor.model
     model.cpu_stack = False       # the layers' kernels one by one, each in its range (not one C++ call)
     scoped: list[str] = []        # a range inside another of its category would count twice
     for name, module in model.named_modules():
@@ -93,10 +93,10 @@ def instrument(ex: Any) -> None:
     for name in ("rms_norm", "add_rms_norm", "rope_cache"):     # the fused CPU kernels (runtime/model_executor/kernels/cpu.py)
         setattr(cpu_kernels, name, _scoped(getattr(cpu_kernels, name), "rope_norms"))
     model.rotary_emb.cos_sin = _scoped(model.rotary_emb.cos_sin, "rope_norms")
-    backend = model.attention_backend(ex.device)
+    backend = model.attention_backend(ex.executor.device)
     backend.attend = _scoped(backend.attend, "attention")
-    ex.cache.write = _scoped(ex.cache.write, "attention")
-    ex.executor.sampler = _scoped(ex.sampler, "sampling")
+    ex.executor.cache.write = _scoped(ex.executor.cache.write, "attention")
+    ex.executor.sampler = _scoped(ex.executor.sampler, "sampling")
 
 
 @contextlib.contextmanager
@@ -104,7 +104,7 @@ def decoding(ex: Any, batch: int, context: int) -> Iterator[Callable[[], None]]:
     """`batch` prefilled requests; yields one decode step of all of them; frees them after."""
     from runtime.transport.messages import WorkItem
     gen = torch.Generator().manual_seed(0)
-    vocab = int(ex.node.dims["vocab_size"])
+    vocab = int(ex.executor.node.dims["vocab_size"])
     ids = list(range(1, batch + 1))
     for rid in ids:
         ex.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
@@ -143,7 +143,7 @@ def stack_vs_per_layer(ex: Any, batch: int, context: int, steps: int, rounds: in
     alternated rounds of `steps` steps. Call before `instrument`, whose ranges would slow the second."""
     import statistics
     import time
-    model, times = ex.model, {"stack": [], "per-layer": []}
+    model, times = ex.executor.model, {"stack": [], "per-layer": []}
     with decoding(ex, batch, context) as step:
         for _ in range(rounds):
             for name, mode in (("per-layer", False), ("stack", None)):
@@ -163,7 +163,7 @@ def profile_prefill(ex: Any, tokens: int, chunk: int) -> dict[str, float]:
     cuts it, `--prefill-chunk-tokens`) in each category, and ms per token in "step"."""
     from runtime.transport.messages import WorkItem
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, int(ex.node.dims["vocab_size"]), (tokens,), generator=gen).tolist()
+    ids = torch.randint(0, int(ex.executor.node.dims["vocab_size"]), (tokens,), generator=gen).tolist()
     ex.open(1, RequestParams(sampling=SamplingParams(temperature=0.0)))
     ex.run([WorkItem(request_id=1, tokens=ids[:chunk], partial=True)], [{}])   # warm-up, freed below
     ex.close(1, kv_only=False)
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prefill:
         instrument(ex)
         rows = {n: profile_prefill(ex, n, args.chunk) for n in map(int, args.prefill.split(","))}
-        print(f"chunked prefill of {ex.node.name} ({args.graph.name}, preset {args.preset or 'default'}), "
+        print(f"chunked prefill of {ex.executor.node.name} ({args.graph.name}, preset {args.preset or 'default'}), "
               f"{torch.get_num_threads()} threads, chunks of {args.chunk}, one request per prompt length (ms)")
         print(table(rows, "tokens"))
         return 0
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     unprofiled = {b: stack_vs_per_layer(ex, b, args.context, args.steps) for b in batches}
     instrument(ex)
     rows = {b: profile_steps(ex, b, args.context, args.steps) for b in batches}
-    print(f"decode step of {ex.node.name} ({args.graph.name}, preset {args.preset or 'default'}), "
+    print(f"decode step of {ex.executor.node.name} ({args.graph.name}, preset {args.preset or 'default'}), "
           f"{torch.get_num_threads()} threads, context {args.context}, mean of {args.steps} steps")
     print(table(rows))
     if all(unprofiled.values()):

@@ -14,6 +14,7 @@ import torch
 
 from runtime.conductor.kv_ledger import KVPoolLedger
 from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
 
 
 class LocalRun:
@@ -24,6 +25,9 @@ class LocalRun:
         self.executor = executor
         self.pool = KVPoolLedger(executor.kv_blocks, executor.kv_block_size, root,
                                  frozenset(executor.kv_prefix_stop_ids))
+
+    def open(self, request_id: int, params: RequestParams) -> None:
+        self.executor.open(request_id, params)
 
     def run(self, items: Sequence[WorkItem], inputs: Sequence[dict[str, torch.Tensor]]) -> list:
         """Grow and tell each item's table (OutOfBlocks if the pool is full), then run the batch."""
@@ -42,9 +46,6 @@ class LocalRun:
         self.pool.free(request_id)
         self.executor.close(request_id, kv_only)
 
-    def __getattr__(self, name: str) -> Any:
-        """Everything else is the executor's (`open`, `model`, `cache`, ...: read, not set, through here)."""
-        return getattr(self.executor, name)
 
 
 __all__ = ["LocalRun"]

@@ -33,6 +33,6 @@ def test_the_sides_run_the_kernels_and_gemms_they_name(tmp_path, monkeypatch) ->
         assert len(tokens) == 2 and all(len(t) == 3 for t in tokens) and tok_s > 0
     assert seen["mstar"] > 0 and seen["baseline"] == 0
     assert cpu_kernels.status() == ""                       # the baseline's runs left the switch as it was
-    packed = {name: side.executor.model.model.layers[0].self_attn.qkv_proj.packed for name, side in sides.items()}
+    packed = {name: side.model.model.layers[0].self_attn.qkv_proj.packed for name, side in sides.items()}
     assert packed["baseline"].dim() == 2                    # oneDNN's layout keeps the weight's shape
     assert packed["mstar"].dim() == (3 if gemm_kernel() == "mstar" else 2)

@@ -22,7 +22,7 @@ def test_categories_are_timed_once_and_add_up_to_the_step() -> None:
     assert text.splitlines()[0] == "| category | batch 1 | batch 3 |"
     assert [line.split(" |")[0] for line in text.splitlines()[2:]] == [
         f"| {c}" for c in (*profile_decode.CATEGORIES, "step", "tok/s")]
-    assert ex.pool.used_blocks == 0 == ex.kv_used_blocks(), "the profiled requests' KV blocks were not freed"
+    assert ex.pool.used_blocks == 0 == ex.executor.kv_used_blocks(), "the profiled requests' KV blocks were not freed"
 
 
 def test_a_chunked_prefill_is_profiled_chunk_by_chunk_and_frees_its_blocks() -> None:
@@ -33,12 +33,12 @@ def test_a_chunked_prefill_is_profiled_chunk_by_chunk_and_frees_its_blocks() -> 
         assert all(got[c] > 0 for c in ("linears", "attention", "rope_norms"))
         assert sum(got[c] for c in profile_decode.CATEGORIES if c != "other") <= got["step"]
     assert profile_decode.table(rows, "tokens").splitlines()[0] == "| category | tokens 40 | tokens 64 |"
-    assert ex.pool.used_blocks == 0 == ex.kv_used_blocks()
+    assert ex.pool.used_blocks == 0 == ex.executor.kv_used_blocks()
 
 
 def test_the_unprofiled_steps_time_both_paths_of_a_model_the_stack_takes() -> None:
     ex = profile_decode.load_executor(ROOT / "graphs/smollm2.yaml", "tiny")
     got = profile_decode.stack_vs_per_layer(ex, batch=2, context=8, steps=1, rounds=1)
     assert set(got) == {"stack", "per-layer"} and all(ms > 0 for ms in got.values())
-    assert ex.model.cpu_stack is None, "the choice is left to the next forward"
-    assert ex.pool.used_blocks == 0 == ex.kv_used_blocks()
+    assert ex.executor.model.cpu_stack is None, "the choice is left to the next forward"
+    assert ex.pool.used_blocks == 0 == ex.executor.kv_used_blocks()

@@ -139,7 +139,7 @@ def _floor(flops: int, dtype: torch.dtype) -> dict[str, float]:
 
 def _rows(ctx: Context, dtype: str, decoder: Decoder, steps: int, batch: int, label: str = MSTAR,
           model_name: str = "") -> list[Row]:
-    model = decoder.executor.model
+    model = decoder.model
     nbytes, gemms = weight_bytes(model), step_gemms(model)
     flops = gemm_flops(gemms, batch)
     buffer = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32)

@@ -64,7 +64,7 @@ def run(ctx: Context) -> list[Row]:
             continue
         plan = mstar_plan(ctx, dtype)
         gemms = {"mstar": Decoder(plan, linear="mstar"), "baseline": Decoder(plan, linear="onednn")}
-        gemms["mstar"].executor.model.cpu_stack = False     # oneDNN's side runs layer by layer: so does this one
+        gemms["mstar"].model.cpu_stack = False     # oneDNN's side runs layer by layer: so does this one
         rows.extend(_row(ctx, dtype, gemms, batch, steps, (GEMM_MSTAR, GEMM_BASELINE), "kernels gemm",
                          "GEMMs panel vs oneDNN, ")
                     for batch in sorted({*batches, 8}))

@@ -46,6 +46,7 @@ class Decoder:
             os.environ.pop("MSTAR_CPU_LINEAR")
             if before is not None:
                 os.environ["MSTAR_CPU_LINEAR"] = before
+        self.model = self.executor.executor.model      # the node's module (the LocalRun's executor's)
         from runtime.transport.messages import WorkItem
         self.WorkItem = WorkItem
         self.kernels = kernels
