@@ -26,8 +26,9 @@ from bench.peer_mstar import compile_plan
 HEADER = "# Written by tools/bench/tts_graphs.py from graphs/{source}: a benchmark copy, not a project graph.\n"
 ORPHEUS_STREAM = "audio_tokens"
 MID_DIMS: dict[str, dict[str, Any]] = {
+    # head_dim 16: the M-RoPE lanes of the thinker preset it widens (qwen3-omni-tiny's [4, 2, 2], half of 16)
     "thinker": {"hidden_size": 768, "num_hidden_layers": 8, "num_attention_heads": 12, "num_key_value_heads": 4,
-                "head_dim": 64, "intermediate_size": 2048, "num_experts": 8, "num_experts_per_tok": 2,
+                "head_dim": 16, "intermediate_size": 2048, "num_experts": 8, "num_experts_per_tok": 2,
                 "moe_intermediate_size": 768},
     "talker": {"thinker_hidden_size": 768, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "mrope_section": [16, 8, 8],
@@ -63,6 +64,7 @@ def orpheus_policy(ctx: Context) -> dict[str, Any]:
 
 def _bench_preset(graph: dict) -> None:
     graph["presets"]["bench"] = {"doc": "tiny LM, full-size SNAC 24 kHz (benchmark)", "dtype": "fp32",
+                                 "random_weights": True,    # seeded random weights, said on /v1/models
                                  "device_memory": "1GiB", "nodes": {"lm": "orpheus-tiny", "snac": "24khz"}}
 
 
@@ -84,8 +86,11 @@ def omni_plan(ctx: Context, placement: str) -> Path:
     def widen(graph: dict) -> None:
         for node, dims in MID_DIMS.items():
             graph["nodes"][node]["dims"] = dims
+        tiny = graph["presets"]["tiny"]     # its random weights and stream cuts (the tiny encoder's window)
         graph["presets"]["mid"] = {"doc": "tiny kinds widened by node dims (benchmark)", "dtype": "fp32",
-                                   "device_memory": "2GiB", "nodes": {node: "tiny" for node in graph["nodes"]},
+                                   "random_weights": tiny["random_weights"], "streams": tiny["streams"],
+                                   "device_memory": "2GiB",
+                                   "nodes": {**{node: "tiny" for node in graph["nodes"]}, **tiny.get("nodes", {})},
                                    "params": {"max_tokens": 16, "max_audio_frames": 32}}
 
     return _plan(ctx, _copy(ctx, "qwen3_omni.yaml", "qwen3_omni-mid", widen), "mid", placement)
