@@ -219,9 +219,7 @@ class ReportedPoolLedger:
 
     def __init__(self, num_blocks: int, block_size: int, cache: ReportedCache, node: str) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.tokens: dict[int, int] = {}     # request id -> tokens in the cache
-        self.used_blocks = 0                 # this pool's full count, for show (the cache counts what is held)
-        self.peak_blocks = 0
+        self.tokens: dict[int, int] = {}     # request id -> tokens in the cache (the cache counts blocks)
         self.cache, self.charged = cache, 0
         cache.members[node] = self
         cache.num_blocks += num_blocks
@@ -229,15 +227,12 @@ class ReportedPoolLedger:
     def held(self, request_id: int) -> int:
         return self.tokens.get(request_id, 0)
 
-    def _full(self, request_id: int, n_new: int) -> int:
-        held = self.tokens.get(request_id, 0)
-        return (-held // self.block_size) - (-(held + n_new) // self.block_size)   # ceil(after) - ceil(before)
-
     def needed(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
         """Every block new, and one more when the last block is partly filled: the worker may
         have shared it (a fork) and copy it before writing."""
-        partial = n_new > 0 and self.tokens.get(request_id, 0) % self.block_size != 0
-        return self._full(request_id, n_new) + partial
+        held, size = self.tokens.get(request_id, 0), self.block_size
+        partial = n_new > 0 and held % size != 0
+        return (-held // size) - (-(held + n_new) // size) + partial   # ceil(after) - ceil(before), + a copy
 
     def fits_alone(self, request_id: int, n_new: int) -> bool:
         return -(-(self.tokens.get(request_id, 0) + n_new) // self.block_size) <= self.num_blocks
@@ -251,8 +246,6 @@ class ReportedPoolLedger:
     def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
         """Charge the Run in full; the worker decides reuse itself (returns 0: the conductor reuses nothing)."""
         self.charged += self.needed(request_id, n_new)
-        self.used_blocks += self._full(request_id, n_new)
-        self.peak_blocks = max(self.peak_blocks, self.used_blocks)
         self.tokens[request_id] = self.tokens.get(request_id, 0) + n_new
         self.cache.peak_blocks = max(self.cache.peak_blocks, self.cache.used_blocks)
         return 0
@@ -278,13 +271,12 @@ class ReportedPoolLedger:
 
     def free(self, request_id: int) -> None:
         """The blocks come back once the worker reports the close (KVUsage naming the request)."""
-        if request_id in self.tokens:
+        if self.tokens.pop(request_id, None) is not None:
             self.cache.awaiting.add(request_id)
-            self.used_blocks -= -(-self.tokens.pop(request_id) // self.block_size)
 
     def clear(self, num_blocks: int | None = None) -> None:
         self.tokens.clear()
-        self.used_blocks = self.charged = 0
+        self.charged = 0
         self.cache.reported = self.cache.unsettled = 0
         self.cache.awaiting.clear()
 

@@ -169,10 +169,6 @@ class ChatEvents:
         """The `logprobs` of the tokens since the last call (None when the request did not ask)."""
         return self.logprobs.take() if self.logprobs is not None else None
 
-    def usage(self, prompt_tokens: int) -> dict[str, int]:
-        done = len(self.req.output_ids)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
-
 
 # ---- n answers to one prompt ---------------------------------------------------------
 
