@@ -47,5 +47,4 @@ class LocalRun:
         self.executor.close(request_id, kv_only)
 
 
-
 __all__ = ["LocalRun"]
