@@ -87,11 +87,11 @@ def kv_tokens(kv_bytes: int, config: dict[str, Any], kv_type: str) -> int:
     return kv_bytes // per_token
 
 
-def server_flags(w: Weights, port: int, slots: int, ctx_tokens: int, mode: str) -> list[str]:
+def server_flags(w: Weights, port: int, slots: int, ctx_tokens: int, mode: str, alias: str = "smollm2") -> list[str]:
     """llama-server's flags (the xllamacpp launcher takes the same)."""
     threads = str(os.cpu_count() or 1)
     cache = ["--no-cache-prompt", "-cram", "0", "--no-cache-idle-slots"] if mode == COLD else []
-    return ["-m", str(w.path), "--host", "127.0.0.1", "--port", str(port), "--alias", "smollm2", "-np", str(slots),
+    return ["-m", str(w.path), "--host", "127.0.0.1", "--port", str(port), "--alias", alias, "-np", str(slots),
             "-c", str(ctx_tokens), "--kv-unified", "-t", threads, "-tb", threads, "-ctk", w.kv_type, "-ctv", w.kv_type,
             "--metrics", *cache]
 
@@ -107,13 +107,14 @@ def system_info(log: str) -> dict[str, Any]:
 
 
 def llamacpp_peer(ctx: Context, stack: contextlib.ExitStack, dtype: str, mode: str, slots: int,
-                  kv_bytes: int) -> Peer:
-    """llama.cpp serving `dtype`'s GGUF (or "q4_1") in `mode` with `slots` slots and `kv_bytes` of KV cache."""
-    b, w = build(ctx), weights(ctx, dtype)
-    config = json.loads((ctx.bench_dir / "smollm2-135m-fp32/config.json").read_text())
-    port, ctx_tokens = free_port(), kv_tokens(kv_bytes, config, w.kv_type) // CTX_PAD * CTX_PAD
-    flags = server_flags(w, port, slots, ctx_tokens, mode)
-    log = ctx.root / "bench-results/logs" / f"llamacpp-{w.key}.log"
+                  kv_bytes: int, model: Weights | None = None, config: Path | None = None, name: str = "smollm2") -> Peer:
+    """llama.cpp serving `dtype`'s GGUF of SmolLM2 (or "q4_1"), or `model` whose HF config is `config`, as `name`,
+    in `mode` with `slots` slots and `kv_bytes` of KV cache."""
+    b, w = build(ctx), model or weights(ctx, dtype)
+    config_of = json.loads((config or ctx.bench_dir / "smollm2-135m-fp32/config.json").read_text())
+    port, ctx_tokens = free_port(), kv_tokens(kv_bytes, config_of, w.kv_type) // CTX_PAD * CTX_PAD
+    flags = server_flags(w, port, slots, ctx_tokens, mode, name)
+    log = ctx.root / "bench-results/logs" / f"llamacpp-{name}-{w.key}.log"
     srv = stack.enter_context(Server(f"llama.cpp ({w.key})", [*b.cmd, *flags], port, log, start_timeout_s=600.0))
     said = system_info(log.read_text(errors="replace"))
     kind = ("llama-server built for this CPU (GGML_NATIVE)" if b.is_native
@@ -127,10 +128,10 @@ def llamacpp_peer(ctx: Context, stack: contextlib.ExitStack, dtype: str, mode: s
                 "isa": said.pop("cpu_features", None) if not b.is_native
                 else {"built": "GGML_NATIVE=ON (-march=native) for this CPU", "cpu_flags": cpu_isa_flags()},
                 **said}
-    name = "llamacpp" if dtype != "q4_1" else "llamacpp-q4_1"
+    side = "llamacpp" if dtype != "q4_1" else "llamacpp-q4_1"
     said_by = ("its flags --no-cache-prompt -cram 0 and cache_prompt: false in every request" if mode == COLD
                else "its defaults (prompt cache on) and cache_prompt: true in every request")
-    return Peer(name, label, srv, "smollm2", mode != COLD,
+    return Peer(side, label, srv, name, mode != COLD,
                 f"{said_by}; /metrics llamacpp:prompt_tokens_total + llamacpp:prompt_tokens_cached_total",
                 lambda: _counters(srv.url), settings, {"cache_prompt": mode != COLD})
 

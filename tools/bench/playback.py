@@ -11,15 +11,16 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 
-def underruns(arrivals: Sequence[float], seconds: Sequence[float]) -> list[float]:
+def underruns(arrivals: Sequence[float], seconds: Sequence[float], min_gap_s: float = 0.0) -> list[float]:
     """How late each late chunk was (s): `arrivals[i]` is when chunk i arrived (any clock, seconds,
-    non-decreasing), `seconds[i]` how long it plays."""
+    non-decreasing), `seconds[i]` how long it plays. A gap of `min_gap_s` or less is waited out but not
+    counted (vLLM-Omni counts only gaps over 0.1 s)."""
     if len(arrivals) != len(seconds):
         raise ValueError(f"{len(arrivals)} arrival times for {len(seconds)} chunks: one of each per chunk")
     late: list[float] = []
     played_until: float | None = None
     for t, length in zip(arrivals, seconds):
-        if played_until is not None and t > played_until:
+        if played_until is not None and t - played_until > min_gap_s:
             late.append(t - played_until)
         played_until = (t if played_until is None else max(played_until, t)) + length
     return late

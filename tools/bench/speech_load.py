@@ -108,10 +108,10 @@ def speech_burst(url: str, bodies: Sequence[dict]) -> SpeechBurst:
         raise RuntimeError(f"{url}/v1/audio/speech: {type(exc).__name__}: {exc}") from exc
 
 
-def listener_metrics(burst: SpeechBurst, sample_rate: int) -> dict[str, float]:
-    """Per burst: streams with an underrun, their total underrun (s), median TTFA (s), least and median
-    audio (s; random weights may end a stream early), least chunks."""
-    late = [underruns(s.arrivals, [n / sample_rate for n in s.chunk_samples]) for s in burst.streams]
+def listener_metrics(burst: SpeechBurst, sample_rate: int, min_gap_s: float = 0.0) -> dict[str, float]:
+    """Per burst: streams with an underrun (a gap over `min_gap_s`), their total underrun (s), median TTFA (s),
+    least and median audio (s; random weights may end a stream early), least chunks."""
+    late = [underruns(s.arrivals, [n / sample_rate for n in s.chunk_samples], min_gap_s) for s in burst.streams]
     return {"underrun_streams": float(sum(1 for gaps in late if gaps)), "underrun_s": sum(map(sum, late)),
             "ttfa": statistics.median(s.first_audio_s for s in burst.streams),
             "audio_s": min(s.samples for s in burst.streams) / sample_rate,

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
-from safetensors import safe_open
 
-from runtime.model_executor.weights.headers import TensorInfo
+from runtime.model_executor.weights.headers import TensorInfo, read_tensor
 from runtime.model_executor.weights.mapping import CompiledMap, Target, node_tensors
 from runtime.model_executor.weights.slots import IGNORED_SUFFIXES, Slot, WeightLoadError
 
@@ -88,13 +87,13 @@ def load_matched(report: MatchReport, cmap: CompiledMap, slots: Mapping[str, Slo
     """Copy every matched tensor into its slots, reading one file at a time; the report must be clean."""
     if not report.is_ok:
         raise WeightLoadError(report.missing, report.unexpected, report.misshaped)
-    by_file: dict[Path, list[tuple[str, list[Target]]]] = {}
-    for name, info, targets in report.loads:
-        by_file.setdefault(info.file, []).append((name, targets))
+    by_file: dict[Path, list[tuple[TensorInfo, list[Target]]]] = {}
+    for _, info, targets in report.loads:
+        by_file.setdefault(info.file, []).append((info, targets))
     for path, entries in by_file.items():
-        with safe_open(str(path), framework="pt", device="cpu") as reader:
-            for name, targets in entries:
-                tensor = reader.get_tensor(name)
+        with path.open("rb", buffering=0) as f:
+            for info, targets in entries:
+                tensor = read_tensor(f, info)
                 for target in targets:
                     slot = slots[target.name]
                     slot.load(cmap.tensor(target, tensor, slot.shape))

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors import safe_open
 from tqdm import tqdm
+
+from runtime.model_executor.weights.headers import read_header, read_tensor
 
 # below this many tensors a progress bar is noise
 _PROGRESS_MIN_TENSORS = 64
@@ -29,19 +30,16 @@ def checkpoint_files(path: str | Path) -> list[Path]:
 
 
 def iter_safetensors(path: str | Path, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """Every (name, tensor) of the checkpoint at `path`, read one at a time."""
-    files = checkpoint_files(path)
-    names = {}
-    for f in files:
-        with safe_open(str(f), framework="pt", device=device) as reader:
-            names[f] = list(reader.keys())
-    total = sum(len(n) for n in names.values())
+    """Every (name, tensor) of the checkpoint at `path`, read one at a time (never mapped: headers.read_tensor)."""
+    headers = {f: read_header(f) for f in checkpoint_files(path)}
+    total = sum(len(infos) for infos in headers.values())
     with tqdm(total=total, desc=f"loading {Path(path).name}", unit="tensor",
               disable=total < _PROGRESS_MIN_TENSORS) as bar:
-        for f in files:
-            with safe_open(str(f), framework="pt", device=device) as reader:
-                for name in names[f]:
-                    yield name, reader.get_tensor(name)
+        for path_of, infos in headers.items():
+            with path_of.open("rb", buffering=0) as f:
+                for name, info in infos.items():
+                    tensor = read_tensor(f, info)
+                    yield name, tensor if device == "cpu" else tensor.to(device)
                     bar.update(1)
 
 
