@@ -29,6 +29,7 @@ client's runs the `snac` package as shipped (fp32, noise on). mstar emits the fi
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from typing import Callable
 
@@ -198,9 +199,10 @@ def _rows(ctx: Context, samples: dict, sides: dict[str, Served], tokens: int) ->
             rows.append(Row("Orpheus-3B, the server", metric, unit, LOWER, Side(labels[a], samples[a][key]),
                             Side(labels[b], samples[b][key]), names=(a, b), note=SERVER_NOTE))
         for n in (QUICK_CONCURRENCY if ctx.quick else CONCURRENCY):
-            note = (f"{n} concurrent stream(s) of {tokens} audio tokens; median audio per stream "
-                    f"{samples[a][f'audio_s_{n}'][0]:.2f} s ({a}) / {samples[b][f'audio_s_{n}'][0]:.2f} s ({b}); "
-                    f"{b}'s client folded {sum(samples[b][f'folded_{n}']):.0f} tokens to codes")
+            audio = {side: statistics.median(samples[side][f"audio_s_{n}"]) for side in (a, b)}
+            note = (f"{n} concurrent stream(s) of {tokens} audio tokens; audio delivered per stream (median) "
+                    f"{audio[a]:.2f} s ({a}) / {audio[b]:.2f} s ({b}); {b}'s client folded "
+                    f"{sum(samples[b][f'folded_{n}']):.0f} tokens to codes over the rounds")
             for key, metric, unit, better in METRICS:
                 rows.append(Row(f"Orpheus-3B, {n} stream{'s' * (n > 1)}", metric, unit, better,
                                 Side(labels[a], samples[a][f"{key}_{n}"]), Side(labels[b], samples[b][f"{key}_{n}"]),

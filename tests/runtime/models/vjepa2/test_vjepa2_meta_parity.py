@@ -4,7 +4,7 @@ Meta's `VisionTransformerPredictorAC` is built at the tiny preset's dims with ra
 state dict is written as facebookresearch/vjepa2's training script saves it (`predictor` under
 DistributedDataParallel's `module.`), converted as `mstar-run convert-weights` does, and loaded into
 mstar's predictor by the worker's loader through the vjepa2_ac graph's published mapping: the names
-are Meta's. The reference side (meta_ac_reference.py) imports nothing of mstar's. Compared:
+are Meta's. The reference side (tools/bench/vjepa2_meta.py) imports nothing of mstar's. Compared:
 the forward over frame steps with actions and states, the per-frame KV cache fed step by step,
 and whole rollouts through the worker's RolloutExecutor against Meta's world-model loop.
 """
@@ -25,7 +25,7 @@ from runtime.models.vjepa2.executors import RolloutExecutor
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 from runtime.worker.loader import load_node
-from tests.runtime.models.vjepa2.meta_ac_reference import meta_predictor, world_model_rollout
+from bench.vjepa2_meta import meta_predictor, world_model_rollout
 from tests.runtime.models.vjepa2.vjepa2_reference import randomize
 from tests.runtime.serving.published_layouts import PRESET, published_preset, write_vjepa2_ac_pickle
 

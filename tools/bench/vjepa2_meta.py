@@ -1,4 +1,5 @@
-"""V-JEPA 2-AC as Meta's code computes it: the reference side of test_vjepa2_meta_parity.py.
+"""V-JEPA 2-AC as Meta's code computes it: the native side of the `vjepa2-g` benchmark and the reference side
+of tests/runtime/models/vjepa2/test_vjepa2_meta_parity.py.
 
 Imports torch, numpy and Meta's `vjepa2` package, nothing of mstar's. The package is PyPI's
 `cc-vjepa2` 0.0.3 (facebookresearch/vjepa2's `src/` as an installable package): its
@@ -41,6 +42,7 @@ def _stand_in_for_timm() -> None:
 
 
 _stand_in_for_timm()
+from vjepa2.hub.backbones import vjepa2_ac_vit_giant  # noqa: E402
 from vjepa2.models.ac_predictor import VisionTransformerPredictorAC, vit_ac_predictor  # noqa: E402
 
 
@@ -104,3 +106,20 @@ def world_model_rollout(predictor: VisionTransformerPredictorAC, frames: torch.T
         frames = torch.cat([frames, next_rep], dim=1)
         states = torch.cat([states, next_pose[:, None]], dim=1)
     return torch.stack(preds, dim=1)
+
+
+def meta_ac_vitg() -> tuple[torch.nn.Module, VisionTransformerPredictorAC]:
+    """Meta's V-JEPA 2-AC ViT-g/16 encoder and 24-layer predictor as its hub entry builds them
+    (`vjepa2_ac_vit_giant`, 256 px, 64 frames), with their own random initialisation, in eval mode."""
+    encoder, predictor = vjepa2_ac_vit_giant(pretrained=False)
+    return encoder.eval(), predictor.eval()
+
+
+@torch.no_grad()
+def meta_world_model(encoder: torch.nn.Module, predictor: VisionTransformerPredictorAC, clip: torch.Tensor,
+                     states: torch.Tensor, actions: torch.Tensor, horizon: int) -> torch.Tensor:
+    """The world model's rollout: the context clip (B, 3, T, H, W) encoded and layer-normed (as the world-model
+    wrapper's encode does), then `world_model_rollout` -> predictions (B, horizon, P, E)."""
+    frames = encoder(clip)
+    frames = F.layer_norm(frames, (frames.size(-1),))
+    return world_model_rollout(predictor, frames, states, actions, horizon)
