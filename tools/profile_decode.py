@@ -4,6 +4,8 @@
     python tools/profile_decode.py --preset tiny --batches 1,4   # the tiny random model (a smoke run)
     python tools/profile_decode.py --threads 1 --steps 10 --context 128
     python tools/profile_decode.py --prefill 1024,8192 --chunk 256    # one chunked prefill per length
+    python tools/profile_decode.py --graph graphs/orpheus.yaml --preset orpheus-3b --random-weights \
+        --device-memory 8GiB --batches 1,16                      # a real-size preset (its KV pool sized down)
 
 The LM node runs in this process through the executor a worker uses (no HTTP, no
 conductor, no ZeroMQ): `--batch` requests are prefilled with `--context` random tokens,
@@ -37,6 +39,7 @@ worker_waits(os.environ)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+from mstar_compiler.units import parse_size  # noqa: E402
 from runtime.model_executor.sampling import SamplingParams  # noqa: E402
 from runtime.transport.request_params import RequestParams  # noqa: E402
 from bench import profile_table  # noqa: E402
@@ -45,19 +48,29 @@ ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("linears", "lm_head", "attention", "rope_norms", "sampling", "other")
 
 
-def load_executor(graph: Path, preset: str | None) -> Any:
-    """The plan's first KV node on rank 0, loaded as a worker loads it."""
+def load_executor(graph: Path, preset: str | None, weights: tuple[str, ...] = (), random_weights: bool = False,
+                  device_memory: int | None = None) -> Any:
+    """The plan's first KV node on rank 0, loaded as a worker loads it (`weights`, `random_weights`: mstar-run's
+    --weights and --random-weights; `device_memory`: mstarc's --device-memory, which sizes the KV pool)."""
     sys.path.insert(0, str(ROOT))
     from mstar_compiler.ir import Options
     from mstar_compiler.pipeline import compile_file
     from runtime.conductor.local_run import LocalRun
+    from runtime.model_executor.weights.sources import WeightOptions
     from runtime.worker.executors import executor_for
     from runtime.worker.loader import load_rank
-    plan = compile_file(str(graph), Options(preset=preset)).plan
+    plan = compile_file(str(graph), Options(preset=preset, device_memory=device_memory)).plan
     name = next(n.name for n in plan.nodes if n.has_kv_cache)
-    module, _ = load_rank(plan, 0, None)[name]
+    module, _ = load_rank(plan, 0, WeightOptions(tuple(weights), random_weights))[name]
     # its block tables as the conductor keeps them, no prefix reuse: every run computes its whole prompt
     return LocalRun(executor_for(plan.node(name), module, 0, plan), prefix_cache=False)
+
+
+def _lm(ex: Any) -> nn.Module:
+    """The decoder LM the executor runs (Orpheus' executor wraps it to compute only the frame slot's columns of
+    the LM head: `_SlotLM.lm`)."""
+    model = ex.executor.model
+    return getattr(model, "lm", model)
 
 
 def _scope_module(module: nn.Module, name: str) -> None:
@@ -79,6 +92,9 @@ def instrument(ex: Any) -> None:
     import runtime.model_executor.layers.attention as attention_layer
     from runtime.model_executor.kernels import cpu as cpu_kernels
     model = ex.executor.model
+    if model is not _lm(ex):      # the wrapper's head computes columns, not the head module's forward
+        model.compute_logits = _scoped(model.compute_logits, "lm_head")
+        model = _lm(ex)
     model.cpu_stack = False       # the layers' kernels one by one, each in its range (not one C++ call)
     scoped: list[str] = []        # a range inside another of its category would count twice
     for name, module in model.named_modules():
@@ -143,7 +159,7 @@ def stack_vs_per_layer(ex: Any, batch: int, context: int, steps: int, rounds: in
     alternated rounds of `steps` steps. Call before `instrument`, whose ranges would slow the second."""
     import statistics
     import time
-    model, times = ex.executor.model, {"stack": [], "per-layer": []}
+    model, times = _lm(ex), {"stack": [], "per-layer": []}
     with decoding(ex, batch, context) as step:
         for _ in range(rounds):
             for name, mode in (("per-layer", False), ("stack", None)):
@@ -196,10 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill", default="", help="comma-separated prompt lengths: profile one chunked prefill "
                                                  "of each instead of decode steps")
     p.add_argument("--chunk", type=int, default=256, help="prefill chunk (the server's --prefill-chunk-tokens)")
+    p.add_argument("--weights", action="append", default=[], help="as mstar-run's: ROOT, or NAME=DIR")
+    p.add_argument("--random-weights", action="store_true", help="seeded random weights where none are given")
+    p.add_argument("--device-memory", type=parse_size, default=None,
+                   help="as mstarc's (e.g. 8GiB): the KV pool is what the weights leave of it")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    ex = load_executor(args.graph, args.preset)
+    ex = load_executor(args.graph, args.preset, tuple(args.weights), args.random_weights, args.device_memory)
     if args.prefill:
         instrument(ex)
         rows = {n: profile_prefill(ex, n, args.chunk) for n in map(int, args.prefill.split(","))}
