@@ -76,8 +76,8 @@ def vllm_server(ctx: Context, dtype: str, *flags: str, max_model_len: int = 2048
     cache (`--kv-cache-memory-bytes`), else the 4 GiB of `VLLM_CPU_KVCACHE_SPACE=4`."""
     py, model = vllm_python(ctx), model or ctx.bench_dir / "smollm2-135m-fp32"
     if not py.is_file() or not (model / "config.json").is_file():
-        raise Needs(f"vLLM's CPU build ({py}) and the fp32 export ({model}): run `bash tools/setup_vllm_cpu.sh` "
-                    "or pass --vllm VENV/bin/vllm")
+        raise Needs(f"vLLM's CPU build ({py}) and the model it serves ({model}; SmolLM2's is the fp32 export): run "
+                    "`bash tools/setup_vllm_cpu.sh` or pass --vllm VENV/bin/vllm")
     _check_vllm_runs_here(str(py))
     port = free_port()
     budget = ("--kv-cache-memory-bytes", str(kv_bytes)) if kv_bytes is not None else ()
