@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 from bench import cache_state
@@ -141,9 +142,7 @@ class Served:
         return out
 
 
-def _mstar(ctx: Context, files: Orpheus3B) -> Side:
-    plan = compile_plan(ctx.root / "graphs/orpheus.yaml", ctx.root / "bench-results/plans/orpheus-3b-bench.plan.bin",
-                        "--preset", "orpheus-3b", "--device-memory", DEVICE_MEMORY)
+def _mstar(ctx: Context, files: Orpheus3B, plan: Path) -> Served:
     flags = ["--weights", str(files.root), "--no-prefix-cache"]
 
     def start(stack: contextlib.ExitStack) -> Peer:
@@ -213,18 +212,21 @@ def _rows(ctx: Context, samples: dict, sides: dict[str, Served], tokens: int) ->
 @register("orpheus-3b", "Orpheus-3B TTS at its published shapes: mstar-run vs vLLM CPU + SNAC in the client vs "
                         "llama.cpp's server + SNAC in the client, 1 / 4 / 16 streams")
 def run(ctx: Context) -> list[Row]:
+    import torch
+
     files = ensure(ctx)
     with contextlib.suppress(Needs):
         if missing := native_missing(ctx):
             ctx.record_needs("llama.cpp built for this CPU", missing)
-    mstar = _mstar(ctx, files)
-    plan = ctx.root / "bench-results/plans/orpheus-3b-bench.plan.bin"
+    plan = compile_plan(ctx.root / "graphs/orpheus.yaml", ctx.root / "bench-results/plans/orpheus-3b-bench.plan.bin",
+                        "--preset", "orpheus-3b", "--device-memory", DEVICE_MEMORY)
+    mstar = _mstar(ctx, files, plan)
     concurrency = QUICK_CONCURRENCY if ctx.quick else CONCURRENCY
     sides = {"mstar": mstar, **_peers(ctx, files, kv_bytes(plan), max(concurrency))}
     tokens = QUICK_MAX_TOKENS if ctx.quick else MAX_TOKENS
     ctx.settings.update(max_tokens=tokens, concurrency=list(concurrency), sampling=SAMPLING, voice=VOICE,
                         device_memory=DEVICE_MEMORY, weights=str(files.root), min_gap_s=MIN_GAP_S,
-                        kv_budget_bytes=kv_bytes(plan))
+                        kv_budget_bytes=kv_bytes(plan), client_snac_torch_threads=torch.get_num_threads())
     samples = ctx.alternate("orpheus-3b", sides, warmup=0)
     ctx.settings["sides"] = {name: side.record for name, side in sides.items()}
     return _rows(ctx, samples, sides, tokens)
