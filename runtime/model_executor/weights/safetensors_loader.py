@@ -30,7 +30,8 @@ def checkpoint_files(path: str | Path) -> list[Path]:
 
 
 def iter_safetensors(path: str | Path, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """Every (name, tensor) of the checkpoint at `path`, read one at a time (never mapped: headers.read_tensor)."""
+    """Every (name, tensor) of the checkpoint at `path`, one at a time (each mapped alone while it lives:
+    headers.read_tensor)."""
     headers = {f: read_header(f) for f in checkpoint_files(path)}
     total = sum(len(infos) for infos in headers.values())
     with tqdm(total=total, desc=f"loading {Path(path).name}", unit="tensor",
