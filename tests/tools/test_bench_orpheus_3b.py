@@ -92,6 +92,16 @@ def test_the_suites_checkpoint_has_the_published_names_and_shapes() -> None:
     assert weights._lm_shapes() == published
 
 
+def test_a_checkpoint_of_another_recipe_is_told_apart(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    stamped, plain = tmp_path / "stamped.safetensors", tmp_path / "plain.safetensors"
+    save_file({"w": torch.ones(2)}, str(stamped), metadata={"mstar_bench_recipe": weights.RECIPE})
+    save_file({"w": torch.ones(2)}, str(plain), metadata={"format": "pt"})
+    assert weights._recipe(stamped) == weights.RECIPE
+    assert weights._recipe(plain) is None and weights._recipe(tmp_path / "missing.safetensors") is None
+
+
 def test_the_random_lm_speaks_audio_tokens() -> None:
     """A small Llama of Orpheus' vocabulary with the suite's random weights: the next token is an audio token."""
     from transformers import LlamaConfig, LlamaForCausalLM

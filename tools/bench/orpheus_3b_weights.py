@@ -22,6 +22,7 @@ the ids it makes (runtime.models.orpheus.serving.orpheus_prompt over the same fi
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ SNAC_24KHZ = {"sampling_rate": 24000, "encoder_dim": 48, "encoder_rates": [2, 4,
               "depthwise": True, "codebook_size": 4096, "codebook_dim": 8}
 SPECIAL = {128000: "<|begin_of_text|>", 128009: "<|eot_id|>"}
 SEED = 1234
+RECIPE = "2: seeded normal std 0.02, norms 1, speaks audio tokens"   # a checkpoint of another recipe is rewritten
 ON, AUDIO, NEURON, AUDIO_FIRST = 0, 1, 0, 128266   # hidden dims and layer-0 MLP neuron of _speak_audio_tokens
 
 
@@ -69,7 +71,8 @@ def ensure(ctx: Context) -> Orpheus3B:
     files.snac.mkdir(parents=True, exist_ok=True)
     if not (files.lm / "tokenizer.json").is_file():
         _write_tokenizer(ctx.bench_dir / "smollm2-135m-fp32", files.lm)
-    if not (files.lm / "model.safetensors").is_file():
+    if _recipe(files.lm / "model.safetensors") != RECIPE:     # missing, or written by another recipe
+        files.gguf.unlink(missing_ok=True)                      # made from the old weights
         _write_lm(files.lm)
     if not files.snac_safetensors.is_file():
         _write_snac(files.snac)
@@ -126,8 +129,17 @@ def _write_lm(out: Path) -> None:
         tensors[name] = torch.randn(shape, generator=g).mul_(0.02).to(torch.bfloat16)
     _speak_audio_tokens(tensors)
     part = out / "model.safetensors.part"
-    save_file(tensors, str(part), metadata={"format": "pt"})
+    save_file(tensors, str(part), metadata={"format": "pt", "mstar_bench_recipe": RECIPE})
     part.rename(out / "model.safetensors")
+
+
+def _recipe(path: Path) -> str | None:
+    """The recipe a suite checkpoint was written by (its header's metadata), None if there is none."""
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(length)).get("__metadata__", {}).get("mstar_bench_recipe")
 
 
 def _speak_audio_tokens(tensors: dict) -> None:
