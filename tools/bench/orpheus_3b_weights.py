@@ -22,7 +22,6 @@ the ids it makes (runtime.models.orpheus.serving.orpheus_prompt over the same fi
 from __future__ import annotations
 
 import json
-import struct
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -135,11 +134,8 @@ def _write_lm(out: Path) -> None:
 
 def _recipe(path: Path) -> str | None:
     """The recipe a suite checkpoint was written by (its header's metadata), None if there is none."""
-    if not path.is_file():
-        return None
-    with path.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(length)).get("__metadata__", {}).get("mstar_bench_recipe")
+    from runtime.model_executor.weights.headers import read_metadata
+    return read_metadata(path).get("mstar_bench_recipe") if path.is_file() else None
 
 
 def _speak_audio_tokens(tensors: dict) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import aiohttp
 
-from bench.speech_load import SpeechBurst, StreamResult
+from bench.speech_load import SpeechBurst, StreamResult, concurrent_streams
 
 TOKENS_PER_FRAME, WINDOW, KEEP = 7, 28, slice(2048, 4096)
 AUDIO_OFFSET, CODEBOOK = 128266, 4096
@@ -146,20 +146,10 @@ async def _one(session: aiohttp.ClientSession, url: str, server: str, body: tupl
     return StreamResult(tuple(stream.arrivals), tuple(stream.samples), len(stream.codes)), stream.folded
 
 
-async def _burst(url: str, server: str, bodies: Sequence[tuple[str, dict[str, Any]]], snac: SnacClient) \
-        -> tuple[SpeechBurst, int]:
-    timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-        start = time.perf_counter()
-        done = await asyncio.gather(*(_one(session, url, server, b, snac) for b in bodies))
-        return SpeechBurst([r for r, _ in done], time.perf_counter() - start), sum(f for _, f in done)
-
-
 def client_burst(url: str, server: str, bodies: Sequence[tuple[str, dict[str, Any]]], snac: SnacClient) \
         -> tuple[SpeechBurst, int]:
     """Stream every body at once from `server` at `url`, decoding in this process; the burst and how many tokens
     were folded to codes (RuntimeError when a stream fails)."""
-    try:
-        return asyncio.run(_burst(url, server, bodies, snac))
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise RuntimeError(f"{url} ({server}): {type(exc).__name__}: {exc}") from exc
+    done, wall = concurrent_streams(lambda session, body: _one(session, url, server, body, snac), bodies,
+                                    f"{url} ({server})", timeout_s=3600.0)
+    return SpeechBurst([r for r, _ in done], wall), sum(f for _, f in done)

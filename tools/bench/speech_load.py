@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import aiohttp
 
@@ -31,6 +31,7 @@ if __name__ == "__main__":   # run as a script: `bench` is the package this file
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.playback import underruns  # noqa: E402
 
+R = TypeVar("R")
 SAMPLE_RATE = 24000   # Orpheus' SNAC and Qwen3-Omni's code2wav both decode 24 kHz
 
 
@@ -92,20 +93,30 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> StreamRe
     return StreamResult(tuple(arrivals), tuple(chunk_samples), tokens)
 
 
-async def _burst(url: str, bodies: Sequence[dict]) -> SpeechBurst:
-    timeout = aiohttp.ClientTimeout(total=1800)
+async def _gathered(one: Callable[[aiohttp.ClientSession, Any], Awaitable[R]], items: Sequence[Any],
+                    timeout_s: float) -> tuple[list[R], float]:
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         start = time.perf_counter()
-        done = await asyncio.gather(*(_one(session, url, b) for b in bodies))
-        return SpeechBurst(list(done), time.perf_counter() - start)
+        done = await asyncio.gather(*(one(session, item) for item in items))
+        return list(done), time.perf_counter() - start
+
+
+def concurrent_streams(one: Callable[[aiohttp.ClientSession, Any], Awaitable[R]], items: Sequence[Any], where: str,
+                       timeout_s: float = 1800.0) -> tuple[list[R], float]:
+    """`one(session, item)` for every item at once, on one session with a connection each: the results and the
+    seconds from the first send to the last result (RuntimeError naming `where` when a stream fails)."""
+    try:
+        return asyncio.run(_gathered(one, items, timeout_s))
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise RuntimeError(f"{where}: {type(exc).__name__}: {exc}") from exc
 
 
 def speech_burst(url: str, bodies: Sequence[dict]) -> SpeechBurst:
     """Stream every body at once from `url` and wait for all of them (RuntimeError when one fails)."""
-    try:
-        return asyncio.run(_burst(url, bodies))
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise RuntimeError(f"{url}/v1/audio/speech: {type(exc).__name__}: {exc}") from exc
+    streams, wall = concurrent_streams(lambda session, body: _one(session, url, body), bodies,
+                                       f"{url}/v1/audio/speech")
+    return SpeechBurst(streams, wall)
 
 
 def listener_metrics(burst: SpeechBurst, sample_rate: int, min_gap_s: float = 0.0) -> dict[str, float]:

@@ -142,13 +142,13 @@ class Served:
         return out
 
 
-def _mstar(ctx: Context, files: Orpheus3B, plan: Path) -> Served:
+def _mstar(ctx: Context, files: Orpheus3B, plan: Path, kv: int) -> Served:
     flags = ["--weights", str(files.root), "--no-prefix-cache"]
 
     def start(stack: contextlib.ExitStack) -> Peer:
         srv = stack.enter_context(mstar_run(plan, ctx.root / "bench-results/logs/mstar-orpheus-3b.log",
                                             "mstar-run (orpheus-3b)", ctx.threads, *flags))
-        return started_peer(srv, LABELS["mstar"], flags, ctx.threads, kv_bytes(plan))
+        return started_peer(srv, LABELS["mstar"], flags, ctx.threads, kv)
 
     def burst(peer: Peer, texts: list[str], tokens: int) -> tuple[SpeechBurst, int]:
         bodies = [{"model": peer.model, "voice": VOICE, "input": t, "max_tokens": tokens, "seed": i, **SAMPLING}
@@ -220,13 +220,13 @@ def run(ctx: Context) -> list[Row]:
             ctx.record_needs("llama.cpp built for this CPU", missing)
     plan = compile_plan(ctx.root / "graphs/orpheus.yaml", ctx.root / "bench-results/plans/orpheus-3b-bench.plan.bin",
                         "--preset", "orpheus-3b", "--device-memory", DEVICE_MEMORY)
-    mstar = _mstar(ctx, files, plan)
+    kv = kv_bytes(plan)         # every side's KV budget: mstar's plan pool
     concurrency = QUICK_CONCURRENCY if ctx.quick else CONCURRENCY
-    sides = {"mstar": mstar, **_peers(ctx, files, kv_bytes(plan), max(concurrency))}
+    sides = {"mstar": _mstar(ctx, files, plan, kv), **_peers(ctx, files, kv, max(concurrency))}
     tokens = QUICK_MAX_TOKENS if ctx.quick else MAX_TOKENS
     ctx.settings.update(max_tokens=tokens, concurrency=list(concurrency), sampling=SAMPLING, voice=VOICE,
                         device_memory=DEVICE_MEMORY, weights=str(files.root), min_gap_s=MIN_GAP_S,
-                        kv_budget_bytes=kv_bytes(plan), client_snac_torch_threads=torch.get_num_threads())
+                        kv_budget_bytes=kv, client_snac_torch_threads=torch.get_num_threads())
     samples = ctx.alternate("orpheus-3b", sides, warmup=0)
     ctx.settings["sides"] = {name: side.record for name, side in sides.items()}
     return _rows(ctx, samples, sides, tokens)

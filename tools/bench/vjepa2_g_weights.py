@@ -69,10 +69,10 @@ def load_meta(files: VJepa2G, dtype) -> tuple:
     encoder, predictor = meta_ac_vitg()
     with safe_open(str(files.safetensors), framework="pt") as f, torch.no_grad():
         for part, module in (("encoder", encoder), ("predictor", predictor)):
-            params = dict(module.state_dict())
-            names = [n for n in f.keys() if n.startswith(f"{part}.module.")]
-            if {n[len(part) + 8:] for n in names} != set(params):
+            params, prefix = dict(module.state_dict()), f"{part}.module."
+            names = {n[len(prefix):]: n for n in f.keys() if n.startswith(prefix)}
+            if names.keys() != params.keys():
                 raise Needs(f"{files.safetensors} to hold Meta's {part} state dict exactly")
-            for name in names:
-                params[name[len(part) + 8:]].copy_(f.get_tensor(name))
+            for name, stored in names.items():
+                params[name].copy_(f.get_tensor(stored))
     return encoder.to(dtype), predictor.to(dtype)

@@ -44,9 +44,8 @@ DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F
           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
-def read_header(path: str | Path) -> dict[str, TensorInfo]:
-    """name -> TensorInfo for every tensor of the safetensors file at `path`."""
-    path = Path(path)
+def _header_json(path: Path) -> tuple[int, dict]:
+    """The header's length and its JSON."""
     with path.open("rb") as f:
         prefix = f.read(8)
         if len(prefix) != 8:
@@ -55,12 +54,23 @@ def read_header(path: str | Path) -> dict[str, TensorInfo]:
         if length > _MAX_HEADER_BYTES:
             raise ValueError(f"{path}: not a safetensors file (header length {length})")
         try:
-            header = json.loads(f.read(length))
+            return length, json.loads(f.read(length))
         except ValueError as exc:
             raise ValueError(f"{path}: unreadable safetensors header: {exc}") from None
+
+
+def read_header(path: str | Path) -> dict[str, TensorInfo]:
+    """name -> TensorInfo for every tensor of the safetensors file at `path`."""
+    path = Path(path)
+    length, header = _header_json(path)
     return {name: TensorInfo(path, entry["dtype"], tuple(entry["shape"]),
                              entry["data_offsets"][1] - entry["data_offsets"][0], 8 + length + entry["data_offsets"][0])
             for name, entry in header.items() if name != "__metadata__"}
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The file's `__metadata__` (string -> string; empty when it has none)."""
+    return dict(_header_json(Path(path))[1].get("__metadata__") or {})
 
 
 def read_tensor(f: BinaryIO, info: TensorInfo) -> torch.Tensor:
