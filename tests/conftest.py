@@ -10,8 +10,15 @@ the same order (`pytest --randomly-seed=N`; `-p no:randomly` runs it in file ord
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# the benchmarks' reference sides (bench.vjepa2_meta, bench.omni_hf_config) are the parity tests' oracles too
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+if str(TOOLS) not in sys.path:
+    sys.path.insert(0, str(TOOLS))
 
 HAS_CUDA_DEVICE = os.path.exists("/dev/nvidiactl")
 

@@ -202,7 +202,8 @@ class Conductor:
         self._prune_waiting()      # a request aborted while it waited (its client left) is no candidate
         running = self.playback.order(self.running.requests())
         busy = {(b.batch.rank, b.batch.node) for b in self.in_flight.values()}
-        for batch in self.scheduler.schedule(running, self.waiting, busy, self.workers.ready_ranks()):
+        cohorts = {(b.batch.rank, walk) for b in self.in_flight.values() for walk in b.cohorts}
+        for batch in self.scheduler.schedule(running, self.waiting, busy, self.workers.ready_ranks(), cohorts):
             self._dispatch(batch)
         for req, message in self.scheduler.rejected:
             self._fail(req, message)
@@ -234,7 +235,9 @@ class Conductor:
                 e.kv_added = req.note_kv(batch.node, item.tokens)
             if e.tensors:
                 tensors.update(e.tensors)
-        self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group))
+        cohorts = self.index.cohort_walks
+        walks = frozenset(e.pending.walk for e in batch.entries if e.pending.walk in cohorts) if cohorts else frozenset()
+        self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group), cohorts=walks)
         items = [e.item for e in batch.entries]
         for rank in batch.group:
             self._send(rank, RunBatch(batch_id=batch_id, node=batch.node, items=items, follower=rank != batch.rank,

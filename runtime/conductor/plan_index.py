@@ -61,6 +61,9 @@ class PlanIndex:
             for out in outs:
                 self._emits.setdefault((walk.name, out.node), set()).add(out.port)
         self.batch_keys = self._batch_keys()
+        # loops whose body runs several nodes: their rows on a rank move as one cohort (Scheduler._place)
+        self.cohort_walks = frozenset(w.name for w in plan.walks if len(set(w.nodes)) > 1 and any(
+            isinstance(op, (LoopBegin, DynamicLoopBegin)) for op in w.program))
         # answers asked per dispatched item, memoised (the plan never changes)
         self._client_tokens: dict[tuple[str, str], bool] = {}
         self._client_tensors: dict[tuple[str, str], list[str]] = {}

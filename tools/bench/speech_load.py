@@ -119,6 +119,42 @@ def speech_burst(url: str, bodies: Sequence[dict]) -> SpeechBurst:
     return SpeechBurst(streams, wall)
 
 
+async def _one_chat(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[StreamResult, float]:
+    """One streamed audio chat (`modalities: ["text", "audio"]`, pcm16): its audio as a StreamResult (tokens:
+    the completion's text tokens) and the seconds to its first transcript delta (its time to first text)."""
+    body = {**body, "modalities": ["text", "audio"], "stream": True, "stream_options": {"include_usage": True}}
+    body["audio"] = {"format": "pcm16", **body.get("audio", {})}
+    start, arrivals, chunk_samples, ttft, tokens = time.perf_counter(), [], [], None, -1
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}/v1/chat/completions: HTTP {resp.status}: {(await resp.text())[:300]}")
+        async for line in resp.content:
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(f"{url}/v1/chat/completions streamed an error: {str(event)[:300]}")
+            if event.get("usage"):
+                tokens = int(event["usage"]["completion_tokens"])
+            audio = event["choices"][0]["delta"].get("audio", {}) if event.get("choices") else {}
+            if audio.get("data"):
+                arrivals.append(time.perf_counter() - start)
+                chunk_samples.append(len(base64.b64decode(audio["data"])) // 2)
+            elif audio.get("transcript") and ttft is None:
+                ttft = time.perf_counter() - start
+    if not arrivals or tokens < 0 or ttft is None:
+        raise RuntimeError(f"{url}/v1/chat/completions ended without audio, text or usage")
+    return StreamResult(tuple(arrivals), tuple(chunk_samples), tokens), ttft
+
+
+def audio_chat_burst(url: str, bodies: Sequence[dict]) -> tuple[SpeechBurst, list[float]]:
+    """Stream every audio chat body at once from `url`: the audio as a SpeechBurst and each stream's time to
+    first text (RuntimeError when one fails)."""
+    done, wall = concurrent_streams(lambda session, body: _one_chat(session, url, body), bodies,
+                                    f"{url}/v1/chat/completions")
+    return SpeechBurst([d[0] for d in done], wall), [d[1] for d in done]
+
+
 def listener_metrics(burst: SpeechBurst, sample_rate: int, min_gap_s: float = 0.0) -> dict[str, float]:
     """Per burst: streams with an underrun (a gap over `min_gap_s`), their total underrun (s), median TTFA (s),
     least and median audio (s; random weights may end a stream early), least chunks."""

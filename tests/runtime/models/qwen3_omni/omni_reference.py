@@ -1,7 +1,7 @@
 """transformers' Qwen3-Omni-MoE classes built from our presets: the same-weights parity oracles.
 
-Each `<part>_config(dims)` turns one of our catalogue presets into the transformers config
-that describes the same network, so a test can build both, load the reference's weights
+Each `<part>_config(dims)` (tools/bench/omni_hf_config.py, which the `omni-wide` benchmark shares) turns
+one of our catalogue presets into the transformers config that describes the same network, so a test can build both, load the reference's weights
 into ours through the published checkpoint layout (`checkpoint_tensors`) and compare
 outputs. Configs use eager attention (the reference arithmetic) in fp32.
 """
@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import torch
-from transformers.models.qwen3_omni_moe import configuration_qwen3_omni_moe as hf_config
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf_model
+
+from bench import omni_hf_config
+from bench.omni_hf_config import audio_config, code2wav_config, hf_config, predictor_config, talker_config, vision_config
 
 from mstar_compiler.catalogue import load_catalogue
 
@@ -36,20 +38,11 @@ def preset(kind: str, name: str = "tiny") -> dict[str, Any]:
     return dict(load_catalogue()[kind].presets[name])
 
 
-def _eager(config: Any) -> Any:
-    config._attn_implementation = "eager"
-    return config
-
-
-def code2wav_config(d: Dims) -> Any:
-    keys = ("codebook_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-            "num_hidden_layers", "num_quantizers", "sliding_window", "rms_norm_eps", "layer_scale_initial_scale",
-            "decoder_dim")
-    return _eager(hf_config.Qwen3OmniMoeCode2WavConfig(
-        **{k: d[k] for k in keys}, upsample_rates=list(d["upsample_rates"]),
-        upsampling_ratios=list(d["upsampling_ratios"]),
-        rope_parameters={"rope_type": "default", "rope_theta": d["rope_theta"]},
-    ))
+def omni_config(thinker: Dims) -> Any:
+    """The whole Qwen3-Omni (thinker, talker, code2wav) at tiny size; `thinker` is a qwen3_moe_lm preset."""
+    parts = ("qwen3_omni_talker", "qwen3_omni_code_predictor", "qwen3_omni_code2wav", "qwen3_omni_audio_encoder",
+             "qwen3_omni_vision_encoder")
+    return omni_hf_config.omni_config(thinker, *(preset(kind) for kind in parts))
 
 
 def randomize(module: torch.nn.Module, seed: int = 0) -> None:
@@ -65,32 +58,6 @@ def randomize(module: torch.nn.Module, seed: int = 0) -> None:
                 p.copy_(0.3 * noise)
             else:  # norm weights, layer scales, ConvNeXt gammas
                 p.copy_(1.0 + 0.2 * noise)
-
-
-def talker_config(t: Dims, p: Dims) -> Any:
-    """Qwen3OmniMoeTalkerConfig for our talker preset `t` and code predictor preset `p`."""
-    text_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "vocab_size", "num_experts", "num_experts_per_tok",
-                 "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob", "rms_norm_eps")
-    text = {k: t[k] for k in text_keys}
-    text["rope_parameters"] = {"rope_type": "default", "rope_theta": t["rope_theta"],
-                               "mrope_section": list(t["mrope_section"]), "interleaved": True}
-    codec_keys = ("codec_eos_token_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id",
-                  "codec_pad_id", "codec_bos_id", "accept_hidden_layer")
-    config = hf_config.Qwen3OmniMoeTalkerConfig(
-        text_config=text, code_predictor_config=predictor_config(p), num_code_groups=t["num_code_groups"],
-        thinker_hidden_size=t["thinker_hidden_size"], spatial_merge_size=2, speaker_id=dict(t["speaker_id"]),
-        **{k: t[k] for k in codec_keys})
-    for sub in (config, config.text_config, config.code_predictor_config):
-        _eager(sub)
-    return config
-
-
-def predictor_config(p: Dims) -> Any:
-    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "head_dim", "vocab_size", "num_code_groups", "rms_norm_eps")
-    return _eager(hf_config.Qwen3OmniMoeTalkerCodePredictorConfig(
-        **{k: p[k] for k in keys}, rope_parameters={"rope_type": "default", "rope_theta": p["rope_theta"]}))
 
 
 def checkpoint_tensors(module: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -117,45 +84,6 @@ def checkpoint_tensors(module: torch.nn.Module, prefix: str = "") -> dict[str, t
 
 def _buffers(module: torch.nn.Module) -> set[str]:
     return {name for name, _ in module.named_buffers()}
-
-
-def audio_config(d: Dims) -> Any:
-    keys = ("num_mel_bins", "d_model", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim",
-            "downsample_hidden_size", "output_dim", "max_source_positions", "n_window", "n_window_infer")
-    return _eager(hf_config.Qwen3OmniMoeAudioEncoderConfig(**{k: d[k] for k in keys}))
-
-
-def vision_config(d: Dims) -> Any:
-    keys = ("depth", "hidden_size", "intermediate_size", "num_heads", "in_channels", "patch_size",
-            "temporal_patch_size", "spatial_merge_size", "out_hidden_size", "num_position_embeddings")
-    return _eager(hf_config.Qwen3OmniMoeVisionEncoderConfig(
-        **{k: d[k] for k in keys}, deepstack_visual_indexes=list(d["deepstack_visual_indexes"]),
-        rope_parameters={"rope_type": "axial", "rope_theta": d["rope_theta"]}))
-
-
-def omni_config(thinker: Dims) -> Any:
-    """The whole Qwen3-Omni (thinker, talker, code2wav) at tiny size; `thinker` is a qwen3_moe_lm preset."""
-    talker = preset("qwen3_omni_talker")
-    text_keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                 "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-                 "rms_norm_eps")
-    text = {k: thinker[k] for k in text_keys}
-    text["rope_parameters"] = {"rope_type": "default", "rope_theta": thinker["rope_theta"],
-                               "mrope_section": [4, 2, 2], "interleaved": True}
-    ids = {k: talker[k] for k in ("audio_token_id", "image_token_id", "video_token_id", "vision_start_token_id",
-                                  "audio_start_token_id")}
-    vision = preset("qwen3_omni_vision_encoder")
-    config = hf_config.Qwen3OmniMoeConfig(
-        thinker_config=dict(text_config=text, audio_config=audio_config(preset("qwen3_omni_audio_encoder")),
-                            vision_config=vision_config(vision),
-                            position_id_per_seconds=vision["position_id_per_seconds"], **ids),
-        talker_config=talker_config(talker, preset("qwen3_omni_code_predictor")),
-        code2wav_config=code2wav_config(preset("qwen3_omni_code2wav")),
-        **{k: talker[k] for k in ("im_start_token_id", "user_token_id", "assistant_token_id",
-                                  "tts_pad_token_id", "tts_bos_token_id", "tts_eos_token_id")})
-    for sub in (config, config.thinker_config, config.thinker_config.text_config):
-        _eager(sub)
-    return config
 
 
 __all__ = ["hf_config", "hf_model", "preset", "randomize", "checkpoint_tensors", "code2wav_config", "thinker_reference",
