@@ -10,7 +10,8 @@
 The LM node runs in this process through the executor a worker uses (no HTTP, no
 conductor, no ZeroMQ): `--batch` requests are prefilled with `--context` random tokens,
 then `--steps` decode steps are profiled, each inside `record_function` ranges placed on
-the model's modules: linears (the q/k/v, o, gate/up and down projections), the LM head,
+the model's modules: linears (the q/k/v, o, gate/up and down projections), a mixture of experts'
+whole sparse MLP (moe: router, the experts' grouped GEMMs, the combine), the LM head,
 attention (the backend's paged attend and the KV cache write), RoPE and RMSNorms, and
 sampling. "other" is the rest of the step (embedding, the SiLU*up product, residual adds,
 batch metadata, Python). With the fused CPU kernels (runtime/model_executor/kernels/cpu.py, the default on
@@ -45,7 +46,7 @@ from runtime.transport.request_params import RequestParams  # noqa: E402
 from bench import profile_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-CATEGORIES = ("linears", "lm_head", "attention", "rope_norms", "sampling", "other")
+CATEGORIES = ("linears", "moe", "lm_head", "attention", "rope_norms", "sampling", "other")
 
 
 def load_executor(graph: Path, preset: str | None, weights: tuple[str, ...] = (), random_weights: bool = False,
@@ -92,14 +93,16 @@ def instrument(ex: Any) -> None:
     import runtime.model_executor.layers.attention as attention_layer
     from runtime.model_executor.kernels import cpu as cpu_kernels
     model = ex.executor.model
-    if model is not _lm(ex):      # the wrapper's head computes columns, not the head module's forward
+    wrapped = model is not _lm(ex)
+    if wrapped:                   # the wrapper's head (Orpheus: columns, not the head module's forward)
         model.compute_logits = _scoped(model.compute_logits, "lm_head")
         model = _lm(ex)
     model.cpu_stack = False       # the layers' kernels one by one, each in its range (not one C++ call)
     scoped: list[str] = []        # a range inside another of its category would count twice
     for name, module in model.named_modules():
         kind = type(module).__name__
-        category = ("lm_head" if kind == "ParallelLMHead" else "linears" if kind.endswith("Linear")
+        category = ("lm_head" if kind == "ParallelLMHead" and not wrapped    # else inside the wrapper's range
+                    else "moe" if kind == "SparseMoE" else "linears" if kind.endswith("Linear")
                     else "rope_norms" if kind in ("RMSNorm", "RotaryEmbedding") else None)
         if category is None or any(name.startswith(s + ".") for s in scoped):
             continue

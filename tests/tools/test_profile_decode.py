@@ -25,6 +25,17 @@ def test_categories_are_timed_once_and_add_up_to_the_step() -> None:
     assert ex.pool.used_blocks == 0 == ex.executor.kv_used_blocks(), "the profiled requests' KV blocks were not freed"
 
 
+def test_a_wrapped_mixture_of_experts_lm_is_timed_once() -> None:
+    """Qwen3-Omni's thinker: its executor's wrapper computes the logits through the head module (timed once, not
+    in both ranges) and the sparse MLP is its own category."""
+    ex = profile_decode.load_executor(ROOT / "graphs/qwen3_omni.yaml", "tiny")
+    assert ex.executor.model is not profile_decode._lm(ex), "the thinker's executor no longer wraps its LM"
+    profile_decode.instrument(ex)
+    got = profile_decode.profile_steps(ex, 2, context=8, steps=1)
+    assert all(got[c] > 0 for c in ("moe", "lm_head", "attention", "linears"))
+    assert sum(got[c] for c in profile_decode.CATEGORIES if c != "other") <= got["step"], "a category counted twice"
+
+
 def test_a_chunked_prefill_is_profiled_chunk_by_chunk_and_frees_its_blocks() -> None:
     ex = profile_decode.load_executor(ROOT / "graphs/smollm2.yaml", "tiny")
     profile_decode.instrument(ex)

@@ -37,7 +37,7 @@ from bench.cache_state import COLD, CacheMismatch
 from bench.omni_wide_weights import OmniWide, ensure, plan_dims
 from bench.openai_load import ChatJob, chat_burst
 from bench.peer_mstar import compile_plan, kv_bytes, started_peer
-from bench.peers import measured, no_cache
+from bench.peers import get_text, measured, no_cache, prometheus_values
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.servers import mstar_run
@@ -57,6 +57,7 @@ TEXT_METRICS = (("ttft", "median time to first token", "s", LOWER), ("tpot", "me
 SPEECH_METRICS = (("ttft", "median time to first token", "s", LOWER), ("ttfa", "median time to first audio", "s",
                   LOWER), ("rtf", "RTF (wall / audio seconds per stream)", "x", LOWER),
                   ("audio_per_s", "audio seconds per wall second", "s/s", HIGHER))
+SPEECH_NODES = ("thinker", "talker", "code_predictor", "code2wav")
 SERVER_METRICS = (("start_s", "start to ready (weights cached by the OS)", "s"),
                   ("peak_rss_gib", "peak RSS of its process", "GiB"))
 LABELS = {"mstar": "mstar-run, graphs/qwen3_omni.yaml omni-wide preset (bf16), --weights on the suite's repository",
@@ -135,9 +136,16 @@ class Mstar(OmniSide):
         bodies = [{"model": self.peer.model, "messages": [{"role": "user", "content": t}], "audio": {"voice": VOICE},
                    "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0, "max_audio_frames": frames}
                   for t in texts]
+        before = self.node_ms()
         burst, ttfts = audio_chat_burst(self.peer.server.url, bodies)
+        spent = {f"node_s_{node}": (ms - before.get(node, 0.0)) / 1e3 for node, ms in self.node_ms().items()}
         return _speech_metrics(burst.wall_s, ttfts, [s.first_audio_s for s in burst.streams],
-                               [s.samples for s in burst.streams]) | _underruns(burst)
+                               [s.samples for s in burst.streams]) | _underruns(burst) | spent
+
+    def node_ms(self) -> dict[str, float]:
+        """Worker milliseconds each node's batches took so far (its /metrics)."""
+        values = prometheus_values(get_text(self.peer.server.url + "/metrics"), "mstar_batch_run_ms_sum")
+        return {node: values.get(f'{{node="{node}"}}', 0.0) for node in SPEECH_NODES}
 
 
 def _underruns(burst: SpeechBurst) -> dict[str, float]:
@@ -201,7 +209,7 @@ class Transformers(OmniSide):
         got = self._run(texts, tokens, frames)
         wall = got["wall"]
         return _speech_metrics(wall, [got["token_times"][1]] * len(texts), [wall] * len(texts), got["samples"]) | {
-            "underrun_streams": 0.0}
+            "underrun_streams": 0.0}   # its audio arrives whole: nothing plays before it
 
 
 def _rows(ctx: Context, samples: dict, sides: dict[str, OmniSide]) -> list[Row]:
@@ -237,6 +245,11 @@ def _rows(ctx: Context, samples: dict, sides: dict[str, OmniSide]) -> list[Row]:
                             Side(la, a[f"speech_{key}_{n}"]), Side(lb, b[f"speech_{key}_{n}"]),
                             names=("mstar", "transformers"), plot=f"speech-{key}", x=n,
                             xlabel="concurrent requests", note=note))
+        for node in SPEECH_NODES:      # mstar's served profile: where the burst's worker time went
+            rows.append(Row(f"Qwen3-Omni wide text + speech, {n} concurrent: mstar's worker time per node",
+                            f"{node} batches", "s", LOWER, Side(la, a[f"speech_node_s_{node}_{n}"]),
+                            names=("mstar", ""), note="the sum of the node's batch run times over the burst "
+                                                       "(/metrics mstar_batch_run_ms)"))
     return rows
 
 
