@@ -5,7 +5,9 @@ an accident.
                           graph mapping reads `owner/name` reads ROOT/name/
     --weights NAME=DIR    repository NAME (`name` or `owner/name`) is read from DIR instead
     --random-weights      nodes given no weights start from seeded random weights (a preset may
-                          say so too: `random_weights: true`, as the tiny ones do)
+                          say so too: `random_weights: true`, as the tiny ones do, but not for a
+                          node that --weights ROOT finds nothing for: that is an error, unless
+                          --random-weights is given too)
 
 `resolve(plan, node, options)` says where one node's weights come from, or raises MissingWeights
 naming the node, the paths tried and the layout expected. Nodes without a mapping keep the older
@@ -81,8 +83,14 @@ def resolve(plan: Plan, node: Node, options: WeightOptions) -> NodeWeights:
     path = _legacy_path(plan, owner, options)
     if path is not None:
         return NodeWeights("path", path)
-    if options.allow_random or owner.random_weights:
+    if options.allow_random or owner.random_weights and not options.roots:
         return NodeWeights("random", seed=seed)
+    if owner.random_weights:     # --weights ROOT was given for weights, and this node has none there
+        tried = "\n".join(f"    {root / owner.weight_key} (not there)" for root in options.roots)
+        raise MissingWeights(f"node '{owner.name}' ({owner.kind}, {owner.source}) has no weights under --weights, "
+                             f"and preset '{plan.preset}' maps none for it.\n  tried:\n{tried}\n  fix: put them at "
+                             f"ROOT/{owner.weight_key}, give the preset a `weights:` mapping, or pass "
+                             f"--random-weights to start the nodes without weights from seeded random ones")
     raise MissingWeights(f"node '{owner.name}' ({owner.kind}, {owner.source}) needs weights and the graph preset "
                          f"'{plan.preset}' declares no source for it: give it a `weights:` mapping in the preset, "
                          f"pass --weights DIR with DIR/{owner.name}, or ask for random weights (--random-weights)")

@@ -156,10 +156,16 @@ class Qwen3OmniCode2Wav(CheckpointWeights, nn.Module):
         """Decode one streamed chunk per request; return each request's new samples.
 
         chunks[i]: (F_i, Q) frames, the first num_context[i] of which were delivered
-        before (left context). Chunks of different lengths are right-padded into one
-        batch, which changes nothing on the left because every layer is causal. A final
-        chunk may hold no new frames (the stream ended on a chunk boundary): no samples.
+        before (left context). On a GPU, chunks of different lengths are right-padded into
+        one batch, which changes nothing on the left because every layer is causal. On a
+        CPU each chunk is decoded alone, at its own length: the upsampling convolutions'
+        activations of a batch outgrow the caches, and a batch of chunks took longer per
+        frame than the same chunks one by one (docs/benchmark-log.md, "Qwen3-Omni at full
+        width"). A final chunk may hold no new frames (the stream ended on a chunk
+        boundary): no samples.
         """
+        if len(chunks) > 1 and chunks[0].device.type == "cpu":
+            return [self.decode_chunks([chunk], [c])[0] for chunk, c in zip(chunks, num_context)]
         longest = max(chunk.shape[0] for chunk in chunks)
         if longest == 0:
             return [torch.zeros(0, device=chunk.device) for chunk in chunks]

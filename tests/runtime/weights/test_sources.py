@@ -71,6 +71,22 @@ def test_weights_given_but_not_found_are_an_error_even_for_a_random_preset(tmp_p
         resolve(plan, plan.node("snac"), WeightOptions((str(tmp_path),)))
 
 
+def test_weights_given_and_none_found_for_an_unmapped_node_of_a_random_preset_are_an_error(tmp_path: Path) -> None:
+    """The same for a node with no published mapping (the tiny preset's): it used to start from random weights."""
+    plan = plan_of("orpheus", "tiny")
+    with pytest.raises(MissingWeights, match=rf"node 'lm' .*\n  tried:\n    {tmp_path}/lm \(not there\)"):
+        resolve(plan, plan.node("lm"), WeightOptions((str(tmp_path),)))
+    assert resolve(plan, plan.node("lm"), WeightOptions((str(tmp_path),), allow_random=True)).kind == "random"
+    (tmp_path / "lm").mkdir()
+    assert resolve(plan, plan.node("lm"), WeightOptions((str(tmp_path),))).path == str(tmp_path / "lm")
+
+
+def test_a_cut_preset_reads_its_model_s_published_mapping() -> None:
+    for graph, preset, node in (("qwen3_omni", "omni-wide", "thinker"), ("bagel", "bagel-wide", "llm")):
+        with pytest.raises(MissingWeights, match="reads its weights from"):
+            resolve(plan_of(graph, preset), plan_of(graph, preset).node(node), WeightOptions(("/nonexistent",)))
+
+
 def test_worker_command_line_carries_the_options() -> None:
     options = WeightOptions(("/w", "snac_24khz=/s"), allow_random=True)
     assert options.cli_args() == ["--weights", "/w", "--weights", "snac_24khz=/s", "--random-weights"]
