@@ -61,9 +61,12 @@ class PlanIndex:
             for out in outs:
                 self._emits.setdefault((walk.name, out.node), set()).add(out.port)
         self.batch_keys = self._batch_keys()
-        # loops whose body runs several nodes: their rows on a rank move as one cohort (Scheduler._place)
-        self.cohort_walks = frozenset(w.name for w in plan.walks if len(set(w.nodes)) > 1 and any(
-            isinstance(op, (LoopBegin, DynamicLoopBegin)) for op in w.program))
+        # loops whose body runs several nodes: their rows on a rank move as one cohort (Scheduler._place), from one
+        # op of the body to the next; node -> the index of its op (a Parallel's branches share their op's)
+        self.cohort_ops: dict[str, dict[str, int]] = {w.name: _op_of_node(w.program) for w in plan.walks
+                                                      if len(set(w.nodes)) > 1 and any(
+                                                          isinstance(op, (LoopBegin, DynamicLoopBegin))
+                                                          for op in w.program)}
         # answers asked per dispatched item, memoised (the plan never changes)
         self._client_tokens: dict[tuple[str, str], bool] = {}
         self._client_tensors: dict[tuple[str, str], list[str]] = {}
@@ -205,3 +208,14 @@ class PlanIndex:
 
     def kv_nodes(self) -> list[Node]:
         return [n for n in self.plan.nodes if n.has_kv_cache]
+
+
+def _op_of_node(program: list) -> dict[str, int]:
+    """node -> the index of the first op of `program` that runs it (a Parallel's branches: the Parallel's)."""
+    ops: dict[str, int] = {}
+    for pc, op in enumerate(program):
+        runs = [run for branch in op.branches for run in branch] if isinstance(op, Parallel) else [op]
+        for run in runs:
+            if isinstance(run, Run):
+                ops.setdefault(run.node, pc)
+    return ops

@@ -29,7 +29,7 @@ class InFlight:
     sent_at: float
     pending: set[int] = field(default_factory=set)   # ranks of the batch's group still running it
     lead: tuple[BatchDone, Envelope] | None = None   # the lead rank's answer, applied once all are done
-    cohorts: frozenset[str] = frozenset()            # its rows' loops of several nodes (PlanIndex.cohort_walks)
+    cohorts: frozenset[str] = frozenset()            # its rows' loops of several nodes (PlanIndex.cohort_ops)
 
 
 class ReplyCheck:

@@ -75,7 +75,7 @@ class Scheduler:
         self._held: set[int] = set()                   # requests waiting for KV room now
         self.admitted: list[Request] = []              # requests the last schedule admitted or resumed
         self._open: set[tuple[int, str]] = set()       # (rank, node) batches not yet full this step
-        self._cohorts: dict[tuple[int, str], str] = {}  # (rank, walk) of a loop of several nodes -> its node this step
+        self._cohorts: dict[tuple[int, str], int] = {}  # (rank, walk) of a loop of several nodes -> its op this step
         self.chunked_prefill: set[tuple[int, str]] = set()   # (rank, node) whose worker takes prompt chunks
         self._chunk_tokens = config.prefill_chunk_tokens      # this step's chunk (_chunk_size)
         # per-node facts asked for every placed Run, read once from the plan
@@ -89,9 +89,9 @@ class Scheduler:
         # planned item's blocks are already counted, and each (rank, node) has at most one
         # batch in flight — so a worker never runs out of blocks and never sees a request twice.
         # `cohorts`: (rank, walk) of the loops of several nodes that have a batch in flight there. A rank
-        # runs one batch of such a loop at a time: its other rows there wait for the batch in flight (or,
-        # in one step, for the node the first of them was placed at), and when it returns its rows and
-        # theirs form one batch. A rank runs its batches one after another, so waiting costs them nothing;
+        # runs one op of such a loop at a time (a Parallel's branches are one op): its other rows there wait
+        # for the batches in flight (or, in one step, for the op the first of them was placed at), and when
+        # they return their rows and the waiting ones form one batch. A rank runs its batches one after another, so waiting costs them nothing;
         # dispatched at once, two groups of a loop's rows would alternate between its nodes in half-full
         # batches for ever.
         batches: dict[tuple[int, str], PlannedBatch] = {}
@@ -102,7 +102,7 @@ class Scheduler:
         # replica load counts every request; a plan without replicas skips that scan
         self._load = self._replica_load([*running, *waiting]) if self.index.replicated else {}
         self._open = set(self.index.batch_keys - busy)   # keys that can still take a Run this step
-        self._cohorts = dict.fromkeys(cohorts, "")      # "": in flight, no node takes its rows this step
+        self._cohorts = dict.fromkeys(cohorts, -1)      # -1: in flight, no op takes its rows this step
         self._chunk_tokens = self._chunk_size(alone=len(running) + len(waiting) == 1)
         for req in waiting:      # suspects of a failed batch first: alone, they must not wait behind batches
             if req.state == RequestState.WAITING or not self._open:
@@ -148,9 +148,10 @@ class Scheduler:
                     continue     # in flight, full, or its rank (a rank of its TP group) is not ready
                 if streams is not None and not streams.can_run(req, pending):
                     continue
-                cohort = (rank, pending.walk) if pending.walk in self.index.cohort_walks else None
-                if cohort is not None and self._cohorts.get(cohort, run.node) != run.node:
-                    continue     # its loop runs at another node on this rank: it joins those rows next
+                ops = self.index.cohort_ops.get(pending.walk)
+                cohort = (rank, pending.walk) if ops is not None else None
+                if cohort is not None and self._cohorts.get(cohort, ops[run.node]) != ops[run.node]:
+                    continue     # its loop runs at another of its ops on this rank: it joins those rows next
                 batch = batches.get(key)
                 if batch is None:
                     batch = batches[key] = PlannedBatch(rank, run.node, group=list(run.ranks) if facts.is_tp else [rank])
@@ -173,7 +174,7 @@ class Scheduler:
                 entries.append(entry)
                 batch.num_tokens += len(entry.item.tokens) - entry.item.cached
                 if cohort is not None:
-                    self._cohorts[cohort] = run.node
+                    self._cohorts[cohort] = ops[run.node]
                 if len(entries) >= self._batch_limit[run.node]:
                     self._open.discard(key)
                 if streams is not None:

@@ -29,7 +29,7 @@ def batch_sizes(*, cohorts: bool) -> tuple[dict[str, list[int]], list]:
         conductor = Conductor(plan, ConductorConfig(plan_path="null"))
         workers = NullWorkers(conductor)
         if not cohorts:
-            conductor.index.cohort_walks = frozenset()
+            conductor.index.cohort_ops = {}
         sizes: dict[str, list[int]] = collections.defaultdict(list)
 
         def send(rank, msg, tensors=None) -> None:
@@ -59,7 +59,8 @@ def batch_sizes(*, cohorts: bool) -> tuple[dict[str, list[int]], list]:
 def test_only_loops_of_several_nodes_are_cohorts() -> None:
     plan = compile_file(str(ROOT / "graphs/qwen3_omni.yaml"), Options(preset="tiny")).plan
     conductor = Conductor(plan, ConductorConfig(plan_path="null"))
-    assert conductor.index.cohort_walks == {"speak"}      # think: one node; read_audio: no loop
+    assert conductor.index.cohort_ops == {"speak": {"talker": 1, "code_predictor": 2}}   # think: one node; read_audio:
+                                                                                    # no loop
 
 
 def test_a_loop_entered_later_joins_the_rows_already_in_it() -> None:
@@ -69,6 +70,13 @@ def test_a_loop_entered_later_joins_the_rows_already_in_it() -> None:
         assert sum(sizes[node]) == 2 * GROUP * FRAMES               # every frame of every request, once
         assert max(sizes[node]) == 2 * GROUP                        # the groups met
         assert len(sizes[node]) < 2 * FRAMES                        # and did not alternate to the end
+
+
+def test_a_parallel_s_branches_are_one_op_of_their_loop() -> None:
+    """BAGEL's denoising loop: its three CFG branches (three nodes on one rank) run in one step, as one op."""
+    plan = compile_file(str(ROOT / "graphs/bagel.yaml"), Options(preset="tiny")).plan
+    ops = Conductor(plan, ConductorConfig(plan_path="null")).index.cohort_ops["draw"]
+    assert ops["llm"] == ops["llm_cfg_text"] == ops["llm_cfg_img"] != ops["cfg"]
 
 
 def test_without_cohorts_the_two_groups_alternate_to_the_end() -> None:
