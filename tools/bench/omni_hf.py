@@ -41,9 +41,9 @@ class StepTimes:
 
 
 def burst(model, spec: dict, speaker: str) -> dict:
-    ids = torch.tensor(spec["prompts"])
     if len({len(p) for p in spec["prompts"]}) != 1:
         raise ValueError("the prompts of a burst must be of one length (no padding is sent)")
+    ids = torch.tensor(spec["prompts"])
     n, frames = int(spec["tokens"]), spec.get("frames")
     start = time.perf_counter()
     steps = StepTimes(start)
