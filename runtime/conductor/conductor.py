@@ -235,8 +235,9 @@ class Conductor:
                 e.kv_added = req.note_kv(batch.node, item.tokens)
             if e.tensors:
                 tensors.update(e.tensors)
-        cohorts = self.index.cohort_ops
-        walks = frozenset(e.pending.walk for e in batch.entries if e.pending.walk in cohorts) if cohorts else frozenset()
+        cohorts, walks = self.index.cohort_ops, frozenset()
+        if cohorts:
+            walks = frozenset(e.pending.walk for e in batch.entries if e.pending.walk in cohorts)
         self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group), cohorts=walks)
         items = [e.item for e in batch.entries]
         for rank in batch.group:

@@ -91,9 +91,9 @@ class Scheduler:
         # `cohorts`: (rank, walk) of the loops of several nodes that have a batch in flight there. A rank
         # runs one op of such a loop at a time (a Parallel's branches are one op): its other rows there wait
         # for the batches in flight (or, in one step, for the op the first of them was placed at), and when
-        # they return their rows and the waiting ones form one batch. A rank runs its batches one after another, so waiting costs them nothing;
-        # dispatched at once, two groups of a loop's rows would alternate between its nodes in half-full
-        # batches for ever.
+        # they return their rows and the waiting ones form one batch. A rank runs its batches one after
+        # another, so waiting costs them nothing; dispatched at once, two groups of a loop's rows would
+        # alternate between its nodes in half-full batches for ever.
         batches: dict[tuple[int, str], PlannedBatch] = {}
         placed: set[int] = set()
         self.rejected = []

@@ -19,7 +19,8 @@ from bench.results import Row
 
 # the order, then ours
 SUITE_ORDER = ("chat", "rollout", "cfg", "tts", "stack", "sched", "linear", "kernels", "speech", "prefix", "bound",
-               "bound-3b", "threads", "network", "realtime", "prefill", "attention", "quant", "orpheus-3b", "vjepa2-g", "omni-wide")
+               "bound-3b", "threads", "network", "realtime", "prefill", "attention", "quant", "orpheus-3b", "vjepa2-g",
+               "omni-wide")
 
 
 class Needs(Exception):

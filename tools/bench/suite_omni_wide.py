@@ -224,7 +224,8 @@ def _rows(ctx: Context, samples: dict, sides: dict[str, OmniSide]) -> list[Row]:
     a, b = samples["mstar"], samples["transformers"]
     la, lb = sides["mstar"].record["label"], sides["transformers"].record["label"]
     rows = [Row("Qwen3-Omni wide, the server", metric, unit, LOWER, Side(la, a[key]), Side(lb, b[key]),
-                names=("mstar", "transformers"), note="each side started alone; transformers in its own process")
+                names=("mstar", "transformers"), note="each side started alone; transformers in its own process; "
+                                                               "mstar's peak is its worker's, its largest process")
             for key, metric, unit in SERVER_METRICS]
     side = sides["mstar"]
     for n in (QUICK_CONCURRENCY if ctx.quick else CONCURRENCY):

@@ -1,7 +1,8 @@
 """Rows of a loop whose body runs several nodes on one rank move as one cohort (Scheduler._place): requests that
 enter Qwen3-Omni's `speak` loop (talker, code predictor) a few steps apart join one batch, instead of two groups
 alternating between the two nodes in half-full batches until they end. The real conductor and scheduler drive
-the tiny plan against workers that answer every Run at once with the real messages (runtime/conductor/null_workers.py)."""
+the tiny plan against workers that answer every Run at once with the real messages
+(runtime/conductor/null_workers.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,9 @@ def batch_sizes(*, cohorts: bool) -> tuple[dict[str, list[int]], list]:
         conductor._send = send
 
         def submit() -> list:
-            return [conductor.submit("voice_chat", RequestParams(declared={"max_tokens": 4, "max_audio_frames": FRAMES}),
-                                     [("text", [1, 2, 3])]) for _ in range(GROUP)]
+            declared = {"max_tokens": 4, "max_audio_frames": FRAMES}
+            return [conductor.submit("voice_chat", RequestParams(declared=dict(declared)), [("text", [1, 2, 3])])
+                    for _ in range(GROUP)]
 
         async def drive() -> list:
             reqs = submit()

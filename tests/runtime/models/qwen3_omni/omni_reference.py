@@ -1,7 +1,8 @@
 """transformers' Qwen3-Omni-MoE classes built from our presets: the same-weights parity oracles.
 
-Each `<part>_config(dims)` (tools/bench/omni_hf_config.py, which the `omni-wide` benchmark shares) turns
-one of our catalogue presets into the transformers config that describes the same network, so a test can build both, load the reference's weights
+Each `<part>_config(dims)` (tools/bench/omni_hf_config.py, which the `omni-wide` benchmark shares)
+turns one of our catalogue presets into the transformers config that describes the same network, so a
+test can build both, load the reference's weights
 into ours through the published checkpoint layout (`checkpoint_tensors`) and compare
 outputs. Configs use eager attention (the reference arithmetic) in fp32.
 """
@@ -13,7 +14,8 @@ import torch
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf_model
 
 from bench import omni_hf_config
-from bench.omni_hf_config import audio_config, code2wav_config, hf_config, predictor_config, talker_config, vision_config
+from bench.omni_hf_config import (audio_config, code2wav_config, hf_config, predictor_config, talker_config,
+                                  vision_config)
 
 from mstar_compiler.catalogue import load_catalogue
 
