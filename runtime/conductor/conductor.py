@@ -235,10 +235,8 @@ class Conductor:
                 e.kv_added = req.note_kv(batch.node, item.tokens)
             if e.tensors:
                 tensors.update(e.tensors)
-        cohorts, walks = self.index.cohort_ops, frozenset()
-        if cohorts:
-            walks = frozenset(e.pending.walk for e in batch.entries if e.pending.walk in cohorts)
-        self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group), cohorts=walks)
+        self.in_flight[batch_id] = InFlight(batch, time.perf_counter(), set(batch.group),
+                                            cohorts=self.index.cohorts_of(e.pending.walk for e in batch.entries))
         items = [e.item for e in batch.entries]
         for rank in batch.group:
             self._send(rank, RunBatch(batch_id=batch_id, node=batch.node, items=items, follower=rank != batch.rank,

@@ -5,6 +5,7 @@ The conductor asks these per dispatched item, so they are dicts, not scans.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from mstar_compiler.plan import Count, DynamicLoopBegin, LoopBegin, Node, Parallel, Plan, Run
 
@@ -208,6 +209,11 @@ class PlanIndex:
 
     def kv_nodes(self) -> list[Node]:
         return [n for n in self.plan.nodes if n.has_kv_cache]
+
+    def cohorts_of(self, walks: Iterable[str]) -> frozenset[str]:
+        """Those of `walks` (a batch's rows') that are loops of several nodes (`cohort_ops`)."""
+        ops = self.cohort_ops
+        return frozenset(w for w in walks if w in ops) if ops else frozenset()
 
 
 def _op_of_node(program: list) -> dict[str, int]:

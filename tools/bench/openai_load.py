@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import aiohttp
 
@@ -71,6 +71,13 @@ class BurstResult:
         return out
 
 
+async def sse_json(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+    """Each `data: {...}` event of a streamed (SSE) response, parsed; `[DONE]` and other lines skipped."""
+    async for line in resp.content:
+        if line.startswith(b"data: {"):
+            yield json.loads(line[6:])
+
+
 async def _one(session: aiohttp.ClientSession, url: str, model: str, job: ChatJob,
                extra: Mapping[str, Any]) -> Answer:
     """One streamed request, timed; `extra` fields join its body (a peer's own, e.g. llama.cpp's cache_prompt)."""
@@ -80,10 +87,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, job: ChatJo
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {await resp.text()}")
-        async for line in resp.content:
-            if not line.startswith(b"data: {"):
-                continue
-            chunk = json.loads(line[6:])
+        async for chunk in sse_json(resp):
             usage = chunk.get("usage") or usage
             if ttft is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
                 ttft = time.perf_counter() - start

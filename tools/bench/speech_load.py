@@ -29,6 +29,7 @@ import aiohttp
 
 if __name__ == "__main__":   # run as a script: `bench` is the package this file lives in
     sys.path[0] = str(Path(__file__).resolve().parents[1])
+from bench.openai_load import sse_json  # noqa: E402
 from bench.playback import underruns  # noqa: E402
 
 R = TypeVar("R")
@@ -77,10 +78,7 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> StreamRe
                             json={**body, "stream_format": "sse", "response_format": "pcm"}) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}/v1/audio/speech: HTTP {resp.status}: {(await resp.text())[:300]}")
-        async for line in resp.content:
-            if not line.startswith(b"data: "):
-                continue
-            event = json.loads(line[6:])
+        async for event in sse_json(resp):
             if event.get("type") == "speech.audio.delta":
                 arrivals.append(time.perf_counter() - start)
                 chunk_samples.append(len(base64.b64decode(event["audio"])) // 2)
@@ -128,10 +126,7 @@ async def _one_chat(session: aiohttp.ClientSession, url: str, body: dict) -> tup
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}/v1/chat/completions: HTTP {resp.status}: {(await resp.text())[:300]}")
-        async for line in resp.content:
-            if not line.startswith(b"data: {"):
-                continue
-            event = json.loads(line[6:])
+        async for event in sse_json(resp):
             if "error" in event:
                 raise RuntimeError(f"{url}/v1/chat/completions streamed an error: {str(event)[:300]}")
             if event.get("usage"):
