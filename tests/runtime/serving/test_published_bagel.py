@@ -24,10 +24,10 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.model_executor.components import component_class
 from tests.runtime.models.bagel.bagel_lm_helpers import RefSequence, bagel_weights
-from tests.runtime.models.bagel.bagel_reference import DenseBagel
+from bench.bagel_upstream_lm import DenseBagel
 from tests.runtime.serving.conftest import http, serve
-from tests.runtime.serving.published_layouts import (PRESET, diffusers_vae, flux_layout, published_preset,
-                                                     write_bagel_configs, write_word_tokenizer)
+from bench.bagel_layout import diffusers_vae, flux_layout, reference_vae, write_bagel_configs
+from tests.runtime.serving.published_layouts import PRESET, published_preset, write_word_tokenizer
 
 PROMPT, MAX_TOKENS = [7, 40, 41, 300], 6
 WORDS = ["a", "red", "cat"]                 # the repository tokenizer's words, ids 2, 3, 4 (write_word_tokenizer)
@@ -136,14 +136,3 @@ def reference_image(repo, dims: dict, cfg_args: dict, vae_node) -> np.ndarray:
         scaling, shift_factor = vae_node.args["scaling_factor"], vae_node.args["shift_factor"]
         image = vae.decode(x[None] / scaling + shift_factor).sample[0]
     return ((image * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
-
-
-def reference_vae(flux_state: dict[str, torch.Tensor], vae_node):
-    """diffusers' AutoencoderKL filled from the original FLUX / LDM layout by diffusers' own converter."""
-    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
-    model = diffusers_vae(vae_node.dims, vae_node.args)
-    levels = len(vae_node.dims["block_out_channels"])
-    state = convert_ldm_vae_checkpoint(flux_state, {"down_block_types": ["DownEncoderBlock2D"] * levels,
-                                                    "up_block_types": ["UpDecoderBlock2D"] * levels})
-    model.load_state_dict(state, strict=True)
-    return model

@@ -11,7 +11,7 @@ import pytest
 
 from mstar_compiler.plan import Plan, load_plan
 from tests.runtime.serving.conftest import REPO, compile_plan
-from tests.runtime.serving.published_layouts import write_bagel_configs
+from bench.bagel_layout import write_bagel_configs
 from tests.runtime.weights.published_layouts import (BAGEL_LLM, BAGEL_VIT, merge_sections, published_config, repository,
                                                     write_header_only)
 

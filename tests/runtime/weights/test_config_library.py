@@ -29,7 +29,7 @@ from mstar_compiler.plan import Plan, load_plan
 from runtime.model_executor.weights import ConfigMismatch
 from runtime.model_executor.weights.published import check_config
 from tests.runtime.serving.conftest import REPO, compile_plan
-from tests.runtime.serving.published_layouts import write_bagel_configs
+from bench.bagel_layout import write_bagel_configs
 from tests.runtime.weights.published_layouts import BAGEL_LLM, BAGEL_VIT, published_config
 from tests.runtime.weights.test_check_weights import ORPHEUS_CONFIG, SNAC_24KHZ_CONFIG, write_full_root, write_orpheus_root
 

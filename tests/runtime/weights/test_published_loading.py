@@ -18,7 +18,8 @@ from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
 from runtime.model_executor.weights.sources import NodeWeights
 from runtime.worker.loader import load_node
-from tests.runtime.serving.published_layouts import PRESET, diffusers_vae, flux_layout, published_preset
+from bench.bagel_layout import diffusers_vae, flux_layout
+from tests.runtime.serving.published_layouts import PRESET, published_preset
 
 
 @pytest.fixture(scope="module")

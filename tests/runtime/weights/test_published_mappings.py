@@ -21,7 +21,7 @@ from runtime.model_executor.weights.headers import TensorInfo
 from runtime.model_executor.weights.match import MatchReport
 from runtime.model_executor.weights.published import check_config
 from runtime.model_executor.weights.slots import Slot
-from tests.runtime.serving.published_layouts import write_bagel_configs
+from bench.bagel_layout import write_bagel_configs
 from tests.runtime.weights.published_layouts import BAGEL_LLM, BAGEL_VIT, infos, meta_report, meta_slots, repository
 
 GRAPHS = Path(__file__).resolve().parents[3] / "graphs"

@@ -13,7 +13,7 @@ from runtime.models.bagel.segments import Segment, SegmentKind
 from runtime.model_executor.components import component_class
 from runtime.model_executor.kv import KVBlockManager
 
-from tests.runtime.models.bagel.bagel_reference import DenseBagel
+from bench.bagel_upstream_lm import DenseBagel
 
 SPEC = load_catalogue()["bagel_mot_lm"]
 DIMS = dict(SPEC.presets["tiny"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from tests.runtime.models.bagel.bagel_lm_helpers import DIMS, RefSequence, Runner, bagel_weights, build_lm
-from tests.runtime.models.bagel.bagel_reference import DenseBagel
+from bench.bagel_upstream_lm import DenseBagel
 from mstar_compiler.catalogue import load_catalogue
 from runtime.models.bagel.flow import flow_timesteps
 from runtime.models.bagel.image_io import png_bytes

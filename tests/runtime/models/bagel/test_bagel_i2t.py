@@ -15,7 +15,7 @@ from runtime.transport.messages import WorkItem
 from runtime.model_executor.weights.sources import WeightOptions
 from tests.runtime.models.bagel.bagel_harness import Driver, rank_executors, tiny_plan
 from tests.runtime.models.bagel.bagel_lm_helpers import RefSequence, bagel_weights
-from tests.runtime.models.bagel.bagel_reference import DenseBagel, vit_context_rows
+from bench.bagel_upstream_lm import DenseBagel, vit_context_rows
 
 PROMPT = [5, 6, 7]
 PARAMS = {"max_tokens": 4, "temperature": 0.0}

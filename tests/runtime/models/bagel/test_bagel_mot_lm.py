@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from tests.runtime.models.bagel.bagel_lm_helpers import DIMS, RefSequence, Runner, bagel_weights, build_lm
-from tests.runtime.models.bagel.bagel_reference import DenseBagel
+from bench.bagel_upstream_lm import DenseBagel
 from runtime.models.bagel.segments import SegmentKind as K
 from runtime.model_executor.components import component_class
 from runtime.model_executor.weights import WeightLoadError

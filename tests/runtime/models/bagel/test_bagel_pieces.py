@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.runtime.models.bagel.bagel_reference import bagel_sincos_table
+from bench.bagel_upstream_lm import bagel_sincos_table
 from runtime.models.bagel.embeddings import TimestepEmbedder, sincos_2d_table, timestep_frequencies
 from runtime.models.bagel.flow import flow_step_times, flow_timesteps
 from runtime.entrypoints.http.multimodal import decode_image

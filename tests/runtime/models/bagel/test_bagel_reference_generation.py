@@ -1,6 +1,6 @@
-"""BAGEL image generation through the worker's executors against reference_bagel.py, a restatement
-of BAGEL's own code that shares none of the runtime's (check: `grep -n runtime` on it and on
-bagel_reference.py finds nothing).
+"""BAGEL image generation through the worker's executors against tools/bench/bagel_upstream.py, a
+restatement of BAGEL's own code that shares none of the runtime's (check: `grep -n runtime` on it and on
+tools/bench/bagel_upstream_lm.py finds nothing); the `bagel-wide` suite runs it as its peer.
 
 The executors run what a served request runs: the LM engine's paged KV with the CFG branches'
 blocks shared, every request's branches and both requests in one LM call per step, branches that
@@ -19,7 +19,7 @@ from runtime.models.bagel.cfg_combine import CfgCombine, CfgRequest
 from runtime.transport.messages import WorkItem
 from tests.runtime.models.bagel.bagel_harness import Driver, rank_executors, tiny_plan
 from tests.runtime.models.bagel.bagel_lm_helpers import bagel_weights
-from tests.runtime.models.bagel.reference_bagel import (Bagel, Guidance, effective_scales, guided_velocity, pack,
+from bench.bagel_upstream import (Bagel, Guidance, effective_scales, guided_velocity, pack,
                                                         unpack)
 
 T2I = {"steps": 5, "timestep_shift": 3.0, "cfg_text_scale": 4.0, "cfg_img_scale": 1.0, "seed": 11,

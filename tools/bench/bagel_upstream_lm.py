@@ -4,6 +4,8 @@ The oracle for `bagel_mot_lm`: no paging, no packing, one sequence at a time, ev
 tensor read by its BAGEL checkpoint name from a plain dict. Rows listed in `gen_rows`
 use the `_moe_gen` weights ("gen" mode), the others the understanding weights; the
 context is a list of per-layer (K, V) after RoPE, as BAGEL's NaiveCache holds them.
+Rows compute in the weights' dtype (fp32 for the tests, bf16 for the `bagel-wide` suite's peer, as
+BAGEL runs): RoPE, the timestep embedding and the sin-cos tables in fp32, cast to it, as BAGEL's own.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ def bagel_timestep_embedding(W: dict, t: torch.Tensor, dim: int = 256) -> torch.
     freqs = torch.exp(-math.log(10000) * torch.arange(start=0, end=half, dtype=torch.float32) / half)
     args = t[:, None].float() * freqs[None]
     emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-    h = F.linear(emb, W["time_embedder.mlp.0.weight"], W["time_embedder.mlp.0.bias"])
+    h = F.linear(emb.to(W["time_embedder.mlp.0.weight"].dtype), W["time_embedder.mlp.0.weight"],
+                 W["time_embedder.mlp.0.bias"])
     return F.linear(F.silu(h), W["time_embedder.mlp.2.weight"], W["time_embedder.mlp.2.bias"])
 
 
@@ -50,7 +53,7 @@ def _rope(x, pos, theta):
     freqs = pos.float()[:, None] * inv[None]
     emb = torch.cat([freqs, freqs], dim=-1)[:, None]
     rotated = torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1)
-    return x * emb.cos() + rotated * emb.sin()
+    return (x * emb.cos() + rotated * emb.sin()).to(x.dtype)
 
 
 class DenseBagel:
@@ -123,11 +126,12 @@ class DenseBagel:
         ids = (torch.arange(h // p)[:, None] * d["max_latent_size"] + torch.arange(w // p)).flatten()
         pos = bagel_sincos_table(d["hidden_size"], d["max_latent_size"])[ids]
         emb = bagel_timestep_embedding(self.W, torch.tensor([t]), d["timestep_embedding_dim"])
-        return F.linear(packed, self.W["vae2llm.weight"], self.W["vae2llm.bias"]) + emb + pos
+        w = self.W["vae2llm.weight"]
+        return F.linear(packed.to(w.dtype), w, self.W["vae2llm.bias"]) + emb + pos.to(w.dtype)
 
     def unpack_velocity(self, rows, h, w):
         p, c = self.d["latent_patch_size"], self.d["latent_channels"]
-        v = F.linear(rows, self.W["llm2vae.weight"], self.W["llm2vae.bias"])
+        v = F.linear(rows, self.W["llm2vae.weight"], self.W["llm2vae.bias"]).float()
         return torch.einsum("hwpqc->chpwq", v.reshape(h // p, w // p, p, p, c)).reshape(c, h, w)
 
 

@@ -1,6 +1,7 @@
-"""BAGEL's image generation restated in plain torch: the oracle of test_bagel_reference_generation.py.
+"""BAGEL's image generation restated in plain torch: the oracle of the BAGEL tests'
+test_bagel_reference_generation.py and the `bagel-wide` suite's peer (bench.bagel_peer).
 
-Imports torch and this folder's bagel_reference.py (DenseBagel: BAGEL's mixture-of-transformers LM,
+Imports torch and this folder's bagel_upstream_lm.py (DenseBagel: BAGEL's mixture-of-transformers LM,
 dense and unbatched, tensors looked up by checkpoint name), nothing of mstar's. Restated from
 ByteDance-Seed/Bagel:
   inferencer.py `interleave_inference`: three contexts built input by input (text: cfg_text <- a
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .bagel_reference import DenseBagel
+from bench.bagel_upstream_lm import DenseBagel
 
 NO_ROWS = torch.tensor([], dtype=torch.long)
 
@@ -128,7 +129,7 @@ class Bagel:
         """One branch of _forward_flow: packed x_t (N, p*p*C) -> packed velocity, the context only read."""
         rows = self.lm.latent_rows(unpack(x, h, w, self.p), t)
         out, _ = self.lm.forward(*self._block(ctx, rows, True), ctx.kv, False)
-        return F.linear(out[1:-1], self.lm.W["llm2vae.weight"], self.lm.W["llm2vae.bias"])
+        return F.linear(out[1:-1], self.lm.W["llm2vae.weight"], self.lm.W["llm2vae.bias"]).float()
 
     def generate_image(self, contexts: tuple[Context, Context, Context], noise: torch.Tensor, num_timesteps: int,
                        timestep_shift: float, g: Guidance) -> torch.Tensor:
