@@ -47,7 +47,7 @@ def test_the_repository_holds_the_published_tensors_of_the_cut(wide_plan: Path) 
 
 
 def test_the_tokenizer_puts_chatml_at_qwens_ids(tmp_path: Path, wide_plan: Path) -> None:
-    weights._write_tokenizer(tmp_path, prompt_words(), 152064)
+    weights.write_qwen_tokenizer(tmp_path, prompt_words(), 152064)
     tokenizer = load_tokenizer(tmp_path)
     talker = weights.plan_dims(wide_plan)["talker"]
     ids = omni_prompt(tokenizer, talker, [{"role": "user", "content": prompt_text(1, 2)}])

@@ -7,6 +7,7 @@ ByteDance-Seed/Bagel:
   inferencer.py `interleave_inference`: three contexts built input by input (text: cfg_text <- a
       copy of full, then the text into full and into cfg_img; image: its VAE block then its ViT
       block into full, then cfg_text <- a copy of full)
+  bagel.py `gen_text`: greedy text from [bos], one causal row per step, each extending the context
   bagel.py `generate_image`: the shifted schedule and the Euler steps, guidance only inside
       cfg_interval, a CFG branch run only when its scale is > 1
   bagel.py `_forward_flow`: one pass per branch over [soi] + noisy latent rows + [eoi] at one RoPE
@@ -112,6 +113,22 @@ class Bagel:
             _, kv = self.lm.forward(*self._block(ctx, middle, is_latent), ctx.kv, False)
             ctx = Context(kv, ctx.rope + 1)
         return ctx
+
+    def update_context_vit(self, ctx: Context, vit_rows: torch.Tensor) -> Context:
+        """update_context_image(vae=False, vit=True), understanding's image: the ViT rows' block alone."""
+        _, kv = self.lm.forward(*self._block(ctx, vit_rows, False), ctx.kv, False)
+        return Context(kv, ctx.rope + 1)
+
+    def gen_text(self, ctx: Context, max_length: int) -> list[int]:
+        """gen_text, greedy: from [bos] one token per causal forward, each extending the context; stops at
+        max_length tokens (the suite's rows count them all: its requests ignore eos)."""
+        token, out = self.d["bos_token_id"], []
+        for _ in range(max_length):
+            hidden, kv = self.lm.forward(self.lm.embed([token]), torch.tensor([ctx.rope]), NO_ROWS, ctx.kv, True)
+            ctx = Context(kv, ctx.rope + 1)
+            token = int(F.linear(hidden[-1], self.lm.W["language_model.lm_head.weight"]).argmax())
+            out.append(token)
+        return out
 
     def interleave_inference(self, inputs: list) -> tuple[Context, Context, Context]:
         """(full, cfg_text, cfg_img) after `inputs`: token id lists (text) and (latent, ViT rows) pairs."""

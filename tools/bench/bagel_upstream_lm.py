@@ -135,7 +135,7 @@ class DenseBagel:
         return torch.einsum("hwpqc->chpwq", v.reshape(h // p, w // p, p, p, c)).reshape(c, h, w)
 
 
-def siglip_twin(vit_state: dict, dims: dict):
+def siglip_twin(vit_state: dict, dims: dict, attn: str = "eager"):
     """transformers' SiglipVisionModel holding a `siglip_vit` tower's weights (full grid images only:
     its learned positions are looked up for every patch of the max_num_patch_per_side square)."""
     from transformers import SiglipVisionConfig, SiglipVisionModel
@@ -144,7 +144,7 @@ def siglip_twin(vit_state: dict, dims: dict):
     config = SiglipVisionConfig(
         hidden_size=dims["hidden_size"], intermediate_size=dims["intermediate_size"],
         num_hidden_layers=dims["num_hidden_layers"], num_attention_heads=dims["num_attention_heads"],
-        image_size=side * p, patch_size=p, layer_norm_eps=dims["layer_norm_eps"], attn_implementation="eager")
+        image_size=side * p, patch_size=p, layer_norm_eps=dims["layer_norm_eps"], attn_implementation=attn)
     hf = SiglipVisionModel(config).eval()
     prefix = "vit_model.vision_model."
     tower = {k.removeprefix(prefix): v for k, v in vit_state.items() if k.startswith(prefix)}

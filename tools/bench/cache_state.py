@@ -63,6 +63,15 @@ def from_samples(is_enabled: bool, source: str, samples: Mapping[str, Sequence[f
     return [CacheState(is_enabled, int(q), int(h), source) for q, h in zip(queries, hits)]
 
 
+def side_states(records: Mapping[str, Mapping[str, Any]], samples: Mapping[str, Mapping[str, Sequence[float]]],
+                settings: dict[str, Any]) -> dict[str, list[CacheState]]:
+    """Each side's `CacheState` per round, from its record's `cache_enabled` / `cache_source` and its samples;
+    recorded in the run's `settings` as `cache_states`."""
+    states = {name: from_samples(r["cache_enabled"], r["cache_source"], samples[name]) for name, r in records.items()}
+    settings["cache_states"] = {name: [s.to_dict() for s in st] for name, st in states.items()}
+    return states
+
+
 def reuse_note(states: Mapping[str, Sequence[CacheState]]) -> str:
     """What each side reused over its rounds, for a warm row's note: "mstar reused 240 of 480 prompt tokens"."""
     return "; ".join(f"{name} reused {sum(s.hit_tokens for s in st)} of {sum(s.query_tokens for s in st)} prompt "

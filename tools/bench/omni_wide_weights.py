@@ -62,7 +62,7 @@ def ensure(ctx: Context, plan: Path, words: list[str]) -> OmniWide:
     files = OmniWide(root, root / REPOSITORY)
     files.repo.mkdir(parents=True, exist_ok=True)
     config = hf_config(plan)
-    _write_tokenizer(files.repo, sorted(set(words)), int(config.thinker_config.text_config.vocab_size))
+    write_qwen_tokenizer(files.repo, sorted(set(words)), int(config.thinker_config.text_config.vocab_size))
     wanted = {"recipe": RECIPE, "config": config.to_dict()}
     stamp = files.repo / "mstar-bench-recipe.json"
     if stamp.is_file() and json.loads(stamp.read_text()) == json.loads(json.dumps(wanted)):
@@ -158,7 +158,7 @@ def _write_tensors(repo: Path, config: Any) -> None:
         {"metadata": {}, "weight_map": {k: names[v] for k, v in sorted(index.items())}}, indent=1))
 
 
-def _write_tokenizer(repo: Path, words: list[str], vocab_size: int) -> None:
+def write_qwen_tokenizer(repo: Path, words: list[str], vocab_size: int) -> None:
     from tokenizers import Tokenizer, pre_tokenizers
     from tokenizers.models import WordLevel
 

@@ -39,11 +39,15 @@ class ChatJob:
     prompt: str
     max_tokens: int            # forced output length (with ignore_eos)
     system: str | None = None  # a system message sent first (the suites' nonce: bench.chat_prompts)
+    image: str | None = None   # a data URL sent as an image part before the prompt
 
-    def messages(self) -> list[dict[str, str]]:
-        """The request's `messages`: the system message (when given), then the prompt as the user's."""
+    def messages(self) -> list[dict[str, Any]]:
+        """The request's `messages`: the system message (when given), then the prompt (after the image) as the user's."""
         head = [] if self.system is None else [{"role": "system", "content": self.system}]
-        return [*head, {"role": "user", "content": self.prompt}]
+        if self.image is None:
+            return [*head, {"role": "user", "content": self.prompt}]
+        parts = [{"type": "image_url", "image_url": {"url": self.image}}, {"type": "text", "text": self.prompt}]
+        return [*head, {"role": "user", "content": parts}]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from bench.cache_state import CACHE_METRICS
 from bench.servers import Server
@@ -72,6 +72,13 @@ def prometheus_values(text: str, name: str) -> dict[str, float]:
 def prometheus_total(text: str, name: str) -> int:
     """The sum of a counter over its label sets; 0 when absent (a side with its cache off may export none)."""
     return int(sum(prometheus_values(text, name).values()))
+
+
+def node_run_s(url: str, nodes: Sequence[str]) -> dict[str, float]:
+    """Worker seconds each node's batches took so far on the mstar-run at `url` (its /metrics
+    mstar_batch_run_ms sums): the difference over a case is where that case's time went."""
+    values = prometheus_values(get_text(url + "/metrics"), "mstar_batch_run_ms_sum")
+    return {node: values.get(f'{{node="{node}"}}', 0.0) / 1e3 for node in nodes}
 
 
 def get_text(url: str, timeout_s: float = 30.0) -> str:

@@ -24,9 +24,7 @@ its process, mstar's from SSE chunks at the client (HTTP and detokenising are on
 from __future__ import annotations
 
 import contextlib
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,10 +32,11 @@ from typing import Any
 
 from bench import cache_state
 from bench.cache_state import COLD, CacheMismatch
+from bench.line_process import LineProcess
 from bench.omni_wide_weights import OmniWide, ensure, plan_dims
 from bench.openai_load import ChatJob, chat_burst
 from bench.peer_mstar import compile_plan, kv_bytes, started_peer
-from bench.peers import get_text, measured, no_cache, prometheus_values
+from bench.peers import measured, no_cache, node_run_s
 from bench.registry import Context, Needs, register
 from bench.results import Row, Side
 from bench.servers import mstar_run
@@ -136,16 +135,14 @@ class Mstar(OmniSide):
         bodies = [{"model": self.peer.model, "messages": [{"role": "user", "content": t}], "audio": {"voice": VOICE},
                    "max_tokens": tokens, "ignore_eos": True, "temperature": 0.0, "max_audio_frames": frames}
                   for t in texts]
-        before = self.node_ms()
+        before = self.node_s()
         burst, ttfts = audio_chat_burst(self.peer.server.url, bodies)
-        spent = {f"node_s_{node}": (ms - before.get(node, 0.0)) / 1e3 for node, ms in self.node_ms().items()}
+        spent = {f"node_s_{node}": seconds - before[node] for node, seconds in self.node_s().items()}
         return _speech_metrics(burst.wall_s, ttfts, [s.first_audio_s for s in burst.streams],
                                [s.samples for s in burst.streams]) | _underruns(burst) | spent
 
-    def node_ms(self) -> dict[str, float]:
-        """Worker milliseconds each node's batches took so far (its /metrics)."""
-        values = prometheus_values(get_text(self.peer.server.url + "/metrics"), "mstar_batch_run_ms_sum")
-        return {node: values.get(f'{{node="{node}"}}', 0.0) for node in SPEECH_NODES}
+    def node_s(self) -> dict[str, float]:
+        return node_run_s(self.peer.server.url, SPEECH_NODES)
 
 
 def _underruns(burst: SpeechBurst) -> dict[str, float]:
@@ -167,34 +164,17 @@ class Transformers(OmniSide):
         cmd = [sys.executable, str(Path(__file__).with_name("omni_hf.py")), str(self.files.repo)]
         if self.ctx.threads:
             cmd += ["--threads", str(self.ctx.threads)]
-        log = (self.ctx.root / "bench-results/logs/transformers-omni-wide.log").open("w")
-        stack.callback(log.close)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
-        stack.callback(self._stop)
-        ready = self._answer()
-        self.pid = self.proc.pid
+        self.process = LineProcess(stack, cmd, self.ctx.root / "bench-results/logs/transformers-omni-wide.log",
+                                   "transformers' Qwen3-Omni process")
+        ready = self.process.ask()
+        self.pid = self.process.pid
         self.record = {"label": LABELS["transformers"], "cache_enabled": False,
                        "cache_source": "transformers keeps nothing across generate calls", "torch_threads":
                        ready["threads"], "binding": "none", "attention": "sdpa", "dtype": "bfloat16"}
 
-    def _stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=120)
-
-    def _answer(self, request: dict[str, Any] | None = None) -> dict[str, Any]:
-        if request is not None:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise Needs(f"transformers' Qwen3-Omni process ended (rc {self.proc.wait()}): see "
-                        "bench-results/logs/transformers-omni-wide.log")
-        return json.loads(line)
-
     def _run(self, texts: list[str], tokens: int, frames: int | None) -> dict[str, Any]:
         request = {"prompts": [self.ids(t) for t in texts], "tokens": tokens}
-        got = self._answer(request if frames is None else {**request, "frames": frames})
+        got = self.process.ask(request if frames is None else {**request, "frames": frames})
         if any(t != tokens for t in got["tokens"]):
             raise Needs(f"transformers to write {tokens} tokens per request; got {got['tokens']}")
         return got
@@ -213,9 +193,7 @@ class Transformers(OmniSide):
 
 
 def _rows(ctx: Context, samples: dict, sides: dict[str, OmniSide]) -> list[Row]:
-    states = {name: cache_state.from_samples(side.record["cache_enabled"], side.record["cache_source"], samples[name])
-              for name, side in sides.items()}
-    ctx.settings["cache_states"] = {name: [s.to_dict() for s in st] for name, st in states.items()}
+    states = cache_state.side_states({name: side.record for name, side in sides.items()}, samples, ctx.settings)
     try:
         cache_state.require_same("mstar vs transformers", COLD, states)
     except CacheMismatch as exc:

@@ -183,9 +183,7 @@ def _peers(ctx: Context, files: Orpheus3B, kv: int, slots: int) -> dict[str, Ser
 def _rows(ctx: Context, samples: dict, sides: dict[str, Served], tokens: int) -> list[Row]:
     labels = {name: side.record["label"] + (f"; {LABELS['llamacpp']}" if name == "llamacpp" else "")
               for name, side in sides.items()}
-    states = {name: cache_state.from_samples(side.record["cache_enabled"], side.record["cache_source"], samples[name])
-              for name, side in sides.items()}
-    ctx.settings["cache_states"] = {name: [s.to_dict() for s in st] for name, st in states.items()}
+    states = cache_state.side_states({name: side.record for name, side in sides.items()}, samples, ctx.settings)
     rows = []
     for a, b in PAIRS:
         case = f"{a} vs {b}"

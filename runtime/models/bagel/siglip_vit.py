@@ -34,11 +34,13 @@ def conv_patch_weight_to_linear(weight: torch.Tensor) -> torch.Tensor:
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      seqlens: Sequence[int]) -> torch.Tensor:
-    """Bidirectional attention inside each segment of packed (N, heads, head_dim) tensors."""
+    """Bidirectional attention inside each segment of packed (N, heads, head_dim) tensors. Each segment goes in
+    as a batch of one, (1, heads, T, head_dim): the CPU's fused (flash) SDPA kernel takes 4-D inputs only, and a
+    3-D call falls back to the math path, which materialises every (T, T) score matrix."""
     out = []
     for qs, ks, vs in zip(q.split(list(seqlens)), k.split(list(seqlens)), v.split(list(seqlens))):
-        o = F.scaled_dot_product_attention(qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1))
-        out.append(o.transpose(0, 1))  # (T, heads, head_dim)
+        o = F.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in (qs, ks, vs)))
+        out.append(o[0].transpose(0, 1))  # (T, heads, head_dim)
     return torch.cat(out)
 
 
