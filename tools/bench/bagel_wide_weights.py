@@ -68,6 +68,8 @@ def ensure(ctx: Context, plan: Path, words: list[str], name: str = "bagel-wide")
     if stamp.is_file() and json.loads(stamp.read_text()) == json.loads(json.dumps(wanted)):
         return files
     stamp.unlink(missing_ok=True)
+    for old in [*files.repo.glob("*.safetensors"), *files.repo.glob("*.partial")]:
+        old.unlink()                              # first: two copies of 10 GB may not fit the disk
     for file, shapes, offset in (("ema.safetensors", ema, 0), ("ae.safetensors", ae, len(ema))):
         write_streamed(files.repo / file, shapes, offset)
     stamp.write_text(json.dumps(wanted))          # last: a repository cut short is rewritten next time

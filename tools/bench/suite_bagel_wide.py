@@ -43,7 +43,7 @@ from bench.servers import mstar_run
 from bench.stats import HIGHER, LOWER
 from runtime.launch.server import peak_rss
 
-SIZE, STEPS, TOKENS, CONCURRENCY = 512, 25, 16, (1, 16)
+SIZE, STEPS, TOKENS, CONCURRENCY = 512, 25, 8, (1, 16)
 QUICK_SIZE, QUICK_STEPS, QUICK_TOKENS, QUICK_CONCURRENCY = 128, 3, 4, (1, 2)
 T2I = {"cfg_text_scale": 4.0, "timestep_shift": 3.0}
 I2I = {"cfg_text_scale": 4.0, "cfg_img_scale": 2.0, "timestep_shift": 3.0}
