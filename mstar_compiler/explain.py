@@ -18,7 +18,8 @@ def _ranks(p: plan.Plan) -> list[str]:
     out = [f"ranks: {len(p.ranks)}"]
     for r in p.ranks:
         out.append(f"  rank {r.index}: weights {format_size(r.weight_bytes)} ({r.weight_bytes} B), "
-                   f"KV {format_size(r.kv_bytes)}, budget {format_size(r.memory_bytes)}")
+                   f"KV {format_size(r.kv_bytes)}, activations {format_size(r.activation_bytes)} kept free, "
+                   f"budget {format_size(r.memory_bytes)}")
         for name in r.nodes:
             out.append("    " + _node_line(p.node(name), r.index))
     return out + [""]

@@ -90,6 +90,7 @@ class Rank(Base):
     weight_bytes: int                   # bytes of weights resident on this rank (sum over weight groups)
     kv_bytes: int                       # bytes of KV pools on this rank (sum over KVPool.num_blocks * block_bytes)
     nodes: list[str]                    # nodes this rank loads (any walk), graph order
+    activation_bytes: int = 0           # kept free for activations and capture buffers (a share of the budget)
 
 
 class Param(Base):

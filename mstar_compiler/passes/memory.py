@@ -28,7 +28,7 @@ def run(ir: IR) -> IR:
         if weights[rank] + reserve > usable:
             raise _does_not_fit(ir, rank, weights[rank], usable, reserve)
         _kv_pools(ir, rank, usable - reserve - weights[rank])
-    ir.ranks = [_rank(ir, r, weights[r]) for r in range(ir.num_ranks)]
+    ir.ranks = [_rank(ir, r, weights[r], reserve) for r in range(ir.num_ranks)]
     return ir
 
 
@@ -87,7 +87,7 @@ def _kv_pools(ir: IR, rank: int, free: int) -> None:
         node.kv_pools.append(plan.KVPool(rank, num, node.block_tokens, block_bytes[node.name]))
 
 
-def _rank(ir: IR, rank: int, weights: int) -> plan.Rank:
+def _rank(ir: IR, rank: int, weights: int, activations: int) -> plan.Rank:
     nodes = [n for n in ir.nodes.values() if rank in all_ranks(n)]
     kv = sum(p.num_blocks * p.block_bytes for n in nodes for p in n.kv_pools if p.rank == rank)
-    return plan.Rank(rank, ir.device_memory, weights, kv, [n.name for n in nodes])
+    return plan.Rank(rank, ir.device_memory, weights, kv, [n.name for n in nodes], activations)
