@@ -30,7 +30,7 @@ def attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         keys = torch.cat([k_slots[slots].to(k.dtype), k[rows]])      # (context + n, Hkv, D)
         values = torch.cat([v_slots[slots].to(v.dtype), v[rows]])
         # a batch of one, (1, H, rows, D): the CPU's fused (flash) SDPA kernel takes 4-D inputs only; a 3-D call
-        # falls back to the math path, which materialises the scores (about 10x slower at 1,000 rows)
+        # falls back to the math path, which materialises the scores (docs/benchmark-log.md: the cost)
         o = F.scaled_dot_product_attention(q[rows].transpose(0, 1)[None], keys.transpose(0, 1)[None],
                                            values.transpose(0, 1)[None], attn_mask=mask, scale=scale,
                                            enable_gqa=True)  # (1, Hq, n, D)
