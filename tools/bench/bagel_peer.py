@@ -48,11 +48,14 @@ def _pixels(png: str, policies: list) -> torch.Tensor:
     return pil_to_tensor(image)
 
 
-class Upstream:
+class UpstreamBagel:
+    """The repository's weights in BAGEL's loops: `generate` (T2I, I2I) and `understand` (I2T), one request at a time."""
+
     def __init__(self, repo: str, dims: dict, dtype: torch.dtype | None) -> None:
         from safetensors.torch import load_file
 
         from bench.bagel_layout import reference_vae
+        from runtime.models.bagel.generation import vae_resize, vit_resize
 
         ema = load_file(f"{repo}/ema.safetensors")
         if dtype is not None:
@@ -66,7 +69,6 @@ class Upstream:
         vae = SimpleNamespace(dims=dims["vae"]["dims"], args=dims["vae"]["args"])
         self.vae_args = vae.args
         self.vae = reference_vae(load_file(f"{repo}/ae.safetensors"), vae).to(self.dtype)
-        from runtime.models.bagel.generation import vae_resize, vit_resize
         self.vae_policy, self.vit_policy = vae_resize(self.d), vit_resize(self.vit_d)
 
     def vit_rows(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -142,7 +144,7 @@ def main() -> None:
     start = time.perf_counter()
     with torch.inference_mode():
         dtype = getattr(torch, args.dtype) if args.dtype else None
-        model = Upstream(args.repo, json.loads(open(args.dims).read()), dtype)
+        model = UpstreamBagel(args.repo, json.loads(open(args.dims).read()), dtype)
         print(json.dumps({"ready": time.perf_counter() - start, "threads": torch.get_num_threads(),
                           "dtype": str(model.dtype).removeprefix("torch.")}), flush=True)
         for line in sys.stdin:
