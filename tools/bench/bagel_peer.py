@@ -39,13 +39,16 @@ from bench.bagel_upstream import Bagel, Context, Guidance
 from bench.bagel_upstream_lm import siglip_twin
 
 
-def _pixels(png: str, policies: list) -> torch.Tensor:
+def _pictures(png: str, policies: list) -> list[torch.Tensor]:
+    """The picture decoded once, resized by each policy in turn (as the server's VAE resize, then the ViT's),
+    each stage's pixels in [-1, 1]."""
     from runtime.models.bagel.image_io import pil_to_tensor, resize_for
 
-    image = Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB")
+    image, out = Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB"), []
     for policy in policies:
         image = resize_for(image, policy)
-    return pil_to_tensor(image)
+        out.append(pil_to_tensor(image))
+    return out
 
 
 class UpstreamBagel:
@@ -93,20 +96,19 @@ class UpstreamBagel:
         return self.vae_args["scaling_factor"] * (mean - self.vae_args["shift_factor"])
 
     def png(self, latent: torch.Tensor) -> str:
+        """The latent decoded, as a PNG the way mstar's server writes one (the same rounding)."""
+        from runtime.models.bagel.image_io import png_bytes
+
         a = self.vae_args
         image = self.vae.decode((latent[None] / a["scaling_factor"] + a["shift_factor"]).to(self.dtype)).sample[0]
-        pixels = ((image.float() * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
-        buf = io.BytesIO()
-        Image.fromarray(pixels.permute(1, 2, 0).numpy()).save(buf, format="PNG")
-        return base64.b64encode(buf.getvalue()).decode()
+        return base64.b64encode(png_bytes(image)).decode()
 
     def generate(self, spec: dict) -> dict:
         start = time.perf_counter()
         inputs: list = []
         if spec["task"] == "i2i":
-            pixels = _pixels(spec["image"], [self.vae_policy])
-            inputs.append((self.vae_latent(pixels), self.vit_rows(_pixels(spec["image"], [self.vae_policy,
-                                                                                          self.vit_policy]))))
+            pixels, vit_pixels = _pictures(spec["image"], [self.vae_policy, self.vit_policy])
+            inputs.append((self.vae_latent(pixels), self.vit_rows(vit_pixels)))
             height, width = pixels.shape[1:]
             img_scale = float(spec["cfg_img_scale"])
         else:
@@ -124,7 +126,7 @@ class UpstreamBagel:
     def understand(self, spec: dict) -> dict:
         start, e2e, tokens = time.perf_counter(), [], []
         for job in spec["jobs"]:
-            rows = self.vit_rows(_pixels(job["image"], [self.vae_policy, self.vit_policy]))
+            rows = self.vit_rows(_pictures(job["image"], [self.vae_policy, self.vit_policy])[-1])
             ctx = self.bagel.update_context_vit(Context(), rows)
             ctx = self.bagel.update_context_text(ctx, list(job["ids"]))
             tokens.append(self.bagel.gen_text(ctx, int(spec["tokens"])))
