@@ -11,16 +11,24 @@ tokenizer.json does; "default"/"gpt2" uses the GPT-2 regex alone.
 With `tokenizer.ggml.add_bos_token` the post-processor puts BOS first, as llama.cpp does.
 Tokens of type CONTROL (3) become special added tokens (matched whole in text, dropped
 by `decode(skip_special_tokens=True)`); USER_DEFINED (4) become plain added tokens.
+
+Reading a GGUF's metadata with the `gguf` package takes seconds (SmolLM2's 49k tokens and merges:
+~5 s here), and the server and every worker that samples under a grammar need the tokenizer: the
+rebuilt one is kept as `tokenizer.json` plus its specials and template in $MSTAR_CACHE, keyed by
+the GGUF's path, size and mtime as its safetensors copy is, and read from there (~0.3 s) after.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
+from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from runtime.text.chat_template import ChatTemplate
 from runtime.text.tokenizer import TextTokenizer
-from runtime.model_executor.weights.gguf_loader import GGUFCheckpoint, open_gguf
+from runtime.model_executor.weights.gguf_loader import GGUFCheckpoint, gguf_cache_path, open_gguf, resolve_gguf
 
 _CONTROL, _USER_DEFINED = 3, 4
 # llama.cpp pre-tokenizer names whose rule is "each digit alone, then the GPT-2 regex"
@@ -37,8 +45,46 @@ _EXTRA_EOS_KEYS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
 
 def tokenizer_from_gguf(ref: str | os.PathLike[str] | GGUFCheckpoint) -> TextTokenizer:
-    """The tokenizer a GGUF's metadata describes (`ref`: path, dir, `gguf:<package>` or opened)."""
-    ckpt = ref if isinstance(ref, GGUFCheckpoint) else open_gguf(os.fspath(ref))
+    """The tokenizer a GGUF's metadata describes (`ref`: path, dir, `gguf:<package>` or opened); a file's
+    from the cache when it was rebuilt before (module docstring)."""
+    if isinstance(ref, GGUFCheckpoint):
+        return _rebuilt(ref)
+    cached = gguf_cache_path(resolve_gguf(ref), ".tokenizer")
+    if (cached / _META).is_file():
+        return _read_cached(cached)
+    tokenizer = _rebuilt(open_gguf(os.fspath(ref)))
+    _write_cached(tokenizer, cached)
+    return tokenizer
+
+
+_META = "mstar_tokenizer.json"     # written last: a directory holding it is whole
+
+
+def _write_cached(tokenizer: TextTokenizer, target: Path) -> None:
+    """`tokenizer` into `target`, whole or not at all (another process may write the same one at once)."""
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    tokenizer.backend.save(str(tmp / "tokenizer.json"))
+    meta = {"special_tokens": tokenizer.special_tokens, "extra_eos_token_ids": list(tokenizer.extra_eos_token_ids),
+            "chat_template": tokenizer.chat_template.source if tokenizer.chat_template else None}
+    (tmp / _META).write_text(json.dumps(meta))
+    try:
+        tmp.rename(target)
+    except OSError:          # another process's copy is there already
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read_cached(path: Path) -> TextTokenizer:
+    meta = json.loads((path / _META).read_text())
+    template = meta["chat_template"]
+    return TextTokenizer(backend=Tokenizer.from_file(str(path / "tokenizer.json")),
+                         special_tokens=meta["special_tokens"],
+                         chat_template=ChatTemplate(template) if template else None,
+                         extra_eos_token_ids=tuple(meta["extra_eos_token_ids"]))
+
+
+def _rebuilt(ckpt: GGUFCheckpoint) -> TextTokenizer:
+    """The tokenizer rebuilt from an opened GGUF's metadata."""
     tokens: list[str] = ckpt.get("tokenizer.ggml.tokens")
     template = ckpt.get("tokenizer.chat_template")
     backend = _byte_level_bpe(ckpt, tokens)

@@ -80,6 +80,7 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     cpu_kernels: str = ""   # a decoder LM on CPU: "fused" (runtime/model_executor/kernels/cpu.py) or why its layers run torch ops
     kv_reported: str = ""   # the node whose reports count the cache this node's KV lives in, when the
                             # worker decides reuse itself ("": the conductor counts the pool; kv_ledger.py)
+    grammars: bool = False  # it samples under a request's grammar (response_format, forced tool calls)
 
 
 class Ready(_Msg, tag="ready"):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 from pathlib import Path
@@ -33,6 +32,7 @@ from runtime.model_executor.parallel.quant import quantized_weights
 from runtime.model_executor.weights.published import WeightMismatch, check_published, load_published
 from runtime.model_executor.weights.slots import Slot, checkpoint_follows, module_slots
 from runtime.model_executor.weights.sources import NodeWeights, WeightOptions, resolve
+from runtime.text import ByteTokenizer, TextTokenizer, load_text_tokenizer
 from runtime import progress
 from runtime.model_executor.parallel.cpu_linear import device_of
 
@@ -42,6 +42,12 @@ def weight_source(plan: Plan, node: Node, options: WeightOptions | None = None) 
     """Checkpoint directory or reference for `node` (a repository dir, path or gguf:<package>), None
     for random weights or none; raises MissingWeights when a node that needs weights has none."""
     return resolve(plan, node, options or WeightOptions()).path
+
+
+def node_tokenizer(plan: Plan, name: str, options: WeightOptions) -> TextTokenizer | ByteTokenizer:
+    """The tokenizer of node `name`'s checkpoint (the one the server reads its prompts with), or the byte
+    tokenizer of random weights: what its requests' grammars are matched on."""
+    return load_text_tokenizer(resolve(plan, plan.node(name), options).path)
 
 
 def describe_source(plan: Plan, node: Node, options: WeightOptions | None = None) -> str:
@@ -136,14 +142,10 @@ def gguf_as_safetensors(ref: str) -> str:
     """
     from safetensors.torch import save_file
 
-    from runtime.model_executor.weights.gguf_loader import open_gguf, resolve_gguf
-    path = resolve_gguf(ref)
-    stat = path.stat()
-    cache = Path(os.environ.get("MSTAR_CACHE", Path.home() / ".cache" / "mstar"))
-    digest = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache / f"{path.stem}-{digest}.safetensors"
+    from runtime.model_executor.weights.gguf_loader import gguf_cache_path, open_gguf, resolve_gguf
+    target = gguf_cache_path(resolve_gguf(ref), ".safetensors")
     if not target.exists():
-        cache.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
         save_file({k: v.contiguous() for k, v in open_gguf(ref).state_dict().items()}, str(tmp))
         tmp.rename(target)

@@ -24,6 +24,7 @@ request whose params an executor refuses at open fails its own Runs, not the wor
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -48,7 +49,8 @@ from runtime.transport.queues import (
 )
 from runtime.model_executor.weights.sources import WeightOptions
 from runtime.worker.heartbeat import heartbeat, start_heartbeat
-from runtime.worker.loader import cpu_kernels_note, load_rank, tensor_parallel_group
+from runtime.model_executor.sampling import GrammarVocab
+from runtime.worker.loader import cpu_kernels_note, load_rank, node_tokenizer, tensor_parallel_group
 from runtime.worker.opened import OpenedRequests
 from runtime.worker.openmp import ThreadGovernor
 from runtime.worker.streams import WorkerStreams
@@ -91,6 +93,8 @@ class Worker:
         modules = load_rank(self.plan, rank, weights, tp)
         self.executors = {
             name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
+        grammars = {name: ex.take_vocab(GrammarVocab(functools.partial(node_tokenizer, self.plan, name, weights)))
+                    for name, ex in self.executors.items()}
         if not welcome.prefix_cache:   # executors that reuse prefixes on their own (the others follow WorkItem.cached)
             for ex in self.executors.values():
                 ex.drop_prefix_cache()
@@ -108,7 +112,7 @@ class Worker:
                      kv_prefix_stop_ids=sorted(self.executors[name].kv_prefix_stop_ids),
                      kv_reported=self.executors[name].kv_reported,
                      prefill_chunks=self.executors[name].chunks_prefill,
-                     compiled_buckets=list(self.executors[name].compiled_buckets),
+                     compiled_buckets=list(self.executors[name].compiled_buckets), grammars=grammars[name],
                      cpu_kernels=cpu_kernels_note(module))
             for name, (module, source) in modules.items()])
         self.governor = ThreadGovernor(torch.get_num_threads(), torch.set_num_threads, fixed=(

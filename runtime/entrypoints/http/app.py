@@ -40,6 +40,7 @@ from runtime.entrypoints.http.schemas import Body, parse_body
 from runtime.entrypoints.http.speech_model import speech_model
 from runtime.entrypoints.http.state_feed import install_state_feed
 from runtime.entrypoints.http.tasks import run_task
+from runtime.entrypoints.http.tools import renders_tools
 from runtime.entrypoints.http.transcriptions import audio_transcriptions
 from runtime.text import load_text_tokenizer
 from runtime.transport.messages import NodeInfo
@@ -78,6 +79,9 @@ class MstarServer:
         self.metrics.registry.register(PrefixCacheCollector(self.conductor.ledger))
         self.chat_node = self._chat_node()
         self.tokenizer = load_text_tokenizer(self.weights[self.chat_node].path if self.chat_node else None)
+        template = getattr(self.tokenizer, "chat_template", None)
+        # how a chat's tools reach the prompt: the template renders them, or tools.py's Hermes system message
+        self.tool_prompt = "template" if renders_tools(template.source if template else None) else "hermes"
         self.chat_inputs = chat_inputs_for(self.plan)   # the family's reader of audio/image parts, if any
         self.speech_model = speech_model(self.plan)
         self.audio_metrics = AudioMetrics(self.metrics.registry)
@@ -94,6 +98,11 @@ class MstarServer:
         return next((ri.node for ri in self.plan.request_inputs if ri.walk in walks and ri.dtype == "tokens"), None)
 
     # ---- helpers the handlers use --------------------------------------------------
+
+    def constrains_output(self) -> bool:
+        """Whether the chat LM samples under a request's grammar on every rank that holds it."""
+        infos = [n for s in self.conductor.workers.ranks.values() for n in s.nodes if n.name == self.chat_node]
+        return bool(infos) and all(n.grammars for n in infos)
 
     def check_model(self, model: Any) -> None:
         if not isinstance(model, str):
@@ -163,7 +172,7 @@ class MstarServer:
                 "tasks": [t.name for t in self.plan.tasks], "preset": self.plan.preset,
                 "placement": self.plan.placement, "weights": nodes, "random_weights": self.random_nodes,
                 "batch_invariant": self.config.batch_invariant, "prefix_cache": self.config.prefix_cache,
-                "dtype": {n.name: n.dtype for n in self.plan.nodes},
+                "dtype": {n.name: n.dtype for n in self.plan.nodes}, "tool_prompt": self.tool_prompt,
                 "quant": {n.name: n.quant for n in self.plan.nodes if n.quant},
                 "ranks": {str(r): {n.name: {"params": n.num_params, **_compiled(n)} for n in s.nodes}
                           for r, s in sorted(self.conductor.workers.ranks.items())}}

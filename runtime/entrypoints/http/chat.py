@@ -28,6 +28,8 @@ from runtime.entrypoints.http.multimodal import IMAGE_TASK, has_image_parts, ima
 from runtime.entrypoints.http.params import openai_field, resolve_params
 from runtime.entrypoints.http.schemas import ChatCompletionBody
 from runtime.entrypoints.http.sse import SSE_DONE, sse_data, sse_error, sse_response
+from runtime.entrypoints.http.tools import (
+    ToolCallStream, ToolUse, check_tools, prompt_messages, response_grammar, split_calls, tool_call_deltas)
 from runtime.text import TextOutput
 from runtime.transport.request_params import RequestParams
 
@@ -46,21 +48,27 @@ class ChatRequest:
     include_usage: bool
     task: str | None = None                           # None: the plan's chat task
     input_items: list[tuple[str, Any]] | None = None  # interleaved text/media items (a chat with images, audio)
+    tools: ToolUse | None = None                      # the request's tools (the answer is read for calls)
 
 
 def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
-    """Check the typed body against the plan (its model, roles, media parts, params); ApiError(4xx) if wrong."""
+    """Check the typed body against the plan (its model, roles, media parts, params, tools); ApiError(4xx) if wrong."""
     server.check_model(body.model)
     messages = chat_messages(body)
     check_roles(messages)
+    tools, grammar = _constraints(body, server)
     media_items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
     image_items = None if media_items else image_chat_items(messages, server.plan, server.tokenizer)
+    if tools is not None and (media_items is not None or image_items is not None):
+        raise ApiError(400, "'tools' are served with text messages only", "tools")
     if image_items is None and media_items is None:
-        messages = [{"role": m["role"], "content": _text_content(m["content"], i)} for i, m in enumerate(messages)]
+        messages = [{**m, "content": _text_content(m["content"], i)} for i, m in enumerate(messages)]
     check_n(body.n)
     # a media prompt's shape (its pieces, its pictures' grids) is set by the family's reader, not the body
     family = server.chat_inputs.request_params(media_items) if media_items is not None else None
     params = resolve_params(server.plan, _given(body), family)
+    if grammar:
+        params = msgspec.structs.replace(params, sampling=dataclasses.replace(params.sampling, grammar=grammar))
     sampling = params.sampling
     check_top_k(sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
     is_sse, include_usage = body.stream, bool(body.stream_options and body.stream_options.include_usage)
@@ -69,20 +77,48 @@ def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
     if image_items is not None:
         prompt_ids = [t for dtype, ids in image_items if dtype == "text" for t in ids]
         return ChatRequest(prompt_ids, params, sampling.stop, is_sse, include_usage, IMAGE_TASK, image_items)
-    return ChatRequest(chat_prompt(server, messages), params, sampling.stop, is_sse, include_usage)
+    return ChatRequest(chat_prompt(server, messages, tools), params, sampling.stop, is_sse, include_usage,
+                       tools=tools)
+
+
+def _constraints(body: ChatCompletionBody, server: ServerContext) -> tuple[ToolUse | None, str]:
+    """The request's tool use and the grammar its output must follow ("": none), checked (tools.py)."""
+    tools, tool_grammar = check_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+    format_grammar = response_grammar(body.response_format)
+    if tool_grammar and format_grammar:
+        raise ApiError(400, "response_format cannot apply when tool_choice forces a call", "response_format")
+    grammar = tool_grammar or format_grammar
+    if grammar and not server.constrains_output():
+        raise ApiError(400, f"the model '{server.model_id}' cannot constrain its output: its chat LM does not "
+                       "sample under a grammar", "response_format" if format_grammar else "tool_choice")
+    return tools, grammar
 
 
 def chat_messages(body: ChatCompletionBody) -> list[dict[str, Any]]:
-    """The messages as chat templates and a family's chat-input reader take them: {role, content}."""
-    return [{"role": m.role, "content": m.content} for m in body.messages]
+    """The messages as chat templates and a family's chat-input reader take them: {role, content}, and an
+    assistant turn's `tool_calls`, a tool turn's `tool_call_id` and `name` where given."""
+    messages = []
+    for i, m in enumerate(body.messages):
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise ApiError(400, f"messages[{i}].content is required (null only in an assistant turn that called "
+                           "tools)", f"messages[{i}].content")
+        extra = {"tool_calls": m.tool_calls, "tool_call_id": m.tool_call_id, "name": m.name}
+        messages.append({"role": m.role, "content": m.content, **{k: v for k, v in extra.items() if v is not None}})
+    return messages
 
 
-def chat_prompt(server: ServerContext, messages: list[dict]) -> list[int]:
-    """The prompt ids of text-only messages: the checkpoint's chat template, opening the assistant's turn."""
+def chat_prompt(server: ServerContext, messages: list[dict], tools: ToolUse | None = None) -> list[int]:
+    """The prompt ids of text-only messages: the checkpoint's chat template, opening the assistant's turn
+    (with the request's tools: the template's own way, or tools.py's system message)."""
     if server.chat_node is None:
         raise ApiError(400, f"the model '{server.model_id}' has no chat task")
+    variables: dict[str, Any] = {}
+    if tools is not None:
+        by_template = server.tool_prompt == "template"
+        messages = prompt_messages(messages, tools, by_template)
+        variables = {"tools": tools.tools} if by_template else {}
     try:
-        text = server.tokenizer.render_chat(messages, add_generation_prompt=True)
+        text = server.tokenizer.render_chat(messages, add_generation_prompt=True, **variables)
     except ValueError as exc:
         raise ApiError(400, f"messages: {exc}", "messages") from None
     return server.tokenizer.encode(text, add_special_tokens=False)
@@ -105,8 +141,8 @@ def item_tokens(items: list[tuple[str, Any]]) -> list[int]:
     return [t for dtype, value in items for t in (value if dtype == "text" else value.tokens)]
 
 
-def _text_content(content: str | list, i: int) -> str:
-    if isinstance(content, str):
+def _text_content(content: str | list | None, i: int) -> str | None:
+    if content is None or isinstance(content, str):
         return content
     parts = []
     for part in content:
@@ -271,6 +307,15 @@ class Samples:
             self.server.conductor.abort(req)
 
 
+def _answer(text: str, finish: str | None, tools: ToolUse | None) -> dict[str, Any]:
+    """A whole answer's `message` and `finish_reason`: its tool calls read out when the request has tools."""
+    content, calls = split_calls(text, tools.names) if tools is not None and tools.read_calls else (text, [])
+    if not calls:
+        return {"message": {"role": "assistant", "content": text}, "finish_reason": finish}
+    return {"message": {"role": "assistant", "content": content, "tool_calls": calls},
+            "finish_reason": "tool_calls" if finish == "stop" else finish}
+
+
 async def chat_completions(request: web.Request, body: ChatCompletionBody) -> web.StreamResponse:
     """The text chat (audio_chat.py's `chat_or_audio` routes here what does not ask for speech)."""
     server: ServerContext = request.app["mstar"]
@@ -288,8 +333,7 @@ async def chat_completions(request: web.Request, body: ChatCompletionBody) -> we
         async for i, delta, _ in samples.deltas():
             texts[i] += delta
         samples.observe()
-        choices = [{"index": i, "message": {"role": "assistant", "content": text},
-                    "finish_reason": events.finish_reason, "logprobs": events.take_logprobs()}
+        choices = [{"index": i, **_answer(text, events.finish_reason, chat.tools), "logprobs": events.take_logprobs()}
                    for i, (text, events) in enumerate(zip(texts, samples.events))]
         return web.json_response({**head, "object": "chat.completion", "choices": choices, "usage": samples.usage()})
     finally:
@@ -307,14 +351,27 @@ async def _send_events(request: web.Request, chat: ChatRequest, samples: Samples
     # The role travels with each answer's first content (as vLLM sends it): clients time their first
     # chunk as TTFT, so a role chunk sent before any token is computed would flatter the server.
     role_sent = [False] * samples.n
+    reading = chat.tools is not None and chat.tools.read_calls
+    calls = [ToolCallStream(chat.tools.names) if reading else None for _ in range(samples.n)]
+
+    def delta_of(i: int, fields: dict) -> dict:
+        sent, role_sent[i] = role_sent[i], True
+        return fields if sent else {"role": "assistant", **fields}
     try:
         async for i, delta, done in samples.deltas():
-            if delta or (done and not role_sent[i]):
-                await resp.write(chunk(i, {"content": delta} if role_sent[i] else
-                                       {"role": "assistant", "content": delta}, None))
-                role_sent[i] = True
+            found: list[dict] = []
+            if calls[i] is not None:
+                delta, found = calls[i].push(delta)
+                delta += calls[i].finish() if done else ""
+            if delta or (done and not role_sent[i] and not found):
+                await resp.write(chunk(i, delta_of(i, {"content": delta}), None))
+            if found:
+                first = calls[i].calls - len(found)
+                await resp.write(chunk(i, delta_of(i, {"tool_calls": tool_call_deltas(found, first)}), None))
             if done:
-                await resp.write(chunk(i, {}, samples.events[i].finish_reason))
+                finish = samples.events[i].finish_reason
+                made_calls = calls[i] is not None and calls[i].calls
+                await resp.write(chunk(i, {}, "tool_calls" if made_calls and finish == "stop" else finish))
         if chat.include_usage:
             await resp.write(sse_data({**head, "object": "chat.completion.chunk", "choices": [],
                                        "usage": samples.usage()}))

@@ -65,6 +65,7 @@ class ServerContext(ServedModel, Protocol):
     realtime_listener: Listener | None       # how the family hears a /v1/realtime session; None: it cannot
     realtime_metrics: RealtimeMetrics | None  # /v1/realtime's metrics, where it is served
     draining: bool                           # shutting down: new requests get 503
+    tool_prompt: str                         # how a chat's tools reach the prompt: "template" or "hermes" (tools.py)
 
     def check_model(self, model: Any) -> None:
         """ApiError 400 when `model` is no string, 404 when it names another model than this server's."""
@@ -75,6 +76,9 @@ class ServerContext(ServedModel, Protocol):
     async def read_body(self, request: web.Request, schema: type[Body]) -> Body:
         """The request's JSON body parsed into `schema` (schemas.py); 503 while draining, 400 naming
         the field that does not fit."""
+
+    def constrains_output(self) -> bool:
+        """Whether the chat LM samples under a request's grammar (response_format, forced tool calls)."""
 
     def observe_finished(self, req: Request) -> None:
         """Record a request that completed on /metrics (latencies, tokens, where it ran)."""

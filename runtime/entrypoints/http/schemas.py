@@ -22,7 +22,35 @@ Body = TypeVar("Body", bound=msgspec.Struct)
 
 class ChatMessage(msgspec.Struct):
     role: str                            # checked against the chat roles by the handler
-    content: str | list[Any]             # text, or content parts (text, image_url, input_audio, ...)
+    content: str | list[Any] | None = None   # text, or content parts (text, image_url, input_audio, ...);
+                                             # null only in an assistant turn that called tools
+    tool_calls: list[dict[str, Any]] | None = None   # an assistant turn's calls, as the API returned them
+    tool_call_id: str | None = None      # a `tool` turn: the call it answers
+    name: str | None = None
+
+
+class FunctionDef(msgspec.Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None     # a JSON Schema of the arguments object
+    strict: bool | None = None                   # always strict here when the call is forced
+
+
+class ToolDef(msgspec.Struct):
+    type: str
+    function: FunctionDef
+
+
+class JsonSchemaFormat(msgspec.Struct):
+    name: str = "response"
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct):
+    type: str                                    # "text" | "json_object" | "json_schema"
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(msgspec.Struct):
@@ -80,6 +108,10 @@ class ChatCompletionBody(SamplingFields):
     modalities: list[str] | None = None          # ["text", "audio"]: answered in speech too (audio_chat.py)
     audio: AudioOutput | None = None
     max_audio_frames: int | None = None          # a speaking plan's param (Qwen3-Omni)
+    tools: list[ToolDef] | None = None           # functions the model may call (tools.py)
+    tool_choice: str | dict[str, Any] | None = None   # "none" | "auto" | "required" | {"type": "function", ...}
+    parallel_tool_calls: bool | None = None      # true: a forced answer may hold several calls
+    response_format: ResponseFormat | None = None    # {"type": "json_object"} / {"type": "json_schema", ...}
 
 
 class CompletionBody(SamplingFields):

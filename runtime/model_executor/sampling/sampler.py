@@ -1,8 +1,8 @@
 """`Sampler`: a batch of logits (B, V) and one `SamplingState` per row -> one token per row.
 
 Called by the worker after every LM forward that ends a decode step. Per row, in order:
-penalties (repetition over prompt + output; presence and frequency over the output),
-then greedy argmax (temperature 0) or temperature -> top-k -> top-p -> min-p -> a draw.
+penalties (repetition over prompt + output; presence and frequency over the output), the
+grammar's mask on constrained rows (grammar.py: disallowed tokens at -inf), then greedy argmax (temperature 0) or temperature -> top-k -> top-p -> min-p -> a draw.
 
 Invariant: row i's result depends only on logits[i] and states[i]. Draws use the
 exponential race (argmax p / E with E ~ Exp(1), which picks token t with probability
@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from runtime.model_executor.kernels import cpu as cpu_kernels
+from runtime.model_executor.sampling.grammar import mask_rows
 from runtime.model_executor.sampling.state import SamplingState
 
 
@@ -50,7 +51,7 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(states):
             raise ValueError(f"logits must be (B, V) with B = {len(states)} states, got {tuple(logits.shape)}")
         raw = logits.float()
-        processed = apply_penalties(raw, states)
+        processed = mask_rows(apply_penalties(raw, states), [s.constraint for s in states])
         # greedy rows keep this (the CPU kernel: torch's argmax runs a row on one thread, the kernel reads each
         # row in vector lanes and spreads the rows over the worker's threads)
         token_ids = cpu_kernels.argmax(processed) if cpu_kernels.usable(processed) else torch.argmax(processed, -1)

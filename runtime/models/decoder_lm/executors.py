@@ -49,7 +49,7 @@ from runtime.model_executor.compiled import DecodeGraphs, capture_buckets
 from runtime.model_executor.compiled.cpu_compile import require_cpp_compiler
 from runtime.worker.executors import ExecResult, Executor, token_logprobs
 from runtime.model_executor.kv import BlockTables, prefix_root
-from runtime.model_executor.sampling import Sampler, SamplingParams, SamplingState
+from runtime.model_executor.sampling import GrammarVocab, Sampler, SamplingParams, SamplingState
 from runtime.transport.messages import KVState, WorkItem
 from runtime.transport.request_params import RequestParams
 
@@ -82,6 +82,7 @@ class DecoderLMExecutor(Executor):
         self.blocks = BlockTables(pool.num_blocks, pool.block_tokens)
         self._moved_in: dict[int, tuple[KVState, dict[str, torch.Tensor]]] = {}   # caches moved here, not written yet
         self.sampler = Sampler()
+        self.vocab: GrammarVocab | None = None        # the tokenizer grammars are matched on (take_vocab)
         self._params: dict[int, SamplingParams] = {}
         self._states: dict[int, SamplingState] = {}
         self._embeds: dict[int, list[torch.Tensor]] = {}   # request -> the embeds it was given, in order
@@ -124,6 +125,10 @@ class DecoderLMExecutor(Executor):
 
     def open(self, request_id: int, params: RequestParams) -> None:
         self._params[request_id] = params.sampling
+
+    def take_vocab(self, vocab: GrammarVocab) -> bool:
+        self.vocab = vocab
+        return True
 
     def close(self, request_id: int, kv_only: bool) -> None:
         if request_id in self.blocks:
@@ -169,7 +174,7 @@ class DecoderLMExecutor(Executor):
             k[idx] = tensors["k"][layer].to(self.device, k.dtype)
             v[idx] = tensors["v"][layer].to(self.device, v.dtype)
         if "rng" in tensors:
-            state = SamplingState(self._params.get(rid, SamplingParams()), msg.prompt_ids, self.device)
+            state = SamplingState(self._params.get(rid, SamplingParams()), msg.prompt_ids, self.device, self.vocab)
             state.generator.set_state(tensors["rng"].clone())
             for token in msg.output_ids:
                 state.append(token)
@@ -193,8 +198,9 @@ class DecoderLMExecutor(Executor):
         results = [ExecResult() for _ in items]
         for i, (b, state, token) in enumerate(zip(sampling, states, tokens)):
             state.append(token)
+            done = state.constraint is not None and state.constraint.is_done    # the grammar is complete
             results[b] = ExecResult([token], {"token": torch.tensor([token]), "hidden": hidden[rows[b]:rows[b + 1]]},
-                                    logprobs=token_logprobs(sampled, i, state))
+                                    logprobs=token_logprobs(sampled, i, state), finished="eos" if done else "")
         return results
 
     def _is_graph_step(self, items: list[WorkItem]) -> bool:
@@ -274,7 +280,7 @@ class DecoderLMExecutor(Executor):
         rid = item.request_id
         if rid not in self._states:
             prompt = self._prompt_parts.pop(rid, []) + list(item.tokens)
-            self._states[rid] = SamplingState(self._params.get(rid, SamplingParams()), prompt, self.device)
+            self._states[rid] = SamplingState(self._params.get(rid, SamplingParams()), prompt, self.device, self.vocab)
         return self._states[rid]
 
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
-from runtime.model_executor.sampling import SamplerOutput, SamplingState
+from runtime.model_executor.sampling import GrammarVocab, SamplerOutput, SamplingState
 from runtime.transport.messages import TokenLogprob, WorkItem
 from runtime.transport.request_params import RequestParams
 
@@ -59,6 +59,11 @@ class Executor(Protocol):
 
     def close(self, request_id: int, kv_only: bool) -> None:
         return None
+
+    def take_vocab(self, vocab: GrammarVocab) -> bool:
+        """Sample under requests' grammars with `vocab` (the node's tokenizer, loaded when first asked);
+        whether the node does (a grammar sent to one that does not is refused by the server)."""
+        return False
 
     def kv_used_blocks(self) -> int:
         return 0

@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 
 from gguf_factories import write_tokenizer_gguf
 from runtime.text import TextTokenizer
+from runtime.text import gguf_tokenizer
 from runtime.text.gguf_tokenizer import tokenizer_from_gguf
 from runtime.model_executor.weights.gguf_loader import SMOLLM2, resolve_gguf
 
@@ -96,3 +97,32 @@ def test_unsupported_tokenizer_kinds_are_clear_errors(tmp_path: Path) -> None:
         tokenizer_from_gguf(write_tokenizer_gguf(tmp_path / "spm.gguf", model="llama"))
     with pytest.raises(ValueError, match="pre-tokenizer 'qwen2'"):
         tokenizer_from_gguf(write_tokenizer_gguf(tmp_path / "qwen.gguf", pre="qwen2"))
+
+
+def test_a_rebuilt_tokenizer_is_read_back_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSTAR_CACHE", str(tmp_path / "cache"))
+    path = write_tokenizer_gguf(tmp_path / "tiny.gguf", pre="smollm", add_bos=True)
+    rebuilt = tokenizer_from_gguf(path)
+    [entry] = (tmp_path / "cache").iterdir()
+    assert entry.name.startswith("tiny-") and entry.suffix == ".tokenizer"
+
+    def no_metadata(*args: object) -> None:
+        raise AssertionError("the GGUF's metadata was read again")
+    monkeypatch.setattr(gguf_tokenizer, "open_gguf", no_metadata)
+    cached = tokenizer_from_gguf(path)
+    for text in ("the world 12 wor", " hello world</s>", "x<think>y", ""):
+        assert cached.encode(text) == rebuilt.encode(text), text
+        assert cached.decode(rebuilt.encode(text)) == rebuilt.decode(rebuilt.encode(text))
+    assert cached.special_tokens == rebuilt.special_tokens
+    assert cached.eos_token_ids == rebuilt.eos_token_ids
+    assert (cached.chat_template is None) == (rebuilt.chat_template is None)
+
+
+def test_a_changed_gguf_is_rebuilt_not_read_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MSTAR_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    first = tokenizer_from_gguf(write_tokenizer_gguf(path, pre="smollm", add_bos=True))
+    # a new file at the same path (of another size: a coarse clock may give both writes one mtime)
+    second = tokenizer_from_gguf(write_tokenizer_gguf(path, pre="default", add_bos=False))
+    assert first.encode("the")[0] == 0 and second.encode("the")[0] != 0
+    assert len(list((tmp_path / "cache").iterdir())) == 2
