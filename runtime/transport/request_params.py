@@ -32,6 +32,9 @@ class RequestParams(msgspec.Struct, frozen=True, omit_defaults=True):
     # values a family's serving code sets for its own executors, never body fields taken unchecked
     # (an image request's output size, the voice a speech request speaks in)
     family: dict[str, Scalar] = {}
+    # node -> the llguidance grammar its sampled tokens must follow (response_format, a forced tool call);
+    # the server sets it for the node that writes the answer, checked (runtime.model_executor.sampling.grammar)
+    grammars: dict[str, str] = {}
 
     @property
     def max_tokens(self) -> int | None:

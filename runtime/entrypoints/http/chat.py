@@ -67,8 +67,8 @@ def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
     # a media prompt's shape (its pieces, its pictures' grids) is set by the family's reader, not the body
     family = server.chat_inputs.request_params(media_items) if media_items is not None else None
     params = resolve_params(server.plan, _given(body), family)
-    if grammar:
-        params = msgspec.structs.replace(params, sampling=dataclasses.replace(params.sampling, grammar=grammar))
+    if grammar:     # the chat LM's answer follows it (tools.py)
+        params = msgspec.structs.replace(params, grammars={server.chat_node: grammar})
     sampling = params.sampling
     check_top_k(sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
     is_sse, include_usage = body.stream, bool(body.stream_options and body.stream_options.include_usage)

@@ -29,14 +29,14 @@ class ChatMessage(msgspec.Struct):
     name: str | None = None
 
 
-class FunctionDef(msgspec.Struct):
+class FunctionDef(msgspec.Struct, omit_defaults=True):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None     # a JSON Schema of the arguments object
     strict: bool | None = None                   # always strict here when the call is forced
 
 
-class ToolDef(msgspec.Struct):
+class ToolDef(msgspec.Struct, omit_defaults=True):
     type: str
     function: FunctionDef
 

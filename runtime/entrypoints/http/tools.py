@@ -108,7 +108,8 @@ def _forced(tool_choice: Any, names: dict[str, Any]) -> list[str]:
 
 def _calls_lark(functions: dict[str, dict[str, Any]], one: bool) -> str:
     """A Lark grammar (llguidance's dialect, `%json` for a schema) of one call, or of calls one per line."""
-    call = {"x-guidance": JSON_LAYOUT, "anyOf": [{"type": "object", "properties": {"name": {"const": name}, "arguments": schema},
+    call = {"x-guidance": JSON_LAYOUT,
+            "anyOf": [{"type": "object", "properties": {"name": {"const": name}, "arguments": schema},
                        "required": ["name", "arguments"], "additionalProperties": False}
                       for name, schema in functions.items()]}
     body = json.dumps(call, ensure_ascii=False)
@@ -204,8 +205,8 @@ def _arguments_as_objects(message: dict[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
     if not calls:
         return message
-    fixed = [{**c, "function": {**c.get("function", {}), "arguments": _arguments(c.get("function", {}).get("arguments"))}}
-             for c in calls if isinstance(c, dict)]
+    fixed = [{**c, "function": {**function, "arguments": _arguments(function.get("arguments"))}}
+             for c in calls if isinstance(c, dict) for function in [c.get("function", {})]]
     return {**message, "tool_calls": fixed}
 
 

@@ -2,12 +2,13 @@
 
 The grammar engine is llguidance (a Rust parser with a CPU wheel; setup.cfg says why it and not a
 hand-written one): the server compiles a request's `response_format` or forced tool call into an
-llguidance grammar (JSON text, `SamplingParams.grammar`) and checks it with `check_grammar`; the
-worker turns it into one matcher per request (`GrammarVocab.constraint`), built on the node's own
-tokenizer. Every step the sampler asks each constrained row's matcher for the allowed tokens
-(`mask_rows`) and sets the others to -inf before penalties' result is sampled, so a constrained row
-batches with unconstrained ones; the chosen token advances the matcher (`Constraint.accept`). Once
-the grammar is complete the matcher allows only the tokenizer's end tokens, which end the request.
+llguidance grammar (JSON text) for the node that writes the answer (`RequestParams.grammars`) and
+checks it with `check_grammar`; that node's executor turns it into one matcher per request when the
+request opens (`GrammarVocab.constraint`, on the node's own tokenizer), held by its `SamplingState`.
+Every step the sampler asks each constrained row's matcher for the allowed tokens (`mask_rows`) and
+sets the others to -inf after the penalties, so a constrained row batches with unconstrained ones;
+the chosen token advances the matcher (`Constraint.accept`). Once the grammar is complete
+(`Constraint.is_done`) the executor ends the request's loop, as an end token would.
 """
 from __future__ import annotations
 

@@ -40,7 +40,6 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # extra stop tokens besides the model's EOS
     ignore_eos: bool = False          # keep going past EOS (benchmarks: forced lengths)
     logprobs: int | None = None       # None: no logprobs; N >= 0: chosen token's + top-N alternatives
-    grammar: str = ""                 # llguidance grammar (JSON text) the output must follow; "" = free (grammar.py)
 
     def __post_init__(self) -> None:
         _check_number(self, "temperature", 0.0, 2.0)
@@ -57,8 +56,6 @@ class SamplingParams:
             raise SamplingParamsError("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
         if self.logprobs is not None:
             _check_int(self, "logprobs", 0, MAX_TOP_LOGPROBS)
-        if not isinstance(self.grammar, str):
-            raise SamplingParamsError("grammar", f"must be a string, got {type(self.grammar).__name__}")
 
     def _check_stops(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)

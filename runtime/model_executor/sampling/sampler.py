@@ -2,7 +2,8 @@
 
 Called by the worker after every LM forward that ends a decode step. Per row, in order:
 penalties (repetition over prompt + output; presence and frequency over the output), the
-grammar's mask on constrained rows (grammar.py: disallowed tokens at -inf), then greedy argmax (temperature 0) or temperature -> top-k -> top-p -> min-p -> a draw.
+grammar's mask on constrained rows (grammar.py: disallowed tokens at -inf), then greedy
+argmax (temperature 0) or temperature -> top-k -> top-p -> min-p -> a draw.
 
 Invariant: row i's result depends only on logits[i] and states[i]. Draws use the
 exponential race (argmax p / E with E ~ Exp(1), which picks token t with probability

@@ -12,22 +12,18 @@ from typing import Sequence
 
 import torch
 
-from runtime.model_executor.sampling.grammar import Constraint, GrammarVocab
+from runtime.model_executor.sampling.grammar import Constraint
 from runtime.model_executor.sampling.params import SamplingParams
 
 
 class SamplingState:
     """Per-request sampling state: params, a private torch.Generator, token history, and the matcher
-    of the request's grammar (built on `vocab`, the node's tokenizer; a grammar without one is an error)."""
+    of the grammar the request's output follows on this node (`constraint`, None when it is free)."""
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int] = (),
-                 device: torch.device | str = "cpu", vocab: GrammarVocab | None = None) -> None:
+                 device: torch.device | str = "cpu", constraint: Constraint | None = None) -> None:
         self.params = params
-        self.constraint: Constraint | None = None
-        if params.grammar:
-            if vocab is None:
-                raise ValueError("this node cannot constrain its output (response_format, forced tool calls)")
-            self.constraint = vocab.constraint(params.grammar)
+        self.constraint = constraint
         self.device = torch.device(device)
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         self.generator = torch.Generator(device=self.device)

@@ -50,6 +50,7 @@ from runtime.model_executor.compiled.cpu_compile import require_cpp_compiler
 from runtime.worker.executors import ExecResult, Executor, token_logprobs
 from runtime.model_executor.kv import BlockTables, prefix_root
 from runtime.model_executor.sampling import GrammarVocab, Sampler, SamplingParams, SamplingState
+from runtime.model_executor.sampling.grammar import Constraint
 from runtime.transport.messages import KVState, WorkItem
 from runtime.transport.request_params import RequestParams
 
@@ -84,6 +85,7 @@ class DecoderLMExecutor(Executor):
         self.sampler = Sampler()
         self.vocab: GrammarVocab | None = None        # the tokenizer grammars are matched on (take_vocab)
         self._params: dict[int, SamplingParams] = {}
+        self._constraints: dict[int, Constraint] = {}   # a request's grammar matcher until its state takes it
         self._states: dict[int, SamplingState] = {}
         self._embeds: dict[int, list[torch.Tensor]] = {}   # request -> the embeds it was given, in order
         self._prompt_parts: dict[int, list[int]] = {}   # prompt chunks cached before the one that samples
@@ -125,6 +127,11 @@ class DecoderLMExecutor(Executor):
 
     def open(self, request_id: int, params: RequestParams) -> None:
         self._params[request_id] = params.sampling
+        grammar = params.grammars.get(self.node.name)
+        if grammar:     # built here, not in a batch: a grammar the engine refuses fails its request alone
+            if self.vocab is None:
+                raise ValueError(f"node '{self.node.name}' has no tokenizer to match a grammar on")
+            self._constraints[request_id] = self.vocab.constraint(grammar)
 
     def take_vocab(self, vocab: GrammarVocab) -> bool:
         self.vocab = vocab
@@ -137,6 +144,7 @@ class DecoderLMExecutor(Executor):
         self._moved_in.pop(request_id, None)
         if not kv_only:
             self._params.pop(request_id, None)
+            self._constraints.pop(request_id, None)
             self._states.pop(request_id, None)
             self._embeds.pop(request_id, None)
 
@@ -174,7 +182,8 @@ class DecoderLMExecutor(Executor):
             k[idx] = tensors["k"][layer].to(self.device, k.dtype)
             v[idx] = tensors["v"][layer].to(self.device, v.dtype)
         if "rng" in tensors:
-            state = SamplingState(self._params.get(rid, SamplingParams()), msg.prompt_ids, self.device, self.vocab)
+            state = SamplingState(self._params.get(rid, SamplingParams()), msg.prompt_ids, self.device,
+                                  self._constraints.pop(rid, None))
             state.generator.set_state(tensors["rng"].clone())
             for token in msg.output_ids:
                 state.append(token)
@@ -280,7 +289,8 @@ class DecoderLMExecutor(Executor):
         rid = item.request_id
         if rid not in self._states:
             prompt = self._prompt_parts.pop(rid, []) + list(item.tokens)
-            self._states[rid] = SamplingState(self._params.get(rid, SamplingParams()), prompt, self.device, self.vocab)
+            self._states[rid] = SamplingState(self._params.get(rid, SamplingParams()), prompt, self.device,
+                                               self._constraints.pop(rid, None))
         return self._states[rid]
 
 

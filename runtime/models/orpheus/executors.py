@@ -21,7 +21,7 @@ from torch import nn
 from mstar_compiler.plan import Node, Plan
 from runtime.worker.executors import CachelessExecutor, ExecResult
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
-from runtime.model_executor.sampling import Sampler, SamplerOutput, SamplingState
+from runtime.model_executor.sampling import GrammarVocab, Sampler, SamplerOutput, SamplingState
 from runtime.streams.chunk_policy import Chunk
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
@@ -104,6 +104,9 @@ class OrpheusLMExecutor(DecoderLMExecutor):
     def open(self, request_id: int, params: RequestParams) -> None:
         super().open(request_id, params)
         self._stops[request_id] = int(params.declared.get("end_of_speech", END_OF_SPEECH))
+
+    def take_vocab(self, vocab: GrammarVocab) -> bool:
+        return False         # it samples among audio slots, not the text vocabulary a grammar is written in
 
     def close(self, request_id: int, kv_only: bool) -> None:
         super().close(request_id, kv_only)

@@ -122,7 +122,10 @@ def test_a_changed_gguf_is_rebuilt_not_read_from_the_cache(tmp_path: Path, monke
     monkeypatch.setenv("MSTAR_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "tiny.gguf"
     first = tokenizer_from_gguf(write_tokenizer_gguf(path, pre="smollm", add_bos=True))
-    # a new file at the same path (of another size: a coarse clock may give both writes one mtime)
+    # a new file at the same path (of another size: a coarse clock may give both writes one mtime), read as a
+    # new process reads it (open_gguf keeps a process's opened files)
+    path.unlink()
+    gguf_tokenizer.open_gguf.cache_clear()
     second = tokenizer_from_gguf(write_tokenizer_gguf(path, pre="default", add_bos=False))
     assert first.encode("the")[0] == 0 and second.encode("the")[0] != 0
     assert len(list((tmp_path / "cache").iterdir())) == 2
