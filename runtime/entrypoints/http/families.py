@@ -66,8 +66,10 @@ class Listener(Protocol):
 
     def feature_items(self, features: Any) -> list[dict[str, torch.Tensor]]: ...
 
-    def answer_items(self, tokenizer: Any, rows: torch.Tensor,
-                     instructions: str) -> tuple[list[tuple[str, Any]], dict[str, Any]]: ...
+    def answer_items(self, tokenizer: Any, turns: list[tuple[str, str | torch.Tensor]],
+                     instructions: str) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+        """(input items, family params) of the answer to a conversation: each turn a role and its text
+        or the rows of an utterance the session heard."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """One /v1/realtime session: the OpenAI Realtime protocol's core client events, turned into plan requests.
 
 Client events (JSON text frames) and what they do here:
-  session.update            instructions, voice, modalities (["text"] or ["audio", "text"]),
+  session.update            instructions (the system turn), voice, modalities (["text"] or ["audio", "text"]),
                             input/output_audio_format ("pcm16": 16-bit mono at 24 kHz), temperature,
-                            max_response_output_tokens -> session.updated
+                            max_response_output_tokens, tools (function tools) and tool_choice -> session.updated
   input_audio_buffer.append base64 pcm16, streamed into the family's listen request at once: the
                             encoder runs on each window as the graph's client-fed stream releases it
                             (runtime/entrypoints/http/realtime_utterance.py); while a response is answering,
@@ -11,14 +11,22 @@ Client events (JSON text frames) and what they do here:
   input_audio_buffer.commit the stream is closed and its tail window heard, the utterance becomes a
                             user item -> input_audio_buffer.committed, conversation.item.created
   input_audio_buffer.clear  the buffer and its request are dropped -> input_audio_buffer.cleared
-  response.create           answers the last committed utterance (the plan's speaking task, or its text
-                            task for modalities ["text"]) -> response.created, response.audio.delta /
-                            response.audio_transcript.delta (or response.text.delta), their .done, response.done
+  conversation.item.create  a text message, a function call or a function's output, at the end or after
+                            `previous_item_id` -> conversation.item.created
+  conversation.item.delete  -> conversation.item.deleted
+  conversation.item.truncate an assistant's audio cut where playback stopped (its transcript dropped)
+                            -> conversation.item.truncated
+  response.create           answers the conversation (realtime_conversation.py: every item, in order; the
+                            plan's speaking task, or its text task for modalities ["text"]) -> response.created,
+                            the output items and their deltas (realtime_response.py), response.done
   response.cancel           stops the deltas -> response.done with status "cancelled"
+Tools: with `tool_choice` "required" or a named function the answer is a call, held to the functions'
+schemas by a grammar (runtime/entrypoints/http/tools.py) and written by the text task; with "auto" the
+answer's calls are read out of its text, which needs modalities ["text"] (a spoken answer cannot hold one).
 Each event's fields are read once into its schema (runtime/entrypoints/http/schemas.py: a field of
 the wrong kind is named in the error). A bad event gets an `error` event (OpenAI's shape, `event_id`
-of the client event) and the session goes on. Turn detection is off (`turn_detection: null`): the client commits. Each response answers
-the last committed utterance alone (no conversation history is kept).
+of the client event) and the session goes on. Turn detection is off (`turn_detection: null`): the client
+commits.
 `close()` (the socket closed) aborts every request of the session: the conductor frees their KV
 blocks and stream buffers.
 """
@@ -33,22 +41,22 @@ import uuid
 from typing import Any, Awaitable, Callable
 
 import msgspec
-import torch
 
 from runtime.conductor.config import QueueFull
 from runtime.entrypoints.http.audio_events import AudioEvents
-from runtime.entrypoints.http.audio_io import pcm16
 from runtime.entrypoints.http.audio_metrics import RealtimeMetrics
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.families import Listener
+from runtime.entrypoints.http.realtime_conversation import Conversation, Item, client_item, item_id
+from runtime.entrypoints.http.realtime_response import ResponseOutput
 from runtime.entrypoints.http.realtime_utterance import Utterance
 from runtime.entrypoints.http.schemas import (
-    AudioAppendEvent, RealtimeEvent, SessionUpdateEvent, convert_body,
+    AudioAppendEvent, FunctionDef, ItemCreateEvent, ItemDeleteEvent, ItemTruncateEvent, RealtimeEvent,
+    SessionUpdateEvent, ToolDef, convert_body,
 )
 from runtime.entrypoints.http.speech import speech_params
-from runtime.model_executor.sampling import SamplingParams
-from runtime.text import TextOutput
+from runtime.entrypoints.http.tools import ToolUse, check_tools, tool_system_prompt
 
 log = logging.getLogger(__name__)
 MIN_COMMIT_S = 0.1          # OpenAI refuses a commit of less than 100 ms of audio
@@ -69,11 +77,14 @@ class RealtimeSession:
         self.config: dict[str, Any] = {"instructions": "", "voice": "alloy", "modalities": ["audio", "text"],
                                        "input_audio_format": "pcm16", "output_audio_format": "pcm16",
                                        "turn_detection": None, "temperature": None,
-                                       "max_response_output_tokens": "inf"}
+                                       "max_response_output_tokens": "inf", "tools": [], "tool_choice": "auto"}
         self.utterance = Utterance(server, listener, metrics)  # the input audio buffer being heard
-        self.item: tuple[str, torch.Tensor] | None = None      # the last committed utterance: (id, rows)
+        self.conversation = Conversation()
+        self.tools: ToolUse | None = None                      # the session's tools, checked
+        self.tool_grammar = ""                                 # what a forced call must follow ("" free)
         self.response: asyncio.Task[None] | None = None
         self.answering: Any = None                             # the response's conductor request
+        self.output: ResponseOutput | None = None              # the response's items so far
         self.response_id = ""
 
     async def send(self, event_type: str, **fields: Any) -> None:
@@ -127,6 +138,8 @@ class RealtimeSession:
         given = msgspec.structs.asdict(event.session)
         config = {**self.config, **{k: v for k, v in given.items() if v is not msgspec.UNSET}}
         _check_config(self.server, config)
+        config["tools"] = [t if isinstance(t, dict) else msgspec.to_builtins(t) for t in config["tools"]]
+        self.tools, self.tool_grammar = _check_tools(self.server, config)
         self.config = config
         await self.send("session.updated", session=self._session())
 
@@ -152,12 +165,10 @@ class RealtimeSession:
                                 f"{MIN_COMMIT_S * 1000:.0f} ms needed", "audio", "input_audio_buffer_commit_empty")
         utterance, self.utterance = self.utterance, Utterance(self.server, self.listener, self.metrics)
         rows = await utterance.commit()
-        previous = self.item[0] if self.item else None
-        self.item = (f"item_{uuid.uuid4().hex[:20]}", rows)
-        await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=self.item[0])
-        await self.send("conversation.item.created", previous_item_id=previous, item={
-            "id": self.item[0], "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
-            "content": [{"type": "input_audio", "transcript": None}]})
+        item = Item(item_id(), role="user", content="input_audio", rows=rows)
+        previous = self.conversation.add(item)
+        await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
+        await self.send("conversation.item.created", previous_item_id=previous, item=item.wire())
 
     async def clear(self, event: RealtimeEvent) -> None:
         self._drop_buffer()
@@ -167,15 +178,34 @@ class RealtimeSession:
         self.utterance.drop()
         self.utterance = Utterance(self.server, self.listener, self.metrics)
 
-    async def create_response(self, event: RealtimeEvent) -> None:
+    async def create_item(self, event: ItemCreateEvent) -> None:
+        item = client_item(event.item)
+        previous = self.conversation.add(item, event.previous_item_id)
+        await self.send("conversation.item.created", previous_item_id=previous, item=item.wire())
+
+    async def delete_item(self, event: ItemDeleteEvent) -> None:
+        self._not_answering("delete an item")
+        self.conversation.delete(event.item_id)
+        await self.send("conversation.item.deleted", item_id=event.item_id)
+
+    async def truncate_item(self, event: ItemTruncateEvent) -> None:
+        self.conversation.truncate(event.item_id, event.content_index, event.audio_end_ms)
+        await self.send("conversation.item.truncated", item_id=event.item_id, content_index=event.content_index,
+                        audio_end_ms=event.audio_end_ms)
+
+    def _not_answering(self, what: str) -> None:
         if self.response is not None:
-            raise ApiError(400, "the session already has an active response; cancel it first", None,
+            raise ApiError(400, f"cannot {what} while a response is active; cancel it first", None,
                            "conversation_already_has_active_response")
-        if self.item is None:
-            raise ApiError(400, "nothing to answer: commit the input audio buffer first", None, "no_committed_audio")
+
+    async def create_response(self, event: RealtimeEvent) -> None:
+        self._not_answering("start a response")
+        if not self.conversation.items:
+            raise ApiError(400, "nothing to answer: commit the input audio buffer or create an item first", None,
+                           "empty_conversation")
         self.response_id = f"resp_{uuid.uuid4().hex[:20]}"
         await self.send("response.created", response=self._response("in_progress", []))
-        self.response = asyncio.ensure_future(self._answer(self.response_id, self.item))
+        self.response = asyncio.ensure_future(self._answer())
 
     async def cancel(self, event: RealtimeEvent) -> None:
         if self.response is None:
@@ -189,7 +219,7 @@ class RealtimeSession:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         self.metrics.cancelled.inc()
-        await self.send("response.done", response=self._response("cancelled", []))
+        await self.send("response.done", response=self._response("cancelled", self.output.cut() if self.output else []))
 
     async def close(self) -> None:
         """The socket closed: abort the response and the utterance being heard. The aborts are
@@ -200,7 +230,6 @@ class RealtimeSession:
         if self.answering is not None:
             self.server.conductor.abort(self.answering)
         self._drop_buffer()
-        self.item = None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -211,58 +240,40 @@ class RealtimeSession:
         return {"id": self.response_id, "object": "realtime.response", "status": status, "output": output,
                 "usage": usage}
 
-    async def _answer(self, response_id: str, item: tuple[str, torch.Tensor]) -> None:
+    async def _answer(self) -> None:
         server, model = self.server, self.server.speech_model
-        speaks = "audio" in self.config["modalities"]
-        items, family = self.listener.answer_items(server.tokenizer, item[1], self.config["instructions"])
+        forced = bool(self.tool_grammar)            # a call, written by the text task under its grammar
+        speaks = "audio" in self.config["modalities"] and not forced
+        items, family = self.listener.answer_items(server.tokenizer, self.conversation.turns(), self._system())
         body = {"max_tokens": None if self.config["max_response_output_tokens"] == "inf"
                 else self.config["max_response_output_tokens"], "temperature": self.config["temperature"]}
         family = {**family, "speaker": model.speaker.voice(self.config["voice"])} if speaks else family
         task = model.task if speaks else ("chat" if any(t.name == "chat" for t in server.plan.tasks)
                                           else server.plan.default_task)
-        req = server.conductor.submit(task, speech_params(server, {k: v for k, v in body.items() if v is not None},
-                                                          family), items, server.stop_token_ids(),
-                                      server.config.request_timeout_s)
+        params = speech_params(server, {k: v for k, v in body.items() if v is not None}, family)
+        if forced:
+            params = msgspec.structs.replace(params, grammars={server.chat_node: self.tool_grammar})
+        req = server.conductor.submit(task, params, items, server.stop_token_ids(), server.config.request_timeout_s)
         self.answering = req
+        self.output = output = ResponseOutput(self.send, self.conversation, self.response_id, speaks, self.tools)
         try:
-            text = await self._deltas(AudioEvents(server, req, model), speaks)
+            await output.stream(AudioEvents(server, req, model), server.tokenizer)
         except ApiError as err:
             self.response = None
             await self._error(err, None)
-            await self.send("response.done", response=self._response("failed", []))
+            await self.send("response.done", response=self._response("failed", output.cut()))
             return
         finally:
             server.conductor.abort(req)
             self.answering = None
         self.response = None
-        content = {"type": "audio" if speaks else "text", ("transcript" if speaks else "text"): text}
-        usage = {"output_tokens": len(req.output_ids)}
-        await self.send("response.done", response=self._response("completed", [{
-            "id": f"item_{uuid.uuid4().hex[:20]}", "object": "realtime.item", "type": "message", "role": "assistant",
-            "status": "completed", "content": [content]}], usage))
+        await self.send("response.done", response=self._response("completed", output.output(),
+                                                                 {"output_tokens": len(req.output_ids)}))
 
-    async def _deltas(self, events: AudioEvents, speaks: bool) -> str:
-        """Send the answer's deltas as events; its whole text."""
-        output = TextOutput(self.server.tokenizer, SamplingParams(), stop_ids=events.req.stop_token_ids)
-        ids = {"response_id": self.response_id, "output_index": 0, "content_index": 0}
-        text, done = "", False
-        while not done:
-            tokens, audio, done = await events.next()
-            delta = output.push_ids(tokens, is_last=done)
-            if delta:
-                text += delta
-                await self.send("response.audio_transcript.delta" if speaks else "response.text.delta",
-                                delta=delta, **ids)
-            for piece in audio if speaks else []:
-                await self.send("response.audio.delta", delta=base64.b64encode(pcm16(piece)).decode(), **ids)
-                events.sent(piece)
-        events.observe()
-        if speaks:
-            await self.send("response.audio.done", **ids)
-            await self.send("response.audio_transcript.done", transcript=text, **ids)
-        else:
-            await self.send("response.text.done", text=text, **ids)
-        return text
+    def _system(self) -> str:
+        """The system turn: the session's instructions, and its tools the Hermes way (tools.py)."""
+        parts = [self.config["instructions"]] + ([tool_system_prompt(self.tools)] if self.tools else [])
+        return "\n\n".join(p for p in parts if p)
 
 
 def _check_config(server: ServerContext, config: dict) -> None:
@@ -278,12 +289,39 @@ def _check_config(server: ServerContext, config: dict) -> None:
                             "commit the buffer yourself", "session.turn_detection")
 
 
+def _check_tools(server: ServerContext, config: dict) -> tuple[ToolUse | None, str]:
+    """The session's tools in chat's terms (tools.py checks them: a 400 naming `session.tools[i]...`) and the
+    grammar a forced call follows."""
+    if not config["tools"]:        # the session's default choice "auto" means nothing without tools
+        return None, ""
+    choice = config["tool_choice"]
+    if isinstance(choice, dict) and "function" not in choice:       # the Realtime API names it flat
+        choice = {"type": choice.get("type"), "function": {"name": choice.get("name")}}
+    tools = [ToolDef("function", convert_body({k: v for k, v in t.items() if k != "type"}, FunctionDef))
+             if t.get("type", "function") == "function" else ToolDef(t["type"], FunctionDef(""))
+             for t in config["tools"]]
+    try:
+        use, grammar = check_tools(tools, choice, False)
+    except ApiError as err:      # named as the session's flat tools name it: session.tools[0].name
+        param = f"session.{err.param.replace('.function.', '.')}" if err.param else None
+        raise ApiError(err.status, f"session.{err.message.replace('.function.', '.')}", param) from None
+    if use is not None and use.read_calls and not grammar and "audio" in config["modalities"]:
+        raise ApiError(400, "tools with tool_choice 'auto' need modalities [\"text\"]: a spoken answer cannot hold "
+                            "a call (or force one with tool_choice 'required')", "session.tool_choice")
+    if grammar and not server.constrains_output():
+        raise ApiError(400, "this model cannot constrain its answer to a call", "session.tool_choice")
+    return use, grammar
+
+
 # event type -> (its handler, the schema its fields are read into once: schemas.py)
 _HANDLERS: dict[str, tuple[Callable[[RealtimeSession, Any], Awaitable[None]], type[RealtimeEvent]]] = {
     "session.update": (RealtimeSession.update, SessionUpdateEvent),
     "input_audio_buffer.append": (RealtimeSession.append, AudioAppendEvent),
     "input_audio_buffer.commit": (RealtimeSession.commit, RealtimeEvent),
     "input_audio_buffer.clear": (RealtimeSession.clear, RealtimeEvent),
+    "conversation.item.create": (RealtimeSession.create_item, ItemCreateEvent),
+    "conversation.item.delete": (RealtimeSession.delete_item, ItemDeleteEvent),
+    "conversation.item.truncate": (RealtimeSession.truncate_item, ItemTruncateEvent),
     "response.create": (RealtimeSession.create_response, RealtimeEvent),
     "response.cancel": (RealtimeSession.cancel, RealtimeEvent),
 }

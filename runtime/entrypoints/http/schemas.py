@@ -194,9 +194,18 @@ class RealtimeEvent(msgspec.Struct):
     event_id: Any = None                     # echoed in an `error` event about this one
 
 
+class RealtimeFunction(msgspec.Struct, omit_defaults=True):
+    """A realtime session's function tool (the Realtime API's flat shape, not chat's nested one)."""
+
+    name: str
+    type: str = "function"
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
 class RealtimeSessionConfig(msgspec.Struct):
-    """session.update's `session`: the settings this server reads (unset: unchanged; any other field,
-    such as OpenAI's `tools`, is not taken)."""
+    """session.update's `session`: the settings this server reads (unset: unchanged; any other field
+    is not taken)."""
 
     instructions: str | msgspec.UnsetType = msgspec.UNSET
     voice: str | msgspec.UnsetType = msgspec.UNSET
@@ -207,6 +216,8 @@ class RealtimeSessionConfig(msgspec.Struct):
     temperature: float | None | msgspec.UnsetType = msgspec.UNSET
     max_response_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | Literal["inf"] | msgspec.UnsetType = \
         msgspec.UNSET
+    tools: list[RealtimeFunction] | msgspec.UnsetType = msgspec.UNSET
+    tool_choice: str | dict[str, Any] | msgspec.UnsetType = msgspec.UNSET   # "auto" | "none" | "required" | a name
 
 
 class SessionUpdateEvent(RealtimeEvent):
@@ -217,6 +228,8 @@ class SessionUpdateEvent(RealtimeEvent):
         "session.modalities": 'session.modalities must be ["text"] or ["audio", "text"]',
         "session.temperature": "session.temperature must be a number",
         "session.max_response_output_tokens": "session.max_response_output_tokens must be a positive integer or 'inf'",
+        "session.tools": "session.tools must be an array of {{type: 'function', name, description, parameters}}",
+        "session.tool_choice": "session.tool_choice must be 'auto', 'none', 'required' or {{type: 'function', name}}",
     }
 
     session: RealtimeSessionConfig | msgspec.UnsetType = msgspec.UNSET
@@ -226,6 +239,29 @@ class AudioAppendEvent(RealtimeEvent):
     FIELD_ERRORS: ClassVar[dict[str, str]] = {"audio": "'audio' must be base64 pcm16"}
 
     audio: str = ""                          # base64 pcm16, 24 kHz mono
+
+
+class ItemCreateEvent(RealtimeEvent):
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {"previous_item_id": "'previous_item_id' must be a string"}
+
+    previous_item_id: str | None = None      # after this item (null: at the end, "root": first)
+    item: Any = None                         # checked by realtime_conversation.client_item
+
+
+class ItemDeleteEvent(RealtimeEvent):
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {"item_id": "'item_id' must be a string"}
+
+    item_id: str = ""
+
+
+class ItemTruncateEvent(RealtimeEvent):
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {
+        "item_id": "'item_id' must be a string", "content_index": "'content_index' must be an integer",
+        "audio_end_ms": "'audio_end_ms' must be an integer (milliseconds)"}
+
+    item_id: str = ""
+    content_index: int = 0
+    audio_end_ms: int = 0
 
 
 class TextInput(msgspec.Struct, tag_field="type", tag="text"):

@@ -168,8 +168,7 @@ def prompt_messages(messages: list[dict[str, Any]], use: ToolUse, by_template: b
     that renders tools; for one that does not, the Hermes system message, calls and results as text."""
     if by_template:
         return [_arguments_as_objects(m) for m in messages]
-    listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in use.tools)
-    system = TOOL_SYSTEM.format(tools=listing)
+    system = tool_system_prompt(use)
     out: list[dict[str, Any]] = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
@@ -185,6 +184,11 @@ def prompt_messages(messages: list[dict[str, Any]], use: ToolUse, by_template: b
     else:
         out.insert(0, {"role": "system", "content": system})
     return out
+
+
+def tool_system_prompt(use: ToolUse) -> str:
+    """The Hermes system text listing the functions (for a template that does not render tools)."""
+    return TOOL_SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in use.tools))
 
 
 def _call_json(call: Any) -> dict[str, Any]:

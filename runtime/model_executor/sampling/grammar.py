@@ -67,6 +67,11 @@ class Constraint:
         if not self.matcher.consume_token(int(token_id)):
             raise RuntimeError(f"the grammar refused token {token_id}: {self.matcher.get_error()}")
 
+    def rollback(self) -> None:
+        """Forget the last accepted token."""
+        if not self.matcher.rollback(1):
+            raise RuntimeError(f"the grammar could not take back a token: {self.matcher.get_error()}")
+
     @property
     def is_done(self) -> bool:
         """The grammar is complete: only an end token may follow."""

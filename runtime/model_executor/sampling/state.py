@@ -42,6 +42,14 @@ class SamplingState:
             self._output_counts[token_id] += 1.0
             self._seen[token_id] = True
 
+    def undo_last(self) -> None:
+        """Forget the last appended token: a Run's sample the request does not keep (a prompt read in
+        pieces samples after each; only the last piece's token is the answer's)."""
+        self.output_ids.pop()
+        self._output_counts = self._seen = None          # rebuilt from the history when next asked
+        if self.constraint is not None:
+            self.constraint.rollback()
+
     def penalty_tensors(self, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(output counts (V,) float32, seen-in-prompt-or-output mask (V,) bool), built once."""
         if self._output_counts is None or self._output_counts.numel() != vocab_size:

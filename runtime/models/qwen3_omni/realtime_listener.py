@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from mstar_compiler.plan import Plan
+from runtime.entrypoints.http.errors import ApiError
 from runtime.conductor.request import MediaInput
 from runtime.models.qwen3_omni.mel_featuriser import MelFeaturiser
 from runtime.models.qwen3_omni.chat_inputs import AUDIO_MARKER, OmniChatInputs, omni_chat_inputs
@@ -41,16 +42,27 @@ class OmniListener:
         """The client-fed stream's items of new log-mel frames (bins, n): one frame each."""
         return [{"value": f} for f in frames.unbind(dim=1)]
 
-    def answer_items(self, tokenizer: Any, rows: torch.Tensor,
+    def answer_items(self, tokenizer: Any, turns: list[tuple[str, str | torch.Tensor]],
                      instructions: str) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
-        """(input items, family params) of the answer to an utterance encoded as `rows` (T, D)."""
-        messages = ([{"role": "system", "content": instructions}] if instructions else []) + \
-            [{"role": "user", "content": AUDIO_MARKER}]
+        """(input items, family params) of the answer to a conversation: `turns` in order, each a role
+        ("user", "assistant", "system") and its text or the rows (T, D) of an utterance encoded as it
+        streamed in; `instructions` the system prompt. The ChatML prompt is the chat endpoint's, each
+        utterance in the place of an audio part, so a chat request with the same turns (the audio as
+        files) reads the same prompt."""
+        system = [{"role": "system", "content": instructions}] if instructions else []
+        messages = system + [{"role": role, "content": AUDIO_MARKER if isinstance(content, torch.Tensor) else content}
+                             for role, content in turns]
         ids = self.inputs._prompt_ids(messages, tokenizer, [])
         pad = self.inputs.ids["audio_token_id"]
-        at = ids.index(pad)
-        items: list[tuple[str, Any]] = [("text", ids[:at]), ("audio", MediaInput(rows, [pad] * rows.shape[0])),
-                                        ("text", ids[at + 1:])]
+        heard = [content for _, content in turns if isinstance(content, torch.Tensor)]
+        at = [i for i, t in enumerate(ids) if t == pad]
+        if len(at) != len(heard):
+            raise ApiError(400, f"the conversation's text holds the audio placeholder token: {len(at)} "
+                                f"placeholders for {len(heard)} utterances", "item.content")
+        items: list[tuple[str, Any]] = []
+        for start, end, rows in zip([-1] + at, at, heard):
+            items += [("text", ids[start + 1:end]), ("audio", MediaInput(rows, [pad] * rows.shape[0]))]
+        items.append(("text", ids[at[-1] + 1:] if at else ids))
         return items, {"audio_input": "rows", **self.inputs.request_params(items)}
 
 

@@ -177,6 +177,7 @@ class ThinkerExecutor(DecoderLMExecutor):
         inputs = [self._with_deepstack(ins) for ins in inputs]
         for item, start, ins in zip(items, starts, inputs):
             self._look_up(item, start, ins)
+        early = [i.request_id for i in items if self._is_early_piece(i)]
         try:
             results = super().run(items, inputs)
             for item in items:    # written: later requests may share the full blocks
@@ -189,10 +190,18 @@ class ThinkerExecutor(DecoderLMExecutor):
         finally:
             self._rows.clear()
             self._positions.clear()
+        for rid in early:          # its token is dropped by the conductor: the request's state forgets it too
+            self._states[rid].undo_last()
         ends = list(accumulate(len(item.tokens) - item.cached for item in items))
         for item, start, end, result in zip(items, starts, ends, results):
             self._stream_rows(item, start, result, self.model.tapped, end)
         return results
+
+    def _is_early_piece(self, item: WorkItem) -> bool:
+        """A prompt piece (text, audio, image item) that more pieces follow: its sample is not the answer's."""
+        rid = item.request_id
+        return not item.partial and rid not in self._streamed \
+            and len(self._pending.get(rid, [])) + 1 < self._num_prompt_items.get(rid, 1)
 
     def _look_up(self, item: WorkItem, start: int, ins: dict[str, torch.Tensor]) -> None:
         """The Run's positions and rows (module docstring), and `item.cached`: its leading rows in the cache."""

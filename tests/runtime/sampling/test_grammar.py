@@ -87,3 +87,15 @@ def test_a_broken_grammar_is_a_grammar_error() -> None:
         check_grammar(llguidance.LLMatcher.grammar_from_json_schema({"type": "nonsense"}))
     with pytest.raises(GrammarError):
         _vocab().constraint(_lark("start: undefined_rule"))
+
+
+def test_an_undone_sample_is_forgotten_by_the_grammar_and_the_history() -> None:
+    state = _state(_lark('start: "ab"'), repetition_penalty=1.5)
+    state.append(ord("a"))
+    state.penalty_tensors(WIDTH)
+    state.undo_last()                         # a prompt piece's sample the request does not keep
+    assert state.output_ids == []
+    assert torch.isfinite(mask_rows(torch.zeros(1, WIDTH), [state.constraint])[0]).nonzero().flatten().tolist() \
+        == [ord("a")]
+    counts, _ = state.penalty_tensors(WIDTH)
+    assert counts.sum() == 0

@@ -213,7 +213,7 @@ def test_cancel_barge_in_and_disconnect_stop_the_answer_and_free_kv(omni_single)
     ({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(2 * PCM_RATE * 9)).decode()},
      "audio_too_long"),                                       # 9 s: the tiny graph's max_audio_seconds is 8
     ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty"),
-    ({"type": "response.create"}, "no_committed_audio"),
+    ({"type": "response.create"}, "empty_conversation"),
     ({"type": "response.cancel"}, "response_cancel_not_active"),
     ({"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}, None),
 ])
