@@ -102,16 +102,35 @@ class GrammarVocab:
         return Constraint(matcher, tokenizer.vocab_size)
 
 
-def allowed_tokens(constraint: Constraint, width: int) -> torch.Tensor:
-    """(width,) bool: the tokens the constraint allows next; ids past its vocabulary (a padded LM head)
+_executor: llguidance.LLExecutor | None = None
+
+
+def _parallel() -> llguidance.LLExecutor:
+    """llguidance's pool for several rows' masks at once (Rust threads, without the GIL), as many threads as
+    torch has (the worker's allotment)."""
+    global _executor
+    if _executor is None:
+        _executor = llguidance.LLExecutor(num_threads=torch.get_num_threads())
+    return _executor
+
+
+def allowed_tokens(constraints: Sequence[Constraint], width: int) -> torch.Tensor:
+    """(R, width) bool: the tokens each constraint allows next; ids past its vocabulary (a padded LM head)
     never are."""
-    words = llg_torch.allocate_token_bitmask(1, constraint.vocab_size)
-    llg_torch.fill_next_token_bitmask(constraint.matcher, words, 0)
-    if constraint.matcher.is_error():
-        raise RuntimeError(f"the grammar failed: {constraint.matcher.get_error()}")
-    bits = ((words[0].unsqueeze(-1) >> _BITS) & 1).flatten()[:constraint.vocab_size].bool()
-    allowed = torch.zeros(width, dtype=torch.bool)
-    allowed[:min(width, bits.numel())] = bits[:width]
+    vocab = max(c.vocab_size for c in constraints)
+    words = llg_torch.allocate_token_bitmask(len(constraints), vocab)
+    if len(constraints) == 1:
+        llg_torch.fill_next_token_bitmask(constraints[0].matcher, words, 0)
+    else:
+        llg_torch.fill_next_token_bitmask_par(_parallel(), [(c.matcher, i) for i, c in enumerate(constraints)], words)
+    failed = next((c for c in constraints if c.matcher.is_error()), None)
+    if failed is not None:
+        raise RuntimeError(f"the grammar failed: {failed.matcher.get_error()}")
+    bits = ((words.unsqueeze(-1) >> _BITS) & 1).flatten(1)[:, :min(vocab, width)].bool()     # (R, <= width)
+    if bits.shape[1] == width:
+        return bits
+    allowed = torch.zeros(len(constraints), width, dtype=torch.bool)
+    allowed[:, :bits.shape[1]] = bits
     return allowed
 
 
@@ -122,8 +141,7 @@ def mask_rows(logits: torch.Tensor, constraints: Sequence[Constraint | None]) ->
     if not rows:
         return logits
     out = logits.clone()
-    width = logits.shape[-1]
-    allowed = torch.stack([allowed_tokens(constraints[i], width) for i in rows]).to(logits.device)
+    allowed = allowed_tokens([constraints[i] for i in rows], logits.shape[-1]).to(logits.device)
     index = torch.tensor(rows, device=logits.device)
     out[index] = out[index].masked_fill(~allowed, float("-inf"))
     return out

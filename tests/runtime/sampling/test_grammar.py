@@ -99,3 +99,10 @@ def test_an_undone_sample_is_forgotten_by_the_grammar_and_the_history() -> None:
         == [ord("a")]
     counts, _ = state.penalty_tensors(WIDTH)
     assert counts.sum() == 0
+
+
+def test_several_constrained_rows_get_their_own_masks_in_one_batch() -> None:
+    states = [_state(_lark('start: "x" | "y"')), _state(None), _state(_lark('start: "q"')), _state(_lark('start: "ab"'))]
+    masked = mask_rows(torch.zeros(4, WIDTH), [s.constraint for s in states])
+    allowed = [torch.isfinite(row).nonzero().flatten().tolist() for row in masked]
+    assert allowed == [[ord("x"), ord("y")], list(range(WIDTH)), [ord("q")], [ord("a")]]
