@@ -29,7 +29,8 @@ from runtime.entrypoints.http.params import openai_field, resolve_params
 from runtime.entrypoints.http.schemas import ChatCompletionBody
 from runtime.entrypoints.http.sse import SSE_DONE, sse_data, sse_error, sse_response
 from runtime.entrypoints.http.tools import (
-    ToolCallStream, ToolUse, check_tools, prompt_messages, response_grammar, split_calls, tool_call_deltas)
+    ToolCallStream, ToolUse, check_tools, prompt_messages, response_grammar, split_calls, tool_call_deltas,
+    with_grammar)
 from runtime.text import TextOutput
 from runtime.transport.request_params import RequestParams
 
@@ -56,7 +57,7 @@ def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
     server.check_model(body.model)
     messages = chat_messages(body)
     check_roles(messages)
-    tools, grammar = _constraints(body, server)
+    tools, grammar, field = _constraints(body)
     media_items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
     image_items = None if media_items else image_chat_items(messages, server.plan, server.tokenizer)
     if tools is not None and (media_items is not None or image_items is not None):
@@ -67,8 +68,7 @@ def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
     # a media prompt's shape (its pieces, its pictures' grids) is set by the family's reader, not the body
     family = server.chat_inputs.request_params(media_items) if media_items is not None else None
     params = resolve_params(server.plan, _given(body), family)
-    if grammar:     # the chat LM's answer follows it (tools.py)
-        params = msgspec.structs.replace(params, grammars={server.chat_node: grammar})
+    params = with_grammar(server, params, grammar, field)
     sampling = params.sampling
     check_top_k(sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
     is_sse, include_usage = body.stream, bool(body.stream_options and body.stream_options.include_usage)
@@ -81,17 +81,14 @@ def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
                        tools=tools)
 
 
-def _constraints(body: ChatCompletionBody, server: ServerContext) -> tuple[ToolUse | None, str]:
-    """The request's tool use and the grammar its output must follow ("": none), checked (tools.py)."""
+def _constraints(body: ChatCompletionBody) -> tuple[ToolUse | None, str, str]:
+    """The request's tool use, the grammar its output must follow ("": none) and the field that asks for it,
+    checked (tools.py)."""
     tools, tool_grammar = check_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     format_grammar = response_grammar(body.response_format)
     if tool_grammar and format_grammar:
         raise ApiError(400, "response_format cannot apply when tool_choice forces a call", "response_format")
-    grammar = tool_grammar or format_grammar
-    if grammar and not server.constrains_output():
-        raise ApiError(400, f"the model '{server.model_id}' cannot constrain its output: its chat LM does not "
-                       "sample under a grammar", "response_format" if format_grammar else "tool_choice")
-    return tools, grammar
+    return tools, tool_grammar or format_grammar, "tool_choice" if tool_grammar else "response_format"
 
 
 def chat_messages(body: ChatCompletionBody) -> list[dict[str, Any]]:

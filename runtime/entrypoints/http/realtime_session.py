@@ -56,7 +56,7 @@ from runtime.entrypoints.http.schemas import (
     SessionUpdateEvent, ToolDef, convert_body,
 )
 from runtime.entrypoints.http.speech import speech_params
-from runtime.entrypoints.http.tools import ToolUse, check_tools, tool_system_prompt
+from runtime.entrypoints.http.tools import ToolUse, check_tools, tool_system_prompt, with_grammar
 
 log = logging.getLogger(__name__)
 MIN_COMMIT_S = 0.1          # OpenAI refuses a commit of less than 100 ms of audio
@@ -251,8 +251,7 @@ class RealtimeSession:
         task = model.task if speaks else ("chat" if any(t.name == "chat" for t in server.plan.tasks)
                                           else server.plan.default_task)
         params = speech_params(server, {k: v for k, v in body.items() if v is not None}, family)
-        if forced:
-            params = msgspec.structs.replace(params, grammars={server.chat_node: self.tool_grammar})
+        params = with_grammar(server, params, self.tool_grammar, "session.tool_choice")
         req = server.conductor.submit(task, params, items, server.stop_token_ids(), server.config.request_timeout_s)
         self.answering = req
         self.output = output = ResponseOutput(self.send, self.conversation, self.response_id, speaks, self.tools)

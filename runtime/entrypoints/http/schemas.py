@@ -138,6 +138,7 @@ class CompletionBody(SamplingFields):
     best_of: int | None = None                   # only 1
     logprobs: int | None = None                  # alternatives per token (0: the chosen token's alone)
     user: str | None = None                      # OpenAI's end-user id: not used
+    response_format: ResponseFormat | None = None    # vLLM's extension: the answer held to JSON (tools.py)
 
 
 class SpeechBody(msgspec.Struct):

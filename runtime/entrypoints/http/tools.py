@@ -31,9 +31,11 @@ import jsonschema
 import llguidance
 import msgspec
 
+from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.schemas import ResponseFormat, ToolDef
 from runtime.model_executor.sampling import GrammarError, check_grammar
+from runtime.transport.request_params import RequestParams
 
 MAX_TOOLS = 128                  # OpenAI's limit on `tools`
 MAX_SCHEMA_BYTES = 64 * 1024     # a tool's parameters or a response schema, as JSON
@@ -131,6 +133,17 @@ def response_grammar(response_format: ResponseFormat | None) -> str:
         raise ApiError(400, "response_format.json_schema.schema is required", "response_format.json_schema.schema")
     field = "response_format.json_schema.schema"
     return _grammar(_checked_schema(fmt.schema, field), field)
+
+
+def with_grammar(server: ServerContext, params: RequestParams, grammar: str, field: str) -> RequestParams:
+    """`params` with the chat LM's answer held to `grammar` ("": unchanged); a 400 naming `field` when that LM
+    cannot sample under a grammar (the workers say which nodes can)."""
+    if not grammar:
+        return params
+    if not server.constrains_output():
+        raise ApiError(400, f"the model '{server.model_id}' cannot constrain its output: its chat LM does not "
+                       "sample under a grammar", field)
+    return msgspec.structs.replace(params, grammars={server.chat_node: grammar})
 
 
 def _checked_schema(schema: Any, field: str) -> dict[str, Any]:

@@ -93,6 +93,14 @@ def test_json_schema_answers_validate_on_every_prompt_beside_free_rows(client: o
     assert "Paris" in plain.choices[0].message.content       # a free row in the same batches is not masked
 
 
+def test_a_completion_held_to_a_schema_validates(client: openai.OpenAI) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    out = client.completions.create(model=MODEL, prompt="A person, as JSON:", max_tokens=96, temperature=0,
+                                    extra_body={"response_format": fmt})
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].text), PERSON)
+
+
 def test_json_object_and_n_answers_all_parse(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Give me a JSON object about cats."}],
