@@ -36,6 +36,17 @@ def test_table_says_plainly_when_mstar_is_behind_and_what_did_not_run():
     assert "- mstar: cached" in text and "- baseline: native" in text
 
 
+def test_suites_measured_on_different_machines_each_name_their_own():
+    import dataclasses
+    xeon, epyc = _record(), dataclasses.replace(_record(), suite="structured", machine={"cpu": "AMD EPYC", "cores": 2})
+    one = render([xeon, dataclasses.replace(xeon, suite="cfg")])
+    assert one.count("Machine: cpu, 2 cores") == 1                     # one machine: said once, at the top
+    both = render([xeon, epyc])
+    assert "measured on different machines" in both
+    sections = both.split("### ")[1:]
+    assert "Machine: cpu, 2 cores" in sections[0] and "Machine: AMD EPYC, 2 cores" in sections[1]
+
+
 def test_fmt_keeps_three_significant_digits():
     assert [fmt(x) for x in (0, 1234.5, 12.345, 1.0, 0.0123, 0.00001)] == ["0", "1234", "12.3", "1.00", "0.0123",
                                                                          "1.00e-05"]

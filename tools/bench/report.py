@@ -51,11 +51,14 @@ def _legend(rows: Sequence[Row]) -> list[str]:
     return [f"- {name}: {label}" for name, label in sides] + [f"- note, {n}" for n in notes]
 
 
-def suite_section(record: RunRecord, figures: Sequence[str] = ()) -> str:
+def suite_section(record: RunRecord, figures: Sequence[str] = (), machine: bool = False) -> str:
+    """One suite's heading, command, table and legend (`machine`: its machine line too, when the page's
+    suites were not all measured on one machine)."""
     m = record.machine
     lines = [f"### {record.suite}: {record.title}", "",
              f"`{record.command}` — {record.started}, {record.rounds} rounds, "
-             f"load average at start {m.get('loadavg', ['?'])[0]}, commit {m.get('commit', '?')}", ""]
+             f"load average at start {m.get('loadavg', ['?'])[0]}, commit {m.get('commit', '?')}", "",
+             *([machine_line(record), ""] if machine else [])]
     if record.rows:
         lines += [HEADER, RULE, *(row_line(r) for r in record.rows), ""]
         lines += _legend(record.rows)
@@ -75,11 +78,14 @@ def render(records: Sequence[RunRecord], figures: dict[str, list[str]] | None = 
     if not records:
         return "No benchmark results yet: run `python tools/bench.py`.\n"
     figures = figures or {}
-    head = ["## Benchmarks", "", machine_line(records[-1]), "",
+    one_machine = len({machine_line(r) for r in records}) == 1
+    head = ["## Benchmarks", "", machine_line(records[-1]) if one_machine else
+            "The suites were measured on different machines: each names its own.", "",
             "Figures are medians over the rounds with [min–max]; each round runs every side, in ABBA order "
             "(A B, then B A), on the same weights and \"A's advantage\" is the median (min–max) of the per-round ratios "
             "(> 1: A ahead; A is mstar unless the case says otherwise). The machine is shared and noisy: read the ranges.", ""]
-    return "\n".join(head) + "\n" + "\n".join(suite_section(r, figures.get(r.suite, ())) for r in records)
+    return "\n".join(head) + "\n" + "\n".join(suite_section(r, figures.get(r.suite, ()), not one_machine)
+                                             for r in records)
 
 
 TABLE_BEGIN = "<!-- the table: written by `python tools/bench.py --publish` from docs/bench-results/; not by hand -->"

@@ -21,8 +21,9 @@ def test_smollm2_serves_the_shipped_q4_1_file_at_its_own_precision(plan_dir) -> 
     for srv in serve(compile_plan(plan_dir, "smollm2", "smollm2-135m-q4")):
         card = _client(srv).models.list().data[0]
         assert card.model_extra["quant"] == {"lm": "int4_g32"} and card.model_extra["dtype"] == {"lm": "bf16"}
-        # "What is the capital of France?" sits near a tie at int4 + bf16: an AMX Xeon answers it in French
-        # ("L'Étoile, ..."), other CPUs "The capital of France is Paris"; this wording gets Paris on the AMX Xeon too
+        # "What is the capital of France?" sits near a tie at int4 + bf16: an AVX2-only AMD EPYC (no AVX-512) answers
+        # it in French ("L'Étoile, ..."), the Xeons CI ran on before "The capital of France is Paris"; this wording
+        # gets Paris on that EPYC too
         out = _client(srv).chat.completions.create(
             model=card.id, messages=[{"role": "user", "content": "Which city is the capital of France?"}],
             max_tokens=12, temperature=0)
