@@ -204,6 +204,7 @@ class RealtimeSession:
             raise ApiError(400, "nothing to answer: commit the input audio buffer or create an item first", None,
                            "empty_conversation")
         self.response_id = f"resp_{uuid.uuid4().hex[:20]}"
+        self.output = None             # the last response's items are not this one's (a cancel before it starts)
         await self.send("response.created", response=self._response("in_progress", []))
         self.response = asyncio.ensure_future(self._answer())
 
