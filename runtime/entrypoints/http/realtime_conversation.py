@@ -15,7 +15,6 @@ A conversation holds at most `MAX_ITEMS` items; a longer one is refused item by 
 """
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 
 from runtime.entrypoints.http.errors import ApiError
-from runtime.entrypoints.http.tools import CLOSE, OPEN
+from runtime.entrypoints.http.tools import call_block, tool_response
 
 MAX_ITEMS = 256
 ROLES = ("user", "assistant", "system")
@@ -66,18 +65,10 @@ class Item:
     def turn(self) -> tuple[str, str | torch.Tensor]:
         """(role, text or rows) of the item in a response's prompt."""
         if self.type == "function_call":
-            call = {"name": self.name, "arguments": _json_or_text(self.arguments)}
-            return "assistant", f"{OPEN}\n{json.dumps(call, ensure_ascii=False)}\n{CLOSE}"
+            return "assistant", call_block(self.name, self.arguments)
         if self.type == "function_call_output":
-            return "user", f"<tool_response>\n{self.output}\n</tool_response>"
+            return "user", tool_response(self.output)
         return self.role, self.rows if self.rows is not None else self.text
-
-
-def _json_or_text(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 class Conversation:

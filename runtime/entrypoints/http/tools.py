@@ -185,11 +185,10 @@ def prompt_messages(messages: list[dict[str, Any]], use: ToolUse, by_template: b
     out: list[dict[str, Any]] = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            blocks = "\n".join(f"{OPEN}\n{json.dumps(_call_json(c), ensure_ascii=False)}\n{CLOSE}"
-                               for c in m["tool_calls"])
+            blocks = "\n".join(call_block(*_name_and_arguments(c)) for c in m["tool_calls"])
             out.append({"role": "assistant", "content": f"{m.get('content') or ''}{blocks}"})
         elif m["role"] == "tool":
-            out.append({"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"})
+            out.append({"role": "user", "content": tool_response(m.get("content") or "")})
         else:
             out.append({"role": m["role"], "content": m.get("content") or ""})
     if out and out[0]["role"] in ("system", "developer"):
@@ -204,9 +203,20 @@ def tool_system_prompt(use: ToolUse) -> str:
     return TOOL_SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in use.tools))
 
 
-def _call_json(call: Any) -> dict[str, Any]:
+def call_block(name: Any, arguments: Any) -> str:
+    """A call as the Hermes prompt writes it (arguments given as JSON text are written as the object)."""
+    call = {"name": name, "arguments": _arguments(arguments)}
+    return f"{OPEN}\n{json.dumps(call, ensure_ascii=False)}\n{CLOSE}"
+
+
+def tool_response(output: str) -> str:
+    """A function's output as the Hermes prompt writes it (a user turn's text)."""
+    return f"<tool_response>\n{output}\n</tool_response>"
+
+
+def _name_and_arguments(call: Any) -> tuple[Any, Any]:
     function = call.get("function", {}) if isinstance(call, dict) else {}
-    return {"name": function.get("name"), "arguments": _arguments(function.get("arguments"))}
+    return function.get("name"), function.get("arguments")
 
 
 def _arguments(arguments: Any) -> Any:

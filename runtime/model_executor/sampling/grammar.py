@@ -12,7 +12,6 @@ the chosen token advances the matcher (`Constraint.accept`). Once the grammar is
 """
 from __future__ import annotations
 
-import threading
 from typing import Callable, Sequence
 
 import llguidance
@@ -85,14 +84,12 @@ class GrammarVocab:
     def __init__(self, load: Callable[[], object]) -> None:
         self._load = load
         self._tokenizer: llguidance.LLTokenizer | None = None
-        self._lock = threading.Lock()
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
-        with self._lock:
-            if self._tokenizer is None:
-                self._tokenizer = vocab_bytes(self._load())
-            return self._tokenizer
+        if self._tokenizer is None:        # the worker's one thread asks: no lock
+            self._tokenizer = vocab_bytes(self._load())
+        return self._tokenizer
 
     def constraint(self, grammar: str) -> Constraint:
         tokenizer = self.tokenizer

