@@ -33,7 +33,7 @@ def _node_line(n: plan.Node, rank: int) -> str:
     layers = f" ({n.declared_layers} of its {n.published_layers} layers)" if n.published_layers else ""
     quant = f" linears {n.quant}" if n.quant else ""
     return (f"{n.name}: {n.kind}/{n.preset}{layers} {n.dtype}{quant}{shared}{tp}, {n.num_params:,} params "
-            f"({format_size(share)} here){kv}, batch<={n.max_batch}, weights: {n.weights or 'seeded random'}")
+            f"({format_size(share)} here){kv}, batch<={n.max_batch}, weights: {n.weights or n.args.get('weights') or 'seeded random'}")
 
 
 def _params(p: plan.Plan) -> list[str]:

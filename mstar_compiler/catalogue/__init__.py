@@ -50,6 +50,7 @@ BUILTIN_FAMILIES = (
     "qwen3_omni",
     "orpheus",
     "vjepa2",
+    "silero_vad",
 )
 
 

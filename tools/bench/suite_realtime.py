@@ -1,4 +1,5 @@
-"""realtime: time from commit to the first audio delta on /v1/realtime, 1 s vs 6 s utterances.
+"""realtime: time from commit to the first audio delta on /v1/realtime, 1 s vs 6 s utterances; and with
+server VAD, time from the end of speech to the first audio delta.
 
 One real `mstar-run` of graphs/qwen3_omni.yaml (preset `tiny`, placement `single`, random
 weights). Per round and utterance length, a session streams the utterance (a tone over noise,
@@ -13,27 +14,43 @@ streamed voice chat (POST /v1/chat/completions, modalities text + audio), timed 
 its first audio chunk: everything is encoded after the user stopped. Client and server share the
 machine's cores. Both decode greedily: the same rows give the same answer, so both sides do the
 same work after the user stops.
+
+Server VAD (`turn_detection: {"type": "server_vad"}`, OpenAI's defaults: 500 ms of silence ends a turn):
+a sentence spoken by espeak-ng (Debian's; the suite needs it), then silence, all paced at real time
+until the first `response.audio.delta`; the client never commits. The end of speech is where the
+server's `speech_stopped` says the silence began (`audio_end_ms`, a position in the audio), so its
+wall time is the session's start plus that; the figure is the first audio's time less that, with the
+silence the detector must hear (`silence_duration_ms`) included, and also given without it. Baseline,
+in alternate rounds: the same speech with no silence after it, committed by the client at once (a
+client that knows when the user stopped), timed from the commit.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
+import subprocess
 import time
 
 import aiohttp
 import numpy as np
+import soundfile
+import torch
 
 from bench.registry import Context, register
 from bench.results import Row, Side
 from bench.servers import mstar_run
 from bench.stats import LOWER
 from bench.peer_mstar import compile_plan
+from runtime.entrypoints.http.audio_decode import resample
 from runtime.entrypoints.http.audio_io import wav
 
 PCM_RATE, CHUNK_S = 24000, 0.1
 SECONDS = (1.0, 6.0)
 WORKER_THREADS = 1
+SENTENCE = "Hello there. What is the weather like in Paris today?"
+SILENCE_MS = 500                       # server_vad's default silence_duration_ms
 
 
 def utterance(seconds: float, seed: int) -> bytes:
@@ -52,17 +69,31 @@ async def _until(ws: aiohttp.ClientWebSocketResponse, event_type: str) -> dict:
             return event
 
 
-async def _session(url: str, seconds: float, seed: int) -> dict[str, float]:
-    pcm, step = utterance(seconds, seed), 2 * int(PCM_RATE * CHUNK_S)
+def spoken(text: str) -> bytes:
+    """`text` read by espeak-ng, pcm16 at 24 kHz."""
+    out = subprocess.run(["espeak-ng", "--stdout", text], check=True, capture_output=True).stdout
+    wave, rate = soundfile.read(io.BytesIO(out), dtype="float32")
+    wave = resample(torch.from_numpy(np.ascontiguousarray(wave)), rate, PCM_RATE)
+    return (wave.clamp(-1, 1) * 32767).numpy().astype("<i2").tobytes()
+
+
+async def _paced(ws: aiohttp.ClientWebSocketResponse, pcm: bytes, start: float, offset: int = 0) -> None:
+    """Append `pcm` in 100 ms pieces at real time, its first sample due `offset` samples after `start`."""
+    step = 2 * int(PCM_RATE * CHUNK_S)
+    for i in range(0, len(pcm), step):
+        await ws.send_str(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm[i: i + step]).decode()}))
+        due = start + (offset + (i + step) // 2) / PCM_RATE
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+
+
+async def _session(url: str, seconds: float, seed: int, pcm: bytes | None = None) -> dict[str, float]:
+    pcm = utterance(seconds, seed) if pcm is None else pcm
     async with aiohttp.ClientSession() as http, http.ws_connect(url.replace("http", "ws") + "/v1/realtime") as ws:
         await _until(ws, "session.created")
         await ws.send_str(json.dumps({"type": "session.update", "session": {"temperature": 0}}))
         await _until(ws, "session.updated")
-        start = time.monotonic()
-        for k, i in enumerate(range(0, len(pcm), step)):
-            await ws.send_str(json.dumps({"type": "input_audio_buffer.append",
-                                          "audio": base64.b64encode(pcm[i: i + step]).decode()}))
-            await asyncio.sleep(max(0.0, start + (k + 1) * CHUNK_S - time.monotonic()))   # real-time pacing
+        await _paced(ws, pcm, time.monotonic())
         commit = time.monotonic()
         await ws.send_str(json.dumps({"type": "input_audio_buffer.commit"}))
         await ws.send_str(json.dumps({"type": "response.create"}))
@@ -73,6 +104,25 @@ async def _session(url: str, seconds: float, seed: int) -> dict[str, float]:
         await ws.send_str(json.dumps({"type": "response.cancel"}))
         await _until(ws, "response.done")
     return {"first_audio": first_audio - commit, "committed": committed - commit}
+
+
+async def _server_vad(url: str, speech: bytes) -> dict[str, float]:
+    """Speech then silence at real time, the server deciding the turn: end of speech -> first audio delta."""
+    async with aiohttp.ClientSession() as http, http.ws_connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        await _until(ws, "session.created")
+        await ws.send_str(json.dumps({"type": "session.update", "session": {
+            "temperature": 0, "turn_detection": {"type": "server_vad", "silence_duration_ms": SILENCE_MS}}}))
+        await _until(ws, "session.updated")
+        start = time.monotonic()
+        silence = bytes(2 * PCM_RATE * 3)               # more than the turn needs; sending stops at the answer
+        sending = asyncio.ensure_future(_paced(ws, speech + silence, start))
+        stopped = await _until(ws, "input_audio_buffer.speech_stopped")
+        await _until(ws, "response.audio.delta")
+        first_audio = time.monotonic()
+        sending.cancel()
+        await ws.send_str(json.dumps({"type": "response.cancel"}))
+        await _until(ws, "response.done")
+    return {"first_audio": first_audio - (start + stopped["audio_end_ms"] / 1000)}
 
 
 async def _whole_file(url: str, seconds: float, seed: int) -> dict[str, float]:
@@ -98,7 +148,9 @@ async def _model(url: str) -> str:
 @register("realtime", "/v1/realtime: commit to first audio delta, 1 s vs 6 s utterances (Qwen3-Omni tiny)")
 def run(ctx: Context) -> list[Row]:
     threads = ctx.threads or WORKER_THREADS
-    ctx.settings.update(utterance_s=list(SECONDS), chunk_s=CHUNK_S, worker_threads=threads,
+    speech = spoken(SENTENCE)
+    ctx.settings.update(utterance_s=list(SECONDS), chunk_s=CHUNK_S, worker_threads=threads, vad_sentence=SENTENCE,
+                        vad_speech_s=round(len(speech) / 2 / PCM_RATE, 2), vad_silence_duration_ms=SILENCE_MS,
                         baseline="none: absolute figures of this machine")
     plan = compile_plan(ctx.root / "graphs/qwen3_omni.yaml", ctx.root / "bench-results/plans/qwen3_omni-tiny-single.plan.bin",
                         "--preset", "tiny", "--placement", "single")
@@ -107,6 +159,9 @@ def run(ctx: Context) -> list[Row]:
         samples = {s: ctx.alternate(f"realtime {s:g} s utterance", {
             "realtime": lambda s=s: asyncio.run(_session(srv.url, s, int(s))),
             "file": lambda s=s: asyncio.run(_whole_file(srv.url, s, int(s)))}) for s in SECONDS}
+        vad = ctx.alternate("server VAD, a spoken sentence", {
+            "vad": lambda: asyncio.run(_server_vad(srv.url, speech)),
+            "commit": lambda: asyncio.run(_session(srv.url, 0, 0, speech))})
     label = "mstar-run qwen3_omni.yaml --preset tiny --placement single: /v1/realtime, commit to first audio delta"
     base = "the same server: the utterance as one WAV part of a streamed voice chat, POST to first audio chunk"
     note = f"100 ms appends paced at real time; random weights; torch threads per worker {threads}"
@@ -118,4 +173,14 @@ def run(ctx: Context) -> list[Row]:
                      xlabel="utterance", names=("realtime", "whole file")),
                  Row(case, "commit to committed (tail encoded)", "s", LOWER, Side(label, s["realtime"]["committed"]),
                      names=("realtime", ""))]
+    case = f"Qwen3-Omni tiny, server VAD, a {len(speech) / 2 / PCM_RATE:.1f} s spoken sentence (espeak-ng)"
+    vad_label = "mstar-run qwen3_omni.yaml --preset tiny: /v1/realtime with server_vad, end of speech to first audio delta"
+    commit_label = "the same server and speech, no VAD: the client commits at the end of the audio, commit to first audio"
+    vad_note = f"paced at real time; end of speech = speech_stopped's audio_end_ms; silence_duration_ms {SILENCE_MS}"
+    rows += [Row(case, "end of speech to first audio (the silence heard included)", "s", LOWER,
+                 Side(vad_label, vad["vad"]["first_audio"]), Side(commit_label, vad["commit"]["first_audio"]),
+                 note=vad_note, names=("server VAD", "client commit")),
+             Row(case, "end of speech to first audio, less the silence heard", "s", LOWER,
+                 Side(vad_label + f", less {SILENCE_MS} ms", [x - SILENCE_MS / 1000 for x in vad["vad"]["first_audio"]]),
+                 Side(commit_label, vad["commit"]["first_audio"]), note=vad_note, names=("server VAD", "client commit"))]
     return rows

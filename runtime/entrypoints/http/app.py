@@ -36,6 +36,7 @@ from runtime.entrypoints.http.metrics import Metrics
 from runtime.entrypoints.http.page import install_page
 from runtime.entrypoints.http.prefix_metrics import PrefixCacheCollector
 from runtime.entrypoints.http.realtime import realtime_listener
+from runtime.entrypoints.http.speech_detector import speech_detector
 from runtime.entrypoints.http.schemas import Body, parse_body
 from runtime.entrypoints.http.speech_model import speech_model
 from runtime.entrypoints.http.state_feed import install_state_feed
@@ -88,6 +89,7 @@ class MstarServer:
         self.metrics.registry.register(RuntimeCollector(self.conductor))
         self.realtime_listener = realtime_listener(self.plan) if self.speech_model else None
         self.realtime_metrics = RealtimeMetrics(self.metrics.registry) if self.realtime_listener else None
+        self.speech_detector = speech_detector(self.plan) if self.realtime_listener else None
         self.draining = False
 
     def _chat_node(self) -> str | None:

@@ -58,3 +58,44 @@ def resample(wave: torch.Tensor, orig_rate: int, new_rate: int) -> torch.Tensor:
     out = F.conv1d(x, kernels[:, None, :], stride=orig)                              # (1, new, frames)
     length = math.ceil(wave.shape[0] * new / orig)
     return out[0].transpose(0, 1).reshape(-1)[:length]
+
+
+class StreamResampler:
+    """`resample` of a signal that arrives in pieces: `push` returns the output samples whose filter taps
+    have all arrived, `finish` the rest; their concatenation is `resample` of the whole (up to float
+    rounding of the same arithmetic on shorter arrays). Only the input the next outputs read is kept."""
+
+    def __init__(self, orig_rate: int, new_rate: int) -> None:
+        g = math.gcd(orig_rate, new_rate)
+        self.orig_rate, self.new_rate = orig_rate, new_rate
+        self._orig, self._new = orig_rate // g, new_rate // g
+        self._width = math.ceil(ZERO_CROSSINGS * self._orig / (min(self._orig, self._new) * ROLLOFF))
+        self._lead = -(-self._width // self._orig)    # output frames of left context, recomputed and dropped
+        self._pcm = torch.zeros(0)                    # input from sample `_base` on
+        self._base = 0
+        self.num_in = 0                               # input samples so far
+        self._frames_out = 0                          # output frames (groups of `_new` samples) given
+
+    def push(self, samples: torch.Tensor) -> torch.Tensor:
+        self._pcm = torch.cat((self._pcm, samples.float()))
+        self.num_in += samples.shape[0]
+        stable = (self.num_in - self._width - self._orig) // self._orig + 1
+        return self._take(stable, stable * self._orig + self._width)
+
+    def finish(self) -> torch.Tensor:
+        given = self._frames_out * self._new
+        out = self._take(-(-self.num_in // self._orig), self.num_in)
+        return out[: max(0, math.ceil(self.num_in * self._new / self._orig) - given)]
+
+    def _take(self, stable: int, end: int) -> torch.Tensor:
+        """The output frames `_frames_out` .. `stable`, reading input up to `end`."""
+        if stable <= self._frames_out:
+            return torch.zeros(0)
+        lead = min(self._frames_out, self._lead)
+        start = (self._frames_out - lead) * self._orig
+        out = resample(self._pcm[start - self._base: end - self._base], self._orig, self._new)
+        keep = out[lead * self._new: (lead + stable - self._frames_out) * self._new]
+        self._frames_out = stable
+        drop = (stable - min(stable, self._lead)) * self._orig - self._base    # what no later output reads
+        self._pcm, self._base = self._pcm[drop:], self._base + drop
+        return keep

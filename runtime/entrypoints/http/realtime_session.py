@@ -7,7 +7,11 @@ Client events (JSON text frames) and what they do here:
   input_audio_buffer.append base64 pcm16, streamed into the family's listen request at once: the
                             encoder runs on each window as the graph's client-fed stream releases it
                             (runtime/entrypoints/http/realtime_utterance.py); while a response is answering,
-                            it is cancelled first (barge-in)
+                            it is cancelled first (barge-in). With turn detection, the audio goes to the
+                            voice activity detector instead (realtime_turns.py), which opens the utterance when
+                            speech starts (-> input_audio_buffer.speech_started, barge-in), commits it when
+                            speech stops (-> input_audio_buffer.speech_stopped, .committed, conversation.item.created)
+                            and creates the response
   input_audio_buffer.commit the stream is closed and its tail window heard, the utterance becomes a
                             user item -> input_audio_buffer.committed, conversation.item.created
   input_audio_buffer.clear  the buffer and its request are dropped -> input_audio_buffer.cleared
@@ -25,8 +29,9 @@ schemas by a grammar (runtime/entrypoints/http/tools.py) and written by the text
 answer's calls are read out of its text, which needs modalities ["text"] (a spoken answer cannot hold one).
 Each event's fields are read once into its schema (runtime/entrypoints/http/schemas.py: a field of
 the wrong kind is named in the error). A bad event gets an `error` event (OpenAI's shape, `event_id`
-of the client event) and the session goes on. Turn detection is off (`turn_detection: null`): the client
-commits.
+of the client event) and the session goes on. Turn detection is off until a session.update sets
+`turn_detection: {"type": "server_vad", ...}` (OpenAI's fields and defaults; the plan needs a voice activity
+detector node); `null` turns it off again, and the client commits.
 `close()` (the socket closed) aborts every request of the session: the conductor frees their KV
 blocks and stream buffers.
 """
@@ -50,10 +55,11 @@ from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.families import Listener
 from runtime.entrypoints.http.realtime_conversation import Conversation, Item, client_item, item_id
 from runtime.entrypoints.http.realtime_response import ResponseOutput
+from runtime.entrypoints.http.realtime_turns import TurnDetector
 from runtime.entrypoints.http.realtime_utterance import Utterance
 from runtime.entrypoints.http.schemas import (
     AudioAppendEvent, FunctionDef, ItemCreateEvent, ItemDeleteEvent, ItemTruncateEvent, RealtimeEvent,
-    SessionUpdateEvent, ToolDef, convert_body,
+    SessionUpdateEvent, ToolDef, TurnDetection, convert_body,
 )
 from runtime.entrypoints.http.speech import speech_params
 from runtime.entrypoints.http.tools import ToolUse, check_tools, tool_system_prompt, with_grammar
@@ -86,6 +92,8 @@ class RealtimeSession:
         self.answering: Any = None                             # the response's conductor request
         self.output: ResponseOutput | None = None              # the response's items so far
         self.response_id = ""
+        self.turns: TurnDetector | None = None                 # server VAD, while turn detection is on
+        self._audio = asyncio.Lock()                           # the utterance, between the client and the VAD
 
     async def send(self, event_type: str, **fields: Any) -> None:
         await self._send({"type": event_type, "event_id": _event_id(), **fields})
@@ -140,6 +148,13 @@ class RealtimeSession:
         _check_config(self.server, config)
         config["tools"] = [t if isinstance(t, dict) else msgspec.to_builtins(t) for t in config["tools"]]
         self.tools, self.tool_grammar = _check_tools(self.server, config)
+        if given["turn_detection"] is not msgspec.UNSET:
+            detection = given["turn_detection"]
+            config["turn_detection"] = msgspec.to_builtins(detection) if detection is not None else None
+            if self.turns is not None:
+                self.turns.close()
+            self.turns = None if detection is None else TurnDetector(
+                self.server, self.server.speech_detector, detection, self, item_id)
         self.config = config
         await self.send("session.updated", session=self._session())
 
@@ -151,6 +166,9 @@ class RealtimeSession:
         if len(data) % 2:
             raise ApiError(400, "'audio' must hold whole 16-bit samples (an even number of bytes)", "audio",
                            "invalid_audio")
+        if self.turns is not None:
+            await self.turns.push(data)
+            return
         if self.utterance.seconds + len(data) / 2 / 24000 > self.listener.max_seconds:
             raise ApiError(413, f"the input audio buffer would exceed this model's limit of "
                                 f"{self.listener.max_seconds:g} s (param max_audio_seconds); commit sooner",
@@ -160,19 +178,56 @@ class RealtimeSession:
         await self.utterance.push(data)
 
     async def commit(self, event: RealtimeEvent) -> None:
+        async with self._audio:
+            if self.turns is not None:
+                self.turns.end_speech()
+            await self._commit(self.turns.item_id if self.turns is not None and self.turns.item_id else item_id())
+
+    async def _commit(self, new_id: str) -> None:
         if self.utterance.seconds < MIN_COMMIT_S:
             raise ApiError(400, f"buffer too small: {self.utterance.seconds * 1000:.0f} ms of audio, at least "
                                 f"{MIN_COMMIT_S * 1000:.0f} ms needed", "audio", "input_audio_buffer_commit_empty")
         utterance, self.utterance = self.utterance, Utterance(self.server, self.listener, self.metrics)
         rows = await utterance.commit()
-        item = Item(item_id(), role="user", content="input_audio", rows=rows)
+        item = Item(new_id, role="user", content="input_audio", rows=rows)
         previous = self.conversation.add(item)
         await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
         await self.send("conversation.item.created", previous_item_id=previous, item=item.wire())
 
     async def clear(self, event: RealtimeEvent) -> None:
-        self._drop_buffer()
+        async with self._audio:
+            if self.turns is not None:
+                self.turns.end_speech()
+            self._drop_buffer()
         await self.send("input_audio_buffer.cleared")
+
+    # ---- what the turn detector hears (realtime_turns.py) ---------------------------------
+
+    async def speech_started(self, audio_start_ms: int, new_id: str, pcm16: bytes) -> None:
+        await self.send("input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=new_id)
+        if self.response is not None and self.turns is not None and self.turns.settings.interrupt_response:
+            await self.cancel_response()                  # barge-in
+        await self.speech_audio(pcm16)
+
+    async def speech_audio(self, pcm16: bytes) -> bool:
+        if self.utterance.seconds + len(pcm16) / 2 / 24000 > self.listener.max_seconds:
+            return False
+        async with self._audio:
+            await self.utterance.push(pcm16)
+        return True
+
+    async def speech_stopped(self, audio_end_ms: int, new_id: str) -> None:
+        await self.send("input_audio_buffer.speech_stopped", audio_end_ms=audio_end_ms, item_id=new_id)
+        try:
+            async with self._audio:
+                await self._commit(new_id)
+            if self.turns is not None and self.turns.settings.create_response and self.response is None:
+                await self.create_response(RealtimeEvent("response.create"))
+        except ApiError as err:
+            await self.failed(err)
+
+    async def failed(self, err: ApiError) -> None:
+        await self._error(err, None)
 
     def _drop_buffer(self) -> None:
         self.utterance.drop()
@@ -231,6 +286,8 @@ class RealtimeSession:
         if self.answering is not None:
             self.server.conductor.abort(self.answering)
         self._drop_buffer()
+        if self.turns is not None:
+            self.turns.close()
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -284,9 +341,16 @@ def _check_config(server: ServerContext, config: dict) -> None:
             raise ApiError(400, f"session.{key} must be 'pcm16' (16-bit mono at 24 kHz)", f"session.{key}")
     if server.speech_model.speaker.voice(config["voice"]) is None:
         raise ApiError(400, f"unknown voice {config['voice']!r}", "session.voice")
-    if config["turn_detection"] is not None:
-        raise ApiError(400, "session.turn_detection must be null: this server does no voice activity detection; "
-                            "commit the buffer yourself", "session.turn_detection")
+    detection = config["turn_detection"]
+    if isinstance(detection, TurnDetection):
+        if detection.type != "server_vad":
+            raise ApiError(400, f"session.turn_detection.type must be 'server_vad', got {detection.type!r}"
+                                + (" (semantic VAD is not served)" if detection.type == "semantic_vad" else ""),
+                           "session.turn_detection.type")
+        if server.speech_detector is None:
+            raise ApiError(400, "this model's graph has no voice activity detector (a silero_vad node fed by a "
+                                "client stream): session.turn_detection must be null; commit the buffer yourself",
+                           "session.turn_detection")
 
 
 def _check_tools(server: ServerContext, config: dict) -> tuple[ToolUse | None, str]:

@@ -204,6 +204,18 @@ class RealtimeFunction(msgspec.Struct, omit_defaults=True):
     parameters: dict[str, Any] | None = None
 
 
+class TurnDetection(msgspec.Struct, forbid_unknown_fields=True):
+    """session.update's `turn_detection` (OpenAI's fields and defaults): the server hears when the user
+    speaks and stops (runtime/entrypoints/http/realtime_turns.py)."""
+
+    type: str
+    threshold: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
+    prefix_padding_ms: Annotated[int, msgspec.Meta(ge=0, le=10000)] = 300
+    silence_duration_ms: Annotated[int, msgspec.Meta(ge=1, le=10000)] = 500
+    create_response: bool = True           # answer each turn when it ends
+    interrupt_response: bool = True        # speech cancels the response playing (barge-in)
+
+
 class RealtimeSessionConfig(msgspec.Struct):
     """session.update's `session`: the settings this server reads (unset: unchanged; any other field
     is not taken)."""
@@ -213,7 +225,7 @@ class RealtimeSessionConfig(msgspec.Struct):
     modalities: list[str] | msgspec.UnsetType = msgspec.UNSET
     input_audio_format: str | msgspec.UnsetType = msgspec.UNSET
     output_audio_format: str | msgspec.UnsetType = msgspec.UNSET
-    turn_detection: dict[str, Any] | None | msgspec.UnsetType = msgspec.UNSET    # null only (no VAD here)
+    turn_detection: TurnDetection | None | msgspec.UnsetType = msgspec.UNSET     # null: the client commits
     temperature: float | None | msgspec.UnsetType = msgspec.UNSET
     max_response_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | Literal["inf"] | msgspec.UnsetType = \
         msgspec.UNSET
@@ -231,6 +243,17 @@ class SessionUpdateEvent(RealtimeEvent):
         "session.max_response_output_tokens": "session.max_response_output_tokens must be a positive integer or 'inf'",
         "session.tools": "session.tools must be an array of {{type: 'function', name, description, parameters}}",
         "session.tool_choice": "session.tool_choice must be 'auto', 'none', 'required' or {{type: 'function', name}}",
+        "session.turn_detection": "session.turn_detection must be null or {{type: 'server_vad', threshold, "
+                                  "prefix_padding_ms, silence_duration_ms, create_response, interrupt_response}} "
+                                  "and no other field",
+        "session.turn_detection.type": "session.turn_detection.type must be a string ('server_vad')",
+        "session.turn_detection.threshold": "session.turn_detection.threshold must be a number from 0 to 1",
+        "session.turn_detection.prefix_padding_ms": "session.turn_detection.prefix_padding_ms must be an integer "
+                                                    "from 0 to 10000",
+        "session.turn_detection.silence_duration_ms": "session.turn_detection.silence_duration_ms must be an "
+                                                      "integer from 1 to 10000",
+        "session.turn_detection.create_response": "session.turn_detection.create_response must be a boolean",
+        "session.turn_detection.interrupt_response": "session.turn_detection.interrupt_response must be a boolean",
     }
 
     session: RealtimeSessionConfig | msgspec.UnsetType = msgspec.UNSET

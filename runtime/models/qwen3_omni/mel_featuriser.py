@@ -23,13 +23,11 @@ float rounding of the same arithmetic on shorter arrays
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from runtime.models.qwen3_omni.mel import HOP_LENGTH, N_FFT, mel_filters
-from runtime.entrypoints.http.audio_decode import ROLLOFF, ZERO_CROSSINGS, resample
+from runtime.entrypoints.http.audio_decode import StreamResampler
 
 PCM_RATE = 24000           # OpenAI Realtime's pcm16 input: 16-bit little-endian mono at 24 kHz
 _HALF = N_FFT // 2         # samples each side of a frame's centre
@@ -40,19 +38,15 @@ class MelFeaturiser:
 
     def __init__(self, num_mel_bins: int, sample_rate: int = 16000) -> None:
         self.sample_rate = sample_rate
-        g = math.gcd(PCM_RATE, sample_rate)
-        self._orig, self._new = PCM_RATE // g, sample_rate // g
-        self._width = math.ceil(ZERO_CROSSINGS * self._orig / (min(self._orig, self._new) * ROLLOFF))
+        self._resampler = StreamResampler(PCM_RATE, sample_rate)
         self._filters = mel_filters(num_mel_bins, sample_rate).float()      # (F, bins)
         self._window = torch.hann_window(N_FFT)
-        self._pcm = torch.zeros(0)            # every input sample so far, float in [-1, 1)
         self._wave = torch.zeros(0)           # the 16 kHz samples final so far
-        self._num_frames_out = 0              # resampler output frames (groups of `_new` samples) kept
         self._num_mel = 0                     # mel frames computed
 
     @property
     def seconds(self) -> float:
-        return self._pcm.shape[0] / PCM_RATE
+        return self._resampler.num_in / PCM_RATE
 
     def push(self, pcm16: bytes) -> torch.Tensor:
         """Append 16-bit little-endian mono samples at 24 kHz; the mel frames now complete,
@@ -60,31 +54,13 @@ class MelFeaturiser:
         if len(pcm16) % 2:
             raise ValueError("pcm16 audio must be whole 16-bit samples (an even number of bytes)")
         samples = torch.from_numpy(np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0)
-        self._pcm = torch.cat((self._pcm, samples))
-        self._resample(final=False)
+        self._wave = torch.cat((self._wave, self._resampler.push(samples)))
         return self._mel(final=False)
 
     def finish(self) -> torch.Tensor:
         """The utterance ended (commit): the remaining frames (possibly none)."""
-        self._resample(final=True)
+        self._wave = torch.cat((self._wave, self._resampler.finish()))
         return self._mel(final=True)
-
-    # ---- 24 kHz -> 16 kHz ----------------------------------------------------------------
-
-    def _resample(self, final: bool) -> None:
-        """Extend `_wave` by the resampler frames whose taps have all arrived (all of them if final)."""
-        orig, new, width, n_in = self._orig, self._new, self._width, self._pcm.shape[0]
-        stable = (n_in - width - orig) // orig + 1 if not final else math.ceil(n_in / orig)
-        if stable <= self._num_frames_out:
-            return
-        lead = min(self._num_frames_out, -(-width // orig))    # frames of left context, recomputed and dropped
-        start = (self._num_frames_out - lead) * orig
-        out = resample(self._pcm[start: n_in if final else stable * orig + width], PCM_RATE, self.sample_rate)
-        keep = out[lead * new: (lead + stable - self._num_frames_out) * new]
-        self._wave = torch.cat((self._wave, keep))
-        if final:
-            self._wave = self._wave[: math.ceil(n_in * new / orig)]   # as `resample` cuts the whole
-        self._num_frames_out = stable
 
     # ---- 16 kHz -> log-mel -------------------------------------------------------------
 
