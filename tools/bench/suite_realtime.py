@@ -122,7 +122,7 @@ async def _server_vad(url: str, speech: bytes) -> dict[str, float]:
         sending.cancel()
         await ws.send_str(json.dumps({"type": "response.cancel"}))
         await _until(ws, "response.done")
-    return {"first_audio": first_audio - (start + stopped["audio_end_ms"] / 1000)}
+    return {"first_audio": first_audio - (start + stopped["audio_end_ms"] / 1000), "audio_end_ms": stopped["audio_end_ms"]}
 
 
 async def _whole_file(url: str, seconds: float, seed: int) -> dict[str, float]:
@@ -176,7 +176,10 @@ def run(ctx: Context) -> list[Row]:
     case = f"Qwen3-Omni tiny, server VAD, a {len(speech) / 2 / PCM_RATE:.1f} s spoken sentence (espeak-ng)"
     vad_label = "mstar-run qwen3_omni.yaml --preset tiny: /v1/realtime with server_vad, end of speech to first audio delta"
     commit_label = "the same server and speech, no VAD: the client commits at the end of the audio, commit to first audio"
-    vad_note = f"paced at real time; end of speech = speech_stopped's audio_end_ms; silence_duration_ms {SILENCE_MS}"
+    ends = vad["vad"]["audio_end_ms"]
+    vad_note = (f"paced at real time; end of speech = speech_stopped's audio_end_ms ({min(ends):.0f}-{max(ends):.0f} ms "
+                f"into the {len(speech) / 48:.0f} ms file: the client commit's clock starts after espeak's trailing "
+                f"silence); silence_duration_ms {SILENCE_MS}")
     rows += [Row(case, "end of speech to first audio (the silence heard included)", "s", LOWER,
                  Side(vad_label, vad["vad"]["first_audio"]), Side(commit_label, vad["commit"]["first_audio"]),
                  note=vad_note, names=("server VAD", "client commit")),
