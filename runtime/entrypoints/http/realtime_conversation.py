@@ -2,7 +2,8 @@
 turns a response's prompt is built from.
 
 Items (OpenAI's Realtime shapes):
-  message               user audio (an utterance the session heard: its encoder rows, no transcript),
+  message               user audio (an utterance the session heard, or a client's `input_audio` part, which the
+                        session hears as it hears a committed buffer: its encoder rows, no transcript),
                         user or system text (`input_text`), an assistant answer (`text`, or `audio` with
                         its transcript; its length in ms, which `conversation.item.truncate` may cut)
   function_call         a call the model made (`call_id`, `name`, `arguments`)
@@ -15,6 +16,8 @@ A conversation holds at most `MAX_ITEMS` items; a longer one is refused item by 
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +49,7 @@ class Item:
     arguments: str = ""
     output: str = ""
     status: str = "completed"        # "in_progress" while answering, "incomplete" when cut short
+    pcm: bytes = b""                 # a client's input_audio part (pcm16, 24 kHz) until the session hears it
 
     def wire(self) -> dict[str, Any]:
         """The item as the protocol's events carry it."""
@@ -136,6 +140,17 @@ class Conversation:
         raise ApiError(400, f"no item '{item_id}' in the conversation", param, "item_not_found")
 
 
+def _pcm16(audio: Any) -> bytes:
+    try:
+        data = base64.b64decode(audio, validate=True) if isinstance(audio, str) else None
+    except (binascii.Error, ValueError):
+        data = None
+    if not data or len(data) % 2:
+        raise ApiError(400, "an input_audio part needs 'audio': base64 pcm16 (24 kHz mono, whole samples)",
+                       "item.content[0].audio", "invalid_audio")
+    return data
+
+
 def client_item(value: Any) -> Item:
     """An item a client creates (`conversation.item.create`'s `item`), checked; ApiError naming the field."""
     if not isinstance(value, dict):
@@ -166,9 +181,8 @@ def client_item(value: Any) -> Item:
         raise ApiError(400, "item.content must be an array of one part", "item.content")
     part = content[0]
     want = "text" if role == "assistant" else "input_text"
-    if part.get("type") == "input_audio":
-        raise ApiError(400, "input_audio items are not taken here: append the audio to the input audio buffer "
-                            "and commit it", "item.content[0].type")
+    if part.get("type") == "input_audio" and role == "user":
+        return Item(new_id, "message", role, "input_audio", pcm=_pcm16(part.get("audio")))
     if part.get("type") != want or not isinstance(part.get("text"), str):
         raise ApiError(400, f"a {role} item's part must be {{\"type\": \"{want}\", \"text\": ...}}",
                        "item.content[0]")

@@ -15,8 +15,9 @@ Client events (JSON text frames) and what they do here:
   input_audio_buffer.commit the stream is closed and its tail window heard, the utterance becomes a
                             user item -> input_audio_buffer.committed, conversation.item.created
   input_audio_buffer.clear  the buffer and its request are dropped -> input_audio_buffer.cleared
-  conversation.item.create  a text message, a function call or a function's output, at the end or after
-                            `previous_item_id` -> conversation.item.created
+  conversation.item.create  a text or audio message (an `input_audio` part is heard as a committed buffer is),
+                            a function call or a function's output, at the end or after `previous_item_id`
+                            -> conversation.item.created
   conversation.item.delete  -> conversation.item.deleted
   conversation.item.truncate an assistant's audio cut where playback stopped (its transcript dropped)
                             -> conversation.item.truncated
@@ -46,6 +47,7 @@ import uuid
 from typing import Any, Awaitable, Callable
 
 import msgspec
+import torch
 
 from runtime.conductor.config import QueueFull
 from runtime.entrypoints.http.audio_events import AudioEvents
@@ -194,6 +196,22 @@ class RealtimeSession:
         await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
         await self.send("conversation.item.created", previous_item_id=previous, item=item.wire())
 
+    async def _hear(self, pcm16: bytes) -> torch.Tensor:
+        """The encoder rows of a whole utterance (an input_audio item), by the listen task, as the buffer's."""
+        seconds = len(pcm16) / 2 / 24000
+        if not MIN_COMMIT_S <= seconds <= self.listener.max_seconds:
+            raise ApiError(400 if seconds < MIN_COMMIT_S else 413,
+                           f"an input_audio item must hold {MIN_COMMIT_S:g} to {self.listener.max_seconds:g} s of "
+                           f"audio (param max_audio_seconds), got {seconds:.2f} s", "item.content[0].audio",
+                           "invalid_audio" if seconds < MIN_COMMIT_S else "audio_too_long")
+        utterance = Utterance(self.server, self.listener, self.metrics)
+        try:
+            await utterance.push(pcm16)
+        except BaseException:
+            utterance.drop()
+            raise
+        return await utterance.commit()
+
     async def clear(self, event: RealtimeEvent) -> None:
         async with self._audio:
             if self.turns is not None:
@@ -235,6 +253,8 @@ class RealtimeSession:
 
     async def create_item(self, event: ItemCreateEvent) -> None:
         item = client_item(event.item)
+        if item.pcm:                      # a client's audio part: heard as a committed buffer is, apart from it
+            item.rows, item.pcm = await self._hear(item.pcm), b""
         previous = self.conversation.add(item, event.previous_item_id)
         await self.send("conversation.item.created", previous_item_id=previous, item=item.wire())
 

@@ -77,6 +77,35 @@ def test_a_third_turn_is_answered_from_the_whole_conversation(omni_single):
     assert _chat(omni_single, conversation[:1] + conversation[-1:]) != three      # the history changed it
 
 
+def test_an_input_audio_item_is_heard_as_the_committed_buffer_is(omni_single):
+    pcm = utterance(2.5, seed=8)
+
+    async def body(client: Client) -> tuple[str, str, dict, list[dict]]:
+        await client.send("session.update", session=TEXT_ONLY)
+        await client.until("session.updated")
+        heard = await _heard(client, pcm)
+        events = await _respond(client)
+        for item in (heard["id"], events[-1]["response"]["output"][0]["id"]):     # an empty conversation again
+            await client.send("conversation.item.delete", item_id=item)
+            await client.until("conversation.item.deleted")
+        committed = _text(events)
+        await client.send("conversation.item.create", item={"type": "message", "role": "user", "content": [
+            {"type": "input_audio", "audio": base64.b64encode(pcm).decode()}]})
+        created = (await client.until("conversation.item.created"))[-1]["item"]
+        bad = []
+        for audio in ("not base64!", base64.b64encode(pcm[:101]).decode(), base64.b64encode(pcm[:200]).decode()):
+            await client.send("conversation.item.create", item={"type": "message", "role": "user", "content": [
+                {"type": "input_audio", "audio": audio}]})
+            bad.append((await client.until("error"))[-1]["error"])
+        return committed, _text(await _respond(client)), created, bad
+
+    committed, item, created, bad = session(omni_single, body)
+    assert created["content"] == [{"type": "input_audio", "transcript": None}]
+    assert committed and item == committed      # greedy: the same rows in the same prompt give the same answer
+    assert [e["param"] for e in bad] == ["item.content[0].audio"] * 3
+    assert [e["code"] for e in bad] == ["invalid_audio"] * 3 and "0.1 to 8 s" in bad[2]["message"]
+
+
 def test_items_are_created_in_place_deleted_and_truncated(omni_single):
     async def body(client: Client) -> dict:
         seen = {}
