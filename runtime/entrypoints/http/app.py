@@ -31,6 +31,7 @@ from runtime.entrypoints.http.completions import completions
 from runtime.entrypoints.http.context import ServerConfig
 from runtime.entrypoints.http.errors import ApiError, error_middleware
 from runtime.entrypoints.http.families import families_of
+from runtime.entrypoints.http.limits import serve_limits
 from runtime.entrypoints.http.limits import strict_json
 from runtime.entrypoints.http.metrics import Metrics
 from runtime.entrypoints.http.page import install_page
@@ -90,6 +91,7 @@ class MstarServer:
         self.realtime_listener = realtime_listener(self.plan) if self.speech_model else None
         self.realtime_metrics = RealtimeMetrics(self.metrics.registry) if self.realtime_listener else None
         self.speech_detector = speech_detector(self.plan) if self.realtime_listener else None
+        self.limits = serve_limits(self.plan)
         self.draining = False
 
     def _chat_node(self) -> str | None:

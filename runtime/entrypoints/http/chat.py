@@ -22,7 +22,9 @@ from runtime.conductor.request import OutputEvent, Request
 from runtime.model_executor.sampling import SamplingParams
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError, event_error
-from runtime.entrypoints.http.limits import check_context, check_roles, check_top_k, max_context, vocab_size
+from runtime.entrypoints.http.limits import (
+    ServeLimits, check_context, check_roles, check_top_k, max_context, vocab_size,
+)
 from runtime.entrypoints.http.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
 from runtime.entrypoints.http.multimodal import IMAGE_TASK, has_image_parts, image_chat_items
 from runtime.entrypoints.http.params import openai_field, resolve_params
@@ -57,7 +59,7 @@ def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
     server.check_model(body.model)
     messages = chat_messages(body)
     check_roles(messages)
-    tools, grammar, field = _constraints(body)
+    tools, grammar, field = _constraints(body, server.limits)
     media_items = server.chat_inputs.chat_items(messages, server.tokenizer) if server.chat_inputs else None
     image_items = None if media_items else image_chat_items(messages, server.plan, server.tokenizer)
     if tools is not None and (media_items is not None or image_items is not None):
@@ -81,11 +83,11 @@ def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
                        tools=tools)
 
 
-def _constraints(body: ChatCompletionBody) -> tuple[ToolUse | None, str, str]:
+def _constraints(body: ChatCompletionBody, limits: ServeLimits) -> tuple[ToolUse | None, str, str]:
     """The request's tool use, the grammar its output must follow ("": none) and the field that asks for it,
     checked (tools.py)."""
-    tools, tool_grammar = check_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
-    format_grammar = response_grammar(body.response_format)
+    tools, tool_grammar = check_tools(body.tools, body.tool_choice, body.parallel_tool_calls, limits)
+    format_grammar = response_grammar(body.response_format, limits)
     if tool_grammar and format_grammar:
         raise ApiError(400, "response_format cannot apply when tool_choice forces a call", "response_format")
     return tools, tool_grammar or format_grammar, "tool_choice" if tool_grammar else "response_format"

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from runtime.entrypoints.http.audio_metrics import AudioMetrics, RealtimeMetrics
     from runtime.entrypoints.http.chat_inputs import ChatInputs
     from runtime.entrypoints.http.families import Listener
+    from runtime.entrypoints.http.limits import ServeLimits
     from runtime.entrypoints.http.speech_detector import SpeechDetector
     from runtime.entrypoints.http.schemas import Body
     from runtime.entrypoints.http.speech_model import SpeechModel
@@ -66,6 +67,7 @@ class ServerContext(ServedModel, Protocol):
     realtime_listener: Listener | None       # how the family hears a /v1/realtime session; None: it cannot
     realtime_metrics: RealtimeMetrics | None  # /v1/realtime's metrics, where it is served
     speech_detector: SpeechDetector | None   # the plan's voice activity detector (server VAD); None: none
+    limits: ServeLimits                      # bounds on tools, schemas, conversations (the graph's params)
     draining: bool                           # shutting down: new requests get 503
     tool_prompt: str                         # how a chat's tools reach the prompt: "template" or "hermes" (tools.py)
 

@@ -9,12 +9,28 @@ json accepts, and which compare false against every bound) are refused.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 from mstar_compiler.plan import Plan
 from runtime.entrypoints.http.errors import ApiError
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """Bounds on what one request or session may hold, each the default of the graph's param of that name
+    where the graph declares one (`params: max_tools: {type: integer, default: 32, ...}`), else the value here."""
+
+    max_tools: int = 128                    # `tools` of a chat or a realtime session (OpenAI's limit)
+    max_schema_bytes: int = 64 * 1024       # a tool's parameters or a response_format schema, as JSON
+    max_conversation_items: int = 256       # items of one realtime session's conversation
+
+
+def serve_limits(plan: Plan) -> ServeLimits:
+    declared = {p.name: p.default for p in plan.params}
+    return ServeLimits(**{f.name: int(declared[f.name]) for f in fields(ServeLimits) if f.name in declared})
 
 
 def _no_constants(name: str) -> Any:

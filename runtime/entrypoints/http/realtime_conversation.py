@@ -12,7 +12,8 @@ Every response reads the whole conversation: the session's instructions as the s
 item as a turn; calls and their outputs the Hermes way (runtime/entrypoints/http/tools.py: a call is an
 assistant `<tool_call>` block, an output a user `<tool_response>` turn). Truncating an assistant's audio
 drops its transcript, as OpenAI's server does, so the model is not told what the user never heard.
-A conversation holds at most `MAX_ITEMS` items; a longer one is refused item by item (400).
+A conversation holds at most the graph's `max_conversation_items` items (runtime/entrypoints/http/limits.py);
+a longer one is refused item by item (400).
 """
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ import torch
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.tools import call_block, tool_response
 
-MAX_ITEMS = 256
 ROLES = ("user", "assistant", "system")
 
 
@@ -78,8 +78,9 @@ class Item:
 class Conversation:
     """The items of one session, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_items: int) -> None:
         self.items: list[Item] = []
+        self.max_items = max_items
 
     def last_id(self) -> str | None:
         return self.items[-1].id if self.items else None
@@ -87,8 +88,9 @@ class Conversation:
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert `item` after `previous_item_id` (after the last item when None, first for "root");
         the id of the item it follows (None: it is first)."""
-        if len(self.items) >= MAX_ITEMS:
-            raise ApiError(400, f"the conversation holds {MAX_ITEMS} items, this server's limit; delete some first",
+        if len(self.items) >= self.max_items:
+            raise ApiError(400, f"the conversation holds {self.max_items} items, this model's limit (param "
+                                f"max_conversation_items); delete some first",
                            "item", "conversation_full")
         if any(i.id == item.id for i in self.items):
             raise ApiError(400, f"an item with id '{item.id}' is in the conversation already", "item.id")

@@ -87,7 +87,7 @@ class RealtimeSession:
                                        "turn_detection": None, "temperature": None,
                                        "max_response_output_tokens": "inf", "tools": [], "tool_choice": "auto"}
         self.utterance = Utterance(server, listener, metrics)  # the input audio buffer being heard
-        self.conversation = Conversation()
+        self.conversation = Conversation(server.limits.max_conversation_items)
         self.tools: ToolUse | None = None                      # the session's tools, checked
         self.tool_grammar = ""                                 # what a forced call must follow ("" free)
         self.response: asyncio.Task[None] | None = None
@@ -385,7 +385,7 @@ def _check_tools(server: ServerContext, config: dict) -> tuple[ToolUse | None, s
              if t.get("type", "function") == "function" else ToolDef(t["type"], FunctionDef(""))
              for t in config["tools"]]
     try:
-        use, grammar = check_tools(tools, choice, False)
+        use, grammar = check_tools(tools, choice, False, server.limits)
     except ApiError as err:      # named as the session's flat tools name it: session.tools[0].name
         param = f"session.{err.param.replace('.function.', '.')}" if err.param else None
         raise ApiError(err.status, f"session.{err.message.replace('.function.', '.')}", param) from None

@@ -33,12 +33,11 @@ import msgspec
 
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
+from runtime.entrypoints.http.limits import ServeLimits
 from runtime.entrypoints.http.schemas import ResponseFormat, ToolDef
 from runtime.model_executor.sampling import GrammarError, check_grammar
 from runtime.transport.request_params import RequestParams
 
-MAX_TOOLS = 128                  # OpenAI's limit on `tools`
-MAX_SCHEMA_BYTES = 64 * 1024     # a tool's parameters or a response schema, as JSON
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")   # OpenAI's rule for function names
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
@@ -61,15 +60,16 @@ class ToolUse:
     read_calls: bool                   # the answer is read for calls (every choice but "none")
 
 
-def check_tools(tools: list[ToolDef] | None, tool_choice: Any, parallel: bool | None) -> tuple[ToolUse | None, str]:
+def check_tools(tools: list[ToolDef] | None, tool_choice: Any, parallel: bool | None,
+                limits: ServeLimits = ServeLimits()) -> tuple[ToolUse | None, str]:
     """The request's tool use and the grammar its `tool_choice` forces ("" when decoding is free); ApiError
-    (400) naming the field when a tool or the choice is malformed."""
+    (400) naming the field when a tool or the choice is malformed or past the graph's `limits`."""
     if not tools:
         if tool_choice not in (None, "none"):
             raise ApiError(400, "tool_choice needs 'tools'", "tool_choice")
         return None, ""
-    if len(tools) > MAX_TOOLS:
-        raise ApiError(400, f"at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
+    if len(tools) > limits.max_tools:
+        raise ApiError(400, f"at most {limits.max_tools} tools (param max_tools), got {len(tools)}", "tools")
     names: dict[str, dict[str, Any]] = {}
     for i, tool in enumerate(tools):
         field = f"tools[{i}]"
@@ -82,7 +82,7 @@ def check_tools(tools: list[ToolDef] | None, tool_choice: Any, parallel: bool | 
             raise ApiError(400, f"{field}.function.name: '{tool.function.name}' is declared twice",
                            f"{field}.function.name")
         names[tool.function.name] = _checked_schema(tool.function.parameters or {"type": "object"},
-                                                    f"{field}.function.parameters")
+                                                    f"{field}.function.parameters", limits)
     forced = _forced(tool_choice, names)
     use = ToolUse([msgspec.to_builtins(t) for t in tools], frozenset(names), tool_choice != "none")
     if not forced:
@@ -119,7 +119,7 @@ def _calls_lark(functions: dict[str, dict[str, Any]], one: bool) -> str:
     return f'{start}\ncall: "{OPEN}\\n" body "\\n{CLOSE}"\nbody: %json {body}\n'
 
 
-def response_grammar(response_format: ResponseFormat | None) -> str:
+def response_grammar(response_format: ResponseFormat | None, limits: ServeLimits = ServeLimits()) -> str:
     """The grammar `response_format` asks for ("" for text or none); ApiError(400) naming the field."""
     if response_format is None or response_format.type == "text":
         return ""
@@ -132,7 +132,7 @@ def response_grammar(response_format: ResponseFormat | None) -> str:
     if fmt is None or fmt.schema is None:
         raise ApiError(400, "response_format.json_schema.schema is required", "response_format.json_schema.schema")
     field = "response_format.json_schema.schema"
-    return _grammar(_checked_schema(fmt.schema, field), field)
+    return _grammar(_checked_schema(fmt.schema, field, limits), field)
 
 
 def with_grammar(server: ServerContext, params: RequestParams, grammar: str, field: str) -> RequestParams:
@@ -146,11 +146,12 @@ def with_grammar(server: ServerContext, params: RequestParams, grammar: str, fie
     return msgspec.structs.replace(params, grammars={server.chat_node: grammar})
 
 
-def _checked_schema(schema: Any, field: str) -> dict[str, Any]:
+def _checked_schema(schema: Any, field: str, limits: ServeLimits) -> dict[str, Any]:
     if not isinstance(schema, dict):
         raise ApiError(400, f"{field} must be a JSON Schema object", field)
-    if len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
-        raise ApiError(400, f"{field} is larger than {MAX_SCHEMA_BYTES} bytes as JSON", field)
+    if len(json.dumps(schema)) > limits.max_schema_bytes:
+        raise ApiError(400, f"{field} is larger than {limits.max_schema_bytes} bytes as JSON (param max_schema_bytes)",
+                       field)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:

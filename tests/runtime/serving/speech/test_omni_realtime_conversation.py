@@ -190,3 +190,24 @@ def test_auto_tools_with_speech_and_a_bad_tool_are_error_events_naming_the_field
     assert spoken["type"] == "error" and spoken["error"]["param"] == "session.tool_choice"
     assert bad["type"] == "error" and bad["error"]["param"] == "session.tools[0].name"
     assert ok["type"] == "session.updated" and ok["session"]["tools"][0]["name"] == "f"
+
+
+def test_the_graphs_limits_bound_tools_and_items(omni_single):
+    """The tiny preset's params: max_tools 8, max_conversation_items 24 (graphs/qwen3_omni.yaml)."""
+    tool = {"type": "function", "parameters": {"type": "object"}}
+
+    async def body(client: Client) -> tuple[dict, dict, int]:
+        await client.send("session.update", session={"tools": [{**tool, "name": f"f{i}"} for i in range(9)]})
+        too_many = (await client.until("error"))[-1]["error"]
+        created = 0
+        while True:
+            await client.send("conversation.item.create", item={
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+            event = await client.recv()
+            if event["type"] == "error":
+                return too_many, event["error"], created
+            created += 1
+
+    too_many, full, created = session(omni_single, body)
+    assert too_many["param"] == "session.tools" and "at most 8 tools (param max_tools)" in too_many["message"]
+    assert created == 24 and full["code"] == "conversation_full" and "max_conversation_items" in full["message"]
