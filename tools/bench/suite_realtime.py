@@ -23,12 +23,18 @@ wall time is the session's start plus that; the figure is the first audio's time
 silence the detector must hear (`silence_duration_ms`) included, and also given without it. Baseline,
 in alternate rounds: the same speech with no silence after it, committed by the client at once (a
 client that knows when the user stopped), timed from the commit.
+
+A conversation: one session, 8 turns, each a 1 s utterance paced at real time, committed, answered with
+speech (12 tokens) to its end; each turn timed from its commit to its first audio delta, and the thinker's
+prefix-cache hit tokens counted per turn from /metrics (each turn's prompt is the whole conversation).
+The row compares turn 8 with turn 1 of the same rounds: flat means the cache took the history.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
 import io
+import itertools
 import json
 import subprocess
 import time
@@ -51,6 +57,7 @@ SECONDS = (1.0, 6.0)
 WORKER_THREADS = 1
 SENTENCE = "Hello there. What is the weather like in Paris today?"
 SILENCE_MS = 500                       # server_vad's default silence_duration_ms
+TURNS, TURN_S, TURN_TOKENS = 8, 1.0, 12
 
 
 def utterance(seconds: float, seed: int) -> bytes:
@@ -125,6 +132,34 @@ async def _server_vad(url: str, speech: bytes) -> dict[str, float]:
     return {"first_audio": first_audio - (start + stopped["audio_end_ms"] / 1000), "audio_end_ms": stopped["audio_end_ms"]}
 
 
+async def _conversation(url: str, seed: int) -> dict[str, float]:
+    """Per turn: commit -> first audio delta, and the prefix cache's hit tokens during the turn. `seed`: new
+    utterances for each run (nothing of an earlier run's conversation is in the cache)."""
+    out: dict[str, float] = {}
+    async with aiohttp.ClientSession() as http, http.ws_connect(url.replace("http", "ws") + "/v1/realtime") as ws:
+        await _until(ws, "session.created")
+        await ws.send_str(json.dumps({"type": "session.update", "session": {
+            "temperature": 0, "max_response_output_tokens": TURN_TOKENS}}))
+        await _until(ws, "session.updated")
+        for turn in range(1, TURNS + 1):
+            hits = await _hit_tokens(http, url)
+            await _paced(ws, utterance(TURN_S, seed * 100 + turn), time.monotonic())
+            commit = time.monotonic()
+            await ws.send_str(json.dumps({"type": "input_audio_buffer.commit"}))
+            await ws.send_str(json.dumps({"type": "response.create"}))
+            await _until(ws, "response.audio.delta")
+            out[f"turn{turn}_first_audio"] = time.monotonic() - commit
+            await _until(ws, "response.done")
+            out[f"turn{turn}_hit_tokens"] = await _hit_tokens(http, url) - hits
+    return out
+
+
+async def _hit_tokens(http: aiohttp.ClientSession, url: str) -> float:
+    async with http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("mstar_prefix_cache_hit_tokens_total"))
+
+
 async def _whole_file(url: str, seconds: float, seed: int) -> dict[str, float]:
     """POST the utterance as one WAV part of a streamed voice chat; seconds to its first audio chunk."""
     part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav(utterance(seconds, seed), PCM_RATE))
@@ -159,6 +194,9 @@ def run(ctx: Context) -> list[Row]:
         samples = {s: ctx.alternate(f"realtime {s:g} s utterance", {
             "realtime": lambda s=s: asyncio.run(_session(srv.url, s, int(s))),
             "file": lambda s=s: asyncio.run(_whole_file(srv.url, s, int(s)))}) for s in SECONDS}
+        seeds = itertools.count(1)
+        talk = ctx.alternate("an 8-turn conversation", {
+            "conversation": lambda: asyncio.run(_conversation(srv.url, next(seeds)))})
         vad = ctx.alternate("server VAD, a spoken sentence", {
             "vad": lambda: asyncio.run(_server_vad(srv.url, speech)),
             "commit": lambda: asyncio.run(_session(srv.url, 0, 0, speech))})
@@ -186,4 +224,13 @@ def run(ctx: Context) -> list[Row]:
              Row(case, "end of speech to first audio, less the silence heard", "s", LOWER,
                  Side(vad_label + f", less {SILENCE_MS} ms", [x - SILENCE_MS / 1000 for x in vad["vad"]["first_audio"]]),
                  Side(commit_label, vad["commit"]["first_audio"]), note=vad_note, names=("server VAD", "client commit"))]
+    talked = talk["conversation"]
+    turn_note = (f"one session, {TURNS} turns of {TURN_S:g} s utterances (100 ms appends at real time), spoken answers of "
+                 f"{TURN_TOKENS} tokens; prefix-cache hit tokens per turn (median): "
+                 + ", ".join(f"{sorted(talked[f'turn{t}_hit_tokens'])[len(talked[f'turn{t}_hit_tokens']) // 2]:.0f}"
+                             for t in range(1, TURNS + 1)))
+    rows.append(Row(f"Qwen3-Omni tiny, a {TURNS}-turn spoken conversation", "time to first audio after the commit", "s",
+                    LOWER, Side(f"turn {TURNS} of the session", talked[f"turn{TURNS}_first_audio"]),
+                    Side("turn 1 of the same session", talked["turn1_first_audio"]), note=turn_note,
+                    names=(f"turn {TURNS}", "turn 1")))
     return rows

@@ -13,6 +13,8 @@ thinker is causal), and each of those is named here.
 """
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from typing import Sequence
 
 import torch
@@ -38,3 +40,43 @@ def thinker_rows(tokens: Sequence[int], at: Sequence[int], embeds: torch.Tensor,
     for i, row in zip(at, media_rows(embeds, positions[:, list(at)])):
         rows[i] = row
     return rows
+
+
+ROOT = b"\0" * 16        # the chain value before a request's first row
+
+
+def chain_keys(previous: bytes, rows: Sequence[Row]) -> list[bytes]:
+    """Each row's name together with every row before it (`previous`: the chain after those): equal keys,
+    equal prefixes, so equal states at that row. A text row is its id as 4 bytes, a media row its bytes
+    (module docstring), so the two cannot be confused."""
+    keys = []
+    for row in rows:
+        previous = hashlib.blake2b(previous + (row if isinstance(row, bytes) else row.to_bytes(4, "little")),
+                                   digest_size=16).digest()
+        keys.append(previous)
+    return keys
+
+
+class TappedRows:
+    """The thinker's layer-`accept_hidden_layer` states at media rows, by `chain_keys` key, for the last
+    `max_rows` such rows computed: a Run that feeds a talker may reuse cached rows at media placeholders
+    only where their states are here (the talker's prompt reads them; a reused row computes none)."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self._rows: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._rows
+
+    def get(self, key: bytes) -> torch.Tensor | None:
+        row = self._rows.get(key)
+        if row is not None:
+            self._rows.move_to_end(key)
+        return row
+
+    def put(self, key: bytes, row: torch.Tensor) -> None:
+        self._rows[key] = row
+        self._rows.move_to_end(key)
+        while len(self._rows) > self.max_rows:
+            self._rows.popitem(last=False)

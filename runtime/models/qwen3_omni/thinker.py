@@ -21,8 +21,10 @@ found again: the next turn of a conversation about a picture reuses the picture 
 Each Run looks up the longest cached chain of its rows after the request's rows so far (a piece that
 ended mid-block continues in the cached block holding its rows) and sets `WorkItem.cached` to what
 it reuses; at least its last row is computed (its logits). A Run that feeds a talker (`stream_out`)
-reuses no row at or after a placeholder: the talker reads layer `accept_hidden_layer`'s states there
-(`hidden:mm`), which a reused row has none of. The conductor cannot compute a digest, so it counts
+reads layer `accept_hidden_layer`'s states at the placeholders (`hidden:mm`), which a reused row computes
+none of: the states computed at media rows are kept (`TappedRows`, by the row's key chained over every
+row before it: equal keys, equal states), and such a Run reuses rows up to the first placeholder whose
+state is not kept, taking the kept ones; so a spoken conversation's next turn reuses its earlier audio. The conductor cannot compute a digest, so it counts
 this node's pool from the worker's reports (`kv_reported`; runtime/conductor/kv_ledger.py): the
 blocks the cache holds after each batch and close, plus ceil(tokens / block) for every Run not yet
 answered, so a request whose picture or conversation is cached costs only what it took once its
@@ -44,9 +46,12 @@ from runtime.model_executor.kv.prefix_cache import Row
 from runtime.model_executor.layers.attention import BatchContext
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
 from runtime.models.qwen3_omni.mrope import MropePositions
-from runtime.models.qwen3_omni.row_keys import thinker_rows
+from runtime.models.qwen3_omni.row_keys import ROOT, TappedRows, chain_keys, thinker_rows
 from runtime.transport.messages import KVState, WorkItem
 from runtime.transport.request_params import RequestParams
+
+
+MAX_TAPPED_ROWS = 8192     # media rows whose talker-read states are kept (~12 min of audio at 12.5 rows a second)
 
 
 class DeepStackLM:
@@ -104,6 +109,9 @@ class ThinkerExecutor(DecoderLMExecutor):
         self.blocks = KVBlockManager(self.kv_blocks, self.kv_block_size, root)   # its own tables: it decides reuse
         self._rows: dict[int, list[Row] | None] = {}       # request -> this Run's rows as the cache keys them
         self._positions: dict[int, torch.Tensor] = {}       # request -> this Run's positions, every row
+        self._chains: dict[int, bytes | None] = {}          # request -> chain_keys after its rows so far
+        self._keys: dict[int, list[bytes] | None] = {}      # request -> this Run's rows' chain keys
+        self._taps = TappedRows(MAX_TAPPED_ROWS)
         self.tts_ids = torch.tensor(tts_ids, dtype=torch.long, device=self.device)
         self._num_fed: dict[int, int] = {}              # request -> rows whose embeddings were taken
         self._num_prompt_items: dict[int, int] = {}     # request -> thinker Runs its prompt takes
@@ -134,6 +142,7 @@ class ThinkerExecutor(DecoderLMExecutor):
             self._streamed.discard(request_id)
             if self.mrope is not None:
                 self.mrope.close(request_id)
+        self._chains.pop(request_id, None)       # a recompute after preemption starts the chain again
 
     def drop_prefix_cache(self) -> None:
         """Cache no prefixes (`mstar-run --no-prefix-cache`); called before any request opens."""
@@ -182,10 +191,14 @@ class ThinkerExecutor(DecoderLMExecutor):
             results = super().run(items, inputs)
             for item in items:    # written: later requests may share the full blocks
                 self.blocks.commit(item.request_id)
+                keys = self._keys.get(item.request_id)
+                self._chains[item.request_id] = keys[-1] if keys else None
         except BaseException:    # what the failed forward was to write is never keyed
             for item in items:
                 if item.request_id in self.blocks:
                     self.blocks.uncache(item.request_id)
+                self._chains[item.request_id] = None
+            self._keys.clear()
             raise
         finally:
             self._rows.clear()
@@ -195,6 +208,7 @@ class ThinkerExecutor(DecoderLMExecutor):
         ends = list(accumulate(len(item.tokens) - item.cached for item in items))
         for item, start, end, result in zip(items, starts, ends, results):
             self._stream_rows(item, start, result, self.model.tapped, end)
+        self._keys.clear()
         return results
 
     def _is_early_piece(self, item: WorkItem) -> bool:
@@ -214,7 +228,11 @@ class ThinkerExecutor(DecoderLMExecutor):
         self._positions[rid] = positions
         rows, media = self._key_rows(item, start, ins, positions.expand(3, -1))
         self._rows[rid] = rows
-        limit = media[0] if media and item.stream_out else None
+        chain = self._chains.get(rid) if start else ROOT
+        keys = self._keys[rid] = chain_keys(chain, rows) if rows is not None and chain is not None else None
+        # a talker reads the states at media rows: reuse stops at the first whose state is not kept
+        limit = next((m for m in media if keys is None or keys[m] not in self._taps), None) \
+            if item.stream_out else None
         item.cached = self.blocks.prefix_hit(rows, rid if rid in self.blocks else None, limit) if rows else 0
 
     def _key_rows(self, item: WorkItem, start: int, ins: dict[str, torch.Tensor],
@@ -262,10 +280,17 @@ class ThinkerExecutor(DecoderLMExecutor):
         tokens = torch.tensor(item.tokens, dtype=torch.long, device=self.device)
         rows = torch.zeros(len(tokens), self.node.dims["hidden_size"], device=self.device)
         is_mm = torch.isin(tokens, torch.tensor(sorted(self.placeholder_ids), device=self.device))
+        keys = self._keys.get(item.request_id)
+        for i in is_mm[:item.cached].nonzero().flatten().tolist() if keys is not None else []:
+            kept = self._taps.get(keys[i])           # kept for every reused one where a talker reads them
+            if kept is not None:
+                rows[i] = kept
         is_mm[:item.cached] = False
         if tapped is not None and is_mm.any():
             computed = is_mm[item.cached:]
             rows[is_mm] = tapped[end - len(computed):end][computed].to(rows.dtype)
+            for i in is_mm.nonzero().flatten().tolist() if keys is not None else []:
+                self._taps.put(keys[i], rows[i].clone())
         return rows[skip:]
 
     def _with_deepstack(self, ins: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

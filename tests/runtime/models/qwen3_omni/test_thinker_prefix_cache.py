@@ -20,7 +20,8 @@ import torch
 from mstar_compiler.pipeline import Options, compile_file
 from runtime.conductor.request import MediaInput
 from runtime.worker.executors import executor_for
-from runtime.models.qwen3_omni.row_keys import media_rows
+from runtime.models.qwen3_omni.row_keys import TappedRows, media_rows
+from runtime.models.qwen3_omni.thinker import MAX_TAPPED_ROWS
 from runtime.model_executor.parallel import pack_linears
 from runtime.model_executor.sampling import SamplingParams
 from runtime.entrypoints.http.chat_inputs import chat_inputs_for
@@ -164,8 +165,12 @@ def test_a_second_turn_about_a_picture_reuses_the_picture_and_the_first_turn(omn
     if frames:
         assert pads > 2 * BS
 
-    # a voice chat's Runs feed the talker the states at the pads: none of those rows is reused
+    # a voice chat's Runs feed the talker the states at the pads: reused where those states are kept (the
+    # first turn computed them), equal to computed ones; with none kept, none of those rows is reused
     _, reused = _same_answer(omni, 12, second, stream=True)
+    assert reused == expected_reuse(second, sum(len(_piece(*it)) for it in second) + DECODE_STEPS)
+    omni[1]._taps = TappedRows(MAX_TAPPED_ROWS)
+    _, reused = _same_answer(omni, 13, second, stream=True)
     assert reused[1] == 0 and reused[2] > 0
 
 
@@ -187,6 +192,8 @@ def test_a_chat_with_audio_reuses_the_audio_span(omni) -> None:
     prompt_rows = sum(len(_piece(*it)) for it in items)
     assert reused == expected_reuse(items, prompt_rows + DECODE_STEPS)
     assert len(items[1][1].tokens) > 2 * BS and reused[1] > len(items[1][1].tokens) - BS
+    # spoken: the audio span's states for the talker were kept when it was computed, so it is reused too
+    assert _same_answer(omni, 32, items, stream=True)[1] == reused
 
 
 def test_a_failed_forward_keys_nothing_it_was_to_write(omni) -> None:
