@@ -181,9 +181,11 @@ class RealtimeSession:
 
     async def commit(self, event: RealtimeEvent) -> None:
         async with self._audio:
+            speaking = self.turns is not None and self.turns.speaking     # the id speech_started announced
+            new_id = self.turns.item_id if speaking else item_id()
             if self.turns is not None:
                 self.turns.end_speech()
-            await self._commit(self.turns.item_id if self.turns is not None and self.turns.item_id else item_id())
+            await self._commit(new_id)
 
     async def _commit(self, new_id: str) -> None:
         if self.utterance.seconds < MIN_COMMIT_S:

@@ -18,7 +18,9 @@ once; the detector's probabilities come back window by window and drive the turn
 Speech starting while a response plays cancels it (`interrupt_response`, barge-in). Appends cancel
 nothing by themselves: a client streams its microphone through the answer.
 Audio the detector has not yet judged waits here; audio it judged silent is kept only as far back as
-the padding reaches.
+the padding reaches. A detector request that fails is an `error` event; the next append opens another
+(what the failed one had not judged is skipped). A turn whose utterance finds the server full is an
+`error` event (429) and is dropped; detection goes on.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from runtime.conductor.config import QueueFull
 from runtime.entrypoints.http.audio_decode import StreamResampler
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError, event_error
@@ -70,6 +73,7 @@ class TurnDetector:
         self._pending_start = 0
         self._forwarded = 0                          # the utterance has the audio up to this sample
         self._window = 0                             # the next window whose probability comes back
+        self._sent = 0                               # windows sent to the detector
         self.speaking = False
         self.item_id = ""
         self._silent_since: int | None = None        # the window a silence in speech began
@@ -78,9 +82,8 @@ class TurnDetector:
 
     async def push(self, pcm16: bytes) -> None:
         """Session audio (24 kHz pcm16): kept until judged, its whole windows sent to the detector."""
-        if self.req is None:
-            self.req = self.server.conductor.submit(self.detector.task, speech_params(self.server, {}, {}), [])
-            self._reader = asyncio.ensure_future(self._read())
+        if self.req is None or self.req.state.is_final:
+            self._open()
         self._pending += pcm16
         samples = torch.from_numpy(np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0)
         wave = torch.cat((self._tail, self._resampler.push(samples)))
@@ -88,7 +91,18 @@ class TurnDetector:
         self._tail = wave[whole:]
         windows = wave[:whole].reshape(-1, self.detector.window)
         if windows.shape[0]:
+            self._sent += windows.shape[0]
             await self.server.conductor.push_stream(self.req, self.detector.stream, [{"value": w} for w in windows])
+
+    def _open(self) -> None:
+        """The detector's request, at the session's first append or after the last one failed (an `error` event
+        said so): windows sent to a failed one are not judged, and speech in progress ends unheard."""
+        if self.req is not None:
+            self.end_speech()
+            self._window = self._sent
+            self._trim(self._window * self._pcm_per_window - self._padding)
+        self.req = self.server.conductor.submit(self.detector.task, speech_params(self.server, {}, {}), [])
+        self._reader = asyncio.ensure_future(self._read())
 
     def end_speech(self) -> None:
         """The client committed or cleared the buffer itself: the detector is idle again."""
@@ -109,7 +123,12 @@ class TurnDetector:
                     raise event_error(event, "voice activity detection")
                 probs = event.tensors.get(self.detector.key)
                 for p in probs.tolist() if probs is not None else []:
-                    await self._judge(float(p))
+                    try:
+                        await self._judge(float(p))
+                    except QueueFull as exc:       # the turn's utterance found no room: this turn is lost
+                        self.end_speech()
+                        await self.turns.failed(ApiError(429, f"the server is at capacity: {exc}; the turn was "
+                                                              "dropped", code="queue_full"))
                 if event.finish_reason is not None:
                     raise ApiError(500, f"voice activity detection ended ({event.finish_reason})", code="server_error")
         except asyncio.CancelledError:
