@@ -122,4 +122,9 @@ def test_realtime_audio_is_a_client_fed_stream_cut_in_encoder_windows(preset, wi
     assert window == plan.node("audio_enc").dims["n_window_infer"]
     assert [t.per_chunk for t in plan.task("listen").tracks] == ["user_audio"]
     assert not [t for t in plan.transfers if t.kind == "stream" and t.dst_node == "audio_enc"]   # no worker sends it
-    assert [s.name for s in plan.streams if s.is_client_fed] == ["user_audio"]
+    assert [s.name for s in plan.streams if s.is_client_fed] == ["user_audio", "user_pcm"]
+    # the session's audio for the voice activity detector: 16 kHz windows of 512, each released as it arrives
+    pcm = next(s for s in plan.streams if s.name == "user_pcm")
+    assert (pcm.src_node, pcm.src_port, pcm.dst_node, pcm.dst_port) == ("client", "pcm", "vad", "pcm")
+    assert (pcm.policy.kind, pcm.policy.size) == ("fixed", 1)
+    assert [t.per_chunk for t in plan.task("detect_speech").tracks] == ["user_pcm"]

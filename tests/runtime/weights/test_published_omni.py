@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from mstar_compiler.ir import Options
+from mstar_compiler.catalogue.silero_vad import WEIGHTS as VAD_WEIGHTS
 from mstar_compiler.pipeline import compile_file
 from runtime.model_executor.kv import KVBlockManager
 from runtime.model_executor.weights import ConfigMismatch
@@ -76,8 +77,9 @@ def loaded(omni) -> dict[str, torch.nn.Module]:
     """Rank 0's modules, loaded by the worker's loader from the repository through the graph's mappings."""
     plan, _, root = omni
     modules = load_rank(plan, 0, WeightOptions((str(root),)))
-    assert {name: source for name, (_, source) in modules.items()} == {
-        name: str(root / "Qwen3-Omni-30B-A3B-Instruct") for name in modules}
+    sources = {name: source for name, (_, source) in modules.items()}
+    assert sources.pop("vad") == VAD_WEIGHTS           # the voice activity detector's come with its wheel
+    assert sources == {name: str(root / "Qwen3-Omni-30B-A3B-Instruct") for name in sources}
     return {name: module.eval() for name, (module, _) in modules.items()}
 
 
