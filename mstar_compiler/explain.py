@@ -32,8 +32,9 @@ def _node_line(n: plan.Node, rank: int) -> str:
     kv = "".join(f", KV {k.num_blocks} blocks x {k.block_tokens} tok" for k in n.kv_pools if k.rank == rank)
     layers = f" ({n.declared_layers} of its {n.published_layers} layers)" if n.published_layers else ""
     quant = f" linears {n.quant}" if n.quant else ""
+    weights = n.weights or n.args.get("weights") or "seeded random"       # a kind's own (Silero VAD's wheel file)
     return (f"{n.name}: {n.kind}/{n.preset}{layers} {n.dtype}{quant}{shared}{tp}, {n.num_params:,} params "
-            f"({format_size(share)} here){kv}, batch<={n.max_batch}, weights: {n.weights or n.args.get('weights') or 'seeded random'}")
+            f"({format_size(share)} here){kv}, batch<={n.max_batch}, weights: {weights}")
 
 
 def _params(p: plan.Plan) -> list[str]:

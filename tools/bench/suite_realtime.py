@@ -129,7 +129,8 @@ async def _server_vad(url: str, speech: bytes) -> dict[str, float]:
         sending.cancel()
         await ws.send_str(json.dumps({"type": "response.cancel"}))
         await _until(ws, "response.done")
-    return {"first_audio": first_audio - (start + stopped["audio_end_ms"] / 1000), "audio_end_ms": stopped["audio_end_ms"]}
+    end_of_speech = start + stopped["audio_end_ms"] / 1000
+    return {"first_audio": first_audio - end_of_speech, "audio_end_ms": stopped["audio_end_ms"]}
 
 
 async def _conversation(url: str, seed: int) -> dict[str, float]:
@@ -157,7 +158,8 @@ async def _conversation(url: str, seed: int) -> dict[str, float]:
 async def _hit_tokens(http: aiohttp.ClientSession, url: str) -> float:
     async with http.get(url + "/metrics") as resp:
         text = await resp.text()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("mstar_prefix_cache_hit_tokens_total"))
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("mstar_prefix_cache_hit_tokens_total"))
 
 
 async def _whole_file(url: str, seconds: float, seed: int) -> dict[str, float]:

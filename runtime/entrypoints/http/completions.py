@@ -48,8 +48,8 @@ def parse_completion(body: CompletionBody, server: ServerContext) -> ChatRequest
     given = {k: fields[k] for k in SAMPLING_KEYS}
     given.update(max_tokens=body.max_tokens, stop=body.stop or None, stop_token_ids=body.stop_token_ids or None,
                  ignore_eos=body.ignore_eos, logprobs=body.logprobs)
-    params = with_grammar(server, resolve_params(server.plan, given), response_grammar(body.response_format, server.limits),
-                          "response_format")
+    grammar = response_grammar(body.response_format, server.limits)
+    params = with_grammar(server, resolve_params(server.plan, given), grammar, "response_format")
     check_top_k(params.sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return ChatRequest(prompt_ids, params, params.sampling.stop, body.stream, include_usage)

@@ -24,12 +24,12 @@ it reuses; at least its last row is computed (its logits). A Run that feeds a ta
 reads layer `accept_hidden_layer`'s states at the placeholders (`hidden:mm`), which a reused row computes
 none of: the states computed at media rows are kept (`TappedRows`, by the row's key chained over every
 row before it: equal keys, equal states), and such a Run reuses rows up to the first placeholder whose
-state is not kept, taking the kept ones; so a spoken conversation's next turn reuses its earlier audio. The conductor cannot compute a digest, so it counts
-this node's pool from the worker's reports (`kv_reported`; runtime/conductor/kv_ledger.py): the
-blocks the cache holds after each batch and close, plus ceil(tokens / block) for every Run not yet
-answered, so a request whose picture or conversation is cached costs only what it took once its
-first Run is answered, and what the conductor admits always fits; the counters reach /metrics through
-`prefix_stats`. Blocks are keyed after the forward that wrote them; a failed Run keys none of its rows.
+state is not kept, taking the kept ones; so a spoken conversation's next turn reuses its earlier audio.
+The conductor cannot compute a digest, so it counts this node's pool from the worker's reports
+(`kv_reported`; runtime/conductor/kv_ledger.py): the blocks the cache holds after each batch and close,
+plus ceil(tokens / block) for every Run not yet answered, so a request whose picture or conversation is
+cached costs only what it took once its first Run is answered, and what the conductor admits always fits;
+the counters reach /metrics through `prefix_stats`. Blocks are keyed after the forward that wrote them; a failed Run keys none of its rows.
 """
 from __future__ import annotations
 

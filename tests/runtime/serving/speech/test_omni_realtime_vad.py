@@ -36,11 +36,12 @@ def ms(pcm: bytes) -> float:
 
 
 async def _vad_session(client: Client, **settings) -> None:
-    await client.send("session.update", session={"turn_detection": {**VAD, **settings}, "max_response_output_tokens": 4})
+    await client.send("session.update", session={"turn_detection": {**VAD, **settings},
+                                                 "max_response_output_tokens": 4})
     updated = await client.until("session.updated")
-    assert updated[-1]["session"]["turn_detection"] == {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
-                                                        "silence_duration_ms": 500, "create_response": True,
-                                                        "interrupt_response": True, **settings}
+    assert updated[-1]["session"]["turn_detection"] == {
+        "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
+        "create_response": True, "interrupt_response": True, **settings}
 
 
 @needs_espeak
