@@ -11,7 +11,8 @@ back to zero when requests end, including on abort and client disconnect.
 
 Per /v1/realtime server: sessions open, encoder windows of the utterance's client-fed stream
 heard before the commit ("streamed") and after it ("commit"), responses cancelled, error
-events by code.
+events by code; with server VAD, the detector's windows judged and the turns committed, by who ended
+them ("server_vad" or the client's "commit").
 """
 from __future__ import annotations
 
@@ -77,3 +78,9 @@ class RealtimeMetrics:
                                  "or barge-in)", registry=registry)
         self.errors = Counter("mstar_realtime_error_events", "error events sent, by code", ["code"],
                               registry=registry)
+        self.vad_windows = Counter("mstar_realtime_vad_windows", "windows the voice activity detector judged "
+                                   "(32 ms each for Silero VAD)", registry=registry)
+        self.turns = Counter("mstar_realtime_turns", "utterances committed, by who ended them: the server's "
+                             "turn detection (server_vad) or the client (commit)", ["by"], registry=registry)
+        for by in ("server_vad", "commit"):
+            self.turns.labels(by)

@@ -186,6 +186,7 @@ class RealtimeSession:
             if self.turns is not None:
                 self.turns.end_speech()
             await self._commit(new_id)
+        self.metrics.turns.labels("commit").inc()
 
     async def _commit(self, new_id: str) -> None:
         if self.utterance.seconds < MIN_COMMIT_S:
@@ -241,6 +242,7 @@ class RealtimeSession:
         try:
             async with self._audio:
                 await self._commit(new_id)
+            self.metrics.turns.labels("server_vad").inc()
             if self.turns is not None and self.turns.settings.create_response and self.response is None:
                 await self.create_response(RealtimeEvent("response.create"))
         except ApiError as err:
@@ -248,6 +250,9 @@ class RealtimeSession:
 
     async def failed(self, err: ApiError) -> None:
         await self._error(err, None)
+
+    def judged(self) -> None:
+        self.metrics.vad_windows.inc()
 
     def _drop_buffer(self) -> None:
         self.utterance.drop()

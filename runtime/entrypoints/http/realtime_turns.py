@@ -51,6 +51,8 @@ class Turns(Protocol):
     async def speech_audio(self, pcm16: bytes) -> bool:
         """More of the utterance; False when it would pass the model's audio limit (not taken)."""
     async def speech_stopped(self, audio_end_ms: int, item_id: str) -> None: ...
+    def judged(self) -> None:
+        """One more window judged (counted on /metrics)."""
     async def failed(self, err: ApiError) -> None: ...
 
 
@@ -142,6 +144,7 @@ class TurnDetector:
     async def _judge(self, p: float) -> None:
         """One window's probability (module docstring's states)."""
         k, self._window = self._window, self._window + 1
+        self.turns.judged()
         end = (k + 1) * self._pcm_per_window                # the window's end, in session samples
         threshold = self.settings.threshold
         if not self.speaking and p >= threshold:

@@ -15,7 +15,8 @@ from tests.runtime.models.silero_vad.test_silero_vad import needs_espeak, spoken
 from tests.runtime.serving.speech.test_omni_realtime import Client, session
 
 WINDOW_MS = 32                   # the detector's window: 512 samples at 16 kHz
-VAD = {"type": "server_vad"}     # OpenAI's defaults: threshold 0.5, prefix_padding_ms 300, silence_duration_ms 500
+VAD = {"type": "server_vad"}
+JUDGED, TURNS = "mstar_realtime_vad_windows_total", 'mstar_realtime_turns_total{by="%s"}'     # OpenAI's defaults: threshold 0.5, prefix_padding_ms 300, silence_duration_ms 500
 
 
 def pcm16(wave: torch.Tensor) -> bytes:
@@ -54,7 +55,11 @@ def test_speech_then_silence_is_committed_and_answered_without_a_commit_and_nois
         await client.speak(lead + speech + silence(1.2))
         return await client.until("response.done")
 
+    judged, turns = omni_single.metric(JUDGED), omni_single.metric(TURNS % "server_vad")
     events = session(omni_single, body)
+    # the server's own count: every window up to the speech's end was judged, and one turn was made of them
+    assert omni_single.metric(JUDGED) - judged >= (ms(lead) + ms(speech)) // WINDOW_MS
+    assert omni_single.metric(TURNS % "server_vad") - turns == 1
     kinds = [e["type"] for e in events]
     assert "input_audio_buffer.commit" not in kinds
     assert kinds[0] == "input_audio_buffer.speech_started", f"noise or silence started a turn: {kinds[:3]}"
