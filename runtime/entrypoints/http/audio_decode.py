@@ -7,6 +7,8 @@ of the lower Nyquist rate, evaluated as one strided convolution per output phase
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import math
 
@@ -17,8 +19,27 @@ from torch.nn import functional as F
 
 from runtime.entrypoints.http.errors import ApiError
 
+PCM_RATE = 24000         # OpenAI Realtime's pcm16: 16-bit little-endian mono at 24 kHz
 ZERO_CROSSINGS = 16      # sinc lobes on each side of a tap: the filter's sharpness
 ROLLOFF = 0.99           # cut-off as a fraction of the lower of the two Nyquist rates
+
+
+def pcm16_bytes(audio: object, field: str) -> bytes:
+    """A realtime event's base64 pcm16 (`audio` at `field`), decoded; 400 `invalid_audio` naming the field when
+    it is not base64 or holds no whole samples."""
+    try:
+        data = base64.b64decode(audio, validate=True) if isinstance(audio, str) else None
+    except (binascii.Error, ValueError):
+        data = None
+    if data is None or len(data) % 2:
+        raise ApiError(400, f"'{field}' must be base64 pcm16 (24 kHz mono, whole 16-bit samples)", field,
+                       "invalid_audio")
+    return data
+
+
+def pcm16_samples(pcm16: bytes) -> torch.Tensor:
+    """16-bit little-endian samples -> (S,) float32 in [-1, 1)."""
+    return torch.from_numpy(np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0)
 
 
 def decode_audio(data: bytes, field: str, sample_rate: int, max_seconds: float) -> torch.Tensor:

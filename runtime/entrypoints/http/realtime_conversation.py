@@ -17,14 +17,13 @@ a longer one is refused item by item (400).
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from runtime.entrypoints.http.audio_decode import pcm16_bytes
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.tools import call_block, tool_response
 
@@ -142,17 +141,6 @@ class Conversation:
         raise ApiError(400, f"no item '{item_id}' in the conversation", param, "item_not_found")
 
 
-def _pcm16(audio: Any) -> bytes:
-    try:
-        data = base64.b64decode(audio, validate=True) if isinstance(audio, str) else None
-    except (binascii.Error, ValueError):
-        data = None
-    if not data or len(data) % 2:
-        raise ApiError(400, "an input_audio part needs 'audio': base64 pcm16 (24 kHz mono, whole samples)",
-                       "item.content[0].audio", "invalid_audio")
-    return data
-
-
 def client_item(value: Any) -> Item:
     """An item a client creates (`conversation.item.create`'s `item`), checked; ApiError naming the field."""
     if not isinstance(value, dict):
@@ -184,7 +172,7 @@ def client_item(value: Any) -> Item:
     part = content[0]
     want = "text" if role == "assistant" else "input_text"
     if part.get("type") == "input_audio" and role == "user":
-        return Item(new_id, "message", role, "input_audio", pcm=_pcm16(part.get("audio")))
+        return Item(new_id, "message", role, "input_audio", pcm=pcm16_bytes(part.get("audio"), "item.content[0].audio"))
     if part.get("type") != want or not isinstance(part.get("text"), str):
         raise ApiError(400, f"a {role} item's part must be {{\"type\": \"{want}\", \"text\": ...}}",
                        "item.content[0]")

@@ -39,8 +39,6 @@ blocks and stream buffers.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import uuid
@@ -50,6 +48,7 @@ import msgspec
 import torch
 
 from runtime.conductor.config import QueueFull
+from runtime.entrypoints.http.audio_decode import PCM_RATE, pcm16_bytes
 from runtime.entrypoints.http.audio_events import AudioEvents
 from runtime.entrypoints.http.audio_metrics import RealtimeMetrics
 from runtime.entrypoints.http.context import ServerContext
@@ -161,17 +160,11 @@ class RealtimeSession:
         await self.send("session.updated", session=self._session())
 
     async def append(self, event: AudioAppendEvent) -> None:
-        try:
-            data = base64.b64decode(event.audio, validate=True)
-        except (binascii.Error, ValueError, TypeError):
-            raise ApiError(400, "'audio' must be base64 pcm16", "audio", "invalid_audio") from None
-        if len(data) % 2:
-            raise ApiError(400, "'audio' must hold whole 16-bit samples (an even number of bytes)", "audio",
-                           "invalid_audio")
+        data = pcm16_bytes(event.audio, "audio")
         if self.turns is not None:
             await self.turns.push(data)
             return
-        if self.utterance.seconds + len(data) / 2 / 24000 > self.listener.max_seconds:
+        if self.utterance.seconds + len(data) / 2 / PCM_RATE > self.listener.max_seconds:
             raise ApiError(413, f"the input audio buffer would exceed this model's limit of "
                                 f"{self.listener.max_seconds:g} s (param max_audio_seconds); commit sooner",
                            "audio", "audio_too_long")
@@ -201,7 +194,7 @@ class RealtimeSession:
 
     async def _hear(self, pcm16: bytes) -> torch.Tensor:
         """The encoder rows of a whole utterance (an input_audio item), by the listen task, as the buffer's."""
-        seconds = len(pcm16) / 2 / 24000
+        seconds = len(pcm16) / 2 / PCM_RATE
         if not MIN_COMMIT_S <= seconds <= self.listener.max_seconds:
             raise ApiError(400 if seconds < MIN_COMMIT_S else 413,
                            f"an input_audio item must hold {MIN_COMMIT_S:g} to {self.listener.max_seconds:g} s of "
@@ -231,7 +224,7 @@ class RealtimeSession:
         await self.speech_audio(pcm16)
 
     async def speech_audio(self, pcm16: bytes) -> bool:
-        if self.utterance.seconds + len(pcm16) / 2 / 24000 > self.listener.max_seconds:
+        if self.utterance.seconds + len(pcm16) / 2 / PCM_RATE > self.listener.max_seconds:
             return False
         async with self._audio:
             await self.utterance.push(pcm16)

@@ -28,11 +28,10 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from runtime.conductor.config import QueueFull
-from runtime.entrypoints.http.audio_decode import StreamResampler
+from runtime.entrypoints.http.audio_decode import PCM_RATE, StreamResampler, pcm16_samples
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError, event_error
 from runtime.entrypoints.http.schemas import TurnDetection
@@ -40,7 +39,6 @@ from runtime.entrypoints.http.speech import speech_params
 from runtime.entrypoints.http.speech_detector import SpeechDetector
 
 log = logging.getLogger(__name__)
-PCM_RATE = 24000              # the session's pcm16
 HYSTERESIS = 0.15             # speech ends below threshold - this (Silero's VADIterator)
 
 
@@ -87,8 +85,7 @@ class TurnDetector:
         if self.req is None or self.req.state.is_final:
             self._open()
         self._pending += pcm16
-        samples = torch.from_numpy(np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0)
-        wave = torch.cat((self._tail, self._resampler.push(samples)))
+        wave = torch.cat((self._tail, self._resampler.push(pcm16_samples(pcm16))))
         whole = wave.shape[0] // self.detector.window * self.detector.window
         self._tail = wave[whole:]
         windows = wave[:whole].reshape(-1, self.detector.window)

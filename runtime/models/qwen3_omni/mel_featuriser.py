@@ -23,13 +23,11 @@ float rounding of the same arithmetic on shorter arrays
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from runtime.models.qwen3_omni.mel import HOP_LENGTH, N_FFT, mel_filters
-from runtime.entrypoints.http.audio_decode import StreamResampler
+from runtime.entrypoints.http.audio_decode import PCM_RATE, StreamResampler, pcm16_samples
 
-PCM_RATE = 24000           # OpenAI Realtime's pcm16 input: 16-bit little-endian mono at 24 kHz
 _HALF = N_FFT // 2         # samples each side of a frame's centre
 
 
@@ -53,8 +51,7 @@ class MelFeaturiser:
         (num_mel_bins, n) log10 (unfloored)."""
         if len(pcm16) % 2:
             raise ValueError("pcm16 audio must be whole 16-bit samples (an even number of bytes)")
-        samples = torch.from_numpy(np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0)
-        self._wave = torch.cat((self._wave, self._resampler.push(samples)))
+        self._wave = torch.cat((self._wave, self._resampler.push(pcm16_samples(pcm16))))
         return self._mel(final=False)
 
     def finish(self) -> torch.Tensor:

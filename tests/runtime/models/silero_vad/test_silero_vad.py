@@ -8,8 +8,8 @@ torch's thread count to 1 for the whole process. Two checks:
     safetensors file under the published names: the architecture, step by step with its state;
   * the package's model with the published `silero_vad_16k.safetensors` copied into its parameters,
     against our node loading that file as published (`package:` reference): the file served.
-The package ships different trained weights in the two files (silero-vad 6.2.3): the jit's differ from
-the safetensors' (conv1's weight by up to 4.0), so each side runs on the same tensors as its oracle.
+The package ships different trained weights in the two files (silero-vad 6.2.3: the jit's tensors are not the
+safetensors'), so each side runs on the same tensors as its oracle.
 Speech is Debian's espeak-ng (installed by .ci/run); without it the tests skip, saying so.
 """
 from __future__ import annotations
