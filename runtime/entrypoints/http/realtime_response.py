@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 from typing import Any, Awaitable, Callable
 
+from runtime.entrypoints.http.audio_decode import PCM_RATE
 from runtime.entrypoints.http.audio_events import AudioEvents
 from runtime.entrypoints.http.audio_io import pcm16
 from runtime.entrypoints.http.realtime_conversation import Conversation, Item, item_id
@@ -85,7 +86,7 @@ class ResponseOutput:
 
     async def _audio(self, piece: Any) -> None:
         item = await self._ensure_message()
-        item.audio_ms += 1000.0 * piece.numel() / 24000          # pcm16 at the session's 24 kHz
+        item.audio_ms += 1000.0 * piece.numel() / PCM_RATE          # pcm16 at the session's 24 kHz
         await self.send("response.audio.delta", delta=base64.b64encode(pcm16(piece)).decode(), content_index=0,
                         **self._ids(item))
 
