@@ -117,7 +117,7 @@ def _moves(p: plan.Plan) -> list[str]:
         src = f"{t.src_node}.{t.src_port}" if t.src_port else t.src_node
         dst = f"{t.dst_node}.{t.dst_port}" if t.dst_port else t.dst_node
         out.append(f"  {t.kind}{' in ' + t.walk if t.walk else ''}: {src} @{t.src_rank} -> {dst} @{t.dst_rank}")
-    out.append("streams:" + ("" if p.streams else " none"))
+    out.append("streams:" + ("" if p.streams or p.task_streams else " none"))
     for s in p.streams:
         pol = s.policy
         shape = {"fixed": f"fixed {pol.size}", "sliding": f"sliding window {pol.size} stride {pol.stride}",
@@ -125,6 +125,11 @@ def _moves(p: plan.Plan) -> list[str]:
         src = "pushed by the server" if s.is_client_fed else f"@{s.src_rank}"
         out.append(f"  {s.name}: {s.src_node}.{s.src_port} {src} -> {s.dst_node}.{s.dst_port} "
                    f"@{s.dst_rank}, {shape}, buffer {s.capacity} items")
+    for t in p.task_streams:
+        pol = t.policy
+        out.append(f"  {t.name}: client.{t.item} pushed by the server -> task {t.task} ({t.input}), a request per "
+                   f"clause: delimited on {' '.join(repr(d) for d in pol.delimiters)}, "
+                   f"{pol.min_size}-{pol.size} characters")
     out.append("capture regions:" + ("" if p.capture_regions else " none"))
     for c in p.capture_regions:
         out.append(f"  {c.walk} loop #{c.loop} @rank {c.rank}: {', '.join(c.nodes)} buckets {c.batch_buckets}")

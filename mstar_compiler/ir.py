@@ -129,6 +129,13 @@ class StreamIR:
 
 
 @dataclass
+class TaskStreamIR:
+    spec: plan.TaskStream
+    path: Path
+    policy_path: Path
+
+
+@dataclass
 class WalkRunIR:
     walk: str
     path: Path
@@ -182,6 +189,7 @@ class IR:
     walks: dict[str, SeqStep] = field(default_factory=dict)
     edge_decls: list[EdgeDecl] = field(default_factory=list)
     streams: dict[str, StreamIR] = field(default_factory=dict)
+    task_streams: dict[str, TaskStreamIR] = field(default_factory=dict)   # client text into a task, per clause
     tasks: dict[str, TaskIR] = field(default_factory=dict)
     default_task: str = ""
     placement_name: str = ""

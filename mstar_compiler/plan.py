@@ -246,10 +246,12 @@ class Transfer(Base):
 
 
 class ChunkPolicy(Base):
-    kind: str                           # "fixed" | "sliding" | "left_context"
-    size: int                           # fixed: K; sliding: window W; left_context: chunk C
+    kind: str                           # "fixed" | "sliding" | "left_context" | "delimited"
+    size: int                           # fixed: K; sliding: window W; left_context: chunk C; delimited: max characters
     stride: int = 0                     # sliding: S (new items between emits); 0 otherwise
     context: int = 0                    # left_context: L (items of left context prepended); 0 otherwise
+    delimiters: list[str] = []          # delimited: the strings that end a clause
+    min_size: int = 0                   # delimited: the fewest characters a clause ended by a delimiter has
 
 
 CLIENT = "client"       # the producer of a client-fed stream (`from: client.<item>`): the request's client
@@ -269,6 +271,17 @@ class Stream(Base):
     @property
     def is_client_fed(self) -> bool:
         return self.src_node == CLIENT
+
+
+class TaskStream(Base):
+    """Text the client writes in pieces, cut into clauses by a `delimited` policy; each clause is the
+    `input` of one request of `task`, run in order (`streams: {name: {from: client.<item>, to: <task>.text}}`)."""
+
+    name: str                           # stream name from `streams:`
+    item: str                           # the client-fed item (`from: client.<item>`)
+    task: str                           # the task run once per clause
+    input: str                          # the request input modality each clause becomes ("text")
+    policy: ChunkPolicy                 # kind "delimited"
 
 
 # ---------------------------------------------------------------- walk programs
@@ -428,6 +441,7 @@ class Plan(Base):
     transfers: list[Transfer]
     streams: list[Stream]
     capture_regions: list[CaptureRegion]
+    task_streams: list[TaskStream] = []  # client text streamed into a task, a clause per request
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)

@@ -31,6 +31,7 @@ def build_plan(ir: IR) -> plan.Plan:
         transfers=ir.transfers,
         streams=ir.plan_streams,
         capture_regions=ir.capture_regions,
+        task_streams=[ts.spec for ts in ir.task_streams.values()],
     )
 
 

@@ -10,7 +10,7 @@ from mstar_compiler import plan
 from mstar_compiler.errors import Path, did_you_mean
 from mstar_compiler.ir import (IR, CarryIR, EdgeDecl, EmitIR, LoopStep, NodeStep, ParStep,
                                SeqStep, Step, StreamIR)
-from mstar_compiler.passes import resolve_tasks
+from mstar_compiler.passes import resolve_tasks, task_streams
 
 _COUNT = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)\s*(?:([-+])\s*([0-9]+))?$")
 _EDGE = re.compile(r"^\s*(\w+)\.(\w+)\s*->\s*(\w+)\.(\w+)\s*$")
@@ -37,7 +37,10 @@ def run(ir: IR) -> None:
         ir.walks[name] = _as_seq(_step(ir, raw, ("walks", name), [name]), ("walks", name))
     ir.edge_decls = [_edge(ir, text, ("edges", i)) for i, text in enumerate(ir.doc.data.get("edges", []))]
     for name, raw in ir.doc.data.get("streams", {}).items():
-        ir.streams[name] = _stream(ir, name, raw)
+        if task_streams.names_task(ir, raw["to"]):
+            ir.task_streams[name] = task_streams.resolve(ir, name, raw, chunk_policy(ir, name, raw))
+        else:
+            ir.streams[name] = _stream(ir, name, raw)
     resolve_tasks.run(ir)
 
 
@@ -181,20 +184,34 @@ def _stream(ir: IR, name: str, raw: dict[str, Any]) -> StreamIR:
     else:
         s_node, s_port = port_ref(ir, raw["from"], (*path, "from"))
     d_node, d_port = port_ref(ir, raw["to"], (*path, "to"))
+    policy, ppath = chunk_policy(ir, name, raw)
+    if policy.kind == "delimited":
+        raise ir.doc.error(f"stream '{name}' ends at node port {d_node}.{d_port}: `delimited` cuts text a client "
+                           "writes into a task", ppath, "a node's stream takes fixed, sliding or left_context "
+                           "chunks; a text stream is written `to: <task>.text`")
+    return StreamIR(name, s_node, s_port, d_node, d_port, policy, path, ppath)
+
+
+def chunk_policy(ir: IR, name: str, raw: dict[str, Any]) -> tuple[plan.ChunkPolicy, Path]:
+    """Stream `name`'s chunk policy (a graph preset's over the stream's own) and where it is written."""
     policies = _preset_policies(ir)
-    policy_path: Path = ("presets", ir.preset, "streams", name) if name in policies else (*path, "policy")
+    policy_path: Path = ("presets", ir.preset, "streams", name) if name in policies else ("streams", name, "policy")
     kind, value = next(iter(policies.get(name, raw["policy"]).items()))
     ppath = (*policy_path, kind)
     if kind == "fixed":
-        policy = plan.ChunkPolicy(kind="fixed", size=value)
-    elif kind == "sliding":
+        return plan.ChunkPolicy(kind="fixed", size=value), ppath
+    if kind == "sliding":
         if value["stride"] > value["window"]:
             raise ir.doc.error(f"sliding stride {value['stride']} exceeds window {value['window']}: items would be skipped",
                                (*ppath, "stride"), "stride <= window (Orpheus: window 28, stride 7)")
-        policy = plan.ChunkPolicy(kind="sliding", size=value["window"], stride=value["stride"])
-    else:
-        policy = plan.ChunkPolicy(kind="left_context", size=value["chunk"], context=value["context"])
-    return StreamIR(name, s_node, s_port, d_node, d_port, policy, path, ppath)
+        return plan.ChunkPolicy(kind="sliding", size=value["window"], stride=value["stride"]), ppath
+    if kind == "delimited":
+        if value["min"] > value["max"]:
+            raise ir.doc.error(f"delimited min {value['min']} exceeds max {value['max']}: no clause could end at a "
+                               "delimiter", (*ppath, "min"), "min <= max (e.g. min: 8, max: 64)")
+        return plan.ChunkPolicy(kind="delimited", size=value["max"], delimiters=list(value["delimiters"]),
+                                min_size=value["min"]), ppath
+    return plan.ChunkPolicy(kind="left_context", size=value["chunk"], context=value["context"]), ppath
 
 
 def _preset_policies(ir: IR) -> dict[str, Any]:

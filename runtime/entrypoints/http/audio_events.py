@@ -27,12 +27,13 @@ class AudioEvents:
         self.num_samples = 0
         self.last_audio_at: float | None = None
         self.logprobs: list[TokenLogprob] = []    # the last event's, one per text id (when asked)
+        self.finish_reason: str | None = None     # the last event's: "stop", "length", ... once done
 
     async def next(self) -> tuple[list[int], list[torch.Tensor], bool]:
         event = await self.req.events.get()
         if event.finish_reason == "error":
             raise event_error(event)
-        self.logprobs = event.logprobs
+        self.logprobs, self.finish_reason = event.logprobs, event.finish_reason
         audio = [t for key, t in event.tensors.items() if key == self.model.audio_key and t.numel()]
         return event.token_ids, audio, event.finish_reason is not None
 

@@ -40,6 +40,10 @@ class AudioMetrics:
         self.underruns = Counter("mstar_audio_stream_underruns", "chunks that arrived after real-time playback "
                                  "would have run dry", registry=registry)
         self.chunks = Counter("mstar_audio_chunks", "audio chunks sent", registry=registry)
+        self.text_clauses = Counter("mstar_speech_stream_clauses", "clauses of streamed text released for speech "
+                                    "(/v1/audio/speech/stream)", registry=registry)
+        self.speech_stream_sessions = Gauge("mstar_speech_stream_sessions", "/v1/audio/speech/stream sessions open",
+                                            registry=registry)
 
 
 class RuntimeCollector:

@@ -7,15 +7,13 @@ Its metrics are runtime/entrypoints/http/audio_metrics.py's RealtimeMetrics.
 """
 from __future__ import annotations
 
-import json
-
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from mstar_compiler.plan import Plan
 from runtime.entrypoints.http.context import ServerContext
-from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.families import Listener, families_of
 from runtime.entrypoints.http.realtime_session import RealtimeSession
+from runtime.entrypoints.http.ws_events import serve_socket
 
 MAX_MESSAGE_BYTES = 16 * 2 ** 20      # one append event; OpenAI caps an append at 15 MiB
 
@@ -34,26 +32,6 @@ def install_realtime(server: ServerContext, app: web.Application) -> None:
 
 async def realtime(request: web.Request) -> web.WebSocketResponse:
     server: ServerContext = request.app["mstar"]
-    if server.draining:
-        raise ApiError(503, "the server is shutting down", code="shutting_down")
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=30)
-    await ws.prepare(request)
-
-    async def send(event: dict) -> None:
-        if not ws.closed:
-            await ws.send_str(json.dumps(event))
-
-    session = RealtimeSession(server, server.realtime_listener, server.realtime_metrics, send)
-    await session.start()
-    try:
-        async for msg in ws:
-            if msg.type == WSMsgType.TEXT:
-                await session.handle(msg.data)
-            elif msg.type == WSMsgType.BINARY:
-                await session.refuse(ApiError(400, "client events are JSON text frames, not binary ones",
-                                              code="invalid_event"))
-            else:
-                break
-    finally:
-        await session.close()
-    return ws
+    return await serve_socket(request, lambda send: RealtimeSession(server, server.realtime_listener,
+                                                                    server.realtime_metrics, send),
+                              MAX_MESSAGE_BYTES)

@@ -39,7 +39,6 @@ blocks and stream buffers.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from typing import Any, Awaitable, Callable
@@ -47,7 +46,6 @@ from typing import Any, Awaitable, Callable
 import msgspec
 import torch
 
-from runtime.conductor.config import QueueFull
 from runtime.entrypoints.http.audio_decode import PCM_RATE, pcm16_bytes
 from runtime.entrypoints.http.audio_events import AudioEvents
 from runtime.entrypoints.http.audio_metrics import RealtimeMetrics
@@ -58,6 +56,7 @@ from runtime.entrypoints.http.realtime_conversation import Conversation, Item, c
 from runtime.entrypoints.http.realtime_response import ResponseOutput
 from runtime.entrypoints.http.realtime_turns import TurnDetector
 from runtime.entrypoints.http.realtime_utterance import Utterance
+from runtime.entrypoints.http.ws_events import dispatch
 from runtime.entrypoints.http.schemas import (
     AudioAppendEvent, FunctionDef, ItemCreateEvent, ItemDeleteEvent, ItemTruncateEvent, RealtimeEvent,
     SessionUpdateEvent, ToolDef, TurnDetection, convert_body,
@@ -109,34 +108,10 @@ class RealtimeSession:
     # ---- client events --------------------------------------------------------------------
 
     async def handle(self, raw: str) -> None:
-        """One client event; an ApiError becomes an `error` event, the session stays open."""
-        event: Any = None
-        try:
-            event = json.loads(raw)
-            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-                raise ApiError(400, "a client event must be a JSON object with a string 'type'", "type")
-            if event["type"] not in _HANDLERS:
-                raise ApiError(400, f"unknown event type '{event['type']}' (one of {', '.join(_HANDLERS)})",
-                               "type", "unknown_event")
-            handler, schema = _HANDLERS[event["type"]]
-            await handler(self, convert_body(event, schema))
-        except json.JSONDecodeError as exc:
-            await self._error(ApiError(400, f"the event is not valid JSON: {exc}", code="invalid_json"), None)
-        except ApiError as err:
-            await self._error(err, event.get("event_id") if isinstance(event, dict) else None)
-        except QueueFull as exc:    # the utterance's listen request (or the answer) found no room
-            await self._error(ApiError(429, f"the server is at capacity: {exc}; retry later", code="queue_full"),
-                              event.get("event_id") if isinstance(event, dict) else None)
-        except Exception:       # a bug here must not drop the socket: the client hears of it, the log has it
-            log.exception("realtime session %s failed on an event", self.id)
-            await self._error(ApiError(500, "the server failed on this event (see its log)", code="server_error"),
-                              event.get("event_id") if isinstance(event, dict) else None)
+        """One client event; an error becomes an `error` event, the session stays open."""
+        await dispatch(self, raw, _HANDLERS, f"realtime session {self.id}")
 
-    async def refuse(self, err: ApiError) -> None:
-        """A frame that is no event at all (a binary frame)."""
-        await self._error(err, None)
-
-    async def _error(self, err: ApiError, event_id: Any) -> None:
+    async def error(self, err: ApiError, event_id: Any = None) -> None:
         self.metrics.errors.labels(err.code or "invalid_request").inc()
         await self.send("error", error={"type": err.type, "code": err.code, "message": err.message,
                                         "param": err.param, "event_id": event_id})
@@ -242,7 +217,7 @@ class RealtimeSession:
             await self.failed(err)
 
     async def failed(self, err: ApiError) -> None:
-        await self._error(err, None)
+        await self.error(err, None)
 
     def judged(self) -> None:
         self.metrics.vad_windows.inc()
@@ -337,7 +312,7 @@ class RealtimeSession:
             await output.stream(AudioEvents(server, req, model), server.tokenizer)
         except ApiError as err:
             self.response = None
-            await self._error(err, None)
+            await self.error(err, None)
             await self.send("response.done", response=self._response("failed", output.cut()))
             return
         finally:

@@ -265,6 +265,33 @@ class AudioAppendEvent(RealtimeEvent):
     audio: str = ""                          # base64 pcm16, 24 kHz mono
 
 
+class SpeechStreamSettings(msgspec.Struct, forbid_unknown_fields=True):
+    """/v1/audio/speech/stream's `session.update` settings (unset: unchanged); clauses released after
+    the update take them."""
+
+    voice: str | msgspec.UnsetType = msgspec.UNSET
+    seed: int | None | msgspec.UnsetType = msgspec.UNSET           # clause i samples with seed + i
+    temperature: float | None | msgspec.UnsetType = msgspec.UNSET
+    top_p: float | None | msgspec.UnsetType = msgspec.UNSET
+    max_tokens: int | None | msgspec.UnsetType = msgspec.UNSET     # per clause
+    max_audio_frames: int | None | msgspec.UnsetType = msgspec.UNSET
+
+
+class SpeechStreamUpdateEvent(RealtimeEvent):
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {
+        "session": "session.update needs a 'session' object of voice, seed, temperature, top_p, max_tokens, "
+                   "max_audio_frames and no other field",
+    }
+
+    session: SpeechStreamSettings | msgspec.UnsetType = msgspec.UNSET
+
+
+class TextAppendEvent(RealtimeEvent):
+    FIELD_ERRORS: ClassVar[dict[str, str]] = {"delta": "'delta' must be a string"}
+
+    delta: str = ""
+
+
 class ItemCreateEvent(RealtimeEvent):
     FIELD_ERRORS: ClassVar[dict[str, str]] = {"previous_item_id": "'previous_item_id' must be a string"}
 
