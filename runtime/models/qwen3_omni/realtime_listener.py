@@ -9,7 +9,10 @@ every window its policy releases, its rows coming back as the walk emits them. T
 the stream: the tail is the final chunk. The answer is then the plan's `voice_chat` (or `chat`)
 over a ChatML prompt whose user turn is the audio placeholder, the `read_audio` walk's encoder
 passing the rows already computed on to the thinker (`audio_input: "rows"`), so the thinker sees
-what a whole-file `input_audio` part gives it.
+what a whole-file `input_audio` part gives it. A conversation's prompt goes in two items whatever its
+length: everything up to its last utterance (text ids and every utterance's rows at their placeholders:
+one encoder Run passing the rows on, one thinker Run that the prefix cache serves up to the new turn),
+then the rest; so a turn's Runs do not grow with the turns before it.
 """
 from __future__ import annotations
 
@@ -59,10 +62,12 @@ class OmniListener:
         if len(at) != len(heard):
             raise ApiError(400, f"the conversation's text holds the audio placeholder token: {len(at)} "
                                 f"placeholders for {len(heard)} utterances", "item.content")
-        items: list[tuple[str, Any]] = []
-        for start, end, rows in zip([-1] + at, at, heard):
-            items += [("text", ids[start + 1:end]), ("audio", MediaInput(rows, [pad] * rows.shape[0]))]
-        items.append(("text", ids[at[-1] + 1:] if at else ids))
+        if not at:
+            items: list[tuple[str, Any]] = [("text", ids)]
+        else:       # the history up to the last utterance in one Run (its rows at its placeholders), the rest
+            tokens = [t for start, end, rows in zip([-1] + at, at, heard)
+                      for t in ids[start + 1:end] + [pad] * len(rows)]
+            items = [("audio", MediaInput(torch.cat(heard), tokens)), ("text", ids[at[-1] + 1:])]
         return items, {"audio_input": "rows", **self.inputs.request_params(items)}
 
 

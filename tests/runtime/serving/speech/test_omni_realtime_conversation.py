@@ -77,6 +77,25 @@ def test_a_third_turn_is_answered_from_the_whole_conversation(omni_single):
     assert _chat(omni_single, conversation[:1] + conversation[-1:]) != three      # the history changed it
 
 
+def test_a_turns_runs_do_not_grow_with_the_turns_before_it(omni_single):
+    """Each answer reads the whole conversation in two items (the history with every utterance's rows, then
+    the rest): one encoder Run passing the rows on, whatever the turn, where one per utterance used to run."""
+    encoder = 'mstar_batch_run_ms_count{node="audio_enc"}'
+
+    async def body(client: Client) -> list[float]:
+        await client.send("session.update", session=TEXT_ONLY)
+        await client.until("session.updated")
+        runs = []
+        for turn in range(3):
+            await _heard(client, utterance(1.0, seed=20 + turn))
+            before = omni_single.metric(encoder)
+            await _respond(client)
+            runs.append(omni_single.metric(encoder) - before)
+        return runs
+
+    assert session(omni_single, body) == [1, 1, 1]
+
+
 def test_an_input_audio_item_is_heard_as_the_committed_buffer_is(omni_single):
     pcm = utterance(2.5, seed=8)
 
