@@ -28,6 +28,10 @@ A conversation: one session, 8 turns, each a 1 s utterance paced at real time, c
 speech (12 tokens) to its end; each turn timed from its commit to its first audio delta, and the thinker's
 prefix-cache hit tokens counted per turn from /metrics (each turn's prompt is the whole conversation).
 The row compares turn 8 with turn 1 of the same rounds: flat means the cache took the history.
+
+Text streamed in to speech (an Orpheus tiny server, bench/text_in.py): an answer written a word at a time,
+spoken over /v1/audio/speech/stream as it arrives, against the whole text POSTed to /v1/audio/speech once
+written; first word to first audio.
 """
 from __future__ import annotations
 
@@ -47,8 +51,11 @@ import torch
 from bench.registry import Context, register
 from bench.results import Row, Side
 from bench.servers import mstar_run
-from bench.stats import LOWER
+from bench.stats import LOWER, summarize
+from bench import text_in
 from bench.peer_mstar import compile_plan
+from mstar_compiler.plan import load_plan
+from runtime.streams.text_clauses import TextClauses
 from runtime.entrypoints.http.audio_decode import resample
 from runtime.entrypoints.http.audio_io import wav
 
@@ -202,10 +209,10 @@ def run(ctx: Context) -> list[Row]:
         vad = ctx.alternate("server VAD, a spoken sentence", {
             "vad": lambda: asyncio.run(_server_vad(srv.url, speech)),
             "commit": lambda: asyncio.run(_session(srv.url, 0, 0, speech))})
+    rows = _text_in(ctx, threads)
     label = "mstar-run qwen3_omni.yaml --preset tiny --placement single: /v1/realtime, commit to first audio delta"
     base = "the same server: the utterance as one WAV part of a streamed voice chat, POST to first audio chunk"
     note = f"100 ms appends paced at real time; random weights; torch threads per worker {threads}"
-    rows = []
     for seconds, s in samples.items():
         case = f"Qwen3-Omni tiny, {seconds:g} s utterance"
         rows += [Row(case, "time to first audio after the user stops", "s", LOWER, Side(label, s["realtime"]["first_audio"]),
@@ -236,3 +243,27 @@ def run(ctx: Context) -> list[Row]:
                     Side("turn 1 of the same session", talked["turn1_first_audio"]), note=turn_note,
                     names=(f"turn {TURNS}", "turn 1")))
     return rows
+
+
+def _text_in(ctx: Context, threads: int) -> list[Row]:
+    """Text streamed in to speech (bench/text_in.py) on an Orpheus tiny server."""
+    plan = compile_plan(ctx.root / "graphs/orpheus.yaml", ctx.root / "bench-results/plans/orpheus-tiny-single.plan.bin",
+                        "--preset", "tiny", "--placement", "single")
+    clauses = TextClauses.of(load_plan(plan).task_streams[0].policy)
+    count = len(clauses.append(text_in.TEXT) + clauses.finish())
+    seeds = itertools.count(1)
+    ctx.settings.update(text_in=text_in.TEXT, text_in_words_per_s=text_in.WORDS_PER_S, text_in_clauses=count)
+    with mstar_run(plan, ctx.root / "bench-results/logs/realtime-orpheus.log", "mstar-run orpheus tiny", threads) as srv:
+        model = asyncio.run(_model(srv.url))
+        got = ctx.alternate("text streamed in to speech", {
+            "streamed": lambda: asyncio.run(text_in.streamed(srv.url, next(seeds))),
+            "whole": lambda: asyncio.run(text_in.whole(srv.url, model, count))})
+    note = (f"a {len(text_in.TEXT.split())}-word answer written at {text_in.WORDS_PER_S:g} words/s, {count} clauses "
+            f"under the graph's delimited policy, {text_in.MAX_TOKENS} audio tokens per clause on both sides (greedy); "
+            f"first word to the end of the audio: streamed {summarize(got['streamed']['done']).median:.2f} s, whole text "
+            f"{summarize(got['whole']['done']).median:.2f} s (medians)")
+    return [Row("Orpheus tiny, text streamed in as an LLM writes it", "first word to first audio", "s", LOWER,
+                Side("mstar-run orpheus.yaml --preset tiny: /v1/audio/speech/stream, a word per append",
+                     got["streamed"]["first_audio"]),
+                Side("the same server: the whole text POSTed to /v1/audio/speech (streamed) after its last word",
+                     got["whole"]["first_audio"]), note=note, names=("streamed text", "whole text"))]
