@@ -2,11 +2,11 @@
 
 A text row is its token id (an int, 4 bytes in the key, never negative). A row at an audio, image or
 video placeholder that an encoder's output fills is a byte string:
-  MEDIA  int32 -1 + digest of the Run's embeds (16) + the row's index among them (4) + its M-RoPE (t, h, w) (12)
+  MEDIA  int32 -1 + digest of the row's embedding (16) + its M-RoPE (t, h, w) (12)
 The leading -1 is no token id and the row's length is fixed, so a block's key bytes read back into
-one row sequence only: text can never name a media row. The digest covers the embeds as the LM
-takes them, DeepStack columns included (runtime/models/qwen3_omni/thinker.py widens them before a
-forward: DeepStack adds into the first layers' states at those rows, so it is part of their KV);
+one row sequence only: text can never name a media row. The digest covers the row's embedding as the LM
+takes it (dtype and width too), DeepStack columns included (runtime/models/qwen3_omni/thinker.py widens
+them before a forward: DeepStack adds into the first layers' states at those rows, so it is part of their KV);
 the positions cover the picture's grid, which the row count alone does not fix. Chained from the
 prompt's first row, equal rows mean equal KV: a row's KV depends only on the rows up to it (the
 thinker is causal), and each of those is named here.
@@ -19,17 +19,20 @@ from typing import Sequence
 
 import torch
 
-from runtime.model_executor.kv.prefix_cache import Row, tensor_digest
+from runtime.model_executor.kv.prefix_cache import Row
 
 MEDIA = (-1).to_bytes(4, "little", signed=True)
 
 
 def media_rows(embeds: torch.Tensor, positions: torch.Tensor) -> list[bytes]:
-    """Rows of one Run's embeds (M, width) at M placeholders whose (3, M) positions are given."""
-    digest = tensor_digest(embeds)
-    return [MEDIA + digest + k.to_bytes(4, "little") + b"".join(int(p).to_bytes(4, "little", signed=True)
-                                                               for p in pos)
-            for k, pos in enumerate(positions.T.tolist())]
+    """Rows of one Run's embeds (M, width) at M placeholders whose (3, M) positions are given, each named
+    by its own embedding: however a prompt's media are split into Runs (one utterance per Run, or a
+    conversation's utterances in one), a row is named alike."""
+    head = f"{embeds.dtype}{embeds.shape[1]}".encode()
+    data = embeds.detach().cpu().contiguous().view(torch.uint8).numpy()         # (M, width * itemsize)
+    return [MEDIA + hashlib.blake2b(head + row.tobytes(), digest_size=16).digest()
+            + b"".join(int(p).to_bytes(4, "little", signed=True) for p in pos)
+            for row, pos in zip(data, positions.T.tolist())]
 
 
 def thinker_rows(tokens: Sequence[int], at: Sequence[int], embeds: torch.Tensor,

@@ -15,8 +15,8 @@ Beyond the decoder-LM executor (runtime/models/decoder_lm/executors.py) it
     finds them where it finds the embeds.
 
 Prefix caching: this executor decides reuse itself, as BAGEL's does. Its rows are named by content
-(row_keys.py: token ids, and at audio / image / video placeholders a digest of the embeds with their
-DeepStack columns plus the row's M-RoPE position), so a chat's pictures and the text after them are
+(row_keys.py: token ids, and at audio / image / video placeholders a digest of the row's embedding with
+its DeepStack columns plus its M-RoPE position), so a chat's pictures and the text after them are
 found again: the next turn of a conversation about a picture reuses the picture and the turns before.
 Each Run looks up the longest cached chain of its rows after the request's rows so far (a piece that
 ended mid-block continues in the cached block holding its rows) and sets `WorkItem.cached` to what

@@ -229,7 +229,10 @@ def test_media_rows_name_the_embeds_with_their_deepstack_columns_and_positions()
     assert rows == media_rows(embeds.clone(), positions) and len(set(rows)) == 4
     deep = embeds.clone()
     deep[2, 7] += 1e-3                  # a DeepStack column: the same image rows, other KV
-    assert media_rows(deep, positions)[0] != rows[0]
+    assert media_rows(deep, positions)[2] != rows[2]
+    assert media_rows(deep, positions)[0] == rows[0]          # a row is named by its own embedding (causal KV)
+    # the rows' names do not depend on how the media are cut into Runs (a conversation's utterances in one)
+    assert media_rows(embeds[:1], positions[:, :1]) + media_rows(embeds[1:], positions[:, 1:]) == rows
     assert media_rows(embeds, positions.flip(1))[0] != rows[0]     # another grid layout
     assert all(isinstance(r, bytes) and r[:4] == b"\xff" * 4 for r in rows)   # no token id is negative
 

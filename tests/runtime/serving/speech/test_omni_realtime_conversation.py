@@ -82,18 +82,25 @@ def test_a_turns_runs_do_not_grow_with_the_turns_before_it(omni_single):
     the rest): one encoder Run passing the rows on, whatever the turn, where one per utterance used to run."""
     encoder = 'mstar_batch_run_ms_count{node="audio_enc"}'
 
-    async def body(client: Client) -> list[float]:
+    async def body(client: Client) -> tuple[list[float], list[float]]:
         await client.send("session.update", session=TEXT_ONLY)
         await client.until("session.updated")
-        runs = []
+        runs, hits = [], []
         for turn in range(3):
             await _heard(client, utterance(1.0, seed=20 + turn))
-            before = omni_single.metric(encoder)
+            before, hit = omni_single.metric(encoder), _hit_tokens(omni_single)
             await _respond(client)
             runs.append(omni_single.metric(encoder) - before)
-        return runs
+            hits.append(_hit_tokens(omni_single) - hit)
+        return runs, hits
 
-    assert session(omni_single, body) == [1, 1, 1]
+    runs, hits = session(omni_single, body)
+    assert runs == [1, 1, 1]
+    assert 0 < hits[1] < hits[2]      # the history, utterances included, comes from the prefix cache
+
+
+def _hit_tokens(server) -> float:
+    return server.metric("mstar_prefix_cache_hit_tokens_total")      # the thinker's: the one cache it reports
 
 
 def test_an_input_audio_item_is_heard_as_the_committed_buffer_is(omni_single):
