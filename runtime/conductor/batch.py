@@ -28,6 +28,7 @@ class Entry(msgspec.Struct):
     kv_from: int | None = None         # rank whose KV cache of the node moves here
     kv_added: int = 0                  # tokens this Run added to the KV history
     steady: bool = False               # placed by its SteadyRow: KV history counted, ranks opened (steady.py)
+    rows: int = 0                      # an encoder Run's rows: its media item's placeholders (Scheduler._reserve)
 
 
 @dataclass

@@ -61,6 +61,16 @@ class MediaInput:
     tokens: list[int]       # placeholder ids, one per encoder output row (and any markers around them)
 
 
+@dataclass(frozen=True)
+class SizedInput:
+    """A non-text request input item whose LM reads no placeholders (its executor lays the rows out itself,
+    as BAGEL's does) with the rows its encoders compute from it, which a batch's rows count
+    (SchedulerConfig.max_batch_tokens)."""
+
+    value: Any              # what the encoder reads: a tensor (an image)
+    rows: int               # the most rows an encoder computes from it (BAGEL: its ViT patches)
+
+
 class OutputEvent(msgspec.Struct):
     """What the conductor tells the server about a request: new tokens, tensors, or the end
     (one per row per step: a struct, built in C; empty defaults are fresh per event)."""
@@ -169,10 +179,18 @@ class Request:
                 continue
             kind, value = self.input_items[i]
             if kind == modality:
-                return i, value.value if isinstance(value, MediaInput) else value
+                return i, value.value if isinstance(value, (MediaInput, SizedInput)) else value
             if item >= 0 and dtype == "tokens" and isinstance(value, MediaInput):
                 return i, value.tokens          # an LM reading a media item: its placeholders
         return None
+
+    def media_rows(self, item: int) -> int:
+        """The rows input item `item` stands for in an LM's context when it is a media item (0 otherwise):
+        what an encoder reading it computes."""
+        value = self.input_items[item][1]
+        if isinstance(value, SizedInput):
+            return value.rows
+        return len(value.tokens) if isinstance(value, MediaInput) else 0
 
     def note_kv(self, node: str, tokens: list[int]) -> int:
         """Count a Run's tokens into the KV node's history; how many were added."""

@@ -43,7 +43,9 @@ TAIL_FRACTION = 4
 @dataclass
 class SchedulerConfig:
     max_running: int = 256           # requests admitted at once (RUNNING + PREEMPTED)
-    max_batch_tokens: int = 4096     # new tokens per LM batch (prefill rows + decode rows)
+    # rows per batch: an LM's new tokens (prefill rows + decode rows), an encoder's rows (its pictures' or
+    # utterances' placeholders), so one call's activations stay within what the memory plan keeps free
+    max_batch_tokens: int = 4096
     batch_invariant: bool = False    # one Run per batch: no output depends on what else is running
     # prompt tokens per prefill chunk (0: whole prompts). 256 rows keep a CPU forward's GEMMs
     # compute-bound (past ~128 rows they run near peak FLOP/s), while a chunk's forward costs
@@ -172,7 +174,7 @@ class Scheduler:
                     admitting = False
                 entries = batch.entries
                 entries.append(entry)
-                batch.num_tokens += len(entry.item.tokens) - entry.item.cached
+                batch.num_tokens += len(entry.item.tokens) + entry.rows - entry.item.cached
                 if cohort is not None:
                     self._cohorts[cohort] = ops[run.node]
                 if len(entries) >= self._batch_limit[run.node]:
@@ -198,10 +200,10 @@ class Scheduler:
         pool = self.ledger.pools.get(key)
         n_new = len(entry.item.tokens)
         tokens = entry.item.tokens if not moved else None    # a moved cache's contents are not hashed
-        if n_new + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
+        if n_new + entry.rows + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
             # only computed tokens count: cached ones cost the forward nothing (asked only when it matters)
             cached = pool.cached_prefix(req.request_id, tokens) if pool is not None and tokens is not None else 0
-            if n_new - cached + batch.num_tokens > self.config.max_batch_tokens:
+            if n_new + entry.rows - cached + batch.num_tokens > self.config.max_batch_tokens:
                 return False
         if pool is None:
             return True
@@ -357,6 +359,8 @@ class Scheduler:
                     continue
                 entry.read.append(found[0])
                 value = found[1]
+                if not is_tokens:
+                    entry.rows = req.media_rows(found[0])
             else:
                 value = req.values.get(src.key)
                 if value is None:

@@ -2,6 +2,7 @@
 
     mstar-run plan.bin [--host 127.0.0.1] [--port 8000 | --port 0 --port-file F] [--api-key KEY]
                        [--max-concurrency N] [--prefill-chunk 256] [--prefill-chunk-alone 1024]
+                       [--max-batch-tokens 4096]
                        [--weights ROOT] [--weights REPO=DIR] [--random-weights]
                        [--worker-endpoint tcp://127.0.0.1:0] [--remote-ranks 1,2 --keys DIR]
                        [--batch-invariant] [--no-prefix-cache]
@@ -70,6 +71,10 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="the chunk of a prompt whose request is the only one in the server: no other request waits "
                         "on it, and fewer, larger forwards are faster; a request arriving meanwhile waits for at most "
                         "one such chunk (0: --prefill-chunk whatever else runs)")
+    p.add_argument("--max-batch-tokens", type=int, default=4096, metavar="ROWS",
+                   help="rows one batch of a node computes: an LM's new tokens (prompt chunks and decode rows), an "
+                        "encoder's rows (the placeholders of the pictures or utterances it reads), so one call's "
+                        "activations stay near what the memory plan keeps free (a larger item runs alone)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _ray_args(p)
     return p
@@ -121,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.prefill_chunk < 0:
             parser.error(f"--prefill-chunk must be 0 (whole prompts) or a positive number of tokens, "
                          f"got {args.prefill_chunk}")
+        if args.max_batch_tokens < 1:
+            parser.error(f"--max-batch-tokens must be a positive number of rows, got {args.max_batch_tokens}")
         if args.prefill_chunk_alone < 0:
             parser.error(f"--prefill-chunk-alone must be 0 (--prefill-chunk) or a positive number of tokens, "
                          f"got {args.prefill_chunk_alone}")
@@ -142,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                            batch_invariant=args.batch_invariant, prefix_cache=args.prefix_cache,
                            prefill_chunk_tokens=args.prefill_chunk,
                            prefill_chunk_alone_tokens=args.prefill_chunk_alone,
+                           max_batch_tokens=args.max_batch_tokens,
                            keys_dir=args.keys, ray=_ray_options(args)))
         return 0
     except (PlanFormatError, ClusterError) as exc:

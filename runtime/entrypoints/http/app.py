@@ -75,7 +75,8 @@ class MstarServer:
             weights=config.weights, log_level=config.log_level,
             scheduler=SchedulerConfig(max_running=config.max_concurrency, batch_invariant=config.batch_invariant,
                                       prefill_chunk_tokens=config.prefill_chunk_tokens,
-                                      prefill_chunk_alone_tokens=config.prefill_chunk_alone_tokens),
+                                      prefill_chunk_alone_tokens=config.prefill_chunk_alone_tokens,
+                                      max_batch_tokens=config.max_batch_tokens),
             prefix_cache=config.prefix_cache),
             on_batch=self.metrics.observe_batch)
         self.metrics.registry.register(PrefixCacheCollector(self.conductor.ledger))

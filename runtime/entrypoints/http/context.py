@@ -49,6 +49,7 @@ class ServerConfig:
     prefix_cache: bool = True            # reuse the KV blocks of equal prompt prefixes across requests
     prefill_chunk_tokens: int = 256      # prompt tokens per prefill chunk (0: whole prompts)
     prefill_chunk_alone_tokens: int = 1024   # the chunk of a request alone in the server (0: the above)
+    max_batch_tokens: int = 4096         # rows per batch of a node (SchedulerConfig.max_batch_tokens)
     drain_timeout_s: float = 30.0
     ready_timeout_s: float = 300.0       # a worker not ready and without a start step this long fails the start
     ray: RayOptions | None = None        # --ray: the ranks run as actors on a Ray cluster

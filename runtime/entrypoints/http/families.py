@@ -82,6 +82,9 @@ class FamilyServing:
     playground: Callable[[Plan], dict[str, Any]] | None = None  # the page's panels it can fill
     # an input image (PIL) as the family's models take it (BAGEL resizes every input image)
     prepare_image: Callable[[Plan, Any], Any] | None = None
+    # the rows the family's encoders compute from a prepared (H, W, 3) image: its items then carry them
+    # (runtime.conductor.request.SizedInput), so a batch of pictures stays within the scheduler's rows
+    image_rows: Callable[[Plan, Any], int] | None = None
     # the reader of non-text chat parts (runtime/entrypoints/http/chat_inputs.py's ChatInputs) for a plan
     chat_inputs: Callable[[Plan], Any] | None = None
     # how a /v1/realtime session's audio is heard (None: not for this plan)

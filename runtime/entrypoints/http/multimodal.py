@@ -19,6 +19,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from mstar_compiler.plan import Plan
+from runtime.conductor.request import SizedInput
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.families import families_of
 
@@ -61,6 +62,15 @@ def image_item(plan: Plan, data: bytes, field: str) -> torch.Tensor:
     return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.uint8).copy())
 
 
+def image_input(plan: Plan, image: torch.Tensor) -> Any:
+    """A prepared image as a request input item's value: with the rows its encoders compute when the family
+    says (SizedInput), else the tensor itself."""
+    for family in families_of(plan):
+        if family.image_rows is not None:
+            return SizedInput(image, family.image_rows(plan, image))
+    return image
+
+
 def data_url_bytes(url: Any, field: str) -> bytes:
     """The bytes of a base64 `data:` URL; 400 for anything else (no fetching)."""
     if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
@@ -83,7 +93,7 @@ def _part_item(plan: Plan, tokenizer: Any, part: Any, field: str) -> tuple[str, 
     if isinstance(part, dict) and part.get("type") == "image_url":
         url = part.get("image_url")
         url = url.get("url") if isinstance(url, dict) else url
-        return "image", image_item(plan, data_url_bytes(url, field), field)
+        return "image", image_input(plan, image_item(plan, data_url_bytes(url, field), field))
     raise ApiError(400, f"{field}: a content part must be {{'type': 'text'}} or {{'type': 'image_url'}}", field)
 
 

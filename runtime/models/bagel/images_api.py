@@ -30,7 +30,7 @@ from runtime.models.bagel.image_io import png_bytes
 from mstar_compiler.plan import Plan
 from runtime.conductor.request import Request
 from runtime.entrypoints.http.errors import ApiError, event_error
-from runtime.entrypoints.http.multimodal import data_url_bytes, image_item
+from runtime.entrypoints.http.multimodal import data_url_bytes, image_input, image_item
 from runtime.entrypoints.http.params import resolve_params
 from runtime.transport.request_params import RequestParams
 
@@ -137,7 +137,8 @@ def parse_job(server: ServerContext, fields: dict[str, Any], images: list[torch.
     size = _size(fields.get("size"), default, dims)
     params = _plan_params(server, fields, task, seed, size)
     prompt_ids = server.tokenizer.encode(prompt, add_special_tokens=False)
-    return ImageJob(task, [*(("image", im) for im in images), ("text", prompt_ids)], params, n, seed, size)
+    items = [*(("image", image_input(server.plan, im)) for im in images), ("text", prompt_ids)]
+    return ImageJob(task, items, params, n, seed, size)
 
 
 async def _image_of(server: ServerContext, req: Request) -> torch.Tensor:
