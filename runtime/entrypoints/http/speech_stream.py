@@ -86,7 +86,11 @@ class Clause:
     failed: ApiError | None = None        # why it could not be submitted
 
 
-_DONE = object()      # in the session's queue: the text before it is complete (input_text.done)
+@dataclass(frozen=True)
+class _Done:
+    """In the session's queue: the text before it is complete (input_text.done)."""
+
+    characters: int      # appended since the text before it was done
 
 
 class SpeechStream:
@@ -98,7 +102,8 @@ class SpeechStream:
         self.id = f"speech_{uuid.uuid4().hex[:20]}"
         self.settings: dict[str, Any] = {"voice": "alloy", **{k: None for k in SETTINGS[1:]}}
         self.cutter = TextClauses.of(stream.policy)
-        self.queue: deque[Any] = deque()          # Clause and _DONE, in order, until spoken
+        self.queue: deque[Clause | _Done] = deque()   # in order, until spoken
+        self.appended = 0                             # characters appended since the last input_text.done
         self.wake = asyncio.Event()
         self.next_index = 0
         self.usage = _Usage()
@@ -146,7 +151,7 @@ class SpeechStream:
             raise ApiError(400, f"{unspoken} characters are not spoken yet; an append of {len(event.delta)} would "
                            f"pass the session's {MAX_UNSPOKEN_CHARS}: wait for speech.clause.done", "delta",
                            "too_much_text")
-        self.usage.input_characters += len(event.delta)
+        self.appended += len(event.delta)
         await self._release(self.cutter.append(event.delta))
 
     async def flush(self, event: RealtimeEvent) -> None:
@@ -154,7 +159,8 @@ class SpeechStream:
 
     async def done(self, event: RealtimeEvent) -> None:
         await self._release(self.cutter.finish())
-        self.queue.append(_DONE)
+        self.queue.append(_Done(self.appended))
+        self.appended = 0
         self.wake.set()
 
     async def _release(self, texts: list[str]) -> None:
@@ -198,14 +204,14 @@ class SpeechStream:
                 await self.wake.wait()
             head = self.queue[0]
             try:
-                if head is _DONE:
-                    await self.send("speech.done", usage=self.usage.finish())
+                if isinstance(head, _Done):
+                    await self.send("speech.done", usage=self.usage.finish(head.characters))
                 else:
                     await self._say(head)
             except Exception:       # a bug here must not stop the session: the client hears of it, the log has it
                 log.exception("speech stream %s failed on a clause", self.id)
                 await self.error(ApiError(500, "the server failed on this clause (see its log)", code="server_error"),
-                                 clause=getattr(head, "index", None))
+                                 clause=head.index if isinstance(head, Clause) else None)
             self.queue.popleft()
             self._admit()
 
@@ -254,7 +260,6 @@ class _Usage:
     """What one text (up to `input_text.done`) cost."""
 
     clauses: int = 0
-    input_characters: int = 0
     output_tokens: int = 0
     audio_seconds: float = 0.0
 
@@ -263,10 +268,11 @@ class _Usage:
         self.output_tokens += tokens
         self.audio_seconds += seconds
 
-    def finish(self) -> dict[str, Any]:
-        out = {"clauses": self.clauses, "input_characters": self.input_characters,
+    def finish(self, characters: int) -> dict[str, Any]:
+        """The usage of the text that ended, `characters` long; counting starts anew."""
+        out = {"clauses": self.clauses, "input_characters": characters,
                "output_tokens": self.output_tokens, "audio_seconds": round(self.audio_seconds, 6)}
-        self.clauses = self.input_characters = self.output_tokens = 0
+        self.clauses = self.output_tokens = 0
         self.audio_seconds = 0.0
         return out
 
