@@ -29,8 +29,8 @@ def _prepare_image(plan: Plan, image: Image.Image) -> Image.Image:
 def _image_rows(plan: Plan, image: torch.Tensor) -> int:
     """The most rows an encoder computes from a prepared (H, W, 3) image: the ViT's patches after its own
     resize, or the VAE's latent tokens (the image is at the VAE's size already)."""
-    height, width = image.shape[0], image.shape[1]
-    rows = (height // image_stride(bagel_lm_dims(plan))) * (width // image_stride(bagel_lm_dims(plan)))
+    height, width, stride = image.shape[0], image.shape[1], image_stride(bagel_lm_dims(plan))
+    rows = (height // stride) * (width // stride)
     vit = next((n.dims for n in plan.nodes if n.kind == "siglip_vit"), None)
     if vit is not None:
         w, h = target_size(width, height, vit_resize(vit))
