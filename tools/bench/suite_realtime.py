@@ -253,15 +253,16 @@ def _text_in(ctx: Context, threads: int) -> list[Row]:
     count = len(clauses.append(text_in.TEXT) + clauses.finish())
     seeds = itertools.count(1)
     ctx.settings.update(text_in=text_in.TEXT, text_in_words_per_s=text_in.WORDS_PER_S, text_in_clauses=count)
-    with mstar_run(plan, ctx.root / "bench-results/logs/realtime-orpheus.log", "mstar-run orpheus tiny", threads) as srv:
+    log = ctx.root / "bench-results/logs/realtime-orpheus.log"
+    with mstar_run(plan, log, "mstar-run orpheus tiny", threads) as srv:
         model = asyncio.run(_model(srv.url))
         got = ctx.alternate("text streamed in to speech", {
             "streamed": lambda: asyncio.run(text_in.streamed(srv.url, next(seeds))),
             "whole": lambda: asyncio.run(text_in.whole(srv.url, model, count))})
     note = (f"a {len(text_in.TEXT.split())}-word answer written at {text_in.WORDS_PER_S:g} words/s, {count} clauses "
             f"under the graph's delimited policy, {text_in.MAX_TOKENS} audio tokens per clause on both sides (greedy); "
-            f"first word to the end of the audio: streamed {summarize(got['streamed']['done']).median:.2f} s, whole text "
-            f"{summarize(got['whole']['done']).median:.2f} s (medians)")
+            f"first word to the end of the audio: streamed {summarize(got['streamed']['done']).median:.2f} s, "
+            f"whole text {summarize(got['whole']['done']).median:.2f} s (medians)")
     return [Row("Orpheus tiny, text streamed in as an LLM writes it", "first word to first audio", "s", LOWER,
                 Side("mstar-run orpheus.yaml --preset tiny: /v1/audio/speech/stream, a word per append",
                      got["streamed"]["first_audio"]),
