@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import logging
 import uuid
 from collections import deque
@@ -177,8 +178,7 @@ class SpeechStream:
 
     def _admit(self) -> None:
         """Submit the first MAX_AHEAD queued clauses that are not yet."""
-        ahead = [c for c in self.queue if isinstance(c, Clause)][:MAX_AHEAD]
-        for clause in ahead:
+        for clause in itertools.islice((c for c in self.queue if isinstance(c, Clause)), MAX_AHEAD):
             if clause.req is None and clause.failed is None:
                 try:
                     clause.req = self._submit(clause)
