@@ -10,8 +10,26 @@ def explain(p: plan.Plan) -> str:
     """The whole report, deterministic for a given plan."""
     lines = [f"plan {p.model} (from {p.source}, preset {p.preset}, placement {p.placement})",
              f"  format v{p.format_version}, default task {p.default_task}", ""]
-    lines += _ranks(p) + _params(p) + _walks(p) + _tasks(p) + _moves(p)
+    lines += _models(p) + _ranks(p) + _params(p) + _walks(p) + _tasks(p) + _moves(p)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _models(p: plan.Plan) -> list[str]:
+    """Each included graph's share of the ranks: its nodes' weights and KV blocks, rank by rank."""
+    if not p.models:
+        return []
+    out = [f"models: {len(p.models)} included"]
+    for m in p.models:
+        nodes = [n for n in p.nodes if n.name.startswith(m.name + ".")]
+        out.append(f"  {m.name}: {m.model} (from {m.source}, preset {m.preset}, placement {m.placement}), "
+                   f"{len(nodes)} nodes, default task {m.default_task}")
+        for r in p.ranks:
+            here = [n for n in nodes if n.name in r.nodes]
+            if here:
+                weights = sum(n.weight_bytes // n.placement.tp_size for n in here if n.weight_key == n.name)
+                kv = sum(k.num_blocks * k.block_bytes for n in here for k in n.kv_pools if k.rank == r.index)
+                out.append(f"    rank {r.index}: weights {format_size(weights)}, KV {format_size(kv)}")
+    return out + [""]
 
 
 def _ranks(p: plan.Plan) -> list[str]:

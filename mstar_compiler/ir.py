@@ -174,13 +174,26 @@ class TaskIR:
 
 
 @dataclass
+class IncludeIR:
+    """One included graph, resolved (pass resolve, `include.py`); its names prefixed by `<include>.`."""
+
+    model: plan.IncludedModel             # the plan's record of it
+    profile: dict[str, Any]               # its placement profile: node (or `<include>.*`) -> rank spec
+    profile_path: Path                    # where that profile is written (in the included file)
+    device_memory: int                    # its graph preset's device memory (or the default)
+    path: Path                            # its `include:` entry
+
+
+@dataclass
 class IR:
     """Everything the passes know; filled in pipeline order."""
 
     doc: Doc
     catalogue: Catalogue
     options: Options
+    include_chain: tuple[str, ...] = ()   # real paths of the files including this one, outermost first
     # resolve
+    includes: dict[str, IncludeIR] = field(default_factory=dict)   # by prefix (nested: `a.b`)
     model: str = ""
     preset: str = ""
     device_memory: int = 0

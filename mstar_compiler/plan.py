@@ -423,6 +423,18 @@ class CaptureRegion(Base):
 # ---------------------------------------------------------------- the plan
 
 
+class IncludedModel(Base):
+    """A graph file compiled into this plan under a name (`include:`): its nodes, walks, tasks, params and
+    streams are named `<name>.<theirs>` in the plan."""
+
+    name: str                           # the include's name (nested: `outer.inner`)
+    model: str                          # its graph's `model:`
+    source: str                         # its graph file name (basename)
+    preset: str                         # its graph preset compiled
+    placement: str                      # its placement profile compiled
+    default_task: str                   # its default task (prefixed)
+
+
 class Plan(Base):
     format_version: int                 # FORMAT_VERSION at compile time
     model: str                          # graph `model:` name
@@ -442,6 +454,7 @@ class Plan(Base):
     streams: list[Stream]
     capture_regions: list[CaptureRegion]
     task_streams: list[TaskStream] = []  # client text streamed into a task, a clause per request
+    models: list[IncludedModel] = []    # graphs included under a name (`include:`; an include's own first)
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)

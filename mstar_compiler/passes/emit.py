@@ -32,6 +32,7 @@ def build_plan(ir: IR) -> plan.Plan:
         streams=ir.plan_streams,
         capture_regions=ir.capture_regions,
         task_streams=[ts.spec for ts in ir.task_streams.values()],
+        models=[inc.model for inc in ir.includes.values()],
     )
 
 

@@ -15,6 +15,8 @@ import yaml
 from mstar_compiler.errors import CompileError, Path, Position
 
 MAX_DEPTH = 64
+# a path's head (INCLUDED, <include>, ...) points into an included graph file (pass resolve's include.py)
+INCLUDED = "<included>"
 
 
 @dataclass
@@ -40,7 +42,10 @@ class Doc:
         return self.value_pos.get((), Position(self.file, 1, 1))
 
     def error(self, message: str, path: Path, hint: str = "", *, key: bool = False) -> CompileError:
-        return CompileError(message, self.where(path, key=key), tuple(path), hint)
+        shown = tuple(path)
+        while len(shown) > 2 and shown[0] == INCLUDED:      # the path in the file the position names
+            shown = shown[2:]
+        return CompileError(message, self.where(path, key=key), shown, hint)
 
     def get(self, path: Path, default: Any = None) -> Any:
         value = self.data

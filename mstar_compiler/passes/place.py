@@ -15,12 +15,12 @@ from mstar_compiler.passes.typecheck_loops import walk_nodes
 def run(ir: IR) -> IR:
     profile, ppath = _profile(ir)
     for name in profile:
-        if name != "*" and name not in ir.nodes:
+        if name != "*" and name not in ir.nodes and not (name.endswith(".*") and name[:-2] in ir.includes):
             raise ir.doc.error(f"placement '{ir.placement_name}' places unknown node '{name}'", (*ppath, name),
-                               did_you_mean(name, ir.nodes), key=True)
+                               did_you_mean(name, [*ir.nodes, *(f"{i}.*" for i in ir.includes)]), key=True)
     highest = 0
     for node in ir.nodes.values():
-        node.placement, spath = _placement(ir, node, profile, ppath)
+        node.placement, spath = _placement(ir, node, *_rank_spec(ir, node.name, profile, ppath))
         for rank_list, path in _rank_lists(node.placement, spath):
             highest = max(highest, _check_ranks(ir, rank_list, path))
     ir.num_ranks = ir.options.devices or highest + 1
@@ -41,12 +41,31 @@ def _as_list(ranks: int | list[int]) -> list[int]:
     return list(ranks) if isinstance(ranks, list) else [ranks]
 
 
-def _placement(ir: IR, node: NodeIR, profile: dict[str, Any], ppath: Path) -> tuple[plan.Placement, Path]:
-    key = node.name if node.name in profile else "*"
-    if key not in profile:
-        raise ir.doc.error(f"placement '{ir.placement_name}' gives no rank to node '{node.name}'", ppath,
-                           f"add `{node.name}: 0` or a default `\"*\": 0`")
-    raw, path = profile[key], (*ppath, key)
+def _rank_spec(ir: IR, node: str, profile: dict[str, Any], ppath: Path) -> tuple[Any, Path]:
+    """The rank spec placing `node` and where it is written: this graph's profile names it (or its
+    include: `llm.*`), else the profile of the graph that declares it (outermost include first), else
+    this profile's `"*"`."""
+    key = _key(profile, node)
+    if key:
+        return profile[key], (*ppath, key)
+    for prefix, inc in sorted(ir.includes.items(), key=lambda kv: kv[0].count(".")):
+        if node.startswith(prefix + ".") and (key := _key(inc.profile, node)):
+            return inc.profile[key], (*inc.profile_path, key[len(prefix) + 1:])   # the key as its file writes it
+    if "*" not in profile:
+        raise ir.doc.error(f"placement '{ir.placement_name}' gives no rank to node '{node}'", ppath,
+                           f"add `{node}: 0` or a default `\"*\": 0`")
+    return profile["*"], (*ppath, "*")
+
+
+def _key(profile: dict[str, Any], node: str) -> str:
+    """The key of `profile` naming `node`: itself, or `<include>.*` of the nearest include declaring it."""
+    if node in profile:
+        return node
+    parts = node.split(".")
+    return next((k for i in range(len(parts) - 1, 0, -1) if (k := ".".join(parts[:i]) + ".*") in profile), "")
+
+
+def _placement(ir: IR, node: NodeIR, raw: Any, path: Path) -> tuple[plan.Placement, Path]:
     spec = raw if isinstance(raw, dict) else {"ranks": raw}
     ranks, tp = _as_list(spec["ranks"]), spec.get("tp", 1)
     if len(set(ranks)) != len(ranks):

@@ -10,7 +10,7 @@ from typing import Any
 from mstar_compiler import plan, quant
 from mstar_compiler.errors import CompileError, Path, did_you_mean
 from mstar_compiler.ir import IR, NodeIR, ParamIR
-from mstar_compiler.passes import resolve_walks, weight_map
+from mstar_compiler.passes import include, resolve_walks, weight_map
 from mstar_compiler.passes.resolve_walks import param_ref
 from mstar_compiler.units import parse_size
 
@@ -24,6 +24,7 @@ def run(ir: IR) -> IR:
     data = ir.doc.data
     ir.model = data["model"]
     preset = _choose_preset(ir)
+    include.run(ir, preset, run)
     ir.device_memory = _device_memory(ir, preset)
     _params(ir, preset)
     _nodes(ir, preset)
@@ -51,8 +52,8 @@ def _choose_preset(ir: IR) -> dict[str, Any]:
 def _device_memory(ir: IR, preset: dict[str, Any]) -> int:
     if ir.options.device_memory is not None:
         return ir.options.device_memory
-    if "device_memory" not in preset:
-        return DEFAULT_DEVICE_MEMORY
+    if "device_memory" not in preset:    # a composed graph: room for every model it includes on one rank
+        return sum(i.device_memory for i in ir.includes.values() if "." not in i.model.name) or DEFAULT_DEVICE_MEMORY
     try:
         return parse_size(preset["device_memory"])
     except ValueError as exc:
@@ -98,7 +99,7 @@ def _fields(struct: plan.Param) -> dict[str, Any]:
 
 
 def _nodes(ir: IR, preset: dict[str, Any]) -> None:
-    raw_nodes: dict[str, Any] = ir.doc.data["nodes"]
+    raw_nodes: dict[str, Any] = ir.doc.data.get("nodes", {})
     preset_map = preset.get("nodes", {})
     verbs = {"nodes": "maps", "layers": "cuts", "quant": "quantizes"}
     for key, verb in verbs.items():
@@ -110,6 +111,8 @@ def _nodes(ir: IR, preset: dict[str, Any]) -> None:
                 raise ir.doc.error(f"node '{name}' shares weights (same_as): its {key} are those of "
                                    f"'{raw_nodes[name]['same_as']}'", ("presets", ir.preset, key, name), key=True)
     for name in ir.options.quant:
+        if name.partition(".")[0] in ir.includes:     # the include's own (pass include)
+            continue
         if name not in raw_nodes or "same_as" in raw_nodes[name]:
             hint = did_you_mean(name, raw_nodes) if name not in raw_nodes else \
                 f"it shares weights (same_as): quantize '{raw_nodes[name]['same_as']}'"
@@ -124,27 +127,29 @@ def _nodes(ir: IR, preset: dict[str, Any]) -> None:
     for name, raw in raw_nodes.items():
         if "same_as" in raw:
             ir.nodes[name] = _shared_node(ir, name, raw, raw_nodes, preset_map)
-    ir.nodes = {name: ir.nodes[name] for name in raw_nodes}
-    _weights(ir, preset)
+    included = {name: node for name, node in ir.nodes.items() if name not in raw_nodes}
+    ir.nodes = {**included, **{name: ir.nodes[name] for name in raw_nodes}}
+    _weights(ir, preset, raw_nodes)
 
 
-def _weights(ir: IR, preset: dict[str, Any]) -> None:
-    """Attach the preset's weight sources (a path or a checked `weight_map`); `same_as` nodes read
-    their root's. A graph without presets declares no weights, so its nodes are random by declaration."""
+def _weights(ir: IR, preset: dict[str, Any], own: dict[str, Any]) -> None:
+    """Attach the preset's weight sources (a path or a checked `weight_map`) to the graph's `own` nodes
+    (an included graph's have its own preset's); `same_as` nodes read their root's. A graph without
+    presets declares no weights, so its nodes are random by declaration."""
     sources: dict[str, Any] = preset.get("weights", {})
     maps: dict[str, plan.WeightMap] = {}
     for name, source in sources.items():
         path: Path = ("presets", ir.preset, "weights", name)
-        if name not in ir.nodes:
+        if name not in own:
             raise ir.doc.error(f"preset '{ir.preset}' gives weights for unknown node '{name}'", path,
-                               did_you_mean(name, ir.nodes), key=True)
+                               did_you_mean(name, own), key=True)
         if ir.nodes[name].weight_key != name:
             raise ir.doc.error(f"node '{name}' shares weights (same_as) and cannot name its own", path,
                                f"give the weights to '{ir.nodes[name].weight_key}'", key=True)
         if isinstance(source, dict):
             maps[name] = weight_map.resolve(ir, ir.nodes[name], source, path)
     is_random = bool(preset.get("random_weights", not ir.preset))
-    for node in ir.nodes.values():
+    for node in (ir.nodes[name] for name in own):
         source = sources.get(node.weight_key)
         node.weights = source if isinstance(source, str) else None
         node.weight_map = maps.get(node.weight_key)

@@ -15,9 +15,11 @@ _OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 
 
 def run(ir: IR) -> None:
-    for name, raw in ir.doc.data["tasks"].items():
+    own = ir.doc.data.get("tasks", {})
+    for name, raw in own.items():
         ir.tasks[name] = _task(ir, name, raw)
-    ir.default_task = ir.doc.data.get("default_task", next(iter(ir.tasks)))
+    first_included = next((i.model.default_task for i in ir.includes.values() if "." not in i.model.name), "")
+    ir.default_task = ir.doc.data.get("default_task", next(iter(own), first_included))
     if ir.default_task not in ir.tasks:
         raise ir.doc.error(f"unknown task '{ir.default_task}'", ("default_task",), did_you_mean(ir.default_task, ir.tasks))
     _choose_placement(ir)

@@ -3,6 +3,7 @@ declared edges and streams; then tasks via `resolve_tasks`.
 """
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -12,8 +13,8 @@ from mstar_compiler.ir import (IR, CarryIR, EdgeDecl, EmitIR, LoopStep, NodeStep
                                SeqStep, Step, StreamIR)
 from mstar_compiler.passes import resolve_tasks, task_streams
 
-_COUNT = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_]*)\s*(?:([-+])\s*([0-9]+))?$")
-_EDGE = re.compile(r"^\s*(\w+)\.(\w+)\s*->\s*(\w+)\.(\w+)\s*$")
+_COUNT = re.compile(r"^\$([A-Za-z_][A-Za-z0-9_.]*)\s*(?:([-+])\s*([0-9]+))?$")
+_EDGE = re.compile(r"^\s*([\w.]+)\.(\w+)\s*->\s*([\w.]+)\.(\w+)\s*$")     # a node may be an include's: a.b
 
 
 def param_ref(ir: IR, ref: str, path: Path, *, integer: bool = False) -> str:
@@ -28,7 +29,7 @@ def param_ref(ir: IR, ref: str, path: Path, *, integer: bool = False) -> str:
 
 
 def run(ir: IR) -> None:
-    raw_walks: dict[str, Any] = ir.doc.data["walks"]
+    raw_walks: dict[str, Any] = ir.doc.data.get("walks", {})
     for name in raw_walks:
         if name in ir.nodes:
             raise ir.doc.error(f"'{name}' names both a node and a walk", ("walks", name),
@@ -57,7 +58,9 @@ def _step(ir: IR, raw: Any, path: Path, stack: list[str]) -> Step:
 def _named(ir: IR, name: str, path: Path, stack: list[str]) -> Step:
     if name in ir.nodes:
         return NodeStep(name, path)
-    raw_walks = ir.doc.data["walks"]
+    raw_walks = ir.doc.data.get("walks", {})
+    if name not in raw_walks and name in ir.walks:      # an included graph's walk, resolved in its file
+        return copy.deepcopy(ir.walks[name])
     if name not in raw_walks:
         raise ir.doc.error(f"unknown node or walk '{name}'", path, did_you_mean(name, [*ir.nodes, *raw_walks]))
     if name in stack:
@@ -149,8 +152,9 @@ def _exit_cond(ir: IR, raw: Any, path: Path) -> plan.ExitCond:
 
 
 def port_ref(ir: IR, text: str, path: Path, *, key: bool = False) -> tuple[str, str]:
-    """(node, port) of a `node.port` reference whose node exists (ports are checked in typecheck)."""
-    node, _, port = text.partition(".")
+    """(node, port) of a `node.port` reference whose node exists (ports are checked in typecheck); the
+    node may be an included graph's (`asr.thinker.text`)."""
+    node, _, port = text.rpartition(".")
     if not port or not node:
         raise ir.doc.error(f"{text!r} is not a `node.port` reference", path, key=key)
     if node not in ir.nodes:

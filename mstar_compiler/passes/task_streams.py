@@ -23,15 +23,16 @@ EXAMPLE = "delimited: {delimiters: ['.', '!', '?', ','], min: 8, max: 64}"
 
 
 def names_task(ir: IR, ref: str) -> bool:
-    """Whether a stream's `to` names a task (a node of that name wins: it is a node's stream)."""
-    name = ref.partition(".")[0]
-    return name not in ir.nodes and name in ir.doc.data.get("tasks", {})
+    """Whether a stream's `to` names a task (a node of that name wins: it is a node's stream); the task
+    may be an included graph's (`tts.speech.text`)."""
+    name = ref.rpartition(".")[0]
+    return name not in ir.nodes and (name in ir.doc.data.get("tasks", {}) or name in ir.tasks)
 
 
 def resolve(ir: IR, name: str, raw: dict[str, Any], policy: tuple[plan.ChunkPolicy, Path]) -> TaskStreamIR:
     """The stream `name` into a task, its ends and policy checked; `policy`: its chunk policy and where."""
     path: Path = ("streams", name)
-    task, _, port = raw["to"].partition(".")
+    task, _, port = raw["to"].rpartition(".")
     source, _, item = raw["from"].partition(".")
     if source != plan.CLIENT:
         raise ir.doc.error(f"stream '{name}' runs into task '{task}', so its text comes from the request's client, "
