@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from mstar_compiler.plan import DONE, Plan
+from mstar_compiler.plan_view import scope
 from runtime.ranks.joining import Joining
 from runtime.conductor.kv_ledger import KVLedger
 from runtime.conductor.live_state import LiveState
@@ -244,7 +245,8 @@ class Conductor:
 
     def _open_ranks(self, req: Request, ranks: set[int]) -> None:
         for rank in sorted(ranks - req.ranks_opened):
-            self._send(rank, OpenRequest(request_id=req.request_id, params=req.params))
+            self._send(rank, OpenRequest(request_id=req.request_id, params=req.params,
+                                         scope=scope(self.plan, req.task)))
             req.ranks_opened.add(rank)
 
     # ---- events --------------------------------------------------------------------

@@ -105,6 +105,7 @@ class OpenRequest(_Msg, tag="open"):
 
     request_id: int
     params: RequestParams       # the request's params as the server resolved them
+    scope: str = ""             # the include its task belongs to: only its nodes open it ("": every node)
 
 
 class Route(msgspec.Struct, array_like=True):

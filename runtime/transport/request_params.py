@@ -56,5 +56,21 @@ class RequestParams(msgspec.Struct, frozen=True, omit_defaults=True):
         except KeyError:
             raise self._undeclared(name) from None
 
+    def under(self, scope: str) -> RequestParams:
+        """A request of include `scope`'s model (its own param names) as its plan names them:
+        `<scope>.<name>` (mstar_compiler/plan_view.py); "" leaves them as they are."""
+        if not scope:
+            return self
+        return msgspec.structs.replace(self, declared={f"{scope}.{k}": v for k, v in self.declared.items()})
+
+    def within(self, scope: str) -> RequestParams:
+        """What the executor of a node of include `scope` reads: the params of its own graph under their own
+        names too (`end_of_speech` beside `tts.end_of_speech`); "" leaves them as they are."""
+        if not scope:
+            return self
+        head = scope + "."
+        own = {k[len(head):]: v for k, v in self.declared.items() if k.startswith(head)}
+        return msgspec.structs.replace(self, declared={**self.declared, **own}) if own else self
+
     def _undeclared(self, name: str) -> KeyError:
         return KeyError(f"the request has no param '{name}'; the graph declares: {', '.join(self.declared)}")

@@ -12,39 +12,33 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Sequence
+from typing import Any, Callable
 
 from aiohttp import web
 
-from mstar_compiler.plan import Plan, load_plan
+from mstar_compiler.plan import load_plan
+from mstar_compiler.plan_view import own_view
 from runtime.ranks.ray.ray_launcher import RayLauncher
 from runtime.conductor.conductor import Conductor
 from runtime.conductor.config import ConductorConfig
 from runtime.conductor.request import Request
 from runtime.ranks.start_watch import StartFailed
 from runtime.conductor.scheduler import SchedulerConfig
-from runtime.model_executor.sampling import SamplingParams, stop_token_ids
 from runtime.entrypoints.http.audio_metrics import AudioMetrics, RealtimeMetrics, RuntimeCollector
 from runtime.entrypoints.http.audio_routes import install_audio_routes
-from runtime.entrypoints.http.chat_inputs import chat_inputs_for
 from runtime.entrypoints.http.completions import completions
 from runtime.entrypoints.http.context import ServerConfig
 from runtime.entrypoints.http.errors import ApiError, error_middleware
 from runtime.entrypoints.http.families import families_of
-from runtime.entrypoints.http.limits import serve_limits
 from runtime.entrypoints.http.limits import strict_json
 from runtime.entrypoints.http.metrics import Metrics
+from runtime.entrypoints.http.model_serving import IncludedServing, ModelServing
 from runtime.entrypoints.http.page import install_page
 from runtime.entrypoints.http.prefix_metrics import PrefixCacheCollector
-from runtime.entrypoints.http.realtime import realtime_listener
-from runtime.entrypoints.http.speech_detector import speech_detector
 from runtime.entrypoints.http.schemas import Body, parse_body
-from runtime.entrypoints.http.speech_model import speech_model
 from runtime.entrypoints.http.state_feed import install_state_feed
 from runtime.entrypoints.http.tasks import run_task
-from runtime.entrypoints.http.tools import renders_tools
 from runtime.entrypoints.http.transcriptions import audio_transcriptions
-from runtime.text import load_text_tokenizer
 from runtime.transport.messages import NodeInfo
 from runtime.worker.loader import check_plan_sources
 from runtime.model_executor.weights.sources import resolve_all
@@ -52,13 +46,12 @@ from runtime.model_executor.weights.sources import resolve_all
 log = logging.getLogger(__name__)
 
 
-class MstarServer:
+class MstarServer(ModelServing):
     """Everything one `mstar-run` process serves; its handlers see it as a `ServerContext` (context.py)."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.plan: Plan = load_plan(config.plan_path)
-        self.model_id = self.plan.model
+        self.plan = plan = load_plan(config.plan_path)
         self.metrics = Metrics()
         # resolved before any worker starts: a node without weights fails here, in seconds
         self.weights = resolve_all(self.plan, config.weights)
@@ -80,41 +73,39 @@ class MstarServer:
             prefix_cache=config.prefix_cache),
             on_batch=self.metrics.observe_batch)
         self.metrics.registry.register(PrefixCacheCollector(self.conductor.ledger))
-        self.chat_node = self._chat_node()
-        self.tokenizer = load_text_tokenizer(self.weights[self.chat_node].path if self.chat_node else None)
-        template = getattr(self.tokenizer, "chat_template", None)
-        # how a chat's tools reach the prompt: the template renders them, or tools.py's Hermes system message
-        self.tool_prompt = "template" if renders_tools(template.source if template else None) else "hermes"
-        self.chat_inputs = chat_inputs_for(self.plan)   # the family's reader of audio/image parts, if any
-        self.speech_model = speech_model(self.plan)
-        self.audio_metrics = AudioMetrics(self.metrics.registry)
         self.metrics.registry.register(RuntimeCollector(self.conductor))
-        self.realtime_listener = realtime_listener(self.plan) if self.speech_model else None
-        self.realtime_metrics = RealtimeMetrics(self.metrics.registry) if self.realtime_listener else None
-        self.speech_detector = speech_detector(self.plan) if self.realtime_listener else None
-        self.limits = serve_limits(self.plan)
+        self.audio_metrics = AudioMetrics(self.metrics.registry)
         self.draining = False
-
-    def _chat_node(self) -> str | None:
-        """The LM node that reads the chat prompt's tokens, if the plan has a chat task."""
-        names = {t.name for t in self.plan.tasks}
-        task = "chat" if "chat" in names else self.plan.default_task
-        walks = {s.walk for t in self.plan.task(task).tracks for s in t.states if s.walk}
-        return next((ri.node for ri in self.plan.request_inputs if ri.walk in walks and ri.dtype == "tokens"), None)
+        # the plan's own model; a plan with includes is that and each included model under its own name
+        self.serve_model(own_view(self.plan) if self.plan.models else self.plan, self.weights)
+        self.plan = plan
+        self.included = [IncludedServing(self, m.name, self.weights) for m in plan.models]
+        listens = any(m.realtime_listener for m in self.models_served())
+        self.realtime_metrics = RealtimeMetrics(self.metrics.registry) if listens else None
 
     # ---- helpers the handlers use --------------------------------------------------
 
-    def constrains_output(self) -> bool:
-        """Whether the chat LM samples under a request's grammar on every rank that holds it."""
-        infos = [n for s in self.conductor.workers.ranks.values() for n in s.nodes if n.name == self.chat_node]
-        return bool(infos) and all(n.grammars for n in infos)
+    def models_served(self) -> list[ModelServing]:
+        """This server's models: the plan's own, then each included one."""
+        return [self, *self.included]
 
-    def check_model(self, model: Any) -> None:
+    def serving(self, model: Any, able: Callable[[ModelServing], bool] | None = None) -> ModelServing:
+        """The served model a request names (400 if `model` is no string, 404 if none has that name);
+        with `able` and no name, the first model that is able (the plan's own first)."""
+        if model is None and able is not None:
+            return next((m for m in self.models_served() if able(m)), self)
         if not isinstance(model, str):
             raise ApiError(400, "'model' must be a string", "model")
-        if model != self.model_id:
-            raise ApiError(404, f"the model '{model}' does not exist; this server serves '{self.model_id}'",
+        found = next((m for m in self.models_served() if m.model_id == model), None)
+        if found is None:
+            names = ", ".join(f"'{m.model_id}'" for m in self.models_served())
+            raise ApiError(404, f"the model '{model}' does not exist; this server serves {names}",
                            "model", "model_not_found")
+        return found
+
+    def check_model(self, model: Any) -> None:
+        if self.serving(model) is not self:
+            raise ApiError(404, f"the model '{model}' is not served on this route", "model", "model_not_found")
 
     async def read_json(self, request: web.Request) -> Any:
         return strict_json(await self._read(request))
@@ -126,16 +117,6 @@ class MstarServer:
         if self.draining:
             raise ApiError(503, "the server is shutting down", code="shutting_down")
         return await request.read()
-
-    def stop_token_ids(self, extra: Sequence[int] = (), ignore_eos: bool = False) -> frozenset[int]:
-        """The ids a request stops at, for every handler: the tokenizer's end-of-sequence ids, the end
-        token the chat LM's dims name (BAGEL's), and the request's own `stop_token_ids`; with
-        `ignore_eos` (forced lengths) none."""
-        if ignore_eos:
-            return frozenset()
-        lm_eos = self.plan.node(self.chat_node).dims.get("eos_token_id") if self.chat_node else None
-        eos = (*self.tokenizer.eos_token_ids, *(() if lm_eos is None else (int(lm_eos),)))
-        return stop_token_ids(SamplingParams(stop_token_ids=tuple(extra)), eos)
 
     def observe_finished(self, req: Request) -> None:
         now = time.monotonic()
@@ -172,18 +153,25 @@ class MstarServer:
         return hmac.compare_digest(given.encode(), f"Bearer {self.config.api_key}".encode())
 
     async def models(self, request: web.Request) -> web.Response:
-        nodes = {name: source.describe() for name, source in self.weights.items()}
-        card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "mstar",
-                "tasks": [t.name for t in self.plan.tasks], "preset": self.plan.preset,
-                "placement": self.plan.placement, "weights": nodes, "random_weights": self.random_nodes,
+        """The plan's own model and each one it includes, each with its tasks and its nodes' weights."""
+        return web.json_response({"object": "list", "data": [self._card(m) for m in self.models_served()]})
+
+    def _card(self, model: ModelServing) -> dict[str, Any]:
+        plan, mine = model.plan, {n.name for n in model.plan.nodes}
+        card = {"id": model.model_id, "object": "model", "created": 0, "owned_by": "mstar",
+                "tasks": [t.name for t in plan.tasks], "preset": plan.preset, "placement": plan.placement,
+                "weights": {name: source.describe() for name, source in self.weights.items() if name in mine},
+                "random_weights": [n for n in self.random_nodes if n in mine],
                 "batch_invariant": self.config.batch_invariant, "prefix_cache": self.config.prefix_cache,
-                "dtype": {n.name: n.dtype for n in self.plan.nodes}, "tool_prompt": self.tool_prompt,
-                "quant": {n.name: n.quant for n in self.plan.nodes if n.quant},
-                "ranks": {str(r): {n.name: {"params": n.num_params, **_compiled(n)} for n in s.nodes}
-                          for r, s in sorted(self.conductor.workers.ranks.items())}}
+                "dtype": {n.name: n.dtype for n in plan.nodes}, "tool_prompt": model.tool_prompt,
+                "quant": {n.name: n.quant for n in plan.nodes if n.quant},
+                "ranks": {str(r): {n.name: {"params": n.num_params, **_compiled(n)} for n in s.nodes
+                                   if n.name in mine} for r, s in sorted(self.conductor.workers.ranks.items())}}
+        if isinstance(model, IncludedServing):     # its nodes are `<include>.<name>` in the plan
+            card["included_as"] = model.include
         if self.launcher is not None:    # where the cluster manager put each rank
             card["cluster"] = self.conductor.workers.placement()
-        return web.json_response({"object": "list", "data": [card]})
+        return card
 
     async def metrics_route(self, request: web.Request) -> web.Response:
         stats = {**self.conductor.stats(), "restarts": sum(s.restarts for s in self.conductor.workers.ranks.values()),

@@ -40,10 +40,12 @@ EXPIRES_S = 3600
 
 async def chat_or_audio(request: web.Request) -> web.StreamResponse:
     """The chat route: audio output goes to `audio_chat`, text-only chat to the text handler."""
-    body = await request.app["mstar"].read_body(request, ChatCompletionBody)
+    server: ServerContext = request.app["mstar"]
+    body = await server.read_body(request, ChatCompletionBody)
+    server = server.serving(body.model)       # a server of several models: the one the body names
     if body.modalities is not None and "audio" in body.modalities:
-        return await audio_chat(request, body)
-    return await chat_completions(request, body)
+        return await audio_chat(request, body, server)
+    return await chat_completions(request, body, server)
 
 
 def _input_items(server: ServerContext, body: ChatCompletionBody,
@@ -91,8 +93,7 @@ def _parse(server: ServerContext,
     return _input_items(server, body, speaker), fmt
 
 
-async def audio_chat(request: web.Request, body: ChatCompletionBody) -> web.StreamResponse:
-    server: ServerContext = request.app["mstar"]
+async def audio_chat(request: web.Request, body: ChatCompletionBody, server: ServerContext) -> web.StreamResponse:
     # decoding audio and images is CPU work: off the loop that runs the conductor
     (items, family, stops), fmt = await asyncio.to_thread(_parse, server, body)
     model = server.speech_model

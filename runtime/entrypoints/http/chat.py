@@ -315,9 +315,9 @@ def _answer(text: str, finish: str | None, tools: ToolUse | None) -> dict[str, A
             "finish_reason": "tool_calls" if finish == "stop" else finish}
 
 
-async def chat_completions(request: web.Request, body: ChatCompletionBody) -> web.StreamResponse:
-    """The text chat (audio_chat.py's `chat_or_audio` routes here what does not ask for speech)."""
-    server: ServerContext = request.app["mstar"]
+async def chat_completions(request: web.Request, body: ChatCompletionBody, server: ServerContext) -> web.StreamResponse:
+    """The text chat of the model `server` serves (audio_chat.py's `chat_or_audio` routes here what does
+    not ask for speech)."""
     # decoding images and audio is CPU work: off the loop that runs the conductor
     if has_image_parts(m.content for m in body.messages) or server.chat_inputs is not None:
         chat = await asyncio.to_thread(parse_chat, body, server)

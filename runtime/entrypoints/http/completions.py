@@ -100,6 +100,7 @@ class CompletionLogprobs:
 async def completions(request: web.Request) -> web.StreamResponse:
     server: ServerContext = request.app["mstar"]
     body = await server.read_body(request, CompletionBody)
+    server = server.serving(body.model)
     chat = parse_completion(body, server)
     samples = Samples(server, chat, body.n)
     logprobs = [CompletionLogprobs() for _ in range(body.n)]

@@ -8,7 +8,7 @@ this module, never app.py, and the imports of the HTTP layer point one way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from runtime.entrypoints.http.families import ServedModel
 from runtime.model_executor.weights.sources import WeightOptions
@@ -73,7 +73,15 @@ class ServerContext(ServedModel, Protocol):
     tool_prompt: str                         # how a chat's tools reach the prompt: "template" or "hermes" (tools.py)
 
     def check_model(self, model: Any) -> None:
-        """ApiError 400 when `model` is no string, 404 when it names another model than this server's."""
+        """ApiError 400 when `model` is no string, 404 when it names another model than this one."""
+
+    def serving(self, model: Any, able: Callable[[ServerContext], bool] | None = None) -> ServerContext:
+        """The served model a request names: this server's plan, or one it includes (model_serving.py);
+        400 when `model` is no string, 404 (naming the served models) when none has that name; with
+        `able` and no name, the first model for which `able` holds."""
+
+    def models_served(self) -> list[ServerContext]:
+        """Every model this server serves, the plan's own first."""
 
     async def read_json(self, request: web.Request) -> Any:
         """The request's JSON body (strict: no NaN or Infinity); 503 while draining, 400 if not JSON."""

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from mstar_compiler.plan import Plan
 from runtime.entrypoints.http.context import ServerContext
+from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.families import Listener, families_of
 from runtime.entrypoints.http.realtime_session import RealtimeSession
 from runtime.entrypoints.http.ws_events import serve_socket
@@ -25,13 +26,20 @@ def realtime_listener(plan: Plan) -> Listener | None:
 
 
 def install_realtime(server: ServerContext, app: web.Application) -> None:
-    """Add GET /v1/realtime when the plan's family can hear a session and the plan speaks."""
-    if server.realtime_listener is not None and server.speech_model is not None:
+    """Add GET /v1/realtime when a served model's family can hear a session and the model speaks."""
+    if any(_converses(m) for m in server.models_served()):
         app.router.add_get("/v1/realtime", realtime)
 
 
+def _converses(model: ServerContext) -> bool:
+    return model.realtime_listener is not None and model.speech_model is not None
+
+
 async def realtime(request: web.Request) -> web.WebSocketResponse:
-    server: ServerContext = request.app["mstar"]
+    """A session with the model `?model=` names (OpenAI's realtime URL), else the first that converses."""
+    server: ServerContext = request.app["mstar"].serving(request.query.get("model"), able=_converses)
+    if not _converses(server):
+        raise ApiError(400, f"the model '{server.model_id}' does not hold realtime sessions", "model")
     return await serve_socket(request, lambda send: RealtimeSession(server, server.realtime_listener,
                                                                     server.realtime_metrics, send),
                               MAX_MESSAGE_BYTES)

@@ -81,6 +81,7 @@ def _parse(server: ServerContext, body: SpeechBody) -> tuple[SpeechModel, str, s
 async def audio_speech(request: web.Request) -> web.StreamResponse:
     server: ServerContext = request.app["mstar"]
     body = await server.read_body(request, SpeechBody)
+    server = server.serving(body.model)
     model, voice, fmt, stream_format = _parse(server, body)
     req = submit_speech(server, model, voice, body)
     events = AudioEvents(server, req, model)

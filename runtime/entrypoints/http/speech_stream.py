@@ -65,16 +65,22 @@ def text_stream(plan: Plan, model: SpeechModel | None) -> TaskStream | None:
 
 
 def install_speech_stream(server: ServerContext, app: web.Application) -> None:
-    """Add GET /v1/audio/speech/stream when the plan speaks and streams text into its speech task."""
-    if text_stream(server.plan, server.speech_model) is not None:
+    """Add GET /v1/audio/speech/stream when a served model speaks and streams text into its speech task."""
+    if any(_streams_text(m) for m in server.models_served()):
         app.router.add_get("/v1/audio/speech/stream", speech_stream)
 
 
+def _streams_text(model: ServerContext) -> bool:
+    return text_stream(model.plan, model.speech_model) is not None
+
+
 async def speech_stream(request: web.Request) -> web.WebSocketResponse:
-    server: ServerContext = request.app["mstar"]
+    """A session with the model `?model=` names, else the first that streams text into speech."""
+    server: ServerContext = request.app["mstar"].serving(request.query.get("model"), able=_streams_text)
     model = server.speech_model
     stream = text_stream(server.plan, model)
-    assert model is not None and stream is not None      # the route exists only then
+    if model is None or stream is None:
+        raise ApiError(400, f"the model '{server.model_id}' does not stream text into speech", "model")
     return await serve_socket(request, lambda send: SpeechStream(server, model, stream, send))
 
 

@@ -61,7 +61,9 @@ async def audio_transcriptions(request: web.Request) -> web.StreamResponse:
     if server.draining:
         raise ApiError(503, "the server is shutting down", code="shutting_down")
     data, name, fields = await _form(request)
-    chat, fmt = _chat(server, data, name, parse_form(fields, TranscriptionForm))
+    form = parse_form(fields, TranscriptionForm)
+    server = server.serving(form.model)
+    chat, fmt = _chat(server, data, name, form)
     req = submit_chat(server, chat)
     events = ChatEvents(server, req, chat.stop, chat.prompt_ids)
     try:

@@ -119,6 +119,11 @@ def bagel_lm_dims(plan: Plan) -> Mapping[str, Any] | None:
     return next((n.dims for n in plan.nodes if n.kind == "bagel_mot_lm"), None)
 
 
+def _draws(model: ServerContext) -> bool:
+    """Whether a served model draws images (a server of several models may serve one that does)."""
+    return bagel_lm_dims(model.plan) is not None
+
+
 def parse_job(server: ServerContext, fields: dict[str, Any], images: list[torch.Tensor], task: str) -> ImageJob:
     """Check an image request's fields against OpenAI's shape and the plan; ApiError(4xx) if wrong."""
     dims = bagel_lm_dims(server.plan)
@@ -176,6 +181,7 @@ async def images_generations(request: web.Request) -> web.Response:
     body = await server.read_json(request)
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    server = server.serving(body.get("model"), able=_draws)
     return await run_job(server, parse_job(server, body, [], "t2i"))
 
 
@@ -205,6 +211,7 @@ async def _edit_fields(request: web.Request, server: ServerContext) -> tuple[dic
 async def images_edits(request: web.Request) -> web.Response:
     server = request.app["mstar"]
     fields, blobs = await _edit_fields(request, server)
+    server = server.serving(fields.get("model"), able=_draws)
     if not blobs:
         raise ApiError(400, "'image' is required: one or more image files", "image")
     if len(blobs) > MAX_IMAGES:

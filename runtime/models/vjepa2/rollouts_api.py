@@ -106,7 +106,9 @@ def _encode(t: torch.Tensor, encoding: str) -> Any:
 
 async def rollouts(request: web.Request) -> web.StreamResponse:
     server = request.app["mstar"]
-    params, ports, is_sse, encoding = parse_rollout(server, await server.read_json(request))
+    body = await server.read_json(request)
+    server = server.serving(body.get("model")) if isinstance(body, dict) else server
+    params, ports, is_sse, encoding = parse_rollout(server, body)
     req = server.conductor.submit(TASK, params, [], frozenset(), server.config.request_timeout_s, port_inputs=ports)
     key = next(f"{n.name}.prediction" for n in server.plan.nodes if n.kind == "vjepa2_ac_predictor")
     try:
