@@ -22,7 +22,7 @@ def _models(p: plan.Plan) -> list[str]:
     for m in p.models:
         nodes = [n for n in p.nodes if n.name.startswith(m.name + ".")]
         out.append(f"  {m.name}: {m.model} (from {m.source}, preset {m.preset}, placement {m.placement}), "
-                   f"{len(nodes)} nodes, default task {m.default_task}")
+                   f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, default task {m.default_task}")
         for r in p.ranks:
             here = [n for n in nodes if n.name in r.nodes]
             if here:

@@ -37,6 +37,12 @@ def run(ir: IR, preset: dict[str, Any], resolve: Callable[[IR], IR]) -> None:
         if name not in entries:
             raise ir.doc.error(f"preset '{ir.preset}' chooses a preset for unknown include '{name}'",
                                ("presets", ir.preset, "include", name), did_you_mean(name, entries), key=True)
+    for section in ("params", "nodes", "walks", "streams", "tasks"):
+        for name in ir.doc.data.get(section, {}):
+            if name in entries:
+                raise ir.doc.error(f"'{name}' names both an include and one of the graph's {section}",
+                                   (section, name), f"its {section} are named `{name}.<theirs>` here: rename one",
+                                   key=True)
     for name, raw in entries.items():
         entry = {"graph": raw} if isinstance(raw, str) else raw
         preset_path: Path = ("presets", ir.preset, "include", name) if name in chosen else ("include", name, "preset")
@@ -47,7 +53,7 @@ def run(ir: IR, preset: dict[str, Any], resolve: Callable[[IR], IR]) -> None:
 def _load_include(ir: IR, name: str, entry: dict[str, Any], preset: str | None, preset_path: Path) -> IR:
     """The IR of include `name`, loaded and validated, to be resolved like any graph."""
     path: Path = ("include", name)
-    file = os.path.join(os.path.dirname(ir.doc.file), entry["graph"])
+    file = os.path.normpath(os.path.join(os.path.dirname(ir.doc.file), entry["graph"]))
     real = os.path.realpath(file)
     chain = ir.include_chain or (os.path.realpath(ir.doc.file),)
     if real in chain:

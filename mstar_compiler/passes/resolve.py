@@ -88,10 +88,15 @@ def _params(ir: IR, preset: dict[str, Any]) -> None:
             _check_value(ir, spec, overrides[name], ("presets", ir.preset, "params", name))
             spec = plan.Param(**{**_fields(spec), "default": overrides[name]})
         ir.params[name] = ParamIR(spec, path)
-    for name in overrides:
+    for name, value in overrides.items():
+        path = ("presets", ir.preset, "params", name)
         if name not in ir.params:
-            raise ir.doc.error(f"preset '{ir.preset}' sets unknown param '{name}'",
-                               ("presets", ir.preset, "params", name), did_you_mean(name, ir.params), key=True)
+            raise ir.doc.error(f"preset '{ir.preset}' sets unknown param '{name}'", path,
+                               did_you_mean(name, ir.params), key=True)
+        if name not in ir.doc.data.get("params", {}):      # an included graph's (`llm.max_tokens`)
+            spec = ir.params[name].spec
+            _check_value(ir, spec, value, path)
+            ir.params[name] = ParamIR(plan.Param(**{**_fields(spec), "default": value}), path)
 
 
 def _fields(struct: plan.Param) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def run(ir: IR) -> None:
                                "steps refer to either by name: rename one", key=True)
     for name, raw in raw_walks.items():
         ir.walks[name] = _as_seq(_step(ir, raw, ("walks", name), [name]), ("walks", name))
-    ir.edge_decls = [_edge(ir, text, ("edges", i)) for i, text in enumerate(ir.doc.data.get("edges", []))]
+    ir.edge_decls += [_edge(ir, text, ("edges", i)) for i, text in enumerate(ir.doc.data.get("edges", []))]
     for name, raw in ir.doc.data.get("streams", {}).items():
         if task_streams.names_task(ir, raw["to"]):
             ir.task_streams[name] = task_streams.resolve(ir, name, raw, chunk_policy(ir, name, raw))
