@@ -57,6 +57,8 @@ class ChatRequest:
 def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
     """Check the typed body against the plan (its model, roles, media parts, params, tools); ApiError(4xx) if wrong."""
     server.check_model(body.model)
+    if server.chat_node is None and server.chat_inputs is None:
+        raise ApiError(400, f"the model '{server.model_id}' has no chat task")
     messages = chat_messages(body)
     check_roles(messages)
     tools, grammar, field = _constraints(body, server.limits)
