@@ -116,6 +116,11 @@ def _cond(c: plan.Cond) -> str:
 
 def _tasks(p: plan.Plan) -> list[str]:
     out = ["tasks:"]
+    for c in p.cascades:
+        stages = " -> ".join(f"{s.role} {s.task}" + (f" (clauses: delimited on {' '.join(repr(d) for d in s.clauses.delimiters)}"
+                                                     f", {s.clauses.min_size}-{s.clauses.size} characters)"
+                                                     if s.clauses else "") for s in c.stages)
+        out.append(f"  {c.name}: cascade, run by the server: {stages}")
     for t in p.tasks:
         out.append(f"  {t.name}:")
         for track in t.tracks:

@@ -174,6 +174,13 @@ class TaskIR:
 
 
 @dataclass
+class CascadeIR:
+    spec: plan.Cascade
+    path: Path
+    stage_paths: list[Path]               # each stage's entry, in order
+
+
+@dataclass
 class IncludeIR:
     """One included graph, resolved (pass resolve, `include.py`); its names prefixed by `<include>.`."""
 
@@ -204,6 +211,7 @@ class IR:
     streams: dict[str, StreamIR] = field(default_factory=dict)
     task_streams: dict[str, TaskStreamIR] = field(default_factory=dict)   # client text into a task, per clause
     tasks: dict[str, TaskIR] = field(default_factory=dict)
+    cascades: dict[str, CascadeIR] = field(default_factory=dict)      # tasks of tasks, run by the server
     default_task: str = ""
     placement_name: str = ""
     # typecheck

@@ -18,45 +18,7 @@ Identical input gives byte-identical files: every list below is in a fixed order
 (declaration order of the graph file, or sorted where the graph has no order) and the
 plan records no time, host or absolute path.
 
-How the conductor reads a plan
-------------------------------
-* `ranks`: one worker process per entry; `Rank.nodes` are the nodes it loads.
-* `nodes`: one entry per graph node. Nodes with the same `weight_key` share one set of
-  weights (`same_as`); on one rank they are loaded once and keep separate KV caches.
-  `placement` says on which ranks the node runs, per walk (`walk_ranks` overrides
-  `ranks` for named walks). `tp_size > 1`: the ranks form one tensor-parallel group;
-  `tp_size == 1` and several ranks: data-parallel replicas (pick one per request).
-* `walks`: each walk is a flat program (a list of `Op`, addressed by index = pc). The
-  conductor keeps one pc per request per track and steps it:
-    - `Run`: run a batch-step of `node` on `ranks` for this request, then pc += 1.
-    - `Parallel`: run every branch (each a straight-line list of `Run`) for this request;
-      branches may batch together or run on different ranks; pc += 1 when all finish.
-    - `LoopBegin`: set the loop counter to 0 and the trip count from `count`; if the trip
-      count is 0 jump to `end + 1`, else pc += 1.
-    - `LoopEnd`: counter += 1; if counter < trip count jump to `begin + 1`, else pc += 1.
-    - `DynamicLoopBegin` / `DynamicLoopEnd`: the same with `max` as the trip count, and
-      after each iteration the `until` conditions are checked in order; the first that
-      holds ends the loop and is recorded as the request's exit reason (or "max").
-    At each loop end the loop's `carries` copy an output of this iteration to an input
-    of the next one; `outputs` say which values reach the client and how (each/all/last).
-* Inputs of a `Run` come, in this order of precedence: from a loop carry (at iteration 0
-  a carried input reads the latest value the request holds for the carry's source port,
-  e.g. the token the prefill walk sampled, if any); from `edges` (same walk, the source
-  node's output); or, for ports listed in `request_inputs`, from the request itself
-  (prompt tokens, images, ...; a `latent` request input is fresh noise).
-* `tasks`: each request names a task. A task is one or more tracks run concurrently;
-  each track is a state table. A state either runs a walk, iterates a walk over the
-  request's interleaved inputs (`for_each`), or only branches. After a state finishes
-  its `transitions` are tried in order; the first whose condition holds gives the next
-  state (`DONE` = -1 ends the track). A track with `per_chunk` runs its walk once per
-  chunk released by that stream and ends after the final chunk.
-* `transfers`: every edge whose producer and consumer run on different ranks; the
-  sending worker sends straight to the receiving worker. Between rank sets the lead
-  (first) ranks exchange and a TP group broadcasts inside itself. `kind == "kv"` moves a KV
-  cache between walks placed on different ranks (prefill/decode disaggregation).
-* `streams`: streaming edges; the consuming rank keeps one buffer per request of
-  `capacity` items and releases chunks by the policy (see `ChunkPolicy`).
-* `capture_regions`: loop bodies that may be CUDA-graph captured per batch bucket.
+How the conductor reads each part of a plan: docs/architecture.md ("Reading a plan").
 """
 from __future__ import annotations
 
@@ -423,6 +385,21 @@ class CaptureRegion(Base):
 # ---------------------------------------------------------------- the plan
 
 
+class CascadeStage(Base):
+    role: str                           # "transcribe" (audio in, text out) | "chat" (text in and out) | "speak"
+    task: str                           # the task it runs, often an included model's (`asr.chat`)
+    clauses: ChunkPolicy | None = None  # speak: how the text before it is cut ("delimited"); None: whole
+
+
+class Cascade(Base):
+    """A task of tasks (`tasks: {name: {cascade: [...]}}`), run by the server: each stage a request of its
+    task, the text one stage writes detokenised by its model and read by the next stage's model as its
+    own prompt (a spoken stage: one request per clause, spoken in order while the text is written)."""
+
+    name: str
+    stages: list[CascadeStage]
+
+
 class IncludedModel(Base):
     """A graph file compiled into this plan under a name (`include:`): its nodes, walks, tasks, params and
     streams are named `<name>.<theirs>` in the plan."""
@@ -455,6 +432,10 @@ class Plan(Base):
     capture_regions: list[CaptureRegion]
     task_streams: list[TaskStream] = []  # client text streamed into a task, a clause per request
     models: list[IncludedModel] = []    # graphs included under a name (`include:`; an include's own first)
+    cascades: list[Cascade] = []        # tasks of tasks the server runs (`cascade:`), not the conductor
+
+    def cascade(self, name: str) -> Cascade | None:
+        return next((c for c in self.cascades if c.name == name), None)
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)

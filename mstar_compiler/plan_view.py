@@ -62,16 +62,26 @@ def model_view(plan: Plan, name: str) -> Plan:
         task_streams=[msgspec.structs.replace(ts, name=bare(ts.name), task=bare(ts.task))
                       for ts in plan.task_streams if own(ts.task)],
         models=[msgspec.structs.replace(m, name=bare(m.name), default_task=bare(m.default_task))
-                for m in plan.models if own(m.name)])
+                for m in plan.models if own(m.name)],
+        cascades=[msgspec.structs.replace(c, name=bare(c.name), stages=[
+            msgspec.structs.replace(s, task=bare(s.task)) for s in c.stages]) for c in plan.cascades if own(c.name)])
 
 
 def own_view(plan: Plan) -> Plan:
-    """The plan as its own model's clients see it: the tasks and task streams of the graph that includes
-    the others (none of theirs); a composed graph without tasks of its own serves none here."""
-    mine = [t for t in plan.tasks if not scope(plan, t.name)]
-    default = plan.default_task if any(t.name == plan.default_task for t in mine) else mine[0].name if mine else ""
-    return msgspec.structs.replace(plan, tasks=mine, default_task=default,
-                                   task_streams=[ts for ts in plan.task_streams if not scope(plan, ts.task)])
+    """The plan as its own model's clients see it: what the graph that includes the others declares itself
+    (its nodes, params, tasks, cascades), none of theirs; a composed graph without tasks serves none here."""
+    def mine(name: str) -> bool:
+        return not scope(plan, name)
+
+    tasks = [t for t in plan.tasks if mine(t.name)]
+    default = plan.default_task if any(t.name == plan.default_task for t in tasks) else tasks[0].name if tasks else ""
+    nodes = {n.name for n in plan.nodes if mine(n.name)}
+    return msgspec.structs.replace(
+        plan, params=[p for p in plan.params if mine(p.name)], nodes=[n for n in plan.nodes if n.name in nodes],
+        request_inputs=[i for i in plan.request_inputs if i.node in nodes],
+        walks=[w for w in plan.walks if mine(w.name)], streams=[s for s in plan.streams if s.dst_node in nodes],
+        tasks=tasks, default_task=default, task_streams=[ts for ts in plan.task_streams if mine(ts.task)],
+        cascades=[c for c in plan.cascades if mine(c.name)])
 
 
 def _track(track: Track, bare: Callable[[str], str]) -> Track:

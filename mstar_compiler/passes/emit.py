@@ -33,6 +33,7 @@ def build_plan(ir: IR) -> plan.Plan:
         capture_regions=ir.capture_regions,
         task_streams=[ts.spec for ts in ir.task_streams.values()],
         models=[inc.model for inc in ir.includes.values()],
+        cascades=[c.spec for c in ir.cascades.values()],
     )
 
 

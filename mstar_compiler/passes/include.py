@@ -116,6 +116,12 @@ def _merge(ir: IR, name: str, sub: IR) -> None:
             track.per_chunk = track.per_chunk and prefix + track.per_chunk
             track.steps = [names.task_step(s) for s in track.steps]
         ir.tasks[task.name] = task
+    for cascade in sub.cascades.values():
+        spec = cascade.spec
+        cascade.spec = msgspec.structs.replace(spec, name=prefix + spec.name, stages=[
+            msgspec.structs.replace(s, task=prefix + s.task) for s in spec.stages])
+        cascade.path, cascade.stage_paths = names.path(cascade.path), [names.path(p) for p in cascade.stage_paths]
+        ir.cascades[cascade.spec.name] = cascade
     for key, inner in sub.includes.items():          # its own includes, one level down
         inner.model = msgspec.structs.replace(inner.model, name=prefix + key,
                                               default_task=prefix + inner.model.default_task)

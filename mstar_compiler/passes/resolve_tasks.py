@@ -8,6 +8,7 @@ from typing import Any
 from mstar_compiler import plan
 from mstar_compiler.errors import Path, did_you_mean
 from mstar_compiler.ir import IR, ForEachIR, IfIR, TaskIR, TaskStepIR, TrackIR, WalkRunIR
+from mstar_compiler.passes import cascades
 
 # Input modalities a request can carry, and so what `for_each` / `{input: ...}` may name.
 MODALITIES = ("text", "image", "audio", "video", "actions")
@@ -15,11 +16,17 @@ _OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 
 
 def run(ir: IR) -> None:
-    own = ir.doc.data.get("tasks", {})
+    own = {name: raw for name, raw in ir.doc.data.get("tasks", {}).items() if not cascades.is_cascade(raw)}
     for name, raw in own.items():
         ir.tasks[name] = _task(ir, name, raw)
+    for name, raw in ir.doc.data.get("tasks", {}).items():
+        if cascades.is_cascade(raw):            # a task of tasks, which the server runs
+            ir.cascades[name] = cascades.resolve(ir, name, raw)
     first_included = next((i.model.default_task for i in ir.includes.values() if "." not in i.model.name), "")
     ir.default_task = ir.doc.data.get("default_task", next(iter(own), first_included))
+    if ir.default_task in ir.cascades:
+        raise ir.doc.error(f"the default task '{ir.default_task}' is a cascade, which the server runs on its "
+                           "endpoints", ("default_task",), "name a task of walks")
     if ir.default_task not in ir.tasks:
         raise ir.doc.error(f"unknown task '{ir.default_task}'", ("default_task",), did_you_mean(ir.default_task, ir.tasks))
     _choose_placement(ir)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from mstar_compiler import plan
 from mstar_compiler.errors import Path
 from mstar_compiler.ir import IR, LoopStep, NodeIR, NodeStep, ParStep, SeqStep, Step
-from mstar_compiler.passes import task_streams, typecheck_loops, typecheck_ports
+from mstar_compiler.passes import cascades, task_streams, typecheck_loops, typecheck_ports
 from mstar_compiler.passes.typecheck_ports import check_compatible, port
 
 # dtypes a request itself can carry (prompt tokens, media); optional inputs of these
@@ -38,6 +38,7 @@ def run(ir: IR) -> IR:
         _Walk(ir, name, walk).check()
     typecheck_loops.check_tracks(ir)
     task_streams.check(ir)
+    cascades.check(ir)
     return ir
 
 

@@ -21,9 +21,10 @@ GRAPHS = {
     "orpheus": ["single", "disaggregated", "tp2"],
     "vjepa2_ac": ["single"],
     "smollm2": ["single", "replicas"],
+    "voice_agent": ["single"],
 }
 FULL = {"bagel": "bagel-7b", "qwen3_omni": "qwen3-omni-30b-a3b", "orpheus": "orpheus-3b",
-        "vjepa2_ac": "vitg", "smollm2": "smollm2-135m"}
+        "vjepa2_ac": "vitg", "smollm2": "smollm2-135m", "voice_agent": "published"}
 CASES = [(g, p) for g, ps in GRAPHS.items() for p in ps]
 
 

@@ -8,7 +8,8 @@ decodes. As OpenAI's audio chat does:
     in the order they are produced;
   * not streamed: `message.audio = {id, data, expires_at, transcript}` with `data` the
     whole answer as base64 WAV (or PCM for "pcm16"), `message.content` null.
-`chat_or_audio` routes a chat request here when it asks for audio, else to the text chat.
+audio_routes.py's `chat_or_audio` routes a chat request here when it asks for audio, else to the
+text chat (or, for a plan's cascade, to cascade.py).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from aiohttp import web
 
 from runtime.entrypoints.http.audio_events import AudioEvents
 from runtime.entrypoints.http.audio_io import pcm16, wav
-from runtime.entrypoints.http.chat import chat_completions, chat_messages, item_tokens
+from runtime.entrypoints.http.chat import chat_messages, item_tokens
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.logprobs import LogprobsContent, missing_logprobs, requested_logprobs
@@ -36,16 +37,6 @@ from runtime.text import TextOutput
 
 AUDIO_FORMATS = ("wav", "pcm16")
 EXPIRES_S = 3600
-
-
-async def chat_or_audio(request: web.Request) -> web.StreamResponse:
-    """The chat route: audio output goes to `audio_chat`, text-only chat to the text handler."""
-    server: ServerContext = request.app["mstar"]
-    body = await server.read_body(request, ChatCompletionBody)
-    server = server.serving(body.model)       # a server of several models: the one the body names
-    if body.modalities is not None and "audio" in body.modalities:
-        return await audio_chat(request, body, server)
-    return await chat_completions(request, body, server)
 
 
 def _input_items(server: ServerContext, body: ChatCompletionBody,
@@ -87,10 +78,16 @@ def _parse(server: ServerContext,
     speaker = model.speaker.voice(audio.voice)
     if speaker is None:
         raise ApiError(400, f"unknown voice '{audio.voice}'", "audio.voice")
+    return _input_items(server, body, speaker), audio_format(body)
+
+
+def audio_format(body: ChatCompletionBody) -> str:
+    """The answer's audio format: the body's `audio.format`, else pcm16 streamed and wav whole."""
+    audio = body.audio or AudioOutput()
     fmt = ("pcm16" if body.stream else "wav") if audio.format is msgspec.UNSET else audio.format
     if fmt not in AUDIO_FORMATS or (body.stream and fmt != "pcm16"):
         raise ApiError(400, "audio.format must be 'wav' or 'pcm16' ('pcm16' when streaming)", "audio.format")
-    return _input_items(server, body, speaker), fmt
+    return fmt
 
 
 async def audio_chat(request: web.Request, body: ChatCompletionBody, server: ServerContext) -> web.StreamResponse:
@@ -111,39 +108,39 @@ async def audio_chat(request: web.Request, body: ChatCompletionBody, server: Ser
         server.conductor.abort(req)
 
 
-class _Reply:
-    """One audio chat answer: text decoded incrementally, audio as it comes."""
+class AudioAnswer:
+    """An audio chat answer written as OpenAI writes one (SSE chunks or one JSON body); a subclass gives
+    its text and audio (`next`), finish reason, usage and what its client was sent."""
 
-    def __init__(self, server: ServerContext, events: AudioEvents, num_prompt: int) -> None:
-        self.server, self.events, self.num_prompt = server, events, num_prompt
-        self.text = TextOutput(server.tokenizer, SamplingParams(), stop_ids=events.req.stop_token_ids)
-        asked = events.req.params.sampling.logprobs is not None
-        self.logprobs = LogprobsContent(server.tokenizer) if asked else None
+    server: ServerContext
+    sample_rate: int
+
+    def __init__(self, server: ServerContext, sample_rate: int) -> None:
+        self.server, self.sample_rate = server, sample_rate
         self.cid, self.aid, self.created = f"chatcmpl-{uuid.uuid4().hex}", f"audio_{uuid.uuid4().hex}", int(time.time())
 
     async def next(self) -> tuple[str, list[Any], bool]:
-        ids, audio, done = await self.events.next()
-        req = self.events.req
-        if self.logprobs is not None:
-            why = missing_logprobs(ids, self.events.logprobs)
-            if why is not None:     # the handler's `finally` aborts the request
-                raise ApiError(400, f"this model cannot answer 'logprobs': {why}", "logprobs")
-            for token, logprob in zip(ids, self.events.logprobs):
-                if token not in req.stop_token_ids:
-                    self.logprobs.add(token, logprob)
-        return self.text.push_ids(ids, is_last=done), audio, done
+        """(text delta, audio pieces, whether this was the last)."""
+        raise NotImplementedError
+
+    def sent(self, piece: Any) -> None:
+        """`piece` of audio reached the client (playback metrics)."""
+
+    def observe(self) -> None:
+        """The answer is complete (its metrics)."""
 
     def take_logprobs(self) -> dict[str, Any] | None:
-        return self.logprobs.take() if self.logprobs is not None else None
+        return None
 
     def finish_reason(self) -> str:
-        req = self.events.req
-        budget = req.params.max_tokens
-        return "length" if budget is not None and len(req.output_ids) >= budget else "stop"
+        raise NotImplementedError
 
-    def usage(self) -> dict[str, int]:
-        done = len(self.events.req.output_ids)
-        return {"prompt_tokens": self.num_prompt, "completion_tokens": done, "total_tokens": self.num_prompt + done}
+    def usage(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def message_extra(self) -> dict[str, Any]:
+        """Fields the whole answer's `message` carries besides OpenAI's."""
+        return {}
 
     def _chunk(self, delta: dict, finish: str | None, logprobs: dict[str, Any] | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
@@ -164,8 +161,8 @@ class _Reply:
                 for piece in audio:
                     data = base64.b64encode(pcm16(piece)).decode()
                     await resp.write(self._chunk({"audio": {"id": self.aid, "data": data}}, None))
-                    self.events.sent(piece)
-            self.events.observe()
+                    self.sent(piece)
+            self.observe()
             await resp.write(self._chunk({"audio": {"id": self.aid, "expires_at": int(time.time()) + EXPIRES_S}},
                                          self.finish_reason(), self.take_logprobs()))
             if include_usage:
@@ -184,14 +181,55 @@ class _Reply:
             transcript += text
             for piece in audio:
                 pcm += pcm16(piece)
-                self.events.sent(piece)
-        self.events.observe()
-        data = wav(bytes(pcm), self.events.model.sample_rate) if fmt == "wav" else bytes(pcm)
+                self.sent(piece)
+        self.observe()
+        data = wav(bytes(pcm), self.sample_rate) if fmt == "wav" else bytes(pcm)
         audio = {"id": self.aid, "data": base64.b64encode(data).decode(),
                  "expires_at": int(time.time()) + EXPIRES_S, "transcript": transcript}
+        message = {"role": "assistant", "content": None, "refusal": None, "audio": audio, **self.message_extra()}
         return web.json_response({
             "id": self.cid, "object": "chat.completion", "created": self.created, "model": self.server.model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": None,
-                                                 "audio": audio}, "finish_reason": self.finish_reason(),
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason(),
                          "logprobs": self.take_logprobs()}],
             "usage": self.usage()})
+
+
+class _Reply(AudioAnswer):
+    """One audio chat answer: text decoded incrementally, audio as it comes."""
+
+    def __init__(self, server: ServerContext, events: AudioEvents, num_prompt: int) -> None:
+        super().__init__(server, events.model.sample_rate)
+        self.events, self.num_prompt = events, num_prompt
+        self.text = TextOutput(server.tokenizer, SamplingParams(), stop_ids=events.req.stop_token_ids)
+        asked = events.req.params.sampling.logprobs is not None
+        self.logprobs = LogprobsContent(server.tokenizer) if asked else None
+
+    async def next(self) -> tuple[str, list[Any], bool]:
+        ids, audio, done = await self.events.next()
+        req = self.events.req
+        if self.logprobs is not None:
+            why = missing_logprobs(ids, self.events.logprobs)
+            if why is not None:     # the handler's `finally` aborts the request
+                raise ApiError(400, f"this model cannot answer 'logprobs': {why}", "logprobs")
+            for token, logprob in zip(ids, self.events.logprobs):
+                if token not in req.stop_token_ids:
+                    self.logprobs.add(token, logprob)
+        return self.text.push_ids(ids, is_last=done), audio, done
+
+    def sent(self, piece: Any) -> None:
+        self.events.sent(piece)
+
+    def observe(self) -> None:
+        self.events.observe()
+
+    def take_logprobs(self) -> dict[str, Any] | None:
+        return self.logprobs.take() if self.logprobs is not None else None
+
+    def finish_reason(self) -> str:
+        req = self.events.req
+        budget = req.params.max_tokens
+        return "length" if budget is not None and len(req.output_ids) >= budget else "stop"
+
+    def usage(self) -> dict[str, int]:
+        done = len(self.events.req.output_ids)
+        return {"prompt_tokens": self.num_prompt, "completion_tokens": done, "total_tokens": self.num_prompt + done}

@@ -71,7 +71,7 @@ def parse_chat(body: ChatCompletionBody, server: ServerContext) -> ChatRequest:
     check_n(body.n)
     # a media prompt's shape (its pieces, its pictures' grids) is set by the family's reader, not the body
     family = server.chat_inputs.request_params(media_items) if media_items is not None else None
-    params = resolve_params(server.plan, _given(body), family)
+    params = resolve_params(server.plan, given_fields(body), family)
     params = with_grammar(server, params, grammar, field)
     sampling = params.sampling
     check_top_k(sampling.effective_top_k or None, vocab_size(server.plan, server.chat_node))
@@ -153,7 +153,7 @@ def _text_content(content: str | list | None, i: int) -> str | None:
     return "".join(parts)
 
 
-def _given(body: ChatCompletionBody) -> dict[str, Any]:
+def given_fields(body: ChatCompletionBody) -> dict[str, Any]:
     """The body's fields a chat request's params take (sampling fields, max_tokens, stops)."""
     fields = msgspec.structs.asdict(body)
     given = {k: fields[k] for k in SAMPLING_KEYS}

@@ -61,6 +61,7 @@ class ServerContext(ServedModel, Protocol):
 
     config: ServerConfig
     conductor: Conductor
+    include: str                             # the include this model is served from ("": the plan's own)
     chat_node: str | None                    # the LM node that reads a chat prompt's tokens; None: no chat task
     chat_inputs: ChatInputs | None           # the family's reader of audio/image chat parts, if any
     speech_model: SpeechModel | None         # how the plan speaks; None: it does not

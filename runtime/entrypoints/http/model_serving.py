@@ -48,6 +48,7 @@ class ModelServing:
 
     plan: Plan
     conductor: Any                        # the server's Conductor, or a ScopedConductor onto it
+    include: str = ""                     # the include it is served from ("": the plan's own model)
 
     def serve_model(self, plan: Plan, weights: dict[str, WeightSource]) -> None:
         """Build the model's parts from its `plan` and the server's resolved `weights`."""
