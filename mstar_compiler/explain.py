@@ -114,13 +114,17 @@ def _cond(c: plan.Cond) -> str:
     return f"not ({text})" if c.negate else text
 
 
+def _stage(s: plan.CascadeStage) -> str:
+    if s.clauses is None:
+        return f"{s.role} {s.task}"
+    on = " ".join(repr(d) for d in s.clauses.delimiters)
+    return f"{s.role} {s.task} (clauses: delimited on {on}, {s.clauses.min_size}-{s.clauses.size} characters)"
+
+
 def _tasks(p: plan.Plan) -> list[str]:
     out = ["tasks:"]
     for c in p.cascades:
-        stages = " -> ".join(f"{s.role} {s.task}" + (f" (clauses: delimited on {' '.join(repr(d) for d in s.clauses.delimiters)}"
-                                                     f", {s.clauses.min_size}-{s.clauses.size} characters)"
-                                                     if s.clauses else "") for s in c.stages)
-        out.append(f"  {c.name}: cascade, run by the server: {stages}")
+        out.append(f"  {c.name}: cascade, run by the server: {' -> '.join(_stage(s) for s in c.stages)}")
     for t in p.tasks:
         out.append(f"  {t.name}:")
         for track in t.tracks:

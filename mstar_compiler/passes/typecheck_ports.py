@@ -45,11 +45,22 @@ def check_compatible(ir: IR, src: plan.Port, dst: plan.Port, src_name: str, dst_
     if src.dtype != dst.dtype:
         raise ir.doc.error(f"type mismatch: {src_name} is {src.dtype}, {dst_name} expects {dst.dtype}", path,
                            "connect ports of the same dtype")
+    models = [_model(ir, name.rpartition(".")[0]) for name in (src_name, dst_name)]
+    if src.dtype == "tokens" and all(models) and models[0] != models[1]:    # two included models' vocabularies
+        raise ir.doc.error(f"{src_name} writes token ids of {models[0]}'s vocabulary, which mean nothing to "
+                           f"{dst_name} of {models[1]}", path,
+                           "text crosses between models as text: join their tasks in a cascade "
+                           "(tasks: {name: {cascade: [...]}})")
     if len(src.shape) != len(dst.shape) or any(
             isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(src.shape, dst.shape)):
         raise ir.doc.error(f"shape mismatch: {src_name} is {src.dtype}[{_axes(src)}], "
                            f"{dst_name} expects {dst.dtype}[{_axes(dst)}]", path,
                            "the nodes' presets disagree on a dimension; pick matching presets")
+
+
+def _model(ir: IR, node: str) -> str:
+    """The include declaring `node` ("" for the graph's own nodes)."""
+    return max((name for name in ir.includes if node.startswith(name + ".")), key=len, default="")
 
 
 def _axes(p: plan.Port) -> str:

@@ -180,6 +180,8 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
             if node.quant and device.type != "cpu":
                 raise RuntimeError(f"node '{name}' is declared quant: {node.quant}, which runs on CPU ranks only "
                                    f"(rank {rank} is {device})")
+            if source.kind == "random":     # a module that draws its own initial values draws the same ones
+                torch.manual_seed(source.seed)  # whatever the rank loaded before it (a plan that includes it)
             module = load_node(plan.node(node.weight_key), source, group)
             by_key[node.weight_key] = module = module if device.type == "cpu" else module.to(device)
             if pack:

@@ -2,7 +2,8 @@
 
 Body: {"params": {...}, "inputs": [{"type": "text", "text": "..."} | {"type": "tokens", "ids": [...]}]};
 `params` holds the graph's declared params and the sampling fields (`seed`, `top_k`, ...,
-`stop_token_ids`, `ignore_eos`); any other name is a 400 naming it.
+`stop_token_ids`, `ignore_eos`); any other name is a 400 naming it. A task of a model the plan includes
+(`llm.chat`) runs as that model runs it: its params are named as its own graph names them (`max_tokens`).
 Answer: {"task", "finish_reason", "token_ids", "text", "tensors": {"<node>.<port>":
 {"dtype", "shape", "data": base64 of the raw little-endian bytes}}}; a port that streamed several
 tensors (audio chunks, predicted frames) gives them concatenated along their first axis.
@@ -14,6 +15,7 @@ import base64
 import torch
 from aiohttp import web
 
+from mstar_compiler.plan_view import scope
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError, event_error
 from runtime.entrypoints.http.limits import check_context, check_token_ids, max_context, vocab_size
@@ -50,6 +52,9 @@ def _check_honoured(params: RequestParams) -> None:
 async def run_task(request: web.Request) -> web.Response:
     server: ServerContext = request.app["mstar"]
     task = request.match_info["task"]
+    owner = scope(server.plan, task)
+    if owner:       # an included model's task (`llm.chat`): run as that model runs it, its params its own names
+        server, task = next(m for m in server.models_served() if m.include == owner), task[len(owner) + 1:]
     if task not in {t.name for t in server.plan.tasks}:
         raise ApiError(404, f"unknown task '{task}'; this model has: {', '.join(t.name for t in server.plan.tasks)}",
                        "task", "task_not_found")

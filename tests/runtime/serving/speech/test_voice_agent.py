@@ -1,11 +1,14 @@
-"""graphs/voice_agent.yaml served by one real `mstar-run`: the `converse` cascade (the Qwen3-Omni recogniser,
-tiny; SmolLM2, its published weights; Orpheus, tiny) through the official `openai` client.
+"""graphs/voice_agent.yaml served by one real `mstar-run` (the Qwen3-Omni recogniser, tiny; SmolLM2, its
+published weights; Orpheus, tiny) through the official `openai` client: each model under its own name, and
+the `converse` cascade under the agent's.
 
-The oracles are the same server's models asked one at a time under their own names, each the way a
-client of that model alone would ask: what the cascade heard is the recogniser's transcription of the
-audio; its answer is SmolLM2's greedy chat of that transcript; its audio is each clause of the answer
-spoken by Orpheus with seed + i, in order. That the first clause is spoken while the LLM still writes
-is read from the answer's own event order: the events leave in the order they are made.
+Each included model answers as it does served alone: SmolLM2 as the session's `smollm2` server (greedy,
+fp32: the same tokens), Orpheus as a tiny server of its own graph started here (seeded: the same samples).
+The cascade's oracles are the same server's models asked one at a time under their own names: what it
+heard is the recogniser's transcription of the audio; its answer SmolLM2's greedy chat of that
+transcript; its audio each clause of the answer spoken by Orpheus with seed + i, in order. That the first
+clause is spoken while the LLM still writes is read from the answer's own event order: the events leave
+in the order they are made.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import importlib.util
 import io
 import math
 import struct
+import threading
 import wave
 
 import numpy as np
@@ -23,7 +27,7 @@ import pytest
 from mstar_compiler.plan import load_plan
 from runtime.launch.server import compile_plan
 from runtime.streams.text_clauses import TextClauses
-from tests.runtime.serving.conftest import serve
+from tests.runtime.serving.conftest import Server, http, serve
 from tests.runtime.serving.speech.conftest import OMNI, ORPHEUS
 
 AGENT, LLM = "voice-agent", "smollm2-135m-instruct"
@@ -59,8 +63,17 @@ def agent(plan_path: str):
 
 
 @pytest.fixture(scope="module")
+def orpheus_alone(tmp_path_factory: pytest.TempPathFactory):
+    yield from serve(compile_plan(tmp_path_factory.mktemp("orpheus"), "orpheus", preset="tiny"))
+
+
+def _client_of(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
 def client(agent) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{agent.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    return _client_of(agent)
 
 
 def _converse(client: openai.OpenAI, max_tokens: int = MAX_TOKENS, **extra):
@@ -80,8 +93,89 @@ def _spoken_alone(client: openai.OpenAI, text: str, seed: int) -> np.ndarray:
         return np.frombuffer(b"".join(resp.iter_bytes()), dtype="<i2")
 
 
-def test_models_lists_the_agent_and_its_three_models(client: openai.OpenAI) -> None:
+def _chat(client: openai.OpenAI) -> tuple[str, int]:
+    out = client.chat.completions.create(model=LLM, messages=[{"role": "user", "content": ASK}], max_tokens=24,
+                                         temperature=0)
+    return out.choices[0].message.content, out.usage.completion_tokens
+
+
+def _speak(client: openai.OpenAI, text: str = "Hello there.") -> np.ndarray:
+    return _spoken_alone(client, text, 3)
+
+
+# ---------------------------------------------------------------- each model under its own name
+
+
+def test_models_lists_the_agent_and_each_model_it_includes(client: openai.OpenAI, agent: Server) -> None:
     assert [m.id for m in client.models.list().data] == [AGENT, OMNI, LLM, ORPHEUS]
+    status, body = http("GET", f"{agent.url}/v1/models")
+    cards = {c["id"]: c for c in body["data"]}
+    assert (cards[LLM]["included_as"], cards[LLM]["tasks"]) == ("llm", ["chat"])
+    assert (cards[ORPHEUS]["included_as"], cards[ORPHEUS]["tasks"]) == ("tts", ["speech"])
+    assert sorted(cards[ORPHEUS]["weights"]) == ["tts.lm", "tts.snac"]
+    assert cards[ORPHEUS]["random_weights"] == ["tts.lm", "tts.snac"] and cards[LLM]["random_weights"] == []
+
+
+def test_chat_to_the_included_llm_equals_smollm2_served_alone(client: openai.OpenAI, smollm2: Server) -> None:
+    text, tokens = _chat(client)
+    assert tokens > 0 and text
+    assert (text, tokens) == _chat(_client_of(smollm2))
+
+
+def test_speech_to_the_included_tts_equals_orpheus_served_alone(client: openai.OpenAI, orpheus_alone: Server) -> None:
+    pcm = _speak(client)
+    assert len(pcm) > 0
+    assert np.array_equal(pcm, _speak(_client_of(orpheus_alone)))
+
+
+def test_two_models_at_once_answer_as_they_do_one_at_a_time(client: openai.OpenAI) -> None:
+    """One conductor serves both: a chat and a speech request in flight together each answer what they
+    answer alone (greedy chat; seeded speech, its samples within 2 LSB: batched beside another request's
+    Runs, the tiny LM's reductions may round differently)."""
+    alone = (_chat(client), _speak(client, "Two at once."))
+    together: dict[str, object] = {}
+    threads = [threading.Thread(target=lambda: together.__setitem__("chat", _chat(client))),
+               threading.Thread(target=lambda: together.__setitem__("speech", _speak(client, "Two at once.")))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert together["chat"] == alone[0]
+    a, b = alone[1], together["speech"]
+    assert a.shape == b.shape and np.abs(a.astype(np.int32) - b.astype(np.int32)).max() <= 2
+
+
+def test_a_model_no_include_provides_is_a_404_naming_the_served_models(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-4o", messages=[SYSTEM], max_tokens=4)
+    assert info.value.body["message"] == (f"the model 'gpt-4o' does not exist; this server serves '{AGENT}', "
+                                          f"'{OMNI}', '{LLM}', '{ORPHEUS}'")
+
+
+def test_a_bad_request_to_one_model_hurts_neither(client: openai.OpenAI) -> None:
+    before = _chat(client)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.speech.create(model=ORPHEUS, voice="nobody", input="Hi.")
+    assert "voice" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:      # its params are its own graph's, bounds included
+        client.audio.speech.create(model=ORPHEUS, voice="tara", input="Hi.", extra_body={"max_tokens": 3})
+    assert "max_tokens" in info.value.body["message"]
+    assert _chat(client) == before
+    assert len(_speak(client)) > 0
+
+
+def test_the_agents_own_name_runs_its_cascade_and_the_plans_tasks(client: openai.OpenAI, agent: Server) -> None:
+    """The agent's name answers a chat through its cascade only (in speech); the native endpoint runs any
+    task of the plan under the plan's names."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=AGENT, messages=[SYSTEM, USER], max_tokens=4)
+    assert "answers through its cascade 'converse'" in info.value.body["message"]
+    status, body = http("POST", f"{agent.url}/v1/tasks/llm.chat",     # its params: as SmolLM2 names them
+                        {"params": {"max_tokens": 3}, "inputs": [{"type": "tokens", "ids": [1, 2, 3]}]})
+    assert status == 200 and len(body["token_ids"]) == 3 and body["task"] == "chat"
+
+
+# ---------------------------------------------------------------- the cascade
 
 
 def test_converse_hears_answers_and_speaks_as_each_model_alone(client: openai.OpenAI, plan_path: str) -> None:
