@@ -110,6 +110,9 @@ class ScopedConductor:
     def abort(self, req: Request, reason: str = "abort") -> None:
         self._conductor.abort(req, reason)
 
+    def end_early(self, req: Request, reason: str) -> None:
+        self._conductor.end_early(req, reason)
+
     async def push_stream(self, req: Request, stream: str, items: list[dict[str, Any]]) -> None:
         await self._conductor.push_stream(req, stream, items)
 

@@ -122,6 +122,16 @@ def test_chat_to_the_included_llm_equals_smollm2_served_alone(client: openai.Ope
     assert (text, tokens) == _chat(_client_of(smollm2))
 
 
+def test_a_stop_string_ends_the_included_llms_chat_as_it_ends_alone(client: openai.OpenAI, smollm2: Server) -> None:
+    def ask(c: openai.OpenAI) -> tuple[str, str]:
+        out = c.chat.completions.create(model=LLM, messages=[{"role": "user", "content": ASK}], max_tokens=24,
+                                        temperature=0, stop=[" is"])
+        return out.choices[0].message.content, out.choices[0].finish_reason
+    text, finish = ask(client)
+    assert finish == "stop" and text and len(text) < len(_chat(client)[0])
+    assert (text, finish) == ask(_client_of(smollm2))
+
+
 def test_speech_to_the_included_tts_equals_orpheus_served_alone(client: openai.OpenAI, orpheus_alone: Server) -> None:
     pcm = _speak(client)
     assert len(pcm) > 0
