@@ -48,6 +48,13 @@ def run(ir: IR, preset: dict[str, Any], resolve: Callable[[IR], IR]) -> None:
         preset_path: Path = ("presets", ir.preset, "include", name) if name in chosen else ("include", name, "preset")
         sub = _load_include(ir, name, entry, chosen.get(name, entry.get("preset")), preset_path)
         _merge(ir, name, resolve(sub))
+    served = {ir.doc.data["model"]: "this graph"}
+    for key, inc in ir.includes.items():     # a server routes each request by its model's name
+        if inc.model.model in served:
+            raise ir.doc.error(f"include '{key}' serves the model '{inc.model.model}', as {served[inc.model.model]} "
+                               "does: a server tells its models apart by name", inc.path,
+                               "include a graph once, or give one of them another `model:`")
+        served[inc.model.model] = f"include '{key}'"
 
 
 def _load_include(ir: IR, name: str, entry: dict[str, Any], preset: str | None, preset_path: Path) -> IR:

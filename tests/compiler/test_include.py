@@ -357,7 +357,8 @@ def test_an_error_in_an_included_file_names_that_files_line(tmp_path: Path, inne
 
 def test_an_error_two_includes_down_names_the_innermost_file(tmp_path: Path) -> None:
     inner_path = _write(tmp_path / "sub", "inner.yaml", BAD_WALK)
-    _write(tmp_path / "sub", "mid.yaml", INCLUDE_INNER.replace("PLACEMENT", "single"))
+    mid = INCLUDE_INNER.replace("PLACEMENT", "single").replace("model: top", "model: mid")    # names differ
+    _write(tmp_path / "sub", "mid.yaml", mid)
     top = _write(tmp_path, "top.yaml", """
         mstar: 1
         model: top
