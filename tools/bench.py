@@ -9,7 +9,7 @@
     python tools/bench.py chat --llamacpp PATH        # the llama.cpp peer: llama-server or the xllamacpp venv
 
 Suites: chat, rollout, cfg, tts, stack, sched, linear, speech, prefix, bound, threads, network, realtime,
-prefill (default: all).
+prefill, cascade, ... (`--list`; default: all).
 Each run writes bench-results/<suite>-<time>.json; then bench-results/latest.md (the markdown table of
 the newest run of every suite) and bench-results/plots/*.png are rendered from the saved
 JSON. Sides alternate in ABBA order (A B, B A, ...); figures are medians with [min-max] over the rounds.
