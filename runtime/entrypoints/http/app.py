@@ -35,6 +35,7 @@ from runtime.entrypoints.http.metrics import Metrics
 from runtime.entrypoints.http.model_serving import IncludedServing, ModelServing
 from runtime.entrypoints.http.page import install_page
 from runtime.entrypoints.http.prefix_metrics import PrefixCacheCollector
+from runtime.entrypoints.http.realtime import converses
 from runtime.entrypoints.http.schemas import Body, parse_body
 from runtime.entrypoints.http.state_feed import install_state_feed
 from runtime.entrypoints.http.tasks import run_task
@@ -80,7 +81,7 @@ class MstarServer(ModelServing):
         self.serve_model(own_view(self.plan) if self.plan.models else self.plan, self.weights)
         self.plan = plan
         self.included = [IncludedServing(self, m.name, self.weights) for m in plan.models]
-        listens = any(m.realtime_listener for m in self.models_served())
+        listens = any(converses(m) for m in self.models_served())
         self.realtime_metrics = RealtimeMetrics(self.metrics.registry) if listens else None
 
     # ---- helpers the handlers use --------------------------------------------------

@@ -17,6 +17,7 @@ is the answer's text; the whole answer's message also carries `input_transcript`
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,27 +78,33 @@ class _Spoken:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class CascadeAnswer(AudioAnswer):
-    """One request of a cascade: its stages' requests and the answer they make together."""
+def voice_of(server: ServerContext, cascade: Cascade, name: str, param: str) -> str:
+    """The speaking stage's voice for a requested name (its model's own or one of OpenAI's); 400 if none."""
+    speak = stages(server, cascade)[-1]
+    if speak.role != "speak":
+        raise ApiError(400, f"the cascade '{cascade.name}' answers in text only", "modalities")
+    voice = speak.model.speech_model.speaker.voice(name)
+    if voice is None:
+        raise ApiError(400, f"unknown voice '{name}'", param)
+    return voice
 
-    def __init__(self, server: ServerContext, cascade: Cascade, body: ChatCompletionBody) -> None:
+
+class CascadeAnswer(AudioAnswer):
+    """One request of a cascade: its stages' requests and the answer they make together. `messages`: the
+    conversation (OpenAI's chat messages); `chat_given`: the chat stage's params as a chat body gives them;
+    `voice`: the speaking stage's voice (None: the answer is text only)."""
+
+    def __init__(self, server: ServerContext, cascade: Cascade, messages: list[dict[str, Any]],
+                 chat_given: dict[str, Any], voice: str | None, seed: int | None) -> None:
         self.stages = stages(server, cascade)
-        last = self.stages[-1]
-        if last.role != "speak":
-            raise ApiError(400, f"the cascade '{cascade.name}' answers text; ask without `modalities: [..., "
-                           "\"audio\"]`", "modalities")
-        if body.n != 1:
-            raise ApiError(400, "n must be 1 with audio output (one spoken answer per request)", "n")
-        speech = last.model.speech_model
-        self.voice = speech.speaker.voice((body.audio or AudioOutput()).voice)
-        if self.voice is None:
-            raise ApiError(400, f"unknown voice '{(body.audio or AudioOutput()).voice}'", "audio.voice")
-        super().__init__(server, speech.sample_rate)
-        self.format = audio_format(body)
-        self.body, self.messages = body, chat_messages(body)
+        self.voice = voice
+        speaks = voice is not None
+        super().__init__(server, self.stages[-1].model.speech_model.sample_rate if speaks else 24000)
+        self.format = "pcm16"
+        self.messages = messages
         chat = next(s for s in self.stages if s.role == "chat")
-        self.chat_params = resolve_params(chat.model.plan, given_fields(body))   # checked before anything runs
-        self.seed = body.seed
+        self.chat_params = resolve_params(chat.model.plan, chat_given)    # checked before anything runs
+        self.seed = seed
         self.heard = ""                                  # the transcript of the user's audio
         self.answer = ""                                 # the chat LM's answer, as written so far
         self.requests: list[Request] = []
@@ -107,26 +114,27 @@ class CascadeAnswer(AudioAnswer):
         self.out: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def start(self) -> None:
-        """Hear the audio (its request submitted here: a full queue is this request's 429), then run the rest."""
+    @classmethod
+    def of_chat(cls, server: ServerContext, cascade: Cascade, body: ChatCompletionBody) -> CascadeAnswer:
+        """The answer to a /v1/chat/completions body (audio out); ApiError(400) naming what is wrong."""
+        if body.n != 1:
+            raise ApiError(400, "n must be 1 with audio output (one spoken answer per request)", "n")
+        voice = voice_of(server, cascade, (body.audio or AudioOutput()).voice, "audio.voice")
+        answer = cls(server, cascade, chat_messages(body), given_fields(body), voice, body.seed)
+        answer.format = audio_format(body)
+        return answer
+
+    async def start(self, hear: bool = True) -> None:
+        """Hear the audio of the last user message (its request submitted here: a full queue is this request's
+        429), then run the rest; `hear=False`: the messages are text already (a realtime session's)."""
         first = self.stages[0]
-        heard = await self._submit_transcription(first) if first.role == "transcribe" else None
+        heard = None
+        if hear and first.role == "transcribe":
+            heard = await submit_transcription(first, self._audio_part())
+            self.requests.append(heard.req)
         self.tasks = [asyncio.create_task(self._write(heard)), asyncio.create_task(self._speak())]
 
     # ---- the text ----------------------------------------------------------------------------
-
-    async def _submit_transcription(self, stage: Stage) -> ChatEvents:
-        asr = stage.model
-        if asr.chat_inputs is None:
-            raise ApiError(400, f"the model '{asr.model_id}' of stage transcribe does not take audio", "messages")
-        part = self._audio_part()
-        messages = asr.chat_inputs.transcription_messages(part, None, None)
-        items = await asyncio.to_thread(asr.chat_inputs.chat_items, messages, asr.tokenizer)
-        chat = ChatRequest(item_tokens(items), resolve_params(asr.plan, {"temperature": 0.0}), (), False, False,
-                           stage.task, items)
-        req = submit_chat(asr, chat)
-        self.requests.append(req)
-        return ChatEvents(asr, req, (), chat.prompt_ids)
 
     def _audio_part(self) -> dict[str, Any]:
         last = next((i for i in range(len(self.messages) - 1, -1, -1) if self.messages[i]["role"] == "user"), None)
@@ -181,6 +189,8 @@ class CascadeAnswer(AudioAnswer):
     # ---- the speech ---------------------------------------------------------------------------
 
     def _release(self, texts: list[str]) -> None:
+        if self.voice is None:            # a text answer: nothing to speak
+            return
         for text in texts:
             if text.strip():
                 self.spoken.clauses.append(_Clause(len(self.spoken.clauses), text))
@@ -266,6 +276,31 @@ class CascadeAnswer(AudioAnswer):
             self.server.conductor.abort(req)
 
 
+async def submit_transcription(stage: Stage, part: dict[str, Any]) -> ChatEvents:
+    """The transcribe stage's request for an `input_audio` part (its model's transcription prompt, greedy)."""
+    asr = stage.model
+    if asr.chat_inputs is None:
+        raise ApiError(400, f"the model '{asr.model_id}' of stage transcribe does not take audio", "messages")
+    messages = asr.chat_inputs.transcription_messages(part, None, None)
+    items = await asyncio.to_thread(asr.chat_inputs.chat_items, messages, asr.tokenizer)
+    chat = ChatRequest(item_tokens(items), resolve_params(asr.plan, {"temperature": 0.0}), (), False, False,
+                       stage.task, items)
+    return ChatEvents(asr, submit_chat(asr, chat), (), chat.prompt_ids)
+
+
+async def transcribe(server: ServerContext, cascade: Cascade, wav_bytes: bytes) -> str:
+    """What the cascade's transcribe stage hears in `wav_bytes` (a realtime session's committed buffer)."""
+    stage = stages(server, cascade)[0]
+    if stage.role != "transcribe":
+        raise ApiError(400, f"the cascade '{cascade.name}' does not hear audio: it has no transcribe stage")
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav_bytes).decode(), "format": "wav"}}
+    events = await submit_transcription(stage, part)
+    try:
+        return await _whole_text(events)
+    finally:
+        stage.model.conductor.abort(events.req)
+
+
 async def _whole_text(events: ChatEvents) -> str:
     text, done = "", False
     while not done:
@@ -276,7 +311,7 @@ async def _whole_text(events: ChatEvents) -> str:
 
 async def converse(request: Any, body: ChatCompletionBody, server: ServerContext, cascade: Cascade) -> Any:
     """The handler: the cascade's answer, streamed as SSE or whole."""
-    answer = CascadeAnswer(server, cascade, body)
+    answer = CascadeAnswer.of_chat(server, cascade, body)
     try:
         await answer.start()
         if body.stream:

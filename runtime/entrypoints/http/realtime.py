@@ -10,7 +10,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from mstar_compiler.plan import Plan
+from runtime.entrypoints.http.cascade import conversation
 from runtime.entrypoints.http.context import ServerContext
+from runtime.entrypoints.http.realtime_cascade import CascadeSession
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.families import Listener, families_of
 from runtime.entrypoints.http.realtime_session import RealtimeSession
@@ -26,20 +28,26 @@ def realtime_listener(plan: Plan) -> Listener | None:
 
 
 def install_realtime(server: ServerContext, app: web.Application) -> None:
-    """Add GET /v1/realtime when a served model's family can hear a session and the model speaks."""
-    if any(_converses(m) for m in server.models_served()):
+    """Add GET /v1/realtime when a served model can hold a session: its family hears one and it speaks, or
+    it is a plan's cascade (realtime_cascade.py)."""
+    if any(converses(m) for m in server.models_served()):
         app.router.add_get("/v1/realtime", realtime)
 
 
-def _converses(model: ServerContext) -> bool:
-    return model.realtime_listener is not None and model.speech_model is not None
+def converses(model: ServerContext) -> bool:
+    """Whether `model` holds realtime sessions."""
+    return model.realtime_listener is not None and model.speech_model is not None or conversation(model) is not None
 
 
 async def realtime(request: web.Request) -> web.WebSocketResponse:
     """A session with the model `?model=` names (OpenAI's realtime URL), else the first that converses."""
-    server: ServerContext = request.app["mstar"].serving(request.query.get("model"), able=_converses)
-    if not _converses(server):
+    server: ServerContext = request.app["mstar"].serving(request.query.get("model"), able=converses)
+    if not converses(server):
         raise ApiError(400, f"the model '{server.model_id}' does not hold realtime sessions", "model")
+    cascade = conversation(server)
+    if cascade is not None:
+        return await serve_socket(request, lambda send: CascadeSession(server, cascade, server.realtime_metrics, send),
+                                  MAX_MESSAGE_BYTES)
     return await serve_socket(request, lambda send: RealtimeSession(server, server.realtime_listener,
                                                                     server.realtime_metrics, send),
                               MAX_MESSAGE_BYTES)

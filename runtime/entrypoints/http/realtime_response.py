@@ -53,6 +53,18 @@ class ResponseOutput:
         events.observe()
         await self._finish_message()
 
+    async def relay(self, answer: Any) -> None:
+        """Write an answer made elsewhere until it ends: its `next()` gives (text delta, audio pieces, whether
+        it was the last), as a cascade's (runtime/entrypoints/http/cascade.py) does."""
+        done = False
+        while not done:
+            text, audio, done = await answer.next()
+            if text:
+                await self._text(text)
+            for piece in audio if self.speaks else []:
+                await self._audio(piece)
+        await self._finish_message()
+
     def cut(self) -> list[dict[str, Any]]:
         """The response was cancelled: its message so far stays in the conversation, incomplete."""
         if self.message is not None and self.message.status == "in_progress":

@@ -44,7 +44,6 @@ import uuid
 from typing import Any, Awaitable, Callable
 
 import msgspec
-import torch
 
 from runtime.entrypoints.http.audio_decode import PCM_RATE, pcm16_bytes
 from runtime.entrypoints.http.audio_events import AudioEvents
@@ -84,7 +83,7 @@ class RealtimeSession:
                                        "input_audio_format": "pcm16", "output_audio_format": "pcm16",
                                        "turn_detection": None, "temperature": None,
                                        "max_response_output_tokens": "inf", "tools": [], "tool_choice": "auto"}
-        self.utterance = Utterance(server, listener, metrics)  # the input audio buffer being heard
+        self.utterance = self._new_utterance()                # the input audio buffer being heard
         self.conversation = Conversation(server.limits.max_conversation_items)
         self.tools: ToolUse | None = None                      # the session's tools, checked
         self.tool_grammar = ""                                 # what a forced call must follow ("" free)
@@ -121,16 +120,15 @@ class RealtimeSession:
             raise ApiError(400, SessionUpdateEvent.FIELD_ERRORS["session"], "session")
         given = msgspec.structs.asdict(event.session)
         config = {**self.config, **{k: v for k, v in given.items() if v is not msgspec.UNSET}}
-        _check_config(self.server, config)
+        self._check_config(config)
         config["tools"] = [t if isinstance(t, dict) else msgspec.to_builtins(t) for t in config["tools"]]
-        self.tools, self.tool_grammar = _check_tools(self.server, config)
+        self.tools, self.tool_grammar = self._check_tools(config)
         if given["turn_detection"] is not msgspec.UNSET:
             detection = given["turn_detection"]
             config["turn_detection"] = msgspec.to_builtins(detection) if detection is not None else None
             if self.turns is not None:
                 self.turns.close()
-            self.turns = None if detection is None else TurnDetector(
-                self.server, self.server.speech_detector, detection, self, item_id)
+            self.turns = None if detection is None else TurnDetector(*self._detector(), detection, self, item_id)
         self.config = config
         await self.send("session.updated", session=self._session())
 
@@ -139,9 +137,9 @@ class RealtimeSession:
         if self.turns is not None:
             await self.turns.push(data)
             return
-        if self.utterance.seconds + len(data) / 2 / PCM_RATE > self.listener.max_seconds:
+        if self.utterance.seconds + len(data) / 2 / PCM_RATE > self.max_seconds:
             raise ApiError(413, f"the input audio buffer would exceed this model's limit of "
-                                f"{self.listener.max_seconds:g} s (param max_audio_seconds); commit sooner",
+                                f"{self.max_seconds:g} s (param max_audio_seconds); commit sooner",
                            "audio", "audio_too_long")
         if self.response is not None:
             await self.cancel_response()                 # barge-in: the user speaks over the answer
@@ -160,22 +158,46 @@ class RealtimeSession:
         if self.utterance.seconds < MIN_COMMIT_S:
             raise ApiError(400, f"buffer too small: {self.utterance.seconds * 1000:.0f} ms of audio, at least "
                                 f"{MIN_COMMIT_S * 1000:.0f} ms needed", "audio", "input_audio_buffer_commit_empty")
-        utterance, self.utterance = self.utterance, Utterance(self.server, self.listener, self.metrics)
-        rows = await utterance.commit()
-        item = Item(new_id, role="user", content="input_audio", rows=rows)
+        utterance, self.utterance = self.utterance, self._new_utterance()
+        item = Item(new_id, role="user", content="input_audio")
+        await self._heard(item, await utterance.commit())
         previous = self.conversation.add(item)
         await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
         await self.send("conversation.item.created", previous_item_id=previous, item=item.wire())
 
-    async def _hear(self, pcm16: bytes) -> torch.Tensor:
-        """The encoder rows of a whole utterance (an input_audio item), by the listen task, as the buffer's."""
+    # ---- what a session of another kind does otherwise (realtime_cascade.py) -----------------
+
+    def _new_utterance(self) -> Any:
+        return Utterance(self.server, self.listener, self.metrics)
+
+    @property
+    def max_seconds(self) -> float:
+        """The longest utterance the session hears."""
+        return self.listener.max_seconds
+
+    async def _heard(self, item: Item, utterance: Any) -> None:
+        """A committed utterance (what `Utterance.commit` gave: its encoder rows) becomes the user item's."""
+        item.rows = utterance
+
+    def _check_config(self, config: dict) -> None:
+        _check_config(self.server, config)
+
+    def _check_tools(self, config: dict) -> tuple[ToolUse | None, str]:
+        return _check_tools(self.server, config)
+
+    def _detector(self) -> tuple[ServerContext, Any]:
+        """The served model whose voice activity detector hears the session's turns, and that detector."""
+        return self.server, self.server.speech_detector
+
+    async def _hear(self, pcm16: bytes) -> Any:
+        """A whole utterance (an input_audio item) heard as the buffer's is: `Utterance.commit`'s result."""
         seconds = len(pcm16) / 2 / PCM_RATE
-        if not MIN_COMMIT_S <= seconds <= self.listener.max_seconds:
+        if not MIN_COMMIT_S <= seconds <= self.max_seconds:
             raise ApiError(400 if seconds < MIN_COMMIT_S else 413,
-                           f"an input_audio item must hold {MIN_COMMIT_S:g} to {self.listener.max_seconds:g} s of "
+                           f"an input_audio item must hold {MIN_COMMIT_S:g} to {self.max_seconds:g} s of "
                            f"audio (param max_audio_seconds), got {seconds:.2f} s", "item.content[0].audio",
                            "invalid_audio" if seconds < MIN_COMMIT_S else "audio_too_long")
-        utterance = Utterance(self.server, self.listener, self.metrics)
+        utterance = self._new_utterance()
         try:
             await utterance.push(pcm16)
         except BaseException:
@@ -199,7 +221,7 @@ class RealtimeSession:
         await self.speech_audio(pcm16)
 
     async def speech_audio(self, pcm16: bytes) -> bool:
-        if self.utterance.seconds + len(pcm16) / 2 / PCM_RATE > self.listener.max_seconds:
+        if self.utterance.seconds + len(pcm16) / 2 / PCM_RATE > self.max_seconds:
             return False
         async with self._audio:
             await self.utterance.push(pcm16)
@@ -224,12 +246,13 @@ class RealtimeSession:
 
     def _drop_buffer(self) -> None:
         self.utterance.drop()
-        self.utterance = Utterance(self.server, self.listener, self.metrics)
+        self.utterance = self._new_utterance()
 
     async def create_item(self, event: ItemCreateEvent) -> None:
         item = client_item(event.item)
         if item.pcm:                      # a client's audio part: heard as a committed buffer is, apart from it
-            item.rows, item.pcm = await self._hear(item.pcm), b""
+            heard, item.pcm = await self._hear(item.pcm), b""
+            await self._heard(item, heard)
         previous = self.conversation.add(item, event.previous_item_id)
         await self.send("conversation.item.created", previous_item_id=previous, item=item.wire())
 

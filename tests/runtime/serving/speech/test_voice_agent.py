@@ -12,6 +12,7 @@ in the order they are made.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import importlib.util
 import io
@@ -20,6 +21,7 @@ import struct
 import threading
 import wave
 
+import aiohttp
 import numpy as np
 import openai
 import pytest
@@ -27,8 +29,11 @@ import pytest
 from mstar_compiler.plan import load_plan
 from runtime.launch.server import compile_plan
 from runtime.streams.text_clauses import TextClauses
+from runtime.entrypoints.http.audio_io import wav
+from runtime.models.qwen3_omni.mel_featuriser import PCM_RATE
 from tests.runtime.serving.conftest import Server, http, serve
 from tests.runtime.serving.speech.conftest import OMNI, ORPHEUS
+from tests.runtime.serving.speech.test_omni_realtime import Client
 
 AGENT, LLM = "voice-agent", "smollm2-135m-instruct"
 SYSTEM = {"role": "system", "content": "Answer in two short sentences."}
@@ -240,3 +245,48 @@ def test_a_bad_conversation_is_a_400_and_hurts_nothing(client: openai.OpenAI, bo
         client.chat.completions.create(**fields)
     assert message in info.value.body["message"]
     assert _converse(client, max_tokens=4).choices[0].message.audio.data
+
+
+# ---------------------------------------------------------------- the cascade over /v1/realtime
+
+
+def test_a_realtime_session_hears_answers_and_speaks_through_the_cascade(client: openai.OpenAI, agent: Server) -> None:
+    """The Realtime protocol's session events on the cascade: the committed audio is transcribed by the
+    recogniser as /v1/audio/transcriptions transcribes it, and the response is SmolLM2's greedy answer to the
+    conversation (the typed item, then what was heard), spoken."""
+    pcm = _wav(1.0, PCM_RATE)[44:]                   # pcm16 at the session's 24 kHz, the WAV header dropped
+
+    async def body(c: Client) -> tuple[list[dict], list[dict]]:
+        await c.send("session.update", session={"instructions": SYSTEM["content"], "voice": "tara",
+                                                "max_response_output_tokens": 24})
+        assert (await c.recv())["type"] == "session.updated"
+        await c.send("conversation.item.create", item={"type": "message", "role": "user",
+                                                       "content": [{"type": "input_text", "text": ASK}]})
+        await c.until("conversation.item.created")
+        await c.speak(pcm)
+        await c.send("input_audio_buffer.commit")
+        heard = await c.until("conversation.item.input_audio_transcription.completed")
+        await c.send("response.create")
+        return heard, await c.until("response.done")
+
+    async def run() -> tuple[list[dict], list[dict]]:
+        url = f"{agent.url.replace('http', 'ws')}/v1/realtime?model={AGENT}"
+        async with aiohttp.ClientSession() as http_session, http_session.ws_connect(url) as ws:
+            c = Client(ws)
+            created = await c.recv()
+            assert created["type"] == "session.created" and created["session"]["model"] == AGENT
+            return await body(c)
+
+    heard, answered = asyncio.run(run())
+    transcript = heard[-1]["transcript"]
+    assert transcript == client.audio.transcriptions.create(model=OMNI, file=("q.wav", wav(pcm, PCM_RATE)),
+                                                            temperature=0.0).text
+    assert [e["type"] for e in heard][-3:] == ["input_audio_buffer.committed", "conversation.item.created",
+                                               "conversation.item.input_audio_transcription.completed"]
+    said = "".join(e["delta"] for e in answered if e["type"] == "response.audio_transcript.delta")
+    chat = client.chat.completions.create(model=LLM, max_tokens=24, temperature=0, messages=[
+        SYSTEM, {"role": "user", "content": ASK}, {"role": "user", "content": transcript}])
+    assert said == chat.choices[0].message.content and said
+    assert any(e["type"] == "response.audio.delta" for e in answered)
+    done = answered[-1]["response"]
+    assert done["status"] == "completed" and done["usage"]["output_tokens"] == chat.usage.completion_tokens
