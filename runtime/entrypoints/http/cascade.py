@@ -24,6 +24,7 @@ from typing import Any
 
 from mstar_compiler.plan import Cascade, ChunkPolicy
 from mstar_compiler.plan_view import scope
+from runtime.conductor.config import QueueFull
 from runtime.conductor.request import Request
 from runtime.entrypoints.http.audio_chat import AudioAnswer, audio_format
 from runtime.entrypoints.http.audio_events import AudioEvents
@@ -203,6 +204,9 @@ class CascadeAnswer(AudioAnswer):
                 try:
                     clause.req = self._submit_clause(clause)
                     self.requests.append(clause.req)
+                except QueueFull as exc:
+                    clause.failed = ApiError(429, f"the server is at capacity: {exc}; clause {clause.index} of the "
+                                             "answer is not spoken", code="queue_full")
                 except ApiError as err:
                     clause.failed = err
 
