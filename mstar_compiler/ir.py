@@ -173,6 +173,19 @@ class TaskIR:
     path: Path
 
 
+def task_walks(steps: list[TaskStepIR], modality: str | None = None) -> list[str]:
+    """The walks a track's steps may run: every branch's, and a `for_each`'s for `modality` (None: all)."""
+    out: list[str] = []
+    for step in steps:
+        if isinstance(step, WalkRunIR):
+            out.append(step.walk)
+        elif isinstance(step, ForEachIR):
+            out += [w for m, walks in step.walks.items() if modality in (None, m) for w in walks]
+        elif isinstance(step, IfIR):
+            out += task_walks(step.then, modality) + task_walks(step.otherwise, modality)
+    return out
+
+
 @dataclass
 class CascadeIR:
     spec: plan.Cascade

@@ -21,7 +21,7 @@ from typing import Any
 
 from mstar_compiler import plan
 from mstar_compiler.errors import Path, did_you_mean
-from mstar_compiler.ir import IR, CascadeIR, ForEachIR, IfIR, TaskStepIR, WalkRunIR
+from mstar_compiler.ir import IR, CascadeIR, task_walks
 from mstar_compiler.passes.typecheck_loops import walk_nodes
 
 ROLES = ("transcribe", "chat", "speak")
@@ -80,7 +80,7 @@ def check(ir: IR) -> None:
     """Each stage's task reads and answers what its role needs (pass typecheck: request inputs known)."""
     for cascade in ir.cascades.values():
         for stage, path in zip(cascade.spec.stages, cascade.stage_paths):
-            walks = {w for track in ir.tasks[stage.task].tracks for w in _walks(track.steps)}
+            walks = {w for track in ir.tasks[stage.task].tracks for w in task_walks(track.steps)}
             reads = {i.dtype for i in ir.request_inputs if i.walk in walks}
             if _READS[stage.role] not in reads:
                 raise ir.doc.error(f"task '{stage.task}' reads no {_READS[stage.role]} from its request, so it cannot "
@@ -94,14 +94,3 @@ def check(ir: IR) -> None:
                 raise ir.doc.error(f"task '{stage.task}' answers no {_WRITES[stage.role]}, so it cannot "
                                    f"{stage.role} in cascade '{cascade.spec.name}'", (*path, stage.role))
 
-
-def _walks(steps: list[TaskStepIR]) -> list[str]:
-    out: list[str] = []
-    for step in steps:
-        if isinstance(step, WalkRunIR):
-            out.append(step.walk)
-        elif isinstance(step, ForEachIR):
-            out += [w for walks in step.walks.values() for w in walks]
-        elif isinstance(step, IfIR):
-            out += _walks(step.then) + _walks(step.otherwise)
-    return out

@@ -17,7 +17,7 @@ from typing import Any
 
 from mstar_compiler import plan
 from mstar_compiler.errors import Path
-from mstar_compiler.ir import IR, ForEachIR, IfIR, TaskStepIR, TaskStreamIR, WalkRunIR
+from mstar_compiler.ir import IR, TaskStreamIR, task_walks
 
 EXAMPLE = "delimited: {delimiters: ['.', '!', '?', ','], min: 8, max: 64}"
 
@@ -56,21 +56,10 @@ def check(ir: IR) -> None:
             raise ir.doc.error(f"task '{task.name}' reads client-fed stream '{fed[0]}', so it cannot run once per "
                                f"clause of '{ts.spec.name}'", (*ts.path, "to"),
                                "stream text into a task whose inputs all come with its request")
-        walks = {w for track in task.tracks for w in _walks(track.steps)}
+        walks = {w for track in task.tracks for w in task_walks(track.steps, "text")}
         reads = {i.dtype for i in ir.request_inputs if i.walk in walks}
         if "tokens" not in reads:
             raise ir.doc.error(f"task '{task.name}' reads no text from its request, so stream '{ts.spec.name}' "
                                "has nothing to feed", (*ts.path, "to"),
                                f"its walks read {', '.join(sorted(reads)) or 'no request input'}")
 
-
-def _walks(steps: list[TaskStepIR]) -> list[str]:
-    out: list[str] = []
-    for step in steps:
-        if isinstance(step, WalkRunIR):
-            out.append(step.walk)
-        elif isinstance(step, ForEachIR):
-            out += step.walks.get("text", [])
-        elif isinstance(step, IfIR):
-            out += _walks(step.then) + _walks(step.otherwise)
-    return out

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import math
-import struct
 import time
-import wave
 
 import aiohttp
+import torch
 
 from bench.openai_load import sse_json
 from bench.peer_mstar import compile_plan
@@ -37,6 +35,7 @@ from bench.registry import Context, register
 from bench.results import Row, Side
 from bench.servers import mstar_run
 from bench.stats import LOWER, summarize
+from runtime.entrypoints.http.audio_io import pcm16, wav
 
 ASK = "Tell me about the sea."            # typed before the audio (the tiny recogniser hears noise)
 SYSTEM = "Answer in two short sentences."
@@ -47,12 +46,8 @@ LLM, TTS, AGENT = "smollm2-135m-instruct", "orpheus-3b", "voice-agent"
 
 
 def _wav(seconds: float = 1.0, rate: int = 16000) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(rate)
-        w.writeframes(b"".join(struct.pack("<h", int(6000 * math.sin(2 * math.pi * 330 * i / rate)))
-                               for i in range(int(seconds * rate))))
-    return buf.getvalue()
+    """A 330 Hz tone as a WAV file (16-bit mono)."""
+    return wav(pcm16(0.18 * torch.sin(2 * math.pi * 330 * torch.arange(int(seconds * rate)) / rate)), rate)
 
 
 AUDIO = _wav()

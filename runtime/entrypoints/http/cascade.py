@@ -34,7 +34,7 @@ from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.params import resolve_params
 from runtime.entrypoints.http.schemas import AudioOutput, ChatCompletionBody
-from runtime.entrypoints.http.speech import speech_params
+from runtime.entrypoints.http.speech import submit_text
 from runtime.streams.text_clauses import TextClauses
 
 MAX_AHEAD = 4          # clauses submitted beyond the one being spoken
@@ -211,12 +211,9 @@ class CascadeAnswer(AudioAnswer):
                     clause.failed = err
 
     def _submit_clause(self, clause: _Clause) -> Request:
-        stage = self.stages[-1]
-        tts, speech = stage.model, stage.model.speech_model
-        ids, family, stops = speech.speaker.prompt(tts, self.voice, clause.text.strip())
+        tts = self.stages[-1].model
         seed = None if self.seed is None else self.seed + clause.index
-        return tts.conductor.submit(stage.task, speech_params(tts, {"seed": seed}, family), [("text", ids)], stops,
-                                    tts.config.request_timeout_s)
+        return submit_text(tts, tts.speech_model, self.voice, clause.text.strip(), {"seed": seed})
 
     async def _speak(self) -> None:
         """Each clause's audio, in order, once the clause is written; `done` after the last."""

@@ -97,8 +97,7 @@ class CascadeSession(RealtimeSession):
         found = next((s.model for s in stages(self.server, self.cascade) if s.model.speech_detector), None)
         return (found, found.speech_detector) if found is not None else (self.server, None)
 
-    async def _answer(self) -> None:
-        speaks = "audio" in self.config["modalities"]
+    async def _respond(self, output: ResponseOutput, speaks: bool) -> dict[str, int]:
         system = self._system()
         messages = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": role, "content": content} for role, content in self.conversation.turns()]
@@ -106,17 +105,9 @@ class CascadeSession(RealtimeSession):
         given = {"max_tokens": None if limit == "inf" else limit, "temperature": self.config["temperature"]}
         voice = voice_of(self.server, self.cascade, self.config["voice"], "session.voice") if speaks else None
         answer = CascadeAnswer(self.server, self.cascade, messages, given, voice, None)
-        self.output = output = ResponseOutput(self.send, self.conversation, self.response_id, speaks, None)
         try:
             await answer.start(hear=False)
             await output.relay(answer)
-        except ApiError as err:
-            self.response = None
-            await self.error(err, None)
-            await self.send("response.done", response=self._response("failed", output.cut()))
-            return
         finally:
             answer.close()
-        self.response = None
-        usage = {"output_tokens": answer.usage()["completion_tokens"]}
-        await self.send("response.done", response=self._response("completed", output.output(), usage))
+        return {"output_tokens": answer.usage()["completion_tokens"]}

@@ -317,9 +317,23 @@ class RealtimeSession:
                 "usage": usage}
 
     async def _answer(self) -> None:
-        server, model = self.server, self.server.speech_model
         forced = bool(self.tool_grammar)            # a call, written by the text task under its grammar
         speaks = "audio" in self.config["modalities"] and not forced
+        self.output = output = ResponseOutput(self.send, self.conversation, self.response_id, speaks, self.tools)
+        try:
+            usage = await self._respond(output, speaks)
+        except ApiError as err:
+            self.response = None
+            await self.error(err, None)
+            await self.send("response.done", response=self._response("failed", output.cut()))
+            return
+        self.response = None
+        await self.send("response.done", response=self._response("completed", output.output(), usage))
+
+    async def _respond(self, output: ResponseOutput, speaks: bool) -> dict[str, int]:
+        """Write the answer to the conversation into `output` (the family's speaking task, or its text task);
+        its usage."""
+        server, model = self.server, self.server.speech_model
         items, family = self.listener.answer_items(server.tokenizer, self.conversation.turns(), self._system())
         body = {"max_tokens": None if self.config["max_response_output_tokens"] == "inf"
                 else self.config["max_response_output_tokens"], "temperature": self.config["temperature"]}
@@ -330,20 +344,12 @@ class RealtimeSession:
         params = with_grammar(server, params, self.tool_grammar, "session.tool_choice")
         req = server.conductor.submit(task, params, items, server.stop_token_ids(), server.config.request_timeout_s)
         self.answering = req
-        self.output = output = ResponseOutput(self.send, self.conversation, self.response_id, speaks, self.tools)
         try:
             await output.stream(AudioEvents(server, req, model), server.tokenizer)
-        except ApiError as err:
-            self.response = None
-            await self.error(err, None)
-            await self.send("response.done", response=self._response("failed", output.cut()))
-            return
         finally:
             server.conductor.abort(req)
             self.answering = None
-        self.response = None
-        await self.send("response.done", response=self._response("completed", output.output(),
-                                                                 {"output_tokens": len(req.output_ids)}))
+        return {"output_tokens": len(req.output_ids)}
 
     def _system(self) -> str:
         """The system turn: the session's instructions, and its tools the Hermes way (tools.py)."""

@@ -49,9 +49,14 @@ def speech_params(server: ServerContext, body: Mapping[str, Any], family: dict[s
 
 def submit_speech(server: ServerContext, model: SpeechModel, voice: str, body: SpeechBody) -> Request:
     """Queue the body's `input` spoken in `voice` (the model's voice name)."""
-    ids, family, stops = model.speaker.prompt(server, voice, body.input)
-    return server.conductor.submit(model.task, speech_params(server, msgspec.structs.asdict(body), family),
-                                   [("text", ids)], stops, server.config.request_timeout_s)
+    return submit_text(server, model, voice, body.input, msgspec.structs.asdict(body))
+
+
+def submit_text(server: ServerContext, model: SpeechModel, voice: str, text: str, fields: Mapping[str, Any]) -> Request:
+    """Queue `text` spoken in `voice` (the model's voice name), sampled by a speech body's `fields`."""
+    ids, family, stops = model.speaker.prompt(server, voice, text)
+    return server.conductor.submit(model.task, speech_params(server, fields, family), [("text", ids)], stops,
+                                   server.config.request_timeout_s)
 
 
 def _parse(server: ServerContext, body: SpeechBody) -> tuple[SpeechModel, str, str, str | None]:

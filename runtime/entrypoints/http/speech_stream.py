@@ -46,7 +46,7 @@ from runtime.entrypoints.http.audio_io import pcm16
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.schemas import RealtimeEvent, SpeechStreamUpdateEvent, TextAppendEvent
-from runtime.entrypoints.http.speech import speech_params
+from runtime.entrypoints.http.speech import speech_params, submit_text
 from runtime.entrypoints.http.speech_model import SpeechModel
 from runtime.entrypoints.http.ws_events import dispatch, serve_socket
 from runtime.streams.text_clauses import TextClauses
@@ -196,11 +196,8 @@ class SpeechStream:
 
     def _submit(self, clause: Clause) -> Request:
         s = clause.settings
-        ids, family, stops = self.model.speaker.prompt(self.server, self.model.speaker.voice(s["voice"]),
-                                                       clause.text.strip())
         given = {**s, "seed": None if s["seed"] is None else s["seed"] + clause.index}
-        return self.server.conductor.submit(self.model.task, speech_params(self.server, given, family),
-                                            [("text", ids)], stops, self.server.config.request_timeout_s)
+        return submit_text(self.server, self.model, self.model.speaker.voice(s["voice"]), clause.text.strip(), given)
 
     async def _speak(self) -> None:
         """The writer: each queued clause's audio in order, then `speech.done` where the text ended."""

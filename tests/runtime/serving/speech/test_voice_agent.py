@@ -17,7 +17,6 @@ import base64
 import importlib.util
 import io
 import math
-import struct
 import threading
 import wave
 
@@ -25,11 +24,12 @@ import aiohttp
 import numpy as np
 import openai
 import pytest
+import torch
 
 from mstar_compiler.plan import load_plan
 from runtime.launch.server import compile_plan
 from runtime.streams.text_clauses import TextClauses
-from runtime.entrypoints.http.audio_io import wav
+from runtime.entrypoints.http.audio_io import pcm16, wav
 from runtime.models.qwen3_omni.mel_featuriser import PCM_RATE
 from tests.runtime.serving.conftest import Server, http, serve
 from tests.runtime.serving.speech.conftest import OMNI, ORPHEUS
@@ -41,12 +41,8 @@ MAX_TOKENS, SEED = 40, 11
 
 
 def _wav(seconds: float = 1.0, rate: int = 16000) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(rate)
-        w.writeframes(b"".join(struct.pack("<h", int(6000 * math.sin(2 * math.pi * 330 * i / rate)))
-                               for i in range(int(seconds * rate))))
-    return buf.getvalue()
+    """A 330 Hz tone as a WAV file (16-bit mono)."""
+    return wav(pcm16(0.18 * torch.sin(2 * math.pi * 330 * torch.arange(int(seconds * rate)) / rate)), rate)
 
 
 AUDIO = _wav()
