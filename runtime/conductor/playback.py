@@ -26,7 +26,7 @@ class PlaybackBook:
         # "<node>.<port>" of every audio output -> its sampling rate
         self.rates = {f"{n.name}.{p.name}": int(n.dims.get("sampling_rate", 24000))
                       for n in plan.nodes for p in n.outputs if p.dtype == "audio"}
-        audio_nodes = {key.split(".")[0] for key in self.rates}
+        audio_nodes = {key.rpartition(".")[0] for key in self.rates}     # an included node's name has dots
         self.audio_tasks = {t.name for t in plan.tasks
                             if any(audio_nodes & track_nodes(plan, track) for track in t.tracks)}
         self.first_audio_target_s = first_audio_target_s

@@ -21,7 +21,7 @@ GRAPHS = {
     "orpheus": ["single", "disaggregated", "tp2"],
     "vjepa2_ac": ["single"],
     "smollm2": ["single", "replicas"],
-    "voice_agent": ["single"],
+    "voice_agent": ["split", "single"],
 }
 FULL = {"bagel": "bagel-7b", "qwen3_omni": "qwen3-omni-30b-a3b", "orpheus": "orpheus-3b",
         "vjepa2_ac": "vitg", "smollm2": "smollm2-135m", "voice_agent": "published"}

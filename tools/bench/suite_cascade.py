@@ -3,7 +3,9 @@ graphs/voice_agent.yaml's `converse` cascade in one server against the same thre
 servers chained by a client that waits for each hop.
 
 mstar: one `mstar-run` of graphs/voice_agent.yaml (preset `smollm2`: the Qwen3-Omni recogniser tiny,
-SmolLM2-135M-Instruct's published weights in fp32, Orpheus tiny); the question is one streamed
+SmolLM2-135M-Instruct's published weights in fp32, Orpheus tiny), under its default placement `split`
+(Orpheus on a rank of its own, the others on rank 0) and under `single` (all on one rank: each
+worker step runs the LLM's and the voice's batches in turn); the question is one streamed
 POST /v1/chat/completions (the audio as an `input_audio` part, `modalities: ["text", "audio"]`), and
 the clock runs from the POST (the user has stopped: the whole audio is there) to the first audio chunk.
 The server transcribes, SmolLM2 answers, and each clause of the answer is spoken as soon as it is written.
@@ -107,7 +109,10 @@ async def _median_of(make, n: int) -> dict[str, float]:
 @register("cascade", "a spoken question, end of audio to first answer audio: one-server cascade vs chained servers")
 def run(ctx: Context) -> list[Row]:
     root, plans = ctx.root, ctx.root / "bench-results/plans"
-    agent_plan = compile_plan(root / "graphs/voice_agent.yaml", plans / "voice_agent-smollm2.plan.bin")
+    agent_plan = compile_plan(root / "graphs/voice_agent.yaml", plans / "voice_agent-smollm2-split.plan.bin",
+                              "--placement", "split")
+    single_plan = compile_plan(root / "graphs/voice_agent.yaml", plans / "voice_agent-smollm2-single.plan.bin",
+                               "--placement", "single")
     asr_plan = compile_plan(root / "graphs/qwen3_omni.yaml", plans / "qwen3_omni-tiny-single.plan.bin",
                             "--preset", "tiny")
     llm_plan = compile_plan(root / "graphs/smollm2.yaml", plans / "smollm2-135m-fp32.plan.bin",
@@ -117,21 +122,30 @@ def run(ctx: Context) -> list[Row]:
                         threads=ctx.threads, agent_preset="smollm2")
     logs = root / "bench-results/logs"
     with mstar_run(agent_plan, logs / "cascade-agent.log", "mstar-run voice_agent", ctx.threads) as agent, \
+            mstar_run(single_plan, logs / "cascade-single.log", "mstar-run voice_agent single", ctx.threads) as one, \
             mstar_run(asr_plan, logs / "cascade-asr.log", "mstar-run qwen3_omni tiny", ctx.threads) as asr, \
             mstar_run(llm_plan, logs / "cascade-llm.log", "mstar-run smollm2", ctx.threads) as llm, \
             mstar_run(tts_plan, logs / "cascade-tts.log", "mstar-run orpheus tiny", ctx.threads) as tts:
         asr_model = "qwen3-omni-30b-a3b"
         got = {n: ctx.alternate(f"cascade, {n} at once", {
             "cascade": lambda n=n: asyncio.run(_median_of(lambda h: _converse(h, agent.url), n)),
+            "one rank": lambda n=n: asyncio.run(_median_of(lambda h: _converse(h, one.url), n)),
             "chained": lambda n=n: asyncio.run(_median_of(lambda h: _chained(h, asr.url, llm.url, tts.url, asr_model),
                                                           n))}) for n in (1, CONCURRENT)}
     note = (f"a 1 s question (a tone: the tiny recogniser hears noise) after the typed words {ASK!r}; SmolLM2 fp32 "
             f"answers greedily in at most {MAX_TOKENS} tokens; Orpheus tiny speaks (seed {SEED})")
-    return [Row(f"voice agent, {n} conversation{'s' if n > 1 else ''} at once", "end of audio to first answer audio",
-                "s", LOWER,
-                Side("mstar-run voice_agent.yaml: the converse cascade, each clause spoken as it is written",
-                     s["cascade"]["first_audio"]),
-                Side("three mstar-run servers (qwen3_omni, smollm2, orpheus) chained by a client awaiting each hop",
-                     s["chained"]["first_audio"]),
-                note=note, plot="cascade-first-audio", x=n, xlabel="conversations at once",
-                names=("one-server cascade", "chained servers")) for n, s in got.items()]
+    chained = "three mstar-run servers (qwen3_omni, smollm2, orpheus) chained by a client awaiting each hop"
+    rows = []
+    for n, s in got.items():
+        case = f"voice agent, {n} conversation{'s' if n > 1 else ''} at once"
+        rows += [Row(case, "end of audio to first answer audio", "s", LOWER,
+                     Side("mstar-run voice_agent.yaml (placement split): the converse cascade, each clause spoken "
+                          "as it is written", s["cascade"]["first_audio"]),
+                     Side(chained, s["chained"]["first_audio"]), note=note, plot="cascade-first-audio", x=n,
+                     xlabel="conversations at once", names=("one-server cascade", "chained servers")),
+                 Row(case + ", the cascade on one rank", "end of audio to first answer audio", "s", LOWER,
+                     Side("mstar-run voice_agent.yaml --placement single: the same cascade, every model on rank 0",
+                          s["one rank"]["first_audio"]),
+                     Side(chained, s["chained"]["first_audio"]), note=note,
+                     names=("one-server cascade, one rank", "chained servers"))]
+    return rows
