@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from mstar_compiler.ir import Options
+from mstar_compiler.pipeline import compile_file
 from runtime.conductor.playback import PlaybackBook
+from runtime.launch.server import REPO
 from runtime.conductor.request import Request
 from tests.runtime.conductor.test_stream_ledger import plan_of
 from runtime.transport.request_params import RequestParams
@@ -72,3 +75,12 @@ def test_the_model_tells_a_bad_order_apart() -> None:
     arrivals waiting far past the first-audio target: the model can fail."""
     book, first_wait = simulate(order_by_deadline=False)
     assert max(first_wait.values()) > 2 * book.first_audio_target_s
+
+
+def test_a_composed_plans_speaking_tasks_keep_playback_clocks() -> None:
+    """An included model's audio node is `<include>.<node>`: its tasks are found (Orpheus' speech, Qwen3-Omni's
+    voice chat), its silent ones not."""
+    plan = compile_file(str(REPO / "graphs" / "voice_agent.yaml"), Options(preset="tiny")).plan
+    book = PlaybackBook(plan)
+    assert book.audio_tasks == {"asr.voice_chat", "tts.speech"}
+    assert book.rates == {"asr.code2wav.audio": 24000, "tts.snac.audio": 24000}
