@@ -19,6 +19,7 @@ import io
 import math
 import threading
 import wave
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 import numpy as np
@@ -33,6 +34,7 @@ from runtime.entrypoints.http.audio_io import pcm16, wav
 from runtime.models.qwen3_omni.mel_featuriser import PCM_RATE
 from tests.runtime.serving.conftest import Server, http, serve
 from tests.runtime.serving.speech.conftest import OMNI, ORPHEUS
+from tests.runtime.models.silero_vad.test_silero_vad import needs_espeak, spoken
 from tests.runtime.serving.speech.test_omni_realtime import Client
 
 AGENT, LLM = "voice-agent", "smollm2-135m-instruct"
@@ -246,6 +248,16 @@ def test_a_bad_conversation_is_a_400_and_hurts_nothing(client: openai.OpenAI, bo
 # ---------------------------------------------------------------- the cascade over /v1/realtime
 
 
+async def _realtime(agent: Server, body: Callable[[Client], Awaitable[Any]]) -> Any:
+    """`body` run on a /v1/realtime session with the agent (its `session.created` read and checked)."""
+    url = f"{agent.url.replace('http', 'ws')}/v1/realtime?model={AGENT}"
+    async with aiohttp.ClientSession() as http_session, http_session.ws_connect(url) as ws:
+        c = Client(ws)
+        created = await c.recv()
+        assert created["type"] == "session.created" and created["session"]["model"] == AGENT
+        return await body(c)
+
+
 def test_a_realtime_session_hears_answers_and_speaks_through_the_cascade(client: openai.OpenAI, agent: Server) -> None:
     """The Realtime protocol's session events on the cascade: the committed audio is transcribed by the
     recogniser as /v1/audio/transcriptions transcribes it, and the response is SmolLM2's greedy answer to the
@@ -265,15 +277,7 @@ def test_a_realtime_session_hears_answers_and_speaks_through_the_cascade(client:
         await c.send("response.create")
         return heard, await c.until("response.done")
 
-    async def run() -> tuple[list[dict], list[dict]]:
-        url = f"{agent.url.replace('http', 'ws')}/v1/realtime?model={AGENT}"
-        async with aiohttp.ClientSession() as http_session, http_session.ws_connect(url) as ws:
-            c = Client(ws)
-            created = await c.recv()
-            assert created["type"] == "session.created" and created["session"]["model"] == AGENT
-            return await body(c)
-
-    heard, answered = asyncio.run(run())
+    heard, answered = asyncio.run(_realtime(agent, body))
     transcript = heard[-1]["transcript"]
     assert transcript == client.audio.transcriptions.create(model=OMNI, file=("q.wav", wav(pcm, PCM_RATE)),
                                                             temperature=0.0).text
@@ -286,3 +290,28 @@ def test_a_realtime_session_hears_answers_and_speaks_through_the_cascade(client:
     assert any(e["type"] == "response.audio.delta" for e in answered)
     done = answered[-1]["response"]
     assert done["status"] == "completed" and done["usage"]["output_tokens"] == chat.usage.completion_tokens
+
+
+@needs_espeak
+def test_server_vad_makes_the_cascades_turns_with_the_recognisers_detector(agent: Server) -> None:
+    """Speech then silence, no commit: the recogniser's Silero VAD (the only detector of the cascade's models)
+    starts and ends the turn; the turn is transcribed and answered in speech."""
+    speech = pcm16(spoken("Hello there. Tell me about the sea.", PCM_RATE))
+
+    async def body(c: Client) -> list[dict]:
+        await c.send("session.update", session={"turn_detection": {"type": "server_vad"}, "voice": "tara",
+                                                "max_response_output_tokens": 12})
+        assert (await c.until("session.updated"))[-1]["session"]["turn_detection"]["type"] == "server_vad"
+        await c.speak(bytes(2 * PCM_RATE // 2) + speech + bytes(2 * PCM_RATE))
+        return await c.until("response.done")
+
+    events = asyncio.run(_realtime(agent, body))
+    kinds = [e["type"] for e in events]
+    assert "input_audio_buffer.commit" not in kinds
+    order = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+             "conversation.item.input_audio_transcription.completed", "response.created", "response.audio.delta"]
+    assert [kinds.index(k) for k in order] == sorted(kinds.index(k) for k in order), kinds
+    started = events[kinds.index("input_audio_buffer.speech_started")]
+    heard = events[kinds.index("conversation.item.input_audio_transcription.completed")]
+    assert started["item_id"] == heard["item_id"]
+    assert events[-1]["response"]["status"] == "completed" and kinds.count("input_audio_buffer.speech_started") == 1
