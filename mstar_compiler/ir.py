@@ -214,6 +214,7 @@ class IR:
     include_chain: tuple[str, ...] = ()   # real paths of the files including this one, outermost first
     # resolve
     includes: dict[str, IncludeIR] = field(default_factory=dict)   # by prefix (nested: `a.b`)
+    included_texts: list[str] = field(default_factory=list)        # their files' text, in include order
     model: str = ""
     preset: str = ""
     device_memory: int = 0

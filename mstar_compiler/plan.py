@@ -416,7 +416,7 @@ class Plan(Base):
     format_version: int                 # FORMAT_VERSION at compile time
     model: str                          # graph `model:` name
     source: str                         # graph file name (basename)
-    source_sha256: str                  # hex digest of the graph file bytes
+    source_sha256: str                  # hex digest of the graph file's text (and, after a NUL each, its includes')
     preset: str                         # graph-level preset compiled
     placement: str                      # placement profile compiled
     ranks: list[Rank]

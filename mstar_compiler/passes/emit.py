@@ -16,7 +16,7 @@ def build_plan(ir: IR) -> plan.Plan:
         format_version=plan.FORMAT_VERSION,
         model=ir.model,
         source=os.path.basename(ir.doc.file),
-        source_sha256=hashlib.sha256(ir.doc.text.encode("utf-8")).hexdigest(),
+        source_sha256=_sources_sha256(ir),
         preset=ir.preset,
         placement=ir.placement_name,
         ranks=ir.ranks,
@@ -35,6 +35,14 @@ def build_plan(ir: IR) -> plan.Plan:
         models=[inc.model for inc in ir.includes.values()],
         cascades=[c.spec for c in ir.cascades.values()],
     )
+
+
+def _sources_sha256(ir: IR) -> str:
+    """The graph file's digest; with includes, of it and every file it includes (an edit to any changes it)."""
+    digest = hashlib.sha256(ir.doc.text.encode("utf-8"))
+    for text in ir.included_texts:
+        digest.update(b"\0" + text.encode("utf-8"))
+    return digest.hexdigest()
 
 
 def _walk_nodes(ir: IR, walk: str) -> list[str]:

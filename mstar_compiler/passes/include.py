@@ -87,6 +87,7 @@ def _load_include(ir: IR, name: str, entry: dict[str, Any], preset: str | None, 
 def _merge(ir: IR, name: str, sub: IR) -> None:
     prefix = name + "."
     names = _Names(prefix)
+    ir.included_texts += [*sub.included_texts, sub.doc.text]
     for p, pos in sub.doc.value_pos.items():
         if p:
             ir.doc.value_pos[(INCLUDED, name, *p)] = pos

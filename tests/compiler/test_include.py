@@ -447,3 +447,12 @@ def test_a_placement_naming_an_unknown_include_is_an_error(tmp_path: Path) -> No
     assert (err.position.file, err.position.line, err.position.column) == (str(top), 7, 15), str(err)
     assert err.message == "placement 'p' places unknown node 'zz.*'"
     assert "'llm.*'" in err.hint and "'tts.*'" in err.hint
+
+
+def test_the_plans_digest_follows_an_edit_to_an_included_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, "pair.yaml", PAIR)
+    before = _compile(path).plan.source_sha256
+    smollm2 = tmp_path / "smollm2.yaml"
+    smollm2.write_text(smollm2.read_text().replace("doc: SmolLM2-135M-Instruct chat model", "doc: edited"))
+    after = _compile(path).plan.source_sha256
+    assert before != after and len(after) == 64
