@@ -12,7 +12,8 @@ voice_agent.yaml's `converse`):
     complete (four ahead of the one playing), its audio sent in clause order.
 Text crosses from model to model as text: each model's own tokenizer reads and writes its own ids.
 The answer is OpenAI's audio chat answer (audio_chat.py's `AudioAnswer`): `message.audio.transcript`
-is the answer's text; the whole answer's message also carries `input_transcript`, what was heard.
+is the answer's text; the whole answer's message also carries `input_transcript`, what was heard, and its
+usage `completion_tokens_at_first_audio`, how many tokens the chat LM had written when the first audio left.
 """
 from __future__ import annotations
 
@@ -111,6 +112,7 @@ class CascadeAnswer(AudioAnswer):
         self.requests: list[Request] = []
         self.chat_req: Request | None = None
         self.num_prompt = 0                              # the chat LM's prompt tokens
+        self.written_at_first_audio: int | None = None    # the answer's tokens when its first audio left
         self.spoken = _Spoken()
         self.out: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.tasks: list[asyncio.Task[None]] = []
@@ -233,6 +235,8 @@ class CascadeAnswer(AudioAnswer):
                 while not done:
                     _, audio, done = await events.next()
                     for piece in audio:
+                        if self.written_at_first_audio is None and self.chat_req is not None:
+                            self.written_at_first_audio = len(self.chat_req.output_ids)
                         await self.out.put(("audio", piece))
                         events.sent(piece)
                 events.observe()
@@ -264,7 +268,9 @@ class CascadeAnswer(AudioAnswer):
 
     def usage(self) -> dict[str, Any]:
         done = len(self.chat_req.output_ids) if self.chat_req is not None else 0
-        return {"prompt_tokens": self.num_prompt, "completion_tokens": done, "total_tokens": self.num_prompt + done}
+        return {"prompt_tokens": self.num_prompt, "completion_tokens": done, "total_tokens": self.num_prompt + done,
+                # the server's own account of the overlap: the answer's tokens written when its first audio left
+                "completion_tokens_at_first_audio": self.written_at_first_audio}
 
     def message_extra(self) -> dict[str, Any]:
         return {"input_transcript": self.heard}

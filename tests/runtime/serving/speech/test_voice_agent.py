@@ -229,6 +229,9 @@ def test_the_first_clause_is_spoken_while_the_answer_is_still_written(client: op
     assert "audio" in kinds and "text" in kinds
     # audio of the first clause left before the answer's last words were written
     assert kinds.index("audio") < len(kinds) - 1 - kinds[::-1].index("text")
+    # and the server's own count says so: the tokens written when the first audio left, of all it wrote
+    usage = _converse(client).usage
+    assert 0 < usage.completion_tokens_at_first_audio < usage.completion_tokens
 
 
 @pytest.mark.parametrize("body, message", [
