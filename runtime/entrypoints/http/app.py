@@ -104,10 +104,6 @@ class MstarServer(ModelServing):
                            "model", "model_not_found")
         return found
 
-    def check_model(self, model: Any) -> None:
-        if self.serving(model) is not self:
-            raise ApiError(404, f"the model '{model}' is not served on this route", "model", "model_not_found")
-
     async def read_json(self, request: web.Request) -> Any:
         return strict_json(await self._read(request))
 

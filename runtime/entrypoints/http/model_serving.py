@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from runtime.conductor.request import Request
     from runtime.entrypoints.http.context import ServerConfig, ServerContext
     from runtime.entrypoints.http.schemas import Body
-    from runtime.model_executor.weights.sources import WeightSource
+    from runtime.model_executor.weights.sources import NodeWeights
     from runtime.transport.request_params import RequestParams
 
 
@@ -50,7 +50,7 @@ class ModelServing:
     conductor: Any                        # the server's Conductor, or a ScopedConductor onto it
     include: str = ""                     # the include it is served from ("": the plan's own model)
 
-    def serve_model(self, plan: Plan, weights: dict[str, WeightSource]) -> None:
+    def serve_model(self, plan: Plan, weights: dict[str, NodeWeights]) -> None:
         """Build the model's parts from its `plan` and the server's resolved `weights`."""
         self.plan = plan
         self.model_id = plan.model
@@ -64,6 +64,15 @@ class ModelServing:
         self.realtime_listener = realtime_listener(plan) if self.speech_model else None
         self.speech_detector = speech_detector(plan) if self.realtime_listener else None
         self.limits = serve_limits(plan)
+
+    def check_model(self, model: Any) -> None:
+        """400 when `model` is no string, 404 when it names no model of the server, or another than this one
+        (a handler that did not route its request by `serving`)."""
+        if self.serving(model) is not self:
+            raise ApiError(404, f"the model '{model}' is not served on this route", "model", "model_not_found")
+
+    def serving(self, model: Any, able: Callable[[ServerContext], bool] | None = None) -> ServerContext:
+        raise NotImplementedError
 
     def constrains_output(self) -> bool:
         """Whether the chat LM samples under a request's grammar on every rank that holds it."""
@@ -123,7 +132,7 @@ class ScopedConductor:
 class IncludedServing(ModelServing):
     """An included model of the server's plan, served under its own name; the rest is the server's."""
 
-    def __init__(self, server: ServerContext, name: str, weights: dict[str, WeightSource]) -> None:
+    def __init__(self, server: ServerContext, name: str, weights: dict[str, NodeWeights]) -> None:
         self.server = server
         self.include = name
         self.conductor = ScopedConductor(server.conductor, name)
@@ -150,10 +159,6 @@ class IncludedServing(ModelServing):
 
     def models_served(self) -> list[ServerContext]:
         return self.server.models_served()
-
-    def check_model(self, model: Any) -> None:
-        if self.server.serving(model) is not self:
-            raise ApiError(404, f"the model '{model}' is not served on this route", "model", "model_not_found")
 
     async def read_json(self, request: web.Request) -> Any:
         return await self.server.read_json(request)
