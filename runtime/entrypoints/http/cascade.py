@@ -25,7 +25,6 @@ from typing import Any
 
 from mstar_compiler.plan import Cascade, ChunkPolicy
 from mstar_compiler.plan_view import scope
-from runtime.conductor.config import QueueFull
 from runtime.conductor.request import Request
 from runtime.entrypoints.http.audio_chat import AudioAnswer, audio_format
 from runtime.entrypoints.http.audio_events import AudioEvents
@@ -35,7 +34,7 @@ from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.params import resolve_params
 from runtime.entrypoints.http.schemas import AudioOutput, ChatCompletionBody
-from runtime.entrypoints.http.speech import submit_text
+from runtime.entrypoints.http.speech import submit_clauses, submit_text
 from runtime.streams.text_clauses import TextClauses
 
 MAX_AHEAD = 4          # clauses submitted beyond the one being spoken
@@ -201,16 +200,7 @@ class CascadeAnswer(AudioAnswer):
         self.spoken.wake.set()
 
     def _admit(self, speaking: int) -> None:
-        for clause in itertools.islice(self.spoken.clauses, speaking, speaking + 1 + MAX_AHEAD):
-            if clause.req is None and clause.failed is None:
-                try:
-                    clause.req = self._submit_clause(clause)
-                    self.requests.append(clause.req)
-                except QueueFull as exc:
-                    clause.failed = ApiError(429, f"the server is at capacity: {exc}; clause {clause.index} of the "
-                                             "answer is not spoken", code="queue_full")
-                except ApiError as err:
-                    clause.failed = err
+        submit_clauses(itertools.islice(self.spoken.clauses, speaking, speaking + 1 + MAX_AHEAD), self._submit_clause)
 
     def _submit_clause(self, clause: _Clause) -> Request:
         tts = self.stages[-1].model
@@ -279,7 +269,7 @@ class CascadeAnswer(AudioAnswer):
         """Abort what still runs (each request's `abort` is a no-op once it finished)."""
         for task in self.tasks:
             task.cancel()
-        for req in self.requests:
+        for req in [*self.requests, *(c.req for c in self.spoken.clauses if c.req is not None)]:
             self.server.conductor.abort(req)
 
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import base64
 import logging
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import msgspec
 from aiohttp import web
 
+from runtime.conductor.config import QueueFull
 from runtime.conductor.request import Request
 from runtime.entrypoints.http.audio_events import AudioEvents
 from runtime.entrypoints.http.audio_io import FORMATS, content_type, pcm16, wav, wav_header
@@ -50,6 +51,20 @@ def speech_params(server: ServerContext, body: Mapping[str, Any], family: dict[s
 def submit_speech(server: ServerContext, model: SpeechModel, voice: str, body: SpeechBody) -> Request:
     """Queue the body's `input` spoken in `voice` (the model's voice name)."""
     return submit_text(server, model, voice, body.input, msgspec.structs.asdict(body))
+
+
+def submit_clauses(clauses: Iterable[Any], submit: Callable[[Any], Request]) -> None:
+    """Submit each clause (`.index`, `.req`, `.failed`) not yet submitted, by `submit`; a full queue or a clause
+    the model refuses becomes the clause's `failed` (an ApiError its writer reports in its turn)."""
+    for clause in clauses:
+        if clause.req is None and clause.failed is None:
+            try:
+                clause.req = submit(clause)
+            except QueueFull as exc:
+                clause.failed = ApiError(429, f"the server is at capacity: {exc}; clause {clause.index} is not spoken",
+                                         code="queue_full")
+            except ApiError as err:
+                clause.failed = err
 
 
 def submit_text(server: ServerContext, model: SpeechModel, voice: str, text: str, fields: Mapping[str, Any]) -> Request:

@@ -39,14 +39,13 @@ import msgspec
 from aiohttp import web
 
 from mstar_compiler.plan import Plan, TaskStream
-from runtime.conductor.config import QueueFull
 from runtime.conductor.request import Request
 from runtime.entrypoints.http.audio_events import AudioEvents
 from runtime.entrypoints.http.audio_io import pcm16
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.schemas import RealtimeEvent, SpeechStreamUpdateEvent, TextAppendEvent
-from runtime.entrypoints.http.speech import speech_params, submit_text
+from runtime.entrypoints.http.speech import speech_params, submit_clauses, submit_text
 from runtime.entrypoints.http.speech_model import SpeechModel
 from runtime.entrypoints.http.ws_events import dispatch, serve_socket
 from runtime.streams.text_clauses import TextClauses
@@ -184,15 +183,7 @@ class SpeechStream:
 
     def _admit(self) -> None:
         """Submit the first MAX_AHEAD queued clauses that are not yet."""
-        for clause in itertools.islice((c for c in self.queue if isinstance(c, Clause)), MAX_AHEAD):
-            if clause.req is None and clause.failed is None:
-                try:
-                    clause.req = self._submit(clause)
-                except QueueFull as exc:
-                    clause.failed = ApiError(429, f"the server is at capacity: {exc}; clause {clause.index} is "
-                                             "not spoken", code="queue_full")
-                except ApiError as err:
-                    clause.failed = err
+        submit_clauses(itertools.islice((c for c in self.queue if isinstance(c, Clause)), MAX_AHEAD), self._submit)
 
     def _submit(self, clause: Clause) -> Request:
         s = clause.settings
