@@ -52,6 +52,11 @@ def resolve(ir: IR, name: str, raw: dict[str, Any]) -> CascadeIR:
             raise ir.doc.error(f"unknown task '{task}'", (*spath, role), hint)
         stages.append(plan.CascadeStage(role, task, _clauses(ir, role, stage, spath)))
         paths.append(spath)
+    chats = [i for i, stage in enumerate(stages) if stage.role == "chat"]
+    if len(chats) != 1:
+        raise ir.doc.error(f"a cascade has one `chat` stage (the model that answers), this one has {len(chats)}",
+                           paths[chats[1]] if chats else (*path, "cascade"),
+                           "e.g. [{transcribe: asr.chat}, {chat: llm.chat}, {speak: tts.speech}]")
     for i, stage in enumerate(stages):
         if stage.role == "transcribe" and i:
             raise ir.doc.error("`transcribe` is a cascade's first stage: it reads the request's audio", paths[i],
