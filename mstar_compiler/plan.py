@@ -434,6 +434,10 @@ class Plan(Base):
     models: list[IncludedModel] = []    # graphs included under a name (`include:`; an include's own first)
     cascades: list[Cascade] = []        # tasks of tasks the server runs (`cascade:`), not the conductor
 
+    def include_of(self, name: str) -> str:
+        """The innermost include declaring `name` (a node, walk, task, stream or param): "" for the plan's own."""
+        return max((m.name for m in self.models if name.startswith(m.name + ".")), key=len, default="")
+
     def cascade(self, name: str) -> Cascade | None:
         return next((c for c in self.cascades if c.name == name), None)
 

@@ -5,7 +5,7 @@ A plan compiled from a graph with `include:` names everything an included graph 
 `max_tokens`, not `llm.max_tokens`, and asks for the task `chat`. `model_view(plan, "llm")` is the plan
 of that model alone as the server's handlers read it: its tasks and params under their own names
 (what requests name), its nodes, walks and streams under the plan's (what the conductor runs and
-its events carry). `scope(plan, node)` is the include a node belongs to, whose prefix a request's
+its events carry). `Plan.include_of(node)` is the include a node belongs to, whose prefix a request's
 params lose on their way to that node's executor.
 """
 from __future__ import annotations
@@ -24,11 +24,6 @@ def included(plan: Plan, name: str) -> IncludedModel:
         raise KeyError(f"plan {plan.model} includes no model '{name}' (it includes: "
                        f"{', '.join(m.name for m in plan.models) or 'none'})")
     return found
-
-
-def scope(plan: Plan, node: str) -> str:
-    """The name of the innermost include declaring `node` ("" for the plan's own nodes)."""
-    return max((m.name for m in plan.models if node.startswith(m.name + ".")), key=len, default="")
 
 
 def model_view(plan: Plan, name: str) -> Plan:
@@ -71,7 +66,7 @@ def own_view(plan: Plan) -> Plan:
     """The plan as its own model's clients see it: what the graph that includes the others declares itself
     (its nodes, params, tasks, cascades), none of theirs; a composed graph without tasks serves none here."""
     def mine(name: str) -> bool:
-        return not scope(plan, name)
+        return not plan.include_of(name)
 
     tasks = [t for t in plan.tasks if mine(t.name)]
     default = plan.default_task if any(t.name == plan.default_task for t in tasks) else tasks[0].name if tasks else ""

@@ -20,7 +20,6 @@ import zmq
 import zmq.asyncio
 
 from mstar_compiler.plan import DONE, Plan
-from mstar_compiler.plan_view import scope
 from runtime.ranks.joining import Joining
 from runtime.conductor.kv_ledger import KVLedger
 from runtime.conductor.live_state import LiveState
@@ -244,9 +243,9 @@ class Conductor:
                                       alone=self.config.scheduler.batch_invariant), tensors)
 
     def _open_ranks(self, req: Request, ranks: set[int]) -> None:
+        opened = OpenRequest(request_id=req.request_id, params=req.params, scope=self.plan.include_of(req.task))
         for rank in sorted(ranks - req.ranks_opened):
-            self._send(rank, OpenRequest(request_id=req.request_id, params=req.params,
-                                         scope=scope(self.plan, req.task)))
+            self._send(rank, opened)
             req.ranks_opened.add(rank)
 
     # ---- events --------------------------------------------------------------------

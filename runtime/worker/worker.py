@@ -35,7 +35,6 @@ import torch
 import zmq
 
 from mstar_compiler.plan import load_plan
-from mstar_compiler.plan_view import scope
 from runtime.worker.executors import ExecResult, Executor, executor_for
 from runtime.transport.addresses import free_port, pin_collectives_to, probe, worker_addresses
 from runtime.transport.messages import (
@@ -292,7 +291,7 @@ class Worker:
         try:
             for name, ex in self.executors.items():
                 if not msg.scope or name.startswith(msg.scope + "."):     # another model's request: not its
-                    ex.open(msg.request_id, msg.params.within(scope(self.plan, name)))
+                    ex.open(msg.request_id, msg.params.within(self.plan.include_of(name)))
         except Exception as exc:   # a bad param fails its request's Runs, not this worker
             why = f"rank {self.rank} could not open request {msg.request_id}: {type(exc).__name__}: {exc}"
             log.warning("%s", why)

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mstar_compiler.plan import Cascade, ChunkPolicy
-from mstar_compiler.plan_view import scope
 from runtime.conductor.request import Request
 from runtime.entrypoints.http.audio_chat import AudioAnswer, audio_format
 from runtime.entrypoints.http.audio_events import AudioEvents
@@ -50,7 +49,7 @@ class Stage:
 
 def conversation(server: ServerContext) -> Cascade | None:
     """The cascade a chat naming the plan's own model runs (its first), None when the plan has none."""
-    mine = [c for c in server.plan.cascades if not scope(server.plan, c.name)]
+    mine = [c for c in server.plan.cascades if not server.plan.include_of(c.name)]
     return mine[0] if mine and not server.include else None
 
 
@@ -59,7 +58,7 @@ def stages(server: ServerContext, cascade: Cascade) -> list[Stage]:
     by_include = {m.include: m for m in server.models_served()}
     out = []
     for s in cascade.stages:
-        owner = scope(server.plan, s.task)
+        owner = server.plan.include_of(s.task)
         out.append(Stage(s.role, by_include[owner], s.task[len(owner) + 1:] if owner else s.task, s.clauses))
     return out
 

@@ -15,7 +15,6 @@ import base64
 import torch
 from aiohttp import web
 
-from mstar_compiler.plan_view import scope
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError, event_error
 from runtime.entrypoints.http.limits import check_context, check_token_ids, max_context, vocab_size
@@ -52,7 +51,7 @@ def _check_honoured(params: RequestParams) -> None:
 async def run_task(request: web.Request) -> web.Response:
     server: ServerContext = request.app["mstar"]
     task = request.match_info["task"]
-    owner = scope(server.plan, task)
+    owner = server.plan.include_of(task)
     if owner:       # an included model's task (`llm.chat`): run as that model runs it, its params its own names
         server, task = next(m for m in server.models_served() if m.include == owner), task[len(owner) + 1:]
     if task not in {t.name for t in server.plan.tasks}:
