@@ -51,6 +51,7 @@ BUILTIN_FAMILIES = (
     "orpheus",
     "vjepa2",
     "silero_vad",
+    "whisper",
 )
 
 

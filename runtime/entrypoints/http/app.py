@@ -39,7 +39,7 @@ from runtime.entrypoints.http.realtime import converses
 from runtime.entrypoints.http.schemas import Body, parse_body
 from runtime.entrypoints.http.state_feed import install_state_feed
 from runtime.entrypoints.http.tasks import run_task
-from runtime.entrypoints.http.transcriptions import audio_transcriptions
+from runtime.entrypoints.http.transcriptions import audio_transcriptions, audio_translations
 from runtime.transport.messages import NodeInfo
 from runtime.worker.loader import check_plan_sources
 from runtime.model_executor.weights.sources import resolve_all
@@ -189,6 +189,7 @@ class MstarServer(ModelServing):
         app.router.add_get("/v1/models", self.models)
         install_audio_routes(self, app)    # /v1/chat/completions (text or audio), /v1/audio/speech
         app.router.add_post("/v1/audio/transcriptions", audio_transcriptions)
+        app.router.add_post("/v1/audio/translations", audio_translations)
         app.router.add_post("/v1/completions", completions)
         for family in families_of(self.plan):   # a family's own endpoints: BAGEL's images, V-JEPA's rollouts
             if family.install is not None:

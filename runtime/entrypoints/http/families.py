@@ -72,6 +72,16 @@ class Listener(Protocol):
         or the rows of an utterance the session heard."""
 
 
+class Transcriber(Protocol):
+    """A family's own answer to /v1/audio/transcriptions and /v1/audio/translations (a speech recognition
+    model; without one the generic handler prompts the chat LM with the audio)."""
+    can_translate: bool
+    async def answer(self, request: web.Request, server: Any, data: bytes, form: Any, task: str
+                     ) -> web.StreamResponse:
+        """The response to one form (`task` "transcribe" or "translate"; `form` a TranscriptionForm or a
+        TranslationForm of runtime/entrypoints/http/schemas.py), the audio file's bytes `data`."""
+
+
 @dataclass(frozen=True)
 class FamilyServing:
     """One family's additions to the server."""
@@ -89,6 +99,8 @@ class FamilyServing:
     chat_inputs: Callable[[Plan], Any] | None = None
     # how a /v1/realtime session's audio is heard (None: not for this plan)
     realtime: Callable[[Plan], Listener | None] | None = None
+    # its speech recognition's answer to the transcription endpoints (None: not for this plan)
+    transcriber: Callable[[Plan], Transcriber | None] | None = None
 
 
 @cache
@@ -109,3 +121,11 @@ def families_of(plan: Plan) -> list[FamilyServing]:
     """The families' servings whose kinds the plan holds, in the order the families are declared."""
     kinds = {n.kind for n in plan.nodes}
     return [serving for serving in _servings() if serving.kinds & kinds]
+
+
+def transcriber_for(plan: Plan) -> Transcriber | None:
+    """The plan's family transcriber (`FamilyServing.transcriber`), None when no family of it has one."""
+    for family in families_of(plan):
+        if family.transcriber is not None and (found := family.transcriber(plan)) is not None:
+            return found
+    return None

@@ -16,6 +16,7 @@ from mstar_compiler.plan import Plan
 from mstar_compiler.plan_view import model_view
 from runtime.entrypoints.http.chat_inputs import chat_inputs_for
 from runtime.entrypoints.http.errors import ApiError
+from runtime.entrypoints.http.families import transcriber_for
 from runtime.entrypoints.http.limits import serve_limits
 from runtime.entrypoints.http.realtime import realtime_listener
 from runtime.entrypoints.http.speech_detector import speech_detector
@@ -60,6 +61,7 @@ class ModelServing:
         # how a chat's tools reach the prompt: the template renders them, or tools.py's Hermes system message
         self.tool_prompt = "template" if renders_tools(template.source if template else None) else "hermes"
         self.chat_inputs = chat_inputs_for(plan)   # the family's reader of audio/image parts, if any
+        self.transcriber = transcriber_for(plan)   # a speech recognition family's own transcriptions
         self.speech_model = speech_model(plan)
         self.realtime_listener = realtime_listener(plan) if self.speech_model else None
         self.speech_detector = speech_detector(plan) if self.realtime_listener else None

@@ -172,7 +172,7 @@ class TranscriptionForm(msgspec.Struct):
 
     FIELD_ERRORS: ClassVar[dict[str, str]] = {
         "model": "'model' must be a string",
-        "response_format": "response_format must be one of ('json', 'text', 'verbose_json')",
+        "response_format": "response_format must be one of ('json', 'text', 'verbose_json', 'srt', 'vtt')",
         "temperature": "temperature must be a number",
         "stream": "stream must be 'true' or 'false'",
     }
@@ -180,9 +180,20 @@ class TranscriptionForm(msgspec.Struct):
     model: str
     language: str | None = None              # the audio's language, for the model's prompt
     prompt: str | None = None                # text the transcription continues
-    response_format: Literal["json", "text", "verbose_json"] = "json"
+    response_format: Literal["json", "text", "verbose_json", "srt", "vtt"] = "json"   # srt, vtt: timed models only
     temperature: float = 0.0                 # 0: greedy
     stream: bool = False                     # SSE transcript.text.delta events
+
+
+class TranslationForm(msgspec.Struct):
+    """POST /v1/audio/translations: OpenAI's form (the audio's speech as English text); no language, no stream."""
+
+    FIELD_ERRORS: ClassVar[dict[str, str]] = TranscriptionForm.FIELD_ERRORS
+
+    model: str
+    prompt: str | None = None                # English text the translation continues
+    response_format: Literal["json", "text", "verbose_json", "srt", "vtt"] = "json"
+    temperature: float = 0.0
 
 
 class RealtimeEvent(msgspec.Struct):

@@ -1,4 +1,8 @@
-"""POST /v1/audio/transcriptions: OpenAI's speech-to-text over the plan's chat task.
+"""POST /v1/audio/transcriptions and /v1/audio/translations: OpenAI's speech-to-text.
+
+A model whose family has its own speech recognition (`FamilyServing.transcriber`: Whisper) answers
+both through it, with every response_format (json, text, verbose_json, srt, vtt). Otherwise
+transcriptions run over the plan's chat task, as below, and translations are a 404.
 
 The multipart form carries `file` (the audio), `model`, and optionally `language`,
 `prompt`, `response_format` (json | text | verbose_json), `temperature` and `stream`; any
@@ -19,13 +23,15 @@ from runtime.entrypoints.http.chat import ChatEvents, ChatRequest, item_tokens, 
 from runtime.entrypoints.http.context import ServerContext
 from runtime.entrypoints.http.errors import ApiError
 from runtime.entrypoints.http.params import resolve_params
-from runtime.entrypoints.http.schemas import TranscriptionForm, parse_form
+from runtime.entrypoints.http.schemas import TranscriptionForm, TranslationForm, parse_form
 from runtime.entrypoints.http.sse import sse_data, sse_response
 
 FIELDS = tuple(TranscriptionForm.__struct_fields__)
+TRANSLATION_FIELDS = tuple(TranslationForm.__struct_fields__)
 
 
-async def _form(request: web.Request) -> tuple[bytes, str, dict[str, str]]:
+async def _form(request: web.Request, names: tuple[str, ...] = FIELDS,
+                route: str = "transcriptions") -> tuple[bytes, str, dict[str, str]]:
     """(file bytes, file name, the text fields) of the multipart form; 400 when malformed."""
     if not request.content_type.startswith("multipart/form-data"):
         raise ApiError(400, "the body must be multipart/form-data with a 'file' field")
@@ -33,11 +39,11 @@ async def _form(request: web.Request) -> tuple[bytes, str, dict[str, str]]:
     async for part in await request.multipart():
         if part.name == "file":
             data, name = bytes(await part.read()), part.filename or ""
-        elif part.name in FIELDS:
+        elif part.name in names:
             fields[part.name] = await part.text()
         else:   # e.g. include[]=logprobs, timestamp_granularities[]: refused, not ignored
-            raise ApiError(400, f"form field '{part.name}' is not supported by this server's transcriptions "
-                           f"(it takes 'file' and {', '.join(repr(f) for f in FIELDS)})", part.name,
+            raise ApiError(400, f"form field '{part.name}' is not supported by this server's {route} "
+                           f"(it takes 'file' and {', '.join(repr(f) for f in names)})", part.name,
                            "unsupported_field")
     if data is None:
         raise ApiError(400, "the form has no 'file' field (the audio to transcribe)", "file")
@@ -46,6 +52,10 @@ async def _form(request: web.Request) -> tuple[bytes, str, dict[str, str]]:
 
 def _chat(server: ServerContext, data: bytes, name: str, form: TranscriptionForm) -> tuple[ChatRequest, str]:
     server.check_model(form.model)
+    if form.response_format in ("srt", "vtt"):
+        raise ApiError(400, f"response_format '{form.response_format}' needs timed segments, which the model "
+                       f"'{server.model_id}' does not give (it answers json, text and verbose_json)",
+                       "response_format")
     if server.chat_inputs is None:
         raise ApiError(400, f"the model '{server.model_id}' does not take audio input", "file")
     part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(),
@@ -63,6 +73,8 @@ async def audio_transcriptions(request: web.Request) -> web.StreamResponse:
     data, name, fields = await _form(request)
     form = parse_form(fields, TranscriptionForm)
     server = server.serving(form.model)
+    if server.transcriber is not None:
+        return await server.transcriber.answer(request, server, data, form, "transcribe")
     chat, fmt = _chat(server, data, name, form)
     req = submit_chat(server, chat)
     events = ChatEvents(server, req, chat.stop, chat.prompt_ids)
@@ -98,3 +110,16 @@ async def _send_events(request: web.Request, events: ChatEvents) -> web.StreamRe
     await resp.write(sse_data({"type": "transcript.text.done", "text": text}))
     events.server.observe_finished(events.req)
     return resp
+
+
+async def audio_translations(request: web.Request) -> web.StreamResponse:
+    server: ServerContext = request.app["mstar"]
+    if server.draining:
+        raise ApiError(503, "the server is shutting down", code="shutting_down")
+    data, _, fields = await _form(request, TRANSLATION_FIELDS, "translations")
+    form = parse_form(fields, TranslationForm)
+    server = server.serving(form.model)
+    if server.transcriber is None or not server.transcriber.can_translate:
+        raise ApiError(404, f"the model '{server.model_id}' does not translate speech (a speech recognition "
+                       f"model such as Whisper does)", "model", "model_not_found")
+    return await server.transcriber.answer(request, server, data, form, "translate")

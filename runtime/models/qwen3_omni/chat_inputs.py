@@ -38,7 +38,7 @@ from typing import Any
 
 from mstar_compiler.plan import Plan
 from runtime.conductor.request import MediaInput
-from runtime.models.qwen3_omni.mel import HOP_LENGTH
+from runtime.model_executor.log_mel import HOP_LENGTH
 from runtime.models.qwen3_omni.qwen3_omni_audio_encoder import cnn_tokens
 from runtime.models.qwen3_omni.vision_inputs import VisionProcessor, VisualInput, grids_param
 from runtime.entrypoints.http.audio_decode import decode_audio

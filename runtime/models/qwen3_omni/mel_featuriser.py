@@ -7,7 +7,7 @@ its own gives the rows the whole utterance would give there. `MelFeaturiser` tur
 
   pcm16 (24 kHz) -> band-limited resample to 16 kHz (runtime/entrypoints/http/audio_decode.resample),
      a 16 kHz sample kept once every filter tap it reads has arrived
-  -> log10 mel frames (runtime/models/qwen3_omni/mel.py's arithmetic), a frame kept once the
+  -> log10 mel frames (runtime/model_executor/log_mel.py's arithmetic), a frame kept once the
      STFT's 400 samples centred on it have arrived (the reflect padding only at the ends);
      `finish()` (the commit) gives the rest.
 The frames are the items of the graph's client-fed `user_audio` stream, whose `Fixed(n_window_infer)`
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.models.qwen3_omni.mel import HOP_LENGTH, N_FFT, mel_filters
+from runtime.model_executor.log_mel import HOP_LENGTH, N_FFT, mel_filters
 from runtime.entrypoints.http.audio_decode import PCM_RATE, StreamResampler, pcm16_samples
 
 _HALF = N_FFT // 2         # samples each side of a frame's centre

@@ -1,6 +1,6 @@
 """qwen3_omni_audio_encoder: Qwen3-Omni's AuT audio encoder, 16 kHz waveform -> thinker-width states.
 
-  waveform -> log-mel (runtime/models/qwen3_omni/mel.py, 100 frames a second)
+  waveform -> log-mel (runtime/model_executor/log_mel.py, 100 frames a second)
   -> chunks of 2·n_window = 100 frames, each through three stride-2 Conv2d + GELU and a
      linear `conv_out` (13 tokens per full chunk: 12.5 Hz), plus sinusoidal positions that
      restart in every chunk
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runtime.models.qwen3_omni.mel import log_mel
+from runtime.model_executor.log_mel import log_mel
 from runtime.models.qwen3_omni.weights import CheckpointWeights, initialise
 
 

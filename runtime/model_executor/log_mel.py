@@ -1,4 +1,4 @@
-"""Whisper-style log-mel features, the input of Qwen3-Omni's audio encoder.
+"""Whisper's log-mel features: the input of Whisper's encoder and Qwen3-Omni's audio encoder.
 
 16 kHz waveform -> |STFT|² (n_fft 400, hop 160, Hann window, centred with reflect
 padding; the last frame dropped) -> Slaney-scale, Slaney-normalised mel filters over

@@ -1,0 +1,99 @@
+"""Whisper on the worker: the encoder's windows as one batch, and the decoder as a decoder LM whose
+prompt starts with its cross-attention memory (runtime/models/whisper/whisper_decoder.py).
+
+`DecoderExecutor` is the generic decoder-LM executor with three things of Whisper's: the memory
+placeholder (`<|nospeech|>`, never in a text prompt) marks the rows the encoder's output fills; the
+positions it gives the model count a request's tokens after its memory (-1 at memory rows); and a
+request whose prompt ends at <|startoftranscript|> has its language picked by the model among the
+language tokens only, then the task token and (without timestamps) <|notimestamps|> follow as its
+request asked (`RequestParams.family`: "task", "timestamps"), as transformers' Whisper generate does
+after detecting a language.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mstar_compiler.plan import Node, Plan
+from runtime.models.decoder_lm.executors import DecoderLMExecutor
+from runtime.models.whisper.tokens import WhisperTokens
+from runtime.model_executor.parallel.cpu_linear import device_of
+from runtime.transport.messages import WorkItem
+from runtime.transport.request_params import RequestParams
+from runtime.worker.executors import CachelessExecutor, ExecResult
+
+
+class EncoderExecutor(CachelessExecutor):
+    """The `whisper_encoder` node: every window of a batch through one call."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.device = device_of(module)
+
+    @torch.inference_mode()
+    def run(self, items: list[WorkItem], inputs: list[dict[str, torch.Tensor]]) -> list[ExecResult]:
+        mel = torch.stack([self.module.features(ins["audio"].to(self.device)) for ins in inputs])
+        hidden = self.module(mel)                                       # (B, 1500, d_model)
+        return [ExecResult(outputs={"hidden": hidden[b]}) for b in range(len(items))]
+
+
+class DecoderExecutor(DecoderLMExecutor):
+    """The `whisper_decoder` node (module docstring)."""
+
+    def __init__(self, node: Node, model: nn.Module, rank: int, plan: Plan) -> None:
+        self.tokens = WhisperTokens.of(node.dims)
+        self.placeholder_ids = frozenset({self.tokens.no_speech})
+        super().__init__(node, model, rank, plan, prefix_cache=True)
+        self._memory: dict[int, int] = {}              # request -> its memory rows
+        self._forced: dict[int, list[int]] = {}        # request -> tokens after the language it has picked
+        self._asks: dict[int, tuple[str, bool]] = {}   # request -> (task, timestamps)
+
+    def open(self, request_id: int, params: RequestParams) -> None:
+        super().open(request_id, params)
+        self._asks[request_id] = (str(params.family.get("task", "transcribe")),
+                                  bool(params.family.get("timestamps", False)))
+
+    def close(self, request_id: int, kv_only: bool) -> None:
+        super().close(request_id, kv_only)
+        if not kv_only:
+            for held in (self._memory, self._forced, self._asks):
+                held.pop(request_id, None)
+
+    def positions(self, item: WorkItem, start: int) -> torch.Tensor:
+        rid, new = item.request_id, item.tokens[item.cached:]
+        if rid not in self._memory or start == 0:
+            self._memory[rid] = sum(1 for t in item.tokens if t == self.tokens.no_speech)
+            if item.tokens[-1] == self.tokens.sot:
+                self._forced[rid] = self.tokens.forced_after_language(*self._asks.get(rid, ("transcribe", False)))
+        memory = self._memory[rid]
+        return torch.tensor([-1 if t == self.tokens.no_speech else start + i - memory for i, t in enumerate(new)],
+                            dtype=torch.long, device=self.device)
+
+    def _forward(self, items: list[WorkItem], starts: list[int], inputs: list[dict[str, torch.Tensor]],
+                 sampling: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, hidden = super()._forward(items, starts, inputs, sampling)
+        for row, b in enumerate(sampling):
+            rid = items[b].request_id
+            forced = self._forced.get(rid)
+            if forced is None:
+                continue
+            state = self._states.get(rid)
+            made = len(state.output_ids) if state is not None else 0
+            keep = torch.full_like(logits[row], float("-inf"))
+            if made == 0:       # the language, the model's choice among the languages
+                first = self.tokens.first_language
+                keep[first:first + self.tokens.num_languages] = logits[row, first:first + self.tokens.num_languages]
+            elif made <= len(forced):
+                keep[forced[made - 1]] = 0.0
+            else:
+                continue
+            logits[row] = keep
+        return logits, hidden
+
+
+def encoder_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> EncoderExecutor:
+    return EncoderExecutor(module)
+
+
+def decoder_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> DecoderExecutor:
+    return DecoderExecutor(node, module, rank, plan)

@@ -1,0 +1,99 @@
+"""transformers' Whisper as the reference for mstar's: a tiny `WhisperForConditionalGeneration` whose
+text tokens win over the special ones (so greedy transcripts hold text), its generation config, and a
+byte-level tokenizer with Whisper's special tokens in Whisper's order.
+
+The model is transformers' own (random init, seeded); the special-token layout of the generation config
+and the tokenizer is written here from Whisper's published order, not from mstar's tokens.py.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+
+# Whisper's language codes in token order (openai/whisper/tokenizer.py's LANGUAGES, Cantonese last)
+CODES = ("en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur hr bg lt la "
+         "mi ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw gl mr pa si km sn yo so af oc ka be "
+         "tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl mg as tt haw ln ha ba jw su yue").split()
+TEXT = 256
+
+
+def special_names(num_languages: int = 100) -> list[str]:
+    return (["<|endoftext|>", "<|startoftranscript|>"] + [f"<|{c}|>" for c in CODES[:num_languages]]
+            + ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
+               "<|notimestamps|>"] + [f"<|{i * 0.02:.2f}|>" for i in range(1501)])
+
+
+def config(dims: Mapping[str, Any]) -> WhisperConfig:
+    names = special_names(dims["num_languages"])
+    return WhisperConfig(
+        vocab_size=dims["text_vocab_size"] + len(names), num_mel_bins=dims["num_mel_bins"], d_model=dims["d_model"],
+        encoder_layers=dims["encoder_layers"], decoder_layers=dims["decoder_layers"],
+        encoder_attention_heads=dims["encoder_attention_heads"], decoder_attention_heads=dims["decoder_attention_heads"],
+        encoder_ffn_dim=dims["encoder_ffn_dim"], decoder_ffn_dim=dims["decoder_ffn_dim"],
+        max_source_positions=dims["max_source_positions"], max_target_positions=dims["max_target_positions"],
+        decoder_start_token_id=TEXT + 1, eos_token_id=TEXT, pad_token_id=TEXT, bos_token_id=TEXT)
+
+
+def model(dims: Mapping[str, Any], seed: int = 0, special_scale: float = 0.05) -> WhisperForConditionalGeneration:
+    """A seeded random tiny Whisper whose special-token embedding rows are scaled down by `special_scale`
+    (its logits are those rows times the final states) and whose decoder matrices are drawn wider than
+    transformers' init (which repeats one token): greedy decoding then writes varied text bytes."""
+    torch.manual_seed(seed)
+    hf = WhisperForConditionalGeneration(config(dims)).eval()
+    draw = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():   # wider decoder matrices than transformers' init: its greedy text varies
+        for name, p in hf.model.decoder.named_parameters():
+            if p.dim() == 2 and "embed_tokens" not in name:
+                p.copy_(torch.randn(p.shape, generator=draw) * 0.1)
+        hf.model.decoder.embed_tokens.weight[TEXT:] *= special_scale
+    names = special_names(dims["num_languages"])
+    ids = {name: TEXT + i for i, name in enumerate(names)}
+    hf.generation_config = GenerationConfig(
+        decoder_start_token_id=TEXT + 1, eos_token_id=TEXT, pad_token_id=TEXT, bos_token_id=TEXT,
+        is_multilingual=True, lang_to_id={n: ids[n] for n in names[2:2 + dims["num_languages"]]},
+        task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
+        no_timestamps_token_id=ids["<|notimestamps|>"], prev_sot_token_id=ids["<|startofprev|>"],
+        max_initial_timestamp_index=50, suppress_tokens=None, begin_suppress_tokens=None,
+        max_length=dims["max_target_positions"])
+    return hf
+
+
+def write_tokenizer(directory: Path, num_languages: int = 100) -> Tokenizer:
+    """A byte-level tokenizer (ids 0..255 the bytes, no merges) with Whisper's specials after them."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    byte_chars = sorted(alphabet, key=lambda c: _byte_of(c))
+    tok = Tokenizer(models.BPE({c: i for i, c in enumerate(byte_chars)}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(special_names(num_languages))
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    return tok
+
+
+def _byte_of(char: str) -> int:
+    """The byte GPT-2's byte-to-unicode table maps to `char`."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table[char]
+
+
+def generate(hf: WhisperForConditionalGeneration, features: torch.Tensor, language: str | None, task: str,
+             max_new_tokens: int) -> list[int]:
+    """transformers' greedy Whisper generate without timestamps: the tokens after <|startoftranscript|>."""
+    with torch.no_grad():
+        out = hf.generate(features, language=language, task=task, max_new_tokens=max_new_tokens, do_sample=False,
+                          return_timestamps=False)
+    seq = out.tolist()[0] if isinstance(out, torch.Tensor) else out["sequences"].tolist()[0]
+    return seq[seq.index(TEXT + 1) + 1:] if TEXT + 1 in seq else seq
