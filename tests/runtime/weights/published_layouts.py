@@ -28,7 +28,7 @@ BAGEL_LLM = {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 189
              "num_attention_heads": 28, "num_key_value_heads": 4, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06}
 BAGEL_VIT = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 26, "num_attention_heads": 16,
              "patch_size": 14, "max_num_patch_per_side": 70, "layer_norm_eps": 1e-06}
-_DTYPE_BYTES = {"BF16": 2, "F32": 4}
+_DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
 
 
 def repository(name: str) -> dict[str, dict[str, list[int]]]:

@@ -157,3 +157,45 @@ def test_check_weights_on_full_size_presets(tmp_path: Path, graph: str, preset: 
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all weights match" in out.stdout and "missing 0, unexpected 0, wrong shape 0" in out.stdout
 
+
+
+# openai/whisper-large-v3's config.json: the WhisperConfig values its mapping checks
+WHISPER_LARGE_V3_CONFIG = {"architectures": ["WhisperForConditionalGeneration"], "vocab_size": 51866,
+                           "num_mel_bins": 128, "d_model": 1280, "encoder_layers": 32, "decoder_layers": 32,
+                           "encoder_attention_heads": 20, "decoder_attention_heads": 20, "encoder_ffn_dim": 5120,
+                           "decoder_ffn_dim": 5120, "max_source_positions": 1500, "max_target_positions": 448,
+                           "torch_dtype": "float16"}
+
+
+@pytest.fixture(scope="module")
+def whisper_plan(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return compile_plan(tmp_path_factory.mktemp("whisper"), "whisper", preset="large-v3")
+
+
+def write_whisper_root(root: Path, rename: tuple[str, str] | None = None) -> Path:
+    repo = root / "whisper-large-v3"
+    tensors = dict(repository("whisper-large-v3")["model.safetensors"])
+    if rename:
+        tensors[rename[1]] = tensors.pop(rename[0])
+    write_header_only(repo / "model.safetensors", tensors, "F16")
+    (repo / "config.json").write_text(json.dumps(WHISPER_LARGE_V3_CONFIG))
+    return root
+
+
+def test_check_weights_of_whisper_large_v3(whisper_plan: str, tmp_path: Path) -> None:
+    out = mstar_run("check-weights", whisper_plan, "--weights", str(write_whisper_root(tmp_path)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "node encoder (whisper_encoder) <- openai/whisper-large-v3" in out.stdout
+    assert "node decoder (whisper_decoder) <- openai/whisper-large-v3" in out.stdout
+    assert "matched 487, missing 0, unexpected 0, wrong shape 0" in out.stdout     # 32 x 15 + 7
+    assert "matched 772, missing 0, unexpected 0, wrong shape 0" in out.stdout     # 32 x 24 + 4
+    assert "all weights match" in out.stdout
+
+
+def test_check_weights_of_whisper_names_a_renamed_tensor(whisper_plan: str, tmp_path: Path) -> None:
+    root = write_whisper_root(tmp_path, rename=("model.decoder.layers.3.encoder_attn.k_proj.weight",
+                                                "model.decoder.layers.3.cross_attn.k_proj.weight"))
+    out = mstar_run("check-weights", whisper_plan, "--weights", str(root))
+    assert out.returncode == 1
+    assert "missing (1): layers.3.encoder_attn.k_proj.weight" in out.stdout
+    assert "unexpected (1): model.decoder.layers.3.cross_attn.k_proj.weight" in out.stdout

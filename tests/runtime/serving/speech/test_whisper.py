@@ -53,6 +53,7 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tokenizer = ref.write_tokenizer(repo)
     tensors = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "proj_out.weight"}
     save_file(tensors, str(repo / "model.safetensors"))
+    hf.config.to_json_file(str(repo / "config.json"))
     graph = published_preset(tmp, "whisper", "large-v3")
     plan = tmp / "whisper.plan.bin"
     plan.write_bytes(compile_file(str(graph), Options(preset=PRESET)).data)
