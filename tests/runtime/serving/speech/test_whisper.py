@@ -26,7 +26,7 @@ from transformers import WhisperFeatureExtractor
 from mstar_compiler.catalogue.whisper import PRESETS
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
-from tests.runtime.models.whisper import whisper_reference as ref
+from bench import whisper_reference as ref
 from tests.runtime.serving.conftest import Server, serve
 from tests.runtime.serving.published_layouts import PRESET, published_preset
 
@@ -96,7 +96,7 @@ def expected(served: Served, samples: np.ndarray, language: str | None, task: st
         tokens = out.tolist()[0]
         tokens = tokens[tokens.index(ref.TEXT + 1) + 1:] if ref.TEXT + 1 in tokens else tokens
     else:
-        tokens = ref.generate(hf, features(samples), language, task, MAX_NEW)
+        tokens = ref.generate(hf, features(samples), language, task, MAX_NEW)[0]
     text = [t for t in tokens if t < ref.TEXT]
     return text, served.tokenizer.decode(text)
 

@@ -1,6 +1,7 @@
-"""transformers' Whisper as the reference for mstar's: a tiny `WhisperForConditionalGeneration` whose
-text tokens win over the special ones (so greedy transcripts hold text), its generation config, and a
-byte-level tokenizer with Whisper's special tokens in Whisper's order.
+"""transformers' Whisper as the reference for mstar's (tests/runtime/serving/speech/test_whisper.py, the
+`whisper` bench suite): a seeded random `WhisperForConditionalGeneration` whose text tokens win over the
+special ones (so greedy transcripts hold text and never stop early), its generation config, and a
+byte-level tokenizer with Whisper's special tokens in Whisper's order after the text vocabulary.
 
 The model is transformers' own (random init, seeded); the special-token layout of the generation config
 and the tokenizer is written here from Whisper's published order, not from mstar's tokens.py.
@@ -19,7 +20,7 @@ from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalG
 CODES = ("en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur hr bg lt la "
          "mi ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw gl mr pa si km sn yo so af oc ka be "
          "tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl mg as tt haw ln ha ba jw su yue").split()
-TEXT = 256
+TEXT = 256              # the tiny preset's text vocabulary: bytes
 
 
 def special_names(num_languages: int = 100) -> list[str]:
@@ -36,13 +37,15 @@ def config(dims: Mapping[str, Any]) -> WhisperConfig:
         encoder_attention_heads=dims["encoder_attention_heads"], decoder_attention_heads=dims["decoder_attention_heads"],
         encoder_ffn_dim=dims["encoder_ffn_dim"], decoder_ffn_dim=dims["decoder_ffn_dim"],
         max_source_positions=dims["max_source_positions"], max_target_positions=dims["max_target_positions"],
-        decoder_start_token_id=TEXT + 1, eos_token_id=TEXT, pad_token_id=TEXT, bos_token_id=TEXT)
+        decoder_start_token_id=dims["text_vocab_size"] + 1, eos_token_id=dims["text_vocab_size"],
+        pad_token_id=dims["text_vocab_size"], bos_token_id=dims["text_vocab_size"])
 
 
 def model(dims: Mapping[str, Any], seed: int = 0, special_scale: float = 0.05) -> WhisperForConditionalGeneration:
     """A seeded random tiny Whisper whose special-token embedding rows are scaled down by `special_scale`
     (its logits are those rows times the final states) and whose decoder matrices are drawn wider than
     transformers' init (which repeats one token): greedy decoding then writes varied text bytes."""
+    text = dims["text_vocab_size"]
     torch.manual_seed(seed)
     hf = WhisperForConditionalGeneration(config(dims)).eval()
     draw = torch.Generator().manual_seed(seed + 1)
@@ -50,11 +53,11 @@ def model(dims: Mapping[str, Any], seed: int = 0, special_scale: float = 0.05) -
         for name, p in hf.model.decoder.named_parameters():
             if p.dim() == 2 and "embed_tokens" not in name:
                 p.copy_(torch.randn(p.shape, generator=draw) * 0.1)
-        hf.model.decoder.embed_tokens.weight[TEXT:] *= special_scale
+        hf.model.decoder.embed_tokens.weight[text:] *= special_scale
     names = special_names(dims["num_languages"])
-    ids = {name: TEXT + i for i, name in enumerate(names)}
+    ids = {name: text + i for i, name in enumerate(names)}
     hf.generation_config = GenerationConfig(
-        decoder_start_token_id=TEXT + 1, eos_token_id=TEXT, pad_token_id=TEXT, bos_token_id=TEXT,
+        decoder_start_token_id=text + 1, eos_token_id=text, pad_token_id=text, bos_token_id=text,
         is_multilingual=True, lang_to_id={n: ids[n] for n in names[2:2 + dims["num_languages"]]},
         task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
         no_timestamps_token_id=ids["<|notimestamps|>"], prev_sot_token_id=ids["<|startofprev|>"],
@@ -63,11 +66,14 @@ def model(dims: Mapping[str, Any], seed: int = 0, special_scale: float = 0.05) -
     return hf
 
 
-def write_tokenizer(directory: Path, num_languages: int = 100) -> Tokenizer:
-    """A byte-level tokenizer (ids 0..255 the bytes, no merges) with Whisper's specials after them."""
+def write_tokenizer(directory: Path, num_languages: int = 100, text: int = TEXT) -> Tokenizer:
+    """A byte-level tokenizer (ids 0..255 the bytes, no merges; ids 256..text-1 filler words that no text
+    encodes to) with Whisper's specials after them."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     byte_chars = sorted(alphabet, key=lambda c: _byte_of(c))
-    tok = Tokenizer(models.BPE({c: i for i, c in enumerate(byte_chars)}, []))
+    vocab = {c: i for i, c in enumerate(byte_chars)}
+    vocab.update({f"w{i}": i for i in range(256, text)})
+    tok = Tokenizer(models.BPE(vocab, []))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(special_names(num_languages))
@@ -90,10 +96,9 @@ def _byte_of(char: str) -> int:
 
 
 def generate(hf: WhisperForConditionalGeneration, features: torch.Tensor, language: str | None, task: str,
-             max_new_tokens: int) -> list[int]:
-    """transformers' greedy Whisper generate without timestamps: the tokens after <|startoftranscript|>."""
+             max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy Whisper generate without timestamps of a batch of windows: each row's new tokens."""
     with torch.no_grad():
         out = hf.generate(features, language=language, task=task, max_new_tokens=max_new_tokens, do_sample=False,
                           return_timestamps=False)
-    seq = out.tolist()[0] if isinstance(out, torch.Tensor) else out["sequences"].tolist()[0]
-    return seq[seq.index(TEXT + 1) + 1:] if TEXT + 1 in seq else seq
+    return (out if isinstance(out, torch.Tensor) else out["sequences"]).tolist()
