@@ -5,6 +5,7 @@
     qwen3_omni/   Qwen3-Omni's encoders, talker, code predictor, code2wav, speech prompt, executors
     orpheus/      the SNAC decoder, Orpheus' audio-token mapping, windows and executors
     vjepa2/       the V-JEPA 2 encoder, the AC predictor, per-frame KV rollouts and planning
+    whisper/      Whisper's encoder, its decoder (cross-attention memory in the paged KV), the transcription routes
 
 A family folder is named after the module that declares the family (`mstar_compiler/catalogue/<family>.py`,
 which stays torch-free): its `FAMILY` names the family's kinds, the class implementing each kind (in

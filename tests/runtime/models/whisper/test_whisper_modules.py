@@ -1,0 +1,71 @@
+"""mstar's Whisper encoder and decoder against transformers' `WhisperForConditionalGeneration` on the same
+random tiny weights: the log-mel features, the encoder's rows, and the decoder's logits from a paged cache
+holding two requests' cross-attention memory, one request's prompt and another's decode step in one batch."""
+from __future__ import annotations
+
+import torch
+from transformers import WhisperFeatureExtractor
+
+from bench import whisper_reference as ref
+from mstar_compiler.catalogue.whisper import PRESETS
+from runtime.model_executor.kv import BlockTables
+from runtime.models.whisper.whisper_decoder import WhisperDecoder
+from runtime.models.whisper.whisper_encoder import WhisperEncoder
+
+DIMS = PRESETS["tiny"]
+MEMORY = DIMS["max_source_positions"]
+
+
+def modules():
+    hf = ref.model(DIMS)
+    state = hf.state_dict()
+    encoder, decoder = WhisperEncoder(DIMS).eval(), WhisperDecoder(DIMS).eval()
+    encoder.load_state_dict({k[len("model.encoder."):]: v for k, v in state.items() if k.startswith("model.encoder.")})
+    decoder.load_state_dict({k[len("model.decoder."):]: v for k, v in state.items() if k.startswith("model.decoder.")})
+    return hf, encoder, decoder
+
+
+def waveform(seconds: float, seed: int) -> torch.Tensor:
+    return 0.1 * torch.randn(int(seconds * 16000), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.inference_mode()
+def test_features_and_encoder_rows_equal_transformers() -> None:
+    hf, encoder, _ = modules()
+    wave = waveform(3.0, 0)
+    expected = WhisperFeatureExtractor(feature_size=DIMS["num_mel_bins"])(
+        wave.numpy(), sampling_rate=16000, return_tensors="pt").input_features
+    mel = encoder.features(wave)
+    # transformers computes the STFT in float64 numpy, mstar in float32 torch: log-mel values of order 1
+    torch.testing.assert_close(mel, expected[0], atol=1e-4, rtol=0)
+    # same fp32 arithmetic over 2 layers of width 64 (different reduction orders only)
+    torch.testing.assert_close(encoder(expected), hf.model.encoder(expected).last_hidden_state, atol=1e-5, rtol=1e-5)
+
+
+@torch.inference_mode()
+def test_decoder_over_paged_memory_matches_transformers_in_a_mixed_batch() -> None:
+    hf, encoder, decoder = modules()
+    feats = [WhisperFeatureExtractor(feature_size=DIMS["num_mel_bins"])(
+        waveform(s, i).numpy(), sampling_rate=16000, return_tensors="pt").input_features for i, s in enumerate((2., 4.))]
+    memory = [encoder(f)[0] for f in feats]
+    prompts = [[257, 258, 358, 361], [257, 259, 359, 361, 65, 66]]     # <|sot|> <|lang|> <|task|> <|notimestamps|>...
+    cache = decoder.make_kv_cache(300, 16)
+    tables = BlockTables(300, 16)
+    tables.take(0, 0, list(range(0, 120)), [], cache)
+    tables.take(1, 0, list(range(120, 240)), [], cache)
+    # request 1 is ahead: its memory and prompt first, alone
+    tables.grow(1, MEMORY + len(prompts[1]))
+    decoder(torch.tensor([0] * MEMORY + prompts[1]), torch.tensor([-1] * MEMORY + list(range(len(prompts[1])))),
+            tables.metadata([(1, MEMORY + len(prompts[1]))]), cache, embeds=memory[1])
+    # then one batch: request 0's memory and prompt, request 1's next token
+    tables.grow(0, MEMORY + len(prompts[0]))
+    tables.grow(1, 1)
+    ids = [0] * MEMORY + prompts[0] + [70]
+    positions = [-1] * MEMORY + list(range(len(prompts[0]))) + [len(prompts[1])]
+    hidden = decoder(torch.tensor(ids), torch.tensor(positions),
+                     tables.metadata([(0, MEMORY + len(prompts[0])), (1, 1)]), cache, embeds=memory[0])
+    got = decoder.compute_logits(hidden[[MEMORY + len(prompts[0]) - 1, -1]])
+    want = [hf(input_features=feats[0], decoder_input_ids=torch.tensor([prompts[0]])).logits[0, -1],
+            hf(input_features=feats[1], decoder_input_ids=torch.tensor([prompts[1] + [70]])).logits[0, -1]]
+    # fp32 over 2 layers, attention reductions in another order (padded batched vs per-sequence)
+    torch.testing.assert_close(got, torch.stack(want), atol=1e-4, rtol=1e-4)
