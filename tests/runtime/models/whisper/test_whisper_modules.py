@@ -48,7 +48,7 @@ def test_decoder_over_paged_memory_matches_transformers_in_a_mixed_batch() -> No
     feats = [WhisperFeatureExtractor(feature_size=DIMS["num_mel_bins"])(
         waveform(s, i).numpy(), sampling_rate=16000, return_tensors="pt").input_features for i, s in enumerate((2., 4.))]
     memory = [encoder(f)[0] for f in feats]
-    prompts = [[257, 258, 358, 361], [257, 259, 359, 361, 65, 66]]     # <|sot|> <|lang|> <|task|> <|notimestamps|>...
+    prompts = [[257, 258, 359, 363], [257, 259, 358, 363, 65, 66]]    # sot, a language, transcribe / translate, no timestamps
     cache = decoder.make_kv_cache(300, 16)
     tables = BlockTables(300, 16)
     tables.take(0, 0, list(range(0, 120)), [], cache)
