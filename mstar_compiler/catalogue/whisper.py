@@ -120,7 +120,8 @@ WHISPER_DECODER = KindSpec(
     is_capture_safe=False,    # a row attends to two differently sized parts of its table
     kv_bytes_per_token=decoder_kv_bytes_per_token,
     tp_divides=("decoder_attention_heads",),
-    args=ARGS,
+    # the latest first timestamp of a window, in 0.02 s steps (openai/whisper's max_initial_timestamp 1.0 s)
+    args={**ARGS, "max_initial_timestamp_index": 50},
     executor="whisper_decoder",
     layer_dim="decoder_layers",
 )

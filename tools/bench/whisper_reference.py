@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
 
 # Whisper's language codes in token order (openai/whisper/tokenizer.py's LANGUAGES, Cantonese last)
 CODES = ("en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur hr bg lt la "
@@ -102,3 +103,22 @@ def generate(hf: WhisperForConditionalGeneration, features: torch.Tensor, langua
         out = hf.generate(features, language=language, task=task, max_new_tokens=max_new_tokens, do_sample=False,
                           return_timestamps=False)
     return (out if isinstance(out, torch.Tensor) else out["sequences"]).tolist()
+
+
+def generate_timestamped(hf: WhisperForConditionalGeneration, features: torch.Tensor, prompt: list[int],
+                         max_new_tokens: int) -> list[int]:
+    """A greedy loop over transformers' Whisper forward under its WhisperTimeStampLogitsProcessor (what its
+    generate applies with return_timestamps=True), one window, `prompt` its <|startoftranscript|> <|lang|>
+    <|task|>: the tokens written, timestamps included, up to end of text."""
+    ids = torch.tensor([prompt])
+    rules = WhisperTimeStampLogitsProcessor(hf.generation_config, begin_index=len(prompt))
+    eot = hf.generation_config.eos_token_id
+    written: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            token = int(rules(ids, hf(input_features=features, decoder_input_ids=ids).logits[:, -1])[0].argmax())
+            written.append(token)
+            if token == eot:
+                break
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return written

@@ -7,7 +7,8 @@ positions it gives the model count a request's tokens after its memory (-1 at me
 request whose prompt ends at <|startoftranscript|> has its language picked by the model among the
 language tokens only, then the task token and (without timestamps) <|notimestamps|> follow as its
 request asked (`RequestParams.family`: "task", "timestamps"), as transformers' Whisper generate does
-after detecting a language.
+after detecting a language. A request asking for timestamps writes under Whisper's timestamp rules
+(runtime/models/whisper/timestamps.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch import nn
 
 from mstar_compiler.plan import Node, Plan
 from runtime.models.decoder_lm.executors import DecoderLMExecutor
+from runtime.models.whisper.timestamps import apply_timestamp_rules
 from runtime.models.whisper.tokens import WhisperTokens
 from runtime.model_executor.parallel.cpu_linear import device_of
 from runtime.transport.messages import WorkItem
@@ -47,6 +49,8 @@ class DecoderExecutor(DecoderLMExecutor):
         self._memory: dict[int, int] = {}              # request -> its memory rows
         self._forced: dict[int, list[int]] = {}        # request -> tokens after the language it has picked
         self._asks: dict[int, tuple[str, bool]] = {}   # request -> (task, timestamps)
+        max_initial = node.args.get("max_initial_timestamp_index")
+        self.max_initial = None if max_initial is None else int(max_initial)
 
     def open(self, request_id: int, params: RequestParams) -> None:
         super().open(request_id, params)
@@ -74,22 +78,26 @@ class DecoderExecutor(DecoderLMExecutor):
         logits, hidden = super()._forward(items, starts, inputs, sampling)
         for row, b in enumerate(sampling):
             rid = items[b].request_id
-            forced = self._forced.get(rid)
-            if forced is None:
-                continue
             state = self._states.get(rid)
-            made = len(state.output_ids) if state is not None else 0
-            keep = torch.full_like(logits[row], float("-inf"))
-            if made == 0:       # the language, the model's choice among the languages
-                first = self.tokens.first_language
-                keep[first:first + self.tokens.num_languages] = logits[row, first:first + self.tokens.num_languages]
-            elif made <= len(forced):
-                keep[forced[made - 1]] = 0.0
-            else:
-                continue
-            logits[row] = keep
+            written = list(state.output_ids) if state is not None else []
+            forced = self._forced.get(rid)
+            told = 0 if forced is None else 1 + len(forced)     # the language and what follows it
+            if len(written) < told:
+                logits[row] = self._told(logits[row], forced, len(written))
+            elif self._asks.get(rid, ("transcribe", False))[1]:
+                logits[row] = apply_timestamp_rules(logits[row], written[told:], self.tokens, self.max_initial)
         return logits, hidden
 
+    def _told(self, row: torch.Tensor, forced: list[int], made: int) -> torch.Tensor:
+        """The row as the model may write its `made`-th token after <|startoftranscript|>: a language of its
+        choice first, then the forced tokens."""
+        keep = torch.full_like(row, float("-inf"))
+        if made == 0:
+            first, n = self.tokens.first_language, self.tokens.num_languages
+            keep[first:first + n] = row[first:first + n]
+        else:
+            keep[forced[made - 1]] = 0.0
+        return keep
 
 def encoder_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> EncoderExecutor:
     return EncoderExecutor(module)

@@ -145,7 +145,8 @@ def test_verbose_json_asks_for_timestamps_and_times_its_segments(whisper: Served
                                                        response_format="verbose_json")
     assert got.duration == pytest.approx(35.0, abs=1e-3)       # rounded to ms
     assert got.language == "en" and got.task == "transcribe"
-    assert got.segments and got.segments[0].start == 0.0 and got.segments[-1].end == 35.0
+    assert got.segments and got.segments[-1].end == 35.0
+    assert got.segments[0].start <= 1.0, "a window's first timestamp is at most max_initial_timestamp_index in"
     assert all(a.end <= b.start for a, b in zip(got.segments, got.segments[1:]))
     assert all(s.start <= s.end for s in got.segments)
     assert any(s.start >= 30.0 for s in got.segments), "the second window's text is timed after 30 s"
@@ -153,6 +154,21 @@ def test_verbose_json_asks_for_timestamps_and_times_its_segments(whisper: Served
         assert s.tokens and max(s.tokens) < ref.TEXT and s.text == whisper.tokenizer.decode(s.tokens)
     windows = [[t for s in got.segments if (s.start >= 30) == second for t in s.tokens] for second in (False, True)]
     assert got.text == "".join(whisper.tokenizer.decode(w) for w in windows)
+
+
+def test_timestamps_follow_transformers_timestamp_rules(whisper: Served) -> None:
+    samples = audio(2.5, 4)
+    got = whisper.client().audio.transcriptions.create(model="whisper-large-v3", file=wav(samples), language="en",
+                                                       response_format="verbose_json")
+    sot, first_time = ref.TEXT + 1, ref.TEXT + len(ref.special_names()) - 1501
+    want = ref.generate_timestamped(whisper.hf, features(samples), [sot, sot + 1, sot + 102], MAX_NEW)
+    times = [round((t - first_time) * 0.02, 2) for t in want if t >= first_time]
+    assert times, "the rules make the first token a timestamp"
+    assert [t for s in got.segments for t in s.tokens] == [t for t in want if t < ref.TEXT]
+    assert got.segments[0].start == times[0]
+    bounds = {b for s in got.segments for b in (s.start, s.end)}
+    assert bounds <= {min(t, 2.5) for t in times} | {2.5}, "every boundary is a time the model wrote or the clip's end"
+    assert all(a.end <= b.start for a, b in zip(got.segments, got.segments[1:]))
 
 
 def clock(seconds: float, mark: str) -> str:
