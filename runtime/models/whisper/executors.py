@@ -2,8 +2,9 @@
 prompt starts with its cross-attention memory (runtime/models/whisper/whisper_decoder.py).
 
 `DecoderExecutor` is the generic decoder-LM executor with three things of Whisper's: the memory
-placeholder (`<|nospeech|>`, never in a text prompt) marks the rows the encoder's output fills; the
-positions it gives the model count a request's tokens after its memory (-1 at memory rows); and a
+placeholder (`<|nospeech|>`, never in a text prompt) marks the rows the encoder's output fills, and
+`<|startoflm|>` rows after them pad the memory to whole KV blocks; the positions it gives the model count
+a request's tokens after those rows; and a
 request whose prompt ends at <|startoftranscript|> has its language picked by the model among the
 language tokens only, then the task token and (without timestamps) <|notimestamps|> follow as its
 request asked (`RequestParams.family`: "task", "timestamps"), as transformers' Whisper generate does
@@ -46,7 +47,8 @@ class DecoderExecutor(DecoderLMExecutor):
         self.tokens = WhisperTokens.of(node.dims)
         self.placeholder_ids = frozenset({self.tokens.no_speech})
         super().__init__(node, model, rank, plan, prefix_cache=True)
-        self._memory: dict[int, int] = {}              # request -> its memory rows
+        self._memory: dict[int, tuple[int, int]] = {}  # request -> its memory rows, and those and their padding
+        self._region_ids = frozenset({self.tokens.no_speech, self.tokens.start_of_lm})
         self._forced: dict[int, list[int]] = {}        # request -> tokens after the language it has picked
         self._asks: dict[int, tuple[str, bool]] = {}   # request -> (task, timestamps)
         max_initial = node.args.get("max_initial_timestamp_index")
@@ -64,14 +66,18 @@ class DecoderExecutor(DecoderLMExecutor):
                 held.pop(request_id, None)
 
     def positions(self, item: WorkItem, start: int) -> torch.Tensor:
+        """(2, n): each new row's learned position (-1 at a memory row, -2 at a padding row after them) and
+        the request's memory rows (runtime/models/whisper/whisper_decoder.py)."""
         rid, new = item.request_id, item.tokens[item.cached:]
         if rid not in self._memory or start == 0:
-            self._memory[rid] = sum(1 for t in item.tokens if t == self.tokens.no_speech)
+            region = next((i for i, t in enumerate(item.tokens) if t not in self._region_ids), len(item.tokens))
+            self._memory[rid] = (sum(1 for t in item.tokens[:region] if t == self.tokens.no_speech), region)
             if item.tokens[-1] == self.tokens.sot:
                 self._forced[rid] = self.tokens.forced_after_language(*self._asks.get(rid, ("transcribe", False)))
-        memory = self._memory[rid]
-        return torch.tensor([-1 if t == self.tokens.no_speech else start + i - memory for i, t in enumerate(new)],
-                            dtype=torch.long, device=self.device)
+        memory, region = self._memory[rid]
+        learned = [(-1 if t == self.tokens.no_speech else -2) if start + i < region else start + i - region
+                   for i, t in enumerate(new)]
+        return torch.tensor([learned, [memory] * len(new)], dtype=torch.long, device=self.device)
 
     def _forward(self, items: list[WorkItem], starts: list[int], inputs: list[dict[str, torch.Tensor]],
                  sampling: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 """Whisper's special tokens, located from the decoder's dims (mstar_compiler/catalogue/whisper.py), and
 the decoder prompts the server writes.
 
-A prompt is `[memory placeholders] [<|startofprev|> previous text] <|startoftranscript|> <|lang|>
+A prompt is `[memory placeholders] [memory padding] [<|startofprev|> previous text] <|startoftranscript|> <|lang|>
 <|task|> [<|notimestamps|>]`; without a language it stops after <|startoftranscript|>, and the decoder's
 executor has the model pick the language among the language tokens only, then the task and timestamp
 tokens follow as the request asked (runtime/models/whisper/executors.py).
@@ -65,6 +65,11 @@ class WhisperTokens:
         return self.translate + 1
 
     @property
+    def start_of_lm(self) -> int:
+        """Never in a transcription prompt: the padding rows after the memory."""
+        return self.translate + 2
+
+    @property
     def start_of_prev(self) -> int:
         return self.translate + 3
 
@@ -96,9 +101,10 @@ class WhisperTokens:
         return self.languages[at] if 0 <= at < self.num_languages else None
 
     def prompt(self, memory_rows: int, language: str | None, task: str, timestamps: bool,
-               previous: Sequence[int] = ()) -> list[int]:
-        """The decoder's prompt for one window (module docstring); `previous` are text token ids."""
-        ids = [self.no_speech] * memory_rows
+               previous: Sequence[int] = (), block: int = 1) -> list[int]:
+        """The decoder's prompt for one window (module docstring); `previous` are text token ids. The memory
+        is padded to a multiple of `block` rows (the decoder's KV block: its text then starts on a block)."""
+        ids = [self.no_speech] * memory_rows + [self.start_of_lm] * (-memory_rows % block)
         if previous:
             ids += [self.start_of_prev, *list(previous)[-MAX_PREVIOUS_TOKENS:]]
         ids.append(self.sot)

@@ -39,6 +39,7 @@ class WhisperTranscriber:
         self.memory_rows = int(encoder.dims["max_source_positions"])
         self.window_samples = int(encoder.dims["chunk_length"]) * SAMPLE_RATE
         self.max_positions = int(decoder.dims["max_target_positions"])
+        self.block = decoder.kv_pools[0].block_tokens if decoder.kv_pools else 1   # the memory is padded to it
         # text tokens a window may write (the graph's max_tokens default); the param's bound is the decoder's
         self.max_new = int(resolve_params(plan, {}).declared["max_tokens"])
 
@@ -99,10 +100,10 @@ class WhisperTranscriber:
     async def _window(self, server: Any, window: Any, language: str | None, task: str, timestamps: bool,
                       previous: list[int], temperature: float, resp: web.StreamResponse | None) -> list[int]:
         """One window's output tokens (its language and task tokens first when the model picked them)."""
-        prompt = self.tokens.prompt(self.memory_rows, language, task, timestamps, previous)
+        prompt = self.tokens.prompt(self.memory_rows, language, task, timestamps, previous, self.block)
         # the language and what follows it: in the prompt when given, else written by the model first
         told = [] if language is not None else [0, *self.tokens.forced_after_language(task, timestamps)]
-        room = self.max_positions - (len(prompt) + len(told) - self.memory_rows)
+        room = self.max_positions - (len(prompt) + len(told) - self.memory_rows - (-self.memory_rows % self.block))
         params = resolve_params(self.plan, {"temperature": temperature,
                                             "max_tokens": min(self.max_new, room) + len(told)},
                                 family={"task": task, "timestamps": timestamps})
