@@ -9,7 +9,11 @@ its windows' max_tokens set to MAX_TOKENS, and answers the `openai` client's tra
 given, json); N requests are sent at once. The reference side does what transformers' ASR pipeline does
 with `batch_size=N` in this process: WhisperFeatureExtractor, then one `generate` over the N windows
 (static batching: the batch runs until its longest row is done). Before timing, both sides' transcripts of
-every clip are checked equal. Figures: seconds for N transcriptions of 10 s clips, N = 1 and 8.
+every clip are checked equal. Figures: seconds for N transcriptions of 10 s clips sent at once, N = 1 and 8;
+and the mean latency of 8 transcriptions arriving ARRIVAL_S apart: mstar-run takes each as it comes (its
+decoder steps join those running), the reference batches whatever has arrived each time it is free (a
+queue in front of the pipeline that batches: transformers' generate cannot add a request to a running
+batch), its clock simulated from each batch's measured time.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from bench.stats import LOWER
 CONCURRENCY, QUICK_CONCURRENCY = (1, 8), (1, 2)
 MAX_TOKENS = 96           # text tokens per window on both sides
 SECONDS = 10.0
+ARRIVAL_S, ARRIVALS = 1.0, 8
 RATE = 16000
 MSTAR = ("mstar-run /v1/audio/transcriptions (graphs/whisper.yaml at whisper-base dims, fp32): encoder once per "
          "window, decoder steps of concurrent requests batched over a paged KV holding the cross-attention memory")
@@ -108,6 +113,37 @@ def _reference(hf, tokenizer, extractor, clips) -> list[str]:
             for row in ref.generate(hf, features, "en", "transcribe", MAX_TOKENS)]
 
 
+def _mstar_arrivals(url: str, model: str, clips) -> dict[str, float]:
+    """Clip i sent at i * ARRIVAL_S: the mean seconds from its arrival to its answer."""
+    import openai
+
+    async def staggered() -> list[float]:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3600)
+        start = time.perf_counter()
+
+        async def one(i: int, clip) -> float:
+            await asyncio.sleep(i * ARRIVAL_S)
+            await client.audio.transcriptions.create(model=model, file=_wav(clip), language="en")
+            return time.perf_counter() - start - i * ARRIVAL_S
+        return await asyncio.gather(*(one(i, c) for i, c in enumerate(clips)))
+    waits = asyncio.run(staggered())
+    return {"latency": sum(waits) / len(waits)}
+
+
+def _reference_arrivals(hf, tokenizer, extractor, clips) -> dict[str, float]:
+    """The same arrivals served by a queue that batches every arrived clip each time the model is free."""
+    now, done, waits = 0.0, 0, []
+    while done < len(clips):
+        now = max(now, done * ARRIVAL_S)                  # idle: the next clip arrives
+        ready = [i for i in range(done, len(clips)) if i * ARRIVAL_S <= now]
+        start = time.perf_counter()
+        _reference(hf, tokenizer, extractor, [clips[i] for i in ready])
+        now += time.perf_counter() - start
+        waits += [now - i * ARRIVAL_S for i in ready]
+        done += len(ready)
+    return {"latency": sum(waits) / len(waits)}
+
+
 def _timed(fn) -> dict[str, float]:
     start = time.perf_counter()
     fn()
@@ -125,7 +161,7 @@ def run(ctx: Context) -> list[Row]:
     extractor = WhisperFeatureExtractor(feature_size=_dims()["num_mel_bins"])
     plan = compile_plan(graph, ctx.root / "bench-results/plans/whisper-base.plan.bin", "--preset", "bench-base")
     levels = QUICK_CONCURRENCY if ctx.quick else CONCURRENCY
-    ctx.settings.update(concurrency=list(levels), max_tokens=MAX_TOKENS, clip_seconds=SECONDS, dims="whisper-base",
+    ctx.settings.update(concurrency=list(levels), arrivals=ARRIVALS, arrival_s=ARRIVAL_S, max_tokens=MAX_TOKENS, clip_seconds=SECONDS, dims="whisper-base",
                         dtype="fp32", reference_torch_threads=torch.get_num_threads(), weights=str(root))
     rows = []
     with contextlib.ExitStack() as stack:
@@ -147,5 +183,16 @@ def run(ctx: Context) -> list[Row]:
                             None, plot="whisper-time-vs-concurrency", x=n, xlabel="transcriptions at once",
                             note=f"{SECONDS:g} s clips, {MAX_TOKENS} text tokens each on both sides (greedy, "
                                  f"fp32); transcripts equal"))
+        clips = _clips(ARRIVALS)
+        samples = ctx.alternate(f"whisper arrivals every {ARRIVAL_S:g} s", {
+            "mstar": lambda: _mstar_arrivals(srv.url, model, clips),
+            "transformers": lambda: _reference_arrivals(hf, tokenizer, extractor, clips),
+        }, warmup=0)
+        rows.append(Row(f"whisper-base {ARRIVALS} arriving {ARRIVAL_S:g} s apart", "mean latency", "s", LOWER,
+                        Side(MSTAR, samples["mstar"]["latency"]),
+                        Side(REFERENCE + "; a queue batching every arrived clip when free (its clock simulated "
+                             "from measured batch times)", samples["transformers"]["latency"]), None,
+                        note=f"{SECONDS:g} s clips, {MAX_TOKENS} text tokens each, greedy fp32; the same "
+                             f"transcripts as the rows above"))
     return rows
 
