@@ -1,7 +1,7 @@
 """POST /v1/audio/transcriptions and /v1/audio/translations: OpenAI's speech-to-text.
 
-A model whose family has its own speech recognition (`FamilyServing.transcriber`: Whisper) answers
-both through it, with every response_format (json, text, verbose_json, srt, vtt). Otherwise
+A model whose family has its own speech recognition (an encoder-decoder recognizer's
+`FamilyServing.transcriber`) answers both through it, with every response_format (json, text, verbose_json, srt, vtt). Otherwise
 transcriptions run over the plan's chat task, as below, and translations are a 404.
 
 The multipart form carries `file` (the audio), `model`, and optionally `language`,
@@ -120,6 +120,6 @@ async def audio_translations(request: web.Request) -> web.StreamResponse:
     form = parse_form(fields, TranslationForm)
     server = server.serving(form.model)
     if server.transcriber is None or not server.transcriber.can_translate:
-        raise ApiError(404, f"the model '{server.model_id}' does not translate speech (a speech recognition "
-                       f"model such as Whisper does)", "model", "model_not_found")
+        raise ApiError(404, f"the model '{server.model_id}' does not translate speech (a speech "
+                       f"recognition model's family translates)", "model", "model_not_found")
     return await server.transcriber.answer(request, server, data, form, "translate")

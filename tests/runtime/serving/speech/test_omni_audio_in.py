@@ -116,7 +116,8 @@ def test_transcription_fields_this_server_does_not_take_are_a_400_naming_them(si
 
 
 @pytest.mark.parametrize("fields,field,message", [
-    ({"response_format": "srt"}, "response_format", "response_format must be one of ('json', 'text', 'verbose_json')"),
+    ({"response_format": "docx"}, "response_format",
+     "response_format must be one of ('json', 'text', 'verbose_json', 'srt', 'vtt')"),
     ({"extra_body": {"temperature": "warm"}}, "temperature", "temperature must be a number"),
     ({"extra_body": {"stream": "maybe"}}, "stream", "stream must be 'true' or 'false'"),
 ])
@@ -129,6 +130,21 @@ def test_a_transcription_form_field_of_the_wrong_kind_is_a_400_naming_it(single,
     assert info.value.body["param"] == field and info.value.body["message"] == message, info.value.body
     assert isinstance(client.audio.transcriptions.create(
         model=OMNI, file=("clip.wav", io.BytesIO(wav_bytes(0.5, 16000))), temperature=0.0).text, str)
+
+
+def test_timed_formats_and_translations_are_for_speech_recognition_models(single) -> None:
+    """srt / vtt need timed segments, which a chat LM's transcript does not have (a 400 saying so); translations
+    are a speech recognition family's (a 404 naming the model); the server serves on."""
+    client = client_of(single)
+    clip = ("clip.wav", io.BytesIO(wav_bytes(0.5, 16000)))
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.transcriptions.create(model=OMNI, file=clip, response_format="srt")
+    assert info.value.body["param"] == "response_format" and "needs timed segments" in info.value.body["message"]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.audio.translations.create(model=OMNI, file=("clip.wav", io.BytesIO(wav_bytes(0.5, 16000))))
+    assert f"the model '{OMNI}' does not translate speech" in missing.value.body["message"]
+    assert isinstance(client.audio.transcriptions.create(
+        model=OMNI, file=("clip.wav", io.BytesIO(wav_bytes(0.5, 16000)))).text, str)
 
 
 def test_streamed_transcription_ends_with_the_whole_text(single) -> None:
