@@ -52,6 +52,7 @@ BUILTIN_FAMILIES = (
     "vjepa2",
     "silero_vad",
     "whisper",
+    "zimage",
 )
 
 
