@@ -120,3 +120,21 @@ class WhisperTokens:
         """What follows a language the model picked: the task token, and <|notimestamps|> without timestamps."""
         return [self.translate if task == "translate" else self.transcribe] + ([] if timestamps else
                                                                                 [self.no_timestamps])
+
+
+def check_tokenizer(tokens: WhisperTokens, tokenizer: Any) -> None:
+    """Raise ValueError when a checkpoint's tokenizer puts Whisper's special tokens elsewhere than the
+    model's dims say (a tokenizer of another Whisper generation): its transcripts would be garbage. A
+    tokenizer without named tokens (the byte tokenizer of seeded random weights) has nothing to check."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None:
+        return
+    named = {"<|endoftext|>": tokens.eot, "<|startoftranscript|>": tokens.sot, "<|en|>": tokens.language("en"),
+             "<|transcribe|>": tokens.transcribe, "<|notimestamps|>": tokens.no_timestamps,
+             "<|0.00|>": tokens.first_timestamp}
+    wrong = [f"{name} is {backend.token_to_id(name)}, the model's layout says {want}"
+             for name, want in named.items() if backend.token_to_id(name) != want]
+    if wrong:
+        raise ValueError("the checkpoint's tokenizer does not match the decoder's special tokens "
+                         f"(text_vocab_size {tokens.text_vocab_size}, {tokens.num_languages} languages): "
+                         + "; ".join(wrong))

@@ -20,7 +20,7 @@ from runtime.entrypoints.http.errors import ApiError, event_error
 from runtime.entrypoints.http.params import resolve_params
 from runtime.entrypoints.http.sse import sse_data, sse_response
 from runtime.models.whisper.segments import Segment, srt, verbose, vtt, window_segments
-from runtime.models.whisper.tokens import WhisperTokens
+from runtime.models.whisper.tokens import WhisperTokens, check_tokenizer
 
 TASK = "transcribe"
 SAMPLE_RATE = 16000
@@ -42,6 +42,7 @@ class WhisperTranscriber:
         self.block = decoder.kv_pools[0].block_tokens if decoder.kv_pools else 1   # the memory is padded to it
         # text tokens a window may write (the graph's max_tokens default); the param's bound is the decoder's
         self.max_new = int(resolve_params(plan, {}).declared["max_tokens"])
+        self._tokenizer_checked = False
 
     def _language(self, form: Any) -> str | None:
         language = getattr(form, "language", None)
@@ -55,6 +56,12 @@ class WhisperTranscriber:
 
     async def answer(self, request: web.Request, server: Any, data: bytes, form: Any, task: str
                      ) -> web.StreamResponse:
+        if not self._tokenizer_checked:
+            try:
+                check_tokenizer(self.tokens, server.tokenizer)
+            except ValueError as exc:
+                raise ApiError(500, str(exc), code="tokenizer_mismatch") from None
+            self._tokenizer_checked = True
         language = self._language(form)
         fmt = form.response_format
         timestamps = fmt in ("verbose_json", "srt", "vtt")

@@ -81,3 +81,13 @@ def test_decoder_over_paged_memory_matches_transformers_in_a_mixed_batch(padding
             hf(input_features=feats[1], decoder_input_ids=torch.tensor([prompts[1] + [70]])).logits[0, -1]]
     # fp32 over 2 layers, attention reductions in another order (padded batched or paged vs per-sequence)
     torch.testing.assert_close(got, torch.stack(want), atol=1e-4, rtol=1e-4)
+
+
+def test_a_tokenizer_of_another_layout_is_refused_naming_the_tokens(tmp_path) -> None:
+    from runtime.models.whisper.tokens import WhisperTokens, check_tokenizer
+    from runtime.text.tokenizer import tokenizer_from_dir
+    ref.write_tokenizer(tmp_path / "ok")
+    check_tokenizer(WhisperTokens.of(DIMS), tokenizer_from_dir(tmp_path / "ok"))
+    ref.write_tokenizer(tmp_path / "v2", num_languages=99)       # large-v2's 99 languages: every id after them moves
+    with pytest.raises(ValueError, match=r"<\|transcribe\|> is 358, the model.s layout says 359"):
+        check_tokenizer(WhisperTokens.of(DIMS), tokenizer_from_dir(tmp_path / "v2"))
