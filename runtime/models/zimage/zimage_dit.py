@@ -19,20 +19,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from runtime.model_executor.layers.norm import RMSNorm
+
 ADALN_DIM = 256          # the timestep embedding's width (at most)
 SEQ_MULTIPLE = 32        # every sequence is padded to a multiple of this many rows
 PATCH = 2                # 2x2 latent patches, one frame
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        return (x * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
 
 
 class _Attention(nn.Module):
