@@ -68,11 +68,14 @@ def decoder_kv_bytes_per_token(d: Dims, dtype_bytes: int) -> int:
     return d["decoder_layers"] * 2 * d["d_model"] * dtype_bytes
 
 
+# begin_suppress_tokens: what the published generation config forbids as a window's first written token (" " and
+# end of text); the tiny preset forbids nothing, as the reference it is tested against
 _WINDOW = {"num_mel_bins": 80, "max_source_positions": 1500, "max_target_positions": 448, "text_vocab_size": 50257,
-           "num_languages": 99, "layer_norm_eps": 1e-5, "sampling_rate": 16000, "chunk_length": 30}
+           "num_languages": 99, "layer_norm_eps": 1e-5, "sampling_rate": 16000, "chunk_length": 30,
+           "begin_suppress_tokens": [220, 50257]}
 _TINY = {**_WINDOW, "d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
          "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "text_vocab_size": 256,
-         "num_languages": 100}
+         "num_languages": 100, "begin_suppress_tokens": []}
 PRESETS = {
     "tiny": _TINY,
     # openai/whisper-base: the mid-size preset for CPU benchmarks (its published vocabulary, 99 languages)

@@ -8,8 +8,9 @@ a request's tokens after those rows; and a
 request whose prompt ends at <|startoftranscript|> has its language picked by the model among the
 language tokens only, then the task token and (without timestamps) <|notimestamps|> follow as its
 request asked (`RequestParams.family`: "task", "timestamps"), as transformers' Whisper generate does
-after detecting a language. A request asking for timestamps writes under Whisper's timestamp rules
-(runtime/models/whisper/timestamps.py).
+after detecting a language. A window's first token of its own is never one of the dims'
+`begin_suppress_tokens` (the published generation config's: " " and end of text); a request asking for
+timestamps writes under Whisper's timestamp rules (runtime/models/whisper/timestamps.py).
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class DecoderExecutor(DecoderLMExecutor):
         self._region_ids = frozenset({self.tokens.no_speech, self.tokens.start_of_lm})
         self._forced: dict[int, list[int]] = {}        # request -> tokens after the language it has picked
         self._asks: dict[int, tuple[str, bool]] = {}   # request -> (task, timestamps)
+        self.begin_suppress = [int(t) for t in node.dims.get("begin_suppress_tokens", ())]
         max_initial = node.args.get("max_initial_timestamp_index")
         self.max_initial = None if max_initial is None else int(max_initial)
 
@@ -90,7 +92,10 @@ class DecoderExecutor(DecoderLMExecutor):
             told = 0 if forced is None else 1 + len(forced)     # the language and what follows it
             if len(written) < told:
                 logits[row] = self._told(logits[row], forced, len(written))
-            elif self._asks.get(rid, ("transcribe", False))[1]:
+                continue
+            if len(written) == told and self.begin_suppress:     # the window's first token of its own
+                logits[row, self.begin_suppress] = float("-inf")
+            if self._asks.get(rid, ("transcribe", False))[1]:
                 logits[row] = apply_timestamp_rules(logits[row], written[told:], self.tokens, self.max_initial)
         return logits, hidden
 

@@ -11,8 +11,10 @@ same model (language given or detected, transcribe or translate, alone or batche
 from __future__ import annotations
 
 import asyncio
+import copy
 import io
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -41,6 +43,7 @@ class Served:
     server: Server
     hf: torch.nn.Module
     tokenizer: object
+    root: Path
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.server.url}/v1", api_key="unused", max_retries=0, timeout=300)
@@ -55,14 +58,19 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tensors = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "proj_out.weight"}
     save_file(tensors, str(repo / "model.safetensors"))
     hf.config.to_json_file(str(repo / "config.json"))
-    graph = published_preset(tmp, "whisper", "large-v3")
+    for server in serve(compile_whisper(tmp), "--weights", str(tmp / "root")):
+        yield Served(server, hf, tokenizer, tmp / "root")
+
+
+def compile_whisper(tmp: Path, decoder_dims: dict | None = None) -> str:
+    """graphs/whisper.yaml's large-v3 mapping at tiny dims (and `decoder_dims`), MAX_NEW tokens a window."""
+    graph = published_preset(tmp, "whisper", "large-v3", node_dims={"decoder": decoder_dims} if decoder_dims else None)
     data = yaml.safe_load(graph.read_text())
     data["presets"][PRESET]["params"] = {"max_tokens": MAX_NEW}
     graph.write_text(yaml.safe_dump(data, sort_keys=False))
     plan = tmp / "whisper.plan.bin"
     plan.write_bytes(compile_file(str(graph), Options(preset=PRESET)).data)
-    for server in serve(str(plan), "--weights", str(tmp / "root")):
-        yield Served(server, hf, tokenizer)
+    return str(plan)
 
 
 def audio(seconds: float, seed: int) -> np.ndarray:
@@ -205,6 +213,23 @@ def test_streamed_transcript_is_the_whole_one(whisper: Served) -> None:
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
     assert len(deltas) > 1 and "".join(deltas) == whole
     assert events[-1].type == "transcript.text.done" and events[-1].text == whole
+
+
+def test_a_windows_first_token_is_never_a_begin_suppressed_one(whisper: Served, tmp_path: Path) -> None:
+    """The decoder's `begin_suppress_tokens` dims (the published generation config's " " and end of text) as
+    transformers' SuppressTokensAtBeginLogitsProcessor applies them: here the token the model would write first."""
+    samples = audio(1.5, 8)
+    first = ref.generate(whisper.hf, features(samples), "en", "transcribe", 1)[0][0]
+    saved = copy.deepcopy(whisper.hf.generation_config)
+    try:
+        whisper.hf.generation_config.begin_suppress_tokens = [first]
+        want = expected(whisper, samples, "en")[1]
+    finally:
+        whisper.hf.generation_config = saved
+    for server in serve(compile_whisper(tmp_path, {"begin_suppress_tokens": [first]}), "--weights", str(whisper.root)):
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+        got = client.audio.transcriptions.create(model="whisper-large-v3", file=wav(samples), language="en").text
+    assert got == want and got != expected(whisper, samples, "en")[1]
 
 
 def test_bad_requests_are_400s_and_the_server_keeps_serving(whisper: Served) -> None:
