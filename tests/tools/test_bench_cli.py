@@ -22,7 +22,8 @@ def test_every_issue_suite_is_registered_in_order():
     assert list(suites()) == list(SUITE_ORDER) == ["chat", "rollout", "cfg", "tts", "stack", "sched", "linear", "kernels",
                                                       "speech", "prefix", "bound", "bound-3b", "threads", "network",
                                                       "realtime", "prefill", "attention", "quant", "orpheus-3b", "vjepa2-g",
-                                                      "omni-wide", "bagel-wide", "structured", "cascade", "whisper"]
+                                                      "omni-wide", "bagel-wide", "structured", "cascade",
+                                                      "whisper"]
     with pytest.raises(ValueError, match="twice"):
         register("chat", "again")(lambda ctx: [])
 

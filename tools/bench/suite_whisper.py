@@ -161,7 +161,8 @@ def run(ctx: Context) -> list[Row]:
     extractor = WhisperFeatureExtractor(feature_size=_dims()["num_mel_bins"])
     plan = compile_plan(graph, ctx.root / "bench-results/plans/whisper-base.plan.bin", "--preset", "bench-base")
     levels = QUICK_CONCURRENCY if ctx.quick else CONCURRENCY
-    ctx.settings.update(concurrency=list(levels), arrivals=ARRIVALS, arrival_s=ARRIVAL_S, max_tokens=MAX_TOKENS, clip_seconds=SECONDS, dims="whisper-base",
+    ctx.settings.update(concurrency=list(levels), arrivals=ARRIVALS, arrival_s=ARRIVAL_S, max_tokens=MAX_TOKENS,
+                        clip_seconds=SECONDS, dims="whisper-base",
                         dtype="fp32", reference_torch_threads=torch.get_num_threads(), weights=str(root))
     rows = []
     with contextlib.ExitStack() as stack:

@@ -35,7 +35,8 @@ def config(dims: Mapping[str, Any]) -> WhisperConfig:
     return WhisperConfig(
         vocab_size=dims["text_vocab_size"] + len(names), num_mel_bins=dims["num_mel_bins"], d_model=dims["d_model"],
         encoder_layers=dims["encoder_layers"], decoder_layers=dims["decoder_layers"],
-        encoder_attention_heads=dims["encoder_attention_heads"], decoder_attention_heads=dims["decoder_attention_heads"],
+        encoder_attention_heads=dims["encoder_attention_heads"],
+        decoder_attention_heads=dims["decoder_attention_heads"],
         encoder_ffn_dim=dims["encoder_ffn_dim"], decoder_ffn_dim=dims["decoder_ffn_dim"],
         max_source_positions=dims["max_source_positions"], max_target_positions=dims["max_target_positions"],
         decoder_start_token_id=dims["text_vocab_size"] + 1, eos_token_id=dims["text_vocab_size"],

@@ -1,8 +1,9 @@
 """POST /v1/audio/transcriptions and /v1/audio/translations: OpenAI's speech-to-text.
 
 A model whose family has its own speech recognition (an encoder-decoder recognizer's
-`FamilyServing.transcriber`) answers both through it, with every response_format (json, text, verbose_json, srt, vtt). Otherwise
-transcriptions run over the plan's chat task, as below, and translations are a 404.
+`FamilyServing.transcriber`) answers both through it, with every response_format (json, text,
+verbose_json, srt, vtt). Otherwise transcriptions run over the plan's chat task, as below (json, text and
+verbose_json), and translations are a 404.
 
 The multipart form carries `file` (the audio), `model`, and optionally `language`,
 `prompt`, `response_format` (json | text | verbose_json), `temperature` and `stream`; any

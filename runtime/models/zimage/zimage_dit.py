@@ -192,8 +192,9 @@ class ZImageDiT(nn.Module):
         for block in self.context_refiner:
             c = block(c, c_mask, c_rope)
         x_lens, c_lens = [r.shape[0] for r in images], [r.shape[0] for r in caps_in]
-        both, rope, mask = _batch([torch.cat([x[b, :x_lens[b]], c[b, :c_lens[b]]]) for b in range(len(latents))],
-                                  [torch.cat([x_rope[b, :x_lens[b]], c_rope[b, :c_lens[b]]]) for b in range(len(latents))])
+        items = range(len(latents))
+        both, rope, mask = _batch([torch.cat([x[b, :x_lens[b]], c[b, :c_lens[b]]]) for b in items],
+                                  [torch.cat([x_rope[b, :x_lens[b]], c_rope[b, :c_lens[b]]]) for b in items])
         for block in self.layers:
             both = block(both, mask, rope, t_emb)
         out = self.all_final_layer[f"{PATCH}-1"](both, t_emb)
@@ -205,7 +206,8 @@ class ZImageDiT(nn.Module):
         return results
 
 
-def _batch(rows: list[torch.Tensor], ropes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _batch(rows: list[torch.Tensor], ropes: list[torch.Tensor]
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Sequences of different lengths as one padded batch and its key mask (None when all are equal)."""
     lens = [r.shape[0] for r in rows]
     x = nn.utils.rnn.pad_sequence(rows, batch_first=True)

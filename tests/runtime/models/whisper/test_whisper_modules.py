@@ -50,10 +50,12 @@ def test_decoder_over_paged_memory_matches_transformers_in_a_mixed_batch(padding
     """1500 memory rows + 4 padding rows put the tokens on a 16-row block: the paged kernels' path where they
     are built (the gather path otherwise, and always without padding)."""
     hf, encoder, decoder = modules()
-    feats = [WhisperFeatureExtractor(feature_size=DIMS["num_mel_bins"])(
-        waveform(s, i).numpy(), sampling_rate=16000, return_tensors="pt").input_features for i, s in enumerate((2., 4.))]
+    extract = WhisperFeatureExtractor(feature_size=DIMS["num_mel_bins"])
+    feats = [extract(waveform(s, i).numpy(), sampling_rate=16000, return_tensors="pt").input_features
+             for i, s in enumerate((2., 4.))]
     memory = [encoder(f)[0] for f in feats]
-    prompts = [[257, 258, 359, 363], [257, 259, 358, 363, 65, 66]]    # sot, a language, transcribe / translate, no timestamps
+    # sot, a language, transcribe / translate, no timestamps (and two text tokens)
+    prompts = [[257, 258, 359, 363], [257, 259, 358, 363, 65, 66]]
     region = MEMORY + padding
     cache = decoder.make_kv_cache(300, 16)
     tables = BlockTables(300, 16)
@@ -74,7 +76,8 @@ def test_decoder_over_paged_memory_matches_transformers_in_a_mixed_batch(padding
     positions = torch.tensor([learned + [len(prompts[1])], [MEMORY] * (len(ids) + 1)])
     batch = tables.metadata([(0, len(ids)), (1, 1)])
     kernels = cpu_kernels.status() == ""
-    assert _layout(positions, batch, cache.padding_slot, torch.device("cpu"), kernels).paged == (kernels and padding > 0)
+    layout = _layout(positions, batch, cache.padding_slot, torch.device("cpu"), kernels)
+    assert layout.paged == (kernels and padding > 0)
     hidden = decoder(torch.tensor(ids + [70]), positions, batch, cache, embeds=memory[0])
     got = decoder.compute_logits(hidden[[len(ids) - 1, -1]])
     want = [hf(input_features=feats[0], decoder_input_ids=torch.tensor([prompts[0]])).logits[0, -1],

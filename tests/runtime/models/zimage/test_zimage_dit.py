@@ -33,7 +33,8 @@ def test_one_step_of_a_batch_equals_diffusers_per_request() -> None:
     ref, mine = models()
     assert sum(p.numel() for p in mine.parameters()) == sum(p.numel() for p in ref.parameters())
     g = torch.Generator().manual_seed(2)
-    latents = [torch.randn(DIMS["in_channels"], 8, 8, generator=g), torch.randn(DIMS["in_channels"], 12, 16, generator=g)]
+    channels = DIMS["in_channels"]
+    latents = [torch.randn(channels, 8, 8, generator=g), torch.randn(channels, 12, 16, generator=g)]
     caps = [torch.randn(5, DIMS["cap_feat_dim"], generator=g), torch.randn(40, DIMS["cap_feat_dim"], generator=g)]
     t = torch.tensor([0.9, 0.25])
     got = mine(latents, t, caps)
