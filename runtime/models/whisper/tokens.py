@@ -22,6 +22,20 @@ LANGUAGES = (
     "tg", "sd", "gu", "am", "yi", "lo", "uz", "fo", "ht", "ps", "tk", "nn", "mt", "sa", "lb", "my", "bo", "tl",
     "mg", "as", "tt", "haw", "ln", "ha", "ba", "jw", "su", "yue",
 )
+# their English names, as verbose_json answers them (openai/whisper's LANGUAGES values)
+LANGUAGE_NAMES = (
+    "english", "chinese", "german", "spanish", "russian", "korean", "french", "japanese", "portuguese", "turkish",
+    "polish", "catalan", "dutch", "arabic", "swedish", "italian", "indonesian", "hindi", "finnish", "vietnamese",
+    "hebrew", "ukrainian", "greek", "malay", "czech", "romanian", "danish", "hungarian", "tamil", "norwegian",
+    "thai", "urdu", "croatian", "bulgarian", "lithuanian", "latin", "maori", "malayalam", "welsh", "slovak",
+    "telugu", "persian", "latvian", "bengali", "serbian", "azerbaijani", "slovenian", "kannada", "estonian",
+    "macedonian", "breton", "basque", "icelandic", "armenian", "nepali", "mongolian", "bosnian", "kazakh",
+    "albanian", "swahili", "galician", "marathi", "punjabi", "sinhala", "khmer", "shona", "yoruba", "somali",
+    "afrikaans", "occitan", "georgian", "belarusian", "tajik", "sindhi", "gujarati", "amharic", "yiddish", "lao",
+    "uzbek", "faroese", "haitian creole", "pashto", "turkmen", "nynorsk", "maltese", "sanskrit", "luxembourgish",
+    "myanmar", "tibetan", "tagalog", "malagasy", "assamese", "tatar", "hawaiian", "lingala", "hausa", "bashkir",
+    "javanese", "sundanese", "cantonese",
+)
 SECONDS_PER_TIMESTAMP = 0.02
 MAX_PREVIOUS_TOKENS = 223       # openai/whisper: the previous window's text kept in the prompt
 

@@ -20,7 +20,7 @@ from runtime.entrypoints.http.errors import ApiError, event_error
 from runtime.entrypoints.http.params import resolve_params
 from runtime.entrypoints.http.sse import sse_data, sse_response
 from runtime.models.whisper.segments import Segment, srt, verbose, vtt, window_segments
-from runtime.models.whisper.tokens import WhisperTokens, check_tokenizer
+from runtime.models.whisper.tokens import LANGUAGE_NAMES, LANGUAGES, WhisperTokens, check_tokenizer
 
 TASK = "transcribe"
 SAMPLE_RATE = 16000
@@ -49,6 +49,8 @@ class WhisperTranscriber:
         if language is None or language == "":
             return None
         code = language.strip().lower()
+        if code in LANGUAGE_NAMES:          # openai/whisper takes the names too
+            code = LANGUAGES[LANGUAGE_NAMES.index(code)]
         if self.tokens.language(code) is None:
             raise ApiError(400, f"language '{language}' is not one this model knows; give an ISO-639-1 code "
                            f"among {', '.join(self.tokens.languages)}, or none to have it detected", "language")
@@ -100,7 +102,8 @@ class WhisperTranscriber:
         if fmt == "vtt":
             return web.Response(text=vtt(segments), content_type="text/vtt")
         if fmt == "verbose_json":
-            return web.json_response(verbose("translate" if task == "translate" else "transcribe", language or "",
+            name = LANGUAGE_NAMES[LANGUAGES.index(language)] if language else ""
+            return web.json_response(verbose("translate" if task == "translate" else "transcribe", name,
                                              wave.shape[0] / SAMPLE_RATE, text, segments, form.temperature))
         return web.json_response({"text": text})
 

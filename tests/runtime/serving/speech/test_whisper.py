@@ -128,6 +128,8 @@ def test_detected_language_and_translation_equal_transformers(whisper: Served) -
     assert got.text == expected(whisper, samples, None)[1]
     got = client.audio.translations.create(model="whisper-large-v3", file=wav(samples))
     assert got.text == expected(whisper, samples, None, "translate")[1]
+    named = client.audio.transcriptions.create(model="whisper-large-v3", file=wav(samples), language="French")
+    assert named.text == expected(whisper, samples, "fr")[1]          # a language by its name, as openai/whisper
 
 
 def test_concurrent_transcriptions_each_equal_their_own(whisper: Served) -> None:
@@ -156,7 +158,7 @@ def test_verbose_json_asks_for_timestamps_and_times_its_segments(whisper: Served
     got = whisper.client().audio.transcriptions.create(model="whisper-large-v3", file=wav(samples), language="en",
                                                        response_format="verbose_json")
     assert got.duration == pytest.approx(35.0, abs=1e-3)       # rounded to ms
-    assert got.language == "en" and got.task == "transcribe"
+    assert got.language == "english" and got.task == "transcribe"       # OpenAI's answer: the name
     assert got.segments and got.segments[-1].end == 35.0
     assert got.segments[0].start <= 1.0, "a window's first timestamp is at most max_initial_timestamp_index in"
     assert all(a.end <= b.start for a, b in zip(got.segments, got.segments[1:]))
