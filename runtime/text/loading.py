@@ -1,4 +1,5 @@
-"""Which tokenizer a checkpoint has: its directory's `tokenizer.json`, or a GGUF file's metadata."""
+"""Which tokenizer a checkpoint has: its directory's `tokenizer.json` (a diffusers pipeline's repository keeps
+it in `tokenizer/`), or a GGUF file's metadata."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,8 @@ def load_tokenizer(source: str | os.PathLike[str]) -> TextTokenizer:
     path = Path(text)
     if path.is_dir() and (path / "tokenizer.json").is_file():
         return tokenizer_from_dir(path)
+    if path.is_dir() and (path / "tokenizer" / "tokenizer.json").is_file():
+        return tokenizer_from_dir(path / "tokenizer")
     from runtime.text.gguf_tokenizer import tokenizer_from_gguf   # the gguf package: only for GGUF sources
     return tokenizer_from_gguf(text)
 

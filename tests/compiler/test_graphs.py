@@ -23,9 +23,11 @@ GRAPHS = {
     "smollm2": ["single", "replicas"],
     "voice_agent": ["split", "single"],
     "whisper": ["single"],
+    "zimage": ["single"],
 }
 FULL = {"bagel": "bagel-7b", "qwen3_omni": "qwen3-omni-30b-a3b", "orpheus": "orpheus-3b",
-        "vjepa2_ac": "vitg", "smollm2": "smollm2-135m", "voice_agent": "published", "whisper": "large-v3"}
+        "vjepa2_ac": "vitg", "smollm2": "smollm2-135m", "voice_agent": "published", "whisper": "large-v3",
+        "zimage": "turbo"}
 CASES = [(g, p) for g, ps in GRAPHS.items() for p in ps]
 
 

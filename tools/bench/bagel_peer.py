@@ -42,7 +42,8 @@ from bench.bagel_upstream_lm import siglip_twin
 def _pictures(png: str, policies: list) -> list[torch.Tensor]:
     """The picture decoded once, resized by each policy in turn (as the server's VAE resize, then the ViT's),
     each stage's pixels in [-1, 1]."""
-    from runtime.models.bagel.image_io import pil_to_tensor, resize_for
+    from runtime.models.bagel.image_io import resize_for
+    from runtime.model_executor.images import pil_to_tensor
 
     image, out = Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB"), []
     for policy in policies:
@@ -97,7 +98,7 @@ class UpstreamBagel:
 
     def png(self, latent: torch.Tensor) -> str:
         """The latent decoded, as a PNG the way mstar's server writes one (the same rounding)."""
-        from runtime.models.bagel.image_io import png_bytes
+        from runtime.model_executor.images import png_bytes
 
         a = self.vae_args
         image = self.vae.decode((latent[None] / a["scaling_factor"] + a["shift_factor"]).to(self.dtype)).sample[0]

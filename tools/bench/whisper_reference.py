@@ -8,14 +8,15 @@ and the tokenizer is written here from Whisper's published order, not from mstar
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer
 from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
+
+from bench.byte_tokenizer import write_byte_tokenizer
 
 # Whisper's language codes in token order (openai/whisper/tokenizer.py's LANGUAGES, Cantonese last)
 CODES = ("en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur hr bg lt la "
@@ -71,30 +72,7 @@ def model(dims: Mapping[str, Any], seed: int = 0, special_scale: float = 0.05) -
 def write_tokenizer(directory: Path, num_languages: int = 100, text: int = TEXT) -> Tokenizer:
     """A byte-level tokenizer (ids 0..255 the bytes, no merges; ids 256..text-1 filler words that no text
     encodes to) with Whisper's specials after them."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    byte_chars = sorted(alphabet, key=lambda c: _byte_of(c))
-    vocab = {c: i for i, c in enumerate(byte_chars)}
-    vocab.update({f"w{i}": i for i in range(256, text)})
-    tok = Tokenizer(models.BPE(vocab, []))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(special_names(num_languages))
-    directory.mkdir(parents=True, exist_ok=True)
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
-    return tok
-
-
-def _byte_of(char: str) -> int:
-    """The byte GPT-2's byte-to-unicode table maps to `char`."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {chr(b): b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table[char]
+    return write_byte_tokenizer(directory, special_names(num_languages), text)
 
 
 def generate(hf: WhisperForConditionalGeneration, features: torch.Tensor, language: str | None, task: str,

@@ -39,6 +39,7 @@ from runtime.entrypoints.http.realtime import converses
 from runtime.entrypoints.http.schemas import Body, parse_body
 from runtime.entrypoints.http.state_feed import install_state_feed
 from runtime.entrypoints.http.tasks import run_task
+from runtime.entrypoints.http.images import images_edits, images_generations
 from runtime.entrypoints.http.transcriptions import audio_transcriptions, audio_translations
 from runtime.transport.messages import NodeInfo
 from runtime.worker.loader import check_plan_sources
@@ -190,8 +191,10 @@ class MstarServer(ModelServing):
         install_audio_routes(self, app)    # /v1/chat/completions (text or audio), /v1/audio/speech
         app.router.add_post("/v1/audio/transcriptions", audio_transcriptions)
         app.router.add_post("/v1/audio/translations", audio_translations)
+        app.router.add_post("/v1/images/generations", images_generations)
+        app.router.add_post("/v1/images/edits", images_edits)
         app.router.add_post("/v1/completions", completions)
-        for family in families_of(self.plan):   # a family's own endpoints: BAGEL's images, V-JEPA's rollouts
+        for family in families_of(self.plan):   # a family's own endpoints: V-JEPA's rollouts
             if family.install is not None:
                 family.install(app)
         app.router.add_post("/v1/tasks/{task}", run_task)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from runtime.conductor.request import Request
     from runtime.entrypoints.http.audio_metrics import AudioMetrics, RealtimeMetrics
     from runtime.entrypoints.http.chat_inputs import ChatInputs
-    from runtime.entrypoints.http.families import Listener, Transcriber
+    from runtime.entrypoints.http.families import Drawer, Listener, Transcriber
     from runtime.entrypoints.http.limits import ServeLimits
     from runtime.entrypoints.http.speech_detector import SpeechDetector
     from runtime.entrypoints.http.schemas import Body
@@ -65,6 +65,7 @@ class ServerContext(ServedModel, Protocol):
     chat_node: str | None                    # the LM node that reads a chat prompt's tokens; None: no chat task
     chat_inputs: ChatInputs | None           # the family's reader of audio/image chat parts, if any
     transcriber: Transcriber | None          # a speech recognition family's answer to the transcription routes
+    drawer: Drawer | None                    # an image generating family's answer to the image routes
     speech_model: SpeechModel | None         # how the plan speaks; None: it does not
     audio_metrics: AudioMetrics              # what clients of speaking requests receive (/metrics)
     realtime_listener: Listener | None       # how the family hears a /v1/realtime session; None: it cannot

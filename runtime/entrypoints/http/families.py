@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from mstar_compiler.catalogue import load_families, load_ref
 from mstar_compiler.plan import Plan
@@ -82,6 +82,30 @@ class Transcriber(Protocol):
         TranslationForm of runtime/entrypoints/http/schemas.py), the audio file's bytes `data`."""
 
 
+class Drawer(Protocol):
+    """A family's image generation, as the generic /v1/images endpoints ask it (runtime/entrypoints/http/images.py)."""
+
+    generate_task: str                # the plan task of a text-to-image request
+    edit_task: str                    # the plan task of an edit ("": the model does not edit)
+    aliases: Mapping[str, str]        # a body field's name -> the plan param it sets (`guidance_scale`, ...)
+    mask_refusal: str                 # why a `mask` is refused
+
+    def default_size(self) -> tuple[int, int]:
+        """(width, height) of an image whose request does not say."""
+
+    def size_problem(self, width: int, height: int) -> str | None:
+        """Why the model cannot draw width x height, None when it can."""
+
+    def task_defaults(self, task: str) -> Mapping[str, Any]:
+        """Plan params a task takes unless the request sets them."""
+
+    def prompt_ids(self, server: ServedModel, prompt: str) -> list[int]:
+        """The prompt's token ids as the model reads them (ApiError 400 when it cannot)."""
+
+    def check_fields(self, fields: Mapping[str, Any]) -> None:
+        """ApiError 400 for a body field the model cannot honour (beyond the plan's params)."""
+
+
 @dataclass(frozen=True)
 class FamilyServing:
     """One family's additions to the server."""
@@ -101,6 +125,8 @@ class FamilyServing:
     realtime: Callable[[Plan], Listener | None] | None = None
     # its speech recognition's answer to the transcription endpoints (None: not for this plan)
     transcriber: Callable[[Plan], Transcriber | None] | None = None
+    # its image generation behind the image endpoints (None: not for this plan)
+    drawer: Callable[[Plan], Drawer | None] | None = None
 
 
 @cache
@@ -127,5 +153,13 @@ def transcriber_for(plan: Plan) -> Transcriber | None:
     """The plan's family transcriber (`FamilyServing.transcriber`), None when no family of it has one."""
     for family in families_of(plan):
         if family.transcriber is not None and (found := family.transcriber(plan)) is not None:
+            return found
+    return None
+
+
+def drawer_for(plan: Plan) -> Drawer | None:
+    """The plan's family drawer (`FamilyServing.drawer`), None when no family of it draws."""
+    for family in families_of(plan):
+        if family.drawer is not None and (found := family.drawer(plan)) is not None:
             return found
     return None

@@ -16,7 +16,7 @@ from mstar_compiler.plan import Plan
 from mstar_compiler.plan_view import model_view
 from runtime.entrypoints.http.chat_inputs import chat_inputs_for
 from runtime.entrypoints.http.errors import ApiError
-from runtime.entrypoints.http.families import transcriber_for
+from runtime.entrypoints.http.families import drawer_for, transcriber_for
 from runtime.entrypoints.http.limits import serve_limits
 from runtime.entrypoints.http.realtime import realtime_listener
 from runtime.entrypoints.http.speech_detector import speech_detector
@@ -62,6 +62,7 @@ class ModelServing:
         self.tool_prompt = "template" if renders_tools(template.source if template else None) else "hermes"
         self.chat_inputs = chat_inputs_for(plan)   # the family's reader of audio/image parts, if any
         self.transcriber = transcriber_for(plan)   # a speech recognition family's own transcriptions
+        self.drawer = drawer_for(plan)             # an image generating family's answer to the image routes
         self.speech_model = speech_model(plan)
         self.realtime_listener = realtime_listener(plan) if self.speech_model else None
         self.speech_detector = speech_detector(plan) if self.realtime_listener else None

@@ -1,7 +1,8 @@
 """A published repository on disk, as `huggingface-cli download REPO --local-dir DIR` leaves it.
 
-Which files hold a node's tensors: the ones its mapping names (`files:`), else the shards of
-`model.safetensors.index.json`, else every `*.safetensors`. A pickled file (`.bin`, `.pt`) is
+Which files hold a node's tensors: the ones its mapping names (`files:`; a `*.index.json` there stands
+for the shards it lists, beside it: a diffusers repository's `transformer/...index.json`), else the shards
+of `model.safetensors.index.json`, else every `*.safetensors`. A pickled file (`.bin`, `.pt`) is
 never read here: its converted `<stem>.safetensors` beside it is (`mstar-run convert-weights`).
 """
 from __future__ import annotations
@@ -23,11 +24,10 @@ class RepositoryError(FileNotFoundError):
 def repository_files(root: Path, files: list[str]) -> list[Path]:
     """The safetensors files of `root` a mapping reads (see module doc)."""
     if files:
-        return [_safetensors_for(root, name) for name in files]
-    index = root / INDEX
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [_safetensors_for(root, name) for name in shards]
+        return [path for name in files for path in
+                (_shards(root, name) if name.endswith(".index.json") else [_safetensors_for(root, name)])]
+    if (root / INDEX).is_file():
+        return _shards(root, INDEX)
     found = sorted(root.glob("*.safetensors"))
     if found:
         return found
@@ -36,6 +36,16 @@ def repository_files(root: Path, files: list[str]) -> list[Path]:
         raise RepositoryError(f"{root} holds only pickled checkpoints ({', '.join(pickles)}), which mstar never "
                               f"unpickles when serving; convert them once: mstar-run convert-weights {root}")
     raise RepositoryError(f"{root}: no {INDEX} and no .safetensors files")
+
+
+def _shards(root: Path, index: str) -> list[Path]:
+    """The files a safetensors index lists, in its folder."""
+    path = root / index
+    if not path.is_file():
+        raise RepositoryError(f"{path} not found (the graph's mapping reads it; is the download complete?)")
+    folder = str(Path(index).parent)
+    shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+    return [_safetensors_for(root, name if folder == "." else f"{folder}/{name}") for name in shards]
 
 
 def _safetensors_for(root: Path, name: str) -> Path:

@@ -1,4 +1,4 @@
-"""Images in and out of BAGEL: PIL/PNG <-> (3, H, W) tensors in [-1, 1], and BAGEL's resize.
+"""BAGEL's resize of its input images (the tensor conversions are runtime/model_executor/images.py's).
 
 BAGEL resizes every input image so that its long edge is at most `max_size`, its short
 edge at least `min_size`, its area at most `max_pixels`, and both sides are multiples of
@@ -6,11 +6,8 @@ edge at least `min_size`, its area at most `max_pixels`, and both sides are mult
 """
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 
-import numpy as np
-import torch
 from PIL import Image
 
 
@@ -52,23 +49,3 @@ def resize_for(image: Image.Image, policy: ResizePolicy) -> Image.Image:
     image = image.convert("RGB")
     size = target_size(image.width, image.height, policy)
     return image if size == image.size else image.resize(size, Image.BICUBIC)
-
-
-def pil_to_tensor(image: Image.Image) -> torch.Tensor:
-    """RGB PIL image -> (3, H, W) float32 in [-1, 1] (BAGEL's mean 0.5 / std 0.5 normalise)."""
-    pixels = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0  # (H, W, 3)
-    return torch.from_numpy(pixels).permute(2, 0, 1).mul(2.0).sub(1.0).contiguous()
-
-
-def tensor_to_pil(image: torch.Tensor) -> Image.Image:
-    """(3, H, W) in [-1, 1] -> RGB PIL image (clamped; rounded, where BAGEL truncates)."""
-    pixels = ((image.detach().float().cpu() * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
-    return Image.fromarray(pixels.permute(1, 2, 0).numpy())
-
-
-def png_bytes(image: torch.Tensor) -> bytes:
-    """(3, H, W) in [-1, 1] -> PNG file bytes."""
-    buffer = io.BytesIO()
-    tensor_to_pil(image).save(buffer, format="PNG")
-    return buffer.getvalue()
-

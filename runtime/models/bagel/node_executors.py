@@ -17,7 +17,8 @@ from PIL import Image
 
 from mstar_compiler.plan import Node, Plan
 from runtime.models.bagel.generation import Generation, GuidanceUse, vae_resize, vit_resize
-from runtime.models.bagel.image_io import ResizePolicy, pil_to_tensor, resize_for
+from runtime.models.bagel.image_io import ResizePolicy, resize_for
+from runtime.model_executor.images import pil_to_tensor
 from runtime.models.bagel.cfg_combine import CfgRequest
 from runtime.worker.executors import ExecResult, Executor
 from runtime.transport.messages import WorkItem

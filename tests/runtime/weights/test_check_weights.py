@@ -199,3 +199,58 @@ def test_check_weights_of_whisper_names_a_renamed_tensor(whisper_plan: str, tmp_
     assert out.returncode == 1
     assert "missing (1): layers.3.encoder_attn.k_proj.weight" in out.stdout
     assert "unexpected (1): model.decoder.layers.3.cross_attn.k_proj.weight" in out.stdout
+
+
+# Tongyi-MAI/Z-Image-Turbo's config files: the values its mapping checks
+Z_IMAGE_CONFIGS = {
+    "text_encoder/config.json": {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 2560,
+                                 "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+                                 "num_key_value_heads": 8, "head_dim": 128, "torch_dtype": "bfloat16"},
+    "transformer/config.json": {"_class_name": "ZImageTransformer2DModel", "dim": 3840, "n_layers": 30,
+                                "n_refiner_layers": 2, "n_heads": 30, "cap_feat_dim": 2560, "in_channels": 16},
+    "vae/config.json": {"_class_name": "AutoencoderKL", "latent_channels": 16},
+}
+
+
+def write_zimage_root(root: Path, rename: tuple[str, str] | None = None) -> Path:
+    """root/Z-Image-Turbo/ as published: sharded text_encoder/ and transformer/ with their indexes, vae/."""
+    repo = root / "Z-Image-Turbo"
+    indexes: dict[str, dict[str, str]] = {}
+    for file, tensors in repository("z-image-turbo").items():
+        tensors = dict(tensors)
+        if rename and rename[0] in tensors:
+            tensors[rename[1]] = tensors.pop(rename[0])
+        write_header_only(repo / file, tensors, "BF16")
+        folder, name = file.split("/")
+        if folder != "vae":
+            indexes.setdefault(folder, {}).update({t: name for t in tensors})
+    stems = {"text_encoder": "model", "transformer": "diffusion_pytorch_model"}
+    for folder, weight_map in indexes.items():
+        index = repo / folder / f"{stems[folder]}.safetensors.index.json"
+        index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    for name, config in Z_IMAGE_CONFIGS.items():
+        (repo / name).write_text(json.dumps(config))
+    return root
+
+
+@pytest.fixture(scope="module")
+def zimage_plan(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return compile_plan(tmp_path_factory.mktemp("zimage"), "zimage", preset="turbo")
+
+
+def test_check_weights_of_z_image_turbo(zimage_plan: str, tmp_path: Path) -> None:
+    out = mstar_run("check-weights", zimage_plan, "--weights", str(write_zimage_root(tmp_path)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    for node in ("text_enc (zimage_text_encoder)", "dit (zimage_dit)", "vae_dec (vae_decoder)"):
+        assert f"node {node} <- Tongyi-MAI/Z-Image-Turbo" in out.stdout
+    assert "matched 398, missing 0, unexpected 0, wrong shape 0" in out.stdout     # 36 x 11 + 2
+    assert "matched 521, missing 0, unexpected 0, wrong shape 0" in out.stdout     # the DiT, every tensor
+    assert "all weights match" in out.stdout
+
+
+def test_check_weights_of_z_image_names_a_renamed_tensor(zimage_plan: str, tmp_path: Path) -> None:
+    root = write_zimage_root(tmp_path, rename=("layers.7.attention.to_k.weight", "layers.7.attention.k.weight"))
+    out = mstar_run("check-weights", zimage_plan, "--weights", str(root))
+    assert out.returncode == 1
+    assert "missing (1): layers.7.attention.to_k.weight" in out.stdout
+    assert "unexpected (1): layers.7.attention.k.weight" in out.stdout

@@ -13,7 +13,7 @@ from tests.runtime.models.bagel.bagel_lm_helpers import DIMS, RefSequence, Runne
 from bench.bagel_upstream_lm import DenseBagel
 from mstar_compiler.catalogue import load_catalogue
 from runtime.models.bagel.flow import flow_timesteps
-from runtime.models.bagel.image_io import png_bytes
+from runtime.model_executor.images import png_bytes
 from runtime.models.bagel.segments import SegmentKind as K
 from runtime.model_executor.components import component_class
 from runtime.models.bagel.cfg_combine import CfgRequest

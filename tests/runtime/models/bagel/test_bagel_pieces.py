@@ -11,8 +11,8 @@ from bench.bagel_upstream_lm import bagel_sincos_table
 from runtime.models.bagel.embeddings import TimestepEmbedder, sincos_2d_table, timestep_frequencies
 from runtime.models.bagel.flow import flow_step_times, flow_timesteps
 from runtime.entrypoints.http.multimodal import decode_image
-from runtime.models.bagel.image_io import (VAE_RESIZE, VIT_RESIZE, pil_to_tensor, png_bytes,
-                                    resize_for, target_size)
+from runtime.models.bagel.image_io import VAE_RESIZE, VIT_RESIZE, resize_for, target_size
+from runtime.model_executor.images import pil_to_tensor, png_bytes
 from runtime.models.bagel.patchify import grid_position_ids, patchify, unpatchify
 
 

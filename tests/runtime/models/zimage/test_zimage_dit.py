@@ -43,4 +43,5 @@ def test_one_step_of_a_batch_equals_diffusers_per_request() -> None:
         # fp32, 4 blocks of width 64: only the reduction order differs (batched and padded vs alone)
         torch.testing.assert_close(got[b], want, atol=1e-4, rtol=1e-4)
     both = ref([x.unsqueeze(1) for x in latents], t, caps, return_dict=False)[0]
+    # both sides batched and padded, in their own order of reductions (fp32 reassociation)
     torch.testing.assert_close(got[1], both[1].squeeze(1), atol=1e-4, rtol=1e-4)

@@ -28,7 +28,7 @@ import pytest
 from mstar_compiler.plan import load_plan
 from runtime.models.bagel.generation import vae_resize
 from runtime.models.bagel.image_io import target_size
-from runtime.models.bagel.images_api import bagel_lm_dims
+from runtime.models.bagel.serving import bagel_lm_dims
 from runtime.entrypoints.http.multimodal import MAX_IMAGE_PIXELS
 from tests.runtime.serving.bagel.conftest import MODEL, png
 from tests.runtime.serving.conftest import Server, compile_plan, http, serve

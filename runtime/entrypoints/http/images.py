@@ -1,14 +1,14 @@
-"""POST /v1/images/generations and /v1/images/edits: OpenAI's image API over the t2i / i2i tasks.
+"""POST /v1/images/generations and /v1/images/edits: OpenAI's image API over a drawing model's tasks.
 
-Fields as OpenAI names them: `prompt`, `n`, `size` ("WxH" or "auto"), `response_format`
-(only "b64_json": the server keeps no files), `output_format` (only "png"); edits take
-`image` / `image[]` files as multipart/form-data (the openai client's way) or base64 data
-URLs in a JSON body. The plan's params are extra body fields (`steps`, `cfg_text_scale`,
-`cfg_img_scale`, `timestep_shift`; `guidance_scale` means cfg_text_scale and
-`image_guidance_scale` cfg_img_scale) and so is `seed`. `n` images are n requests with
-seeds seed, seed + 1, ... that batch with every other request. Without an image to
-guide by, BAGEL's T2I uses cfg_img_scale 1 (the image-dropped branch is skipped).
-An edit's output has its last input image's (BAGEL-resized) size unless `size` says.
+A family whose models draw declares a `Drawer` (runtime/entrypoints/http/families.py): its tasks, the
+sizes it can draw, how its prompt is written and its names for OpenAI's fields; without one (no model
+of the server draws) both routes answer 404. Fields as OpenAI names them: `prompt`, `n`, `size` ("WxH"
+or "auto"), `response_format` (only "b64_json": the server keeps no files), `output_format` (only
+"png"); edits take `image` / `image[]` files as multipart/form-data (the openai client's way) or base64
+data URLs in a JSON body. The plan's params are extra body fields (BAGEL's `steps`, `cfg_text_scale`,
+...; a drawer's aliases, e.g. `guidance_scale`) and so is `seed`. `n` images are n requests with seeds
+seed, seed + 1, ... that batch with every other request. An edit's output has its last input image's
+(prepared) size unless `size` says.
 """
 from __future__ import annotations
 
@@ -19,16 +19,14 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import torch
 from aiohttp import web
 
-from runtime.models.bagel.generation import check_image_size, max_image_side
-from runtime.models.bagel.image_io import png_bytes
-from mstar_compiler.plan import Plan
 from runtime.conductor.request import Request
+from runtime.model_executor.images import png_bytes
 from runtime.entrypoints.http.errors import ApiError, event_error
 from runtime.entrypoints.http.multimodal import data_url_bytes, image_input, image_item
 from runtime.entrypoints.http.params import resolve_params
@@ -36,8 +34,8 @@ from runtime.transport.request_params import RequestParams
 
 if TYPE_CHECKING:
     from runtime.entrypoints.http.context import ServerContext
+    from runtime.entrypoints.http.families import Drawer
 
-ALIASES = {"guidance_scale": "cfg_text_scale", "guidance": "cfg_text_scale", "image_guidance_scale": "cfg_img_scale"}
 MAX_IMAGES = 10
 _SIZE = re.compile(r"^(\d+)x(\d+)$")
 
@@ -76,33 +74,34 @@ def _coerced(value: Any, kind: str) -> Any:
         return value    # resolve_params names the field and the type it wants
 
 
-def _plan_params(server: ServerContext, fields: dict[str, Any], task: str, seed: int,
+def _plan_params(server: ServerContext, drawer: Drawer, fields: dict[str, Any], task: str, seed: int,
                  size: tuple[int, int]) -> RequestParams:
     specs = {p.name: p for p in server.plan.params}
     given = {}
     for name, value in fields.items():
-        name = ALIASES.get(name, name)
+        name = drawer.aliases.get(name, name)
         if name in specs:
             given[name] = _coerced(value, specs[name].type)
-    if task == "t2i" and "cfg_img_scale" in specs and given.get("cfg_img_scale") is None:
-        given["cfg_img_scale"] = 1.0
+    for name, value in drawer.task_defaults(task).items():
+        if name in specs and given.get(name) is None:
+            given[name] = value
     return resolve_params(server.plan, {**given, "seed": seed}, {"width": size[0], "height": size[1]})
 
 
-def _size(value: Any, default: tuple[int, int], dims: Any) -> tuple[int, int]:
+def _size(value: Any, default: tuple[int, int], drawer: Drawer) -> tuple[int, int]:
     if value is None or value == "auto":
         return default
     match = _SIZE.match(value) if isinstance(value, str) else None
     if match is None:
         raise ApiError(400, f"'size' must be 'WIDTHxHEIGHT' or 'auto', got {value!r}", "size")
     width, height = int(match[1]), int(match[2])
-    problem = check_image_size(width, height, dims)
+    problem = drawer.size_problem(width, height)
     if problem:
         raise ApiError(400, f"'size' {value}: {problem}", "size")
     return width, height
 
 
-def _check_formats(fields: dict[str, Any]) -> None:
+def _check_formats(fields: dict[str, Any], drawer: Drawer) -> None:
     if fields.get("response_format") not in (None, "b64_json"):
         raise ApiError(400, "'response_format' must be 'b64_json' (this server returns images inline)",
                        "response_format")
@@ -111,38 +110,34 @@ def _check_formats(fields: dict[str, Any]) -> None:
     if fields.get("stream") in (True, "true"):
         raise ApiError(400, "streaming image generation is not supported", "stream")
     if fields.get("mask") is not None:
-        raise ApiError(400, "masks are not supported: BAGEL edits the whole image by the prompt", "mask")
-
-
-def bagel_lm_dims(plan: Plan) -> Mapping[str, Any] | None:
-    """Dims of the plan's BAGEL LM, None for other models."""
-    return next((n.dims for n in plan.nodes if n.kind == "bagel_mot_lm"), None)
+        raise ApiError(400, f"masks are not supported: {drawer.mask_refusal}", "mask")
 
 
 def _draws(model: ServerContext) -> bool:
     """Whether a served model draws images (a server of several models may serve one that does)."""
-    return bagel_lm_dims(model.plan) is not None
+    return model.drawer is not None
 
 
-def parse_job(server: ServerContext, fields: dict[str, Any], images: list[torch.Tensor], task: str) -> ImageJob:
+def parse_job(server: ServerContext, fields: dict[str, Any], images: list[torch.Tensor], edit: bool) -> ImageJob:
     """Check an image request's fields against OpenAI's shape and the plan; ApiError(4xx) if wrong."""
-    dims = bagel_lm_dims(server.plan)
-    if dims is None or task not in {t.name for t in server.plan.tasks}:
-        raise ApiError(400, f"the model '{server.model_id}' does not serve {task}", "model", "unsupported_task")
+    drawer = server.drawer
+    task = "" if drawer is None else drawer.edit_task if edit else drawer.generate_task
+    if not task or task not in {t.name for t in server.plan.tasks}:
+        what = "image edits" if edit else "image generation"
+        raise ApiError(400, f"the model '{server.model_id}' does not serve {what}", "model", "unsupported_task")
     if fields.get("model") is not None:
         server.check_model(fields["model"])
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, "'prompt' must be a non-empty string", "prompt")
-    _check_formats(fields)
+    _check_formats(fields, drawer)
+    drawer.check_fields(fields)
     n = _integer(fields.get("n", 1), "n", 1, MAX_IMAGES)
     seed = _integer(fields["seed"], "seed", 0, 2**63 - 1) if fields.get("seed") is not None else secrets.randbits(31)
-    side = max_image_side(dims)
-    default = (images[-1].shape[1], images[-1].shape[0]) if images else (side, side)
-    size = _size(fields.get("size"), default, dims)
-    params = _plan_params(server, fields, task, seed, size)
-    prompt_ids = server.tokenizer.encode(prompt, add_special_tokens=False)
-    items = [*(("image", image_input(server.plan, im)) for im in images), ("text", prompt_ids)]
+    default = (images[-1].shape[1], images[-1].shape[0]) if images else drawer.default_size()
+    size = _size(fields.get("size"), default, drawer)
+    params = _plan_params(server, drawer, fields, task, seed, size)
+    items = [*(("image", image_input(server.plan, im)) for im in images), ("text", drawer.prompt_ids(server, prompt))]
     return ImageJob(task, items, params, n, seed, size)
 
 
@@ -181,8 +176,15 @@ async def images_generations(request: web.Request) -> web.Response:
     body = await server.read_json(request)
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    server = server.serving(body.get("model"), able=_draws)
-    return await run_job(server, parse_job(server, body, [], "t2i"))
+    server = _drawing(server, body.get("model"))
+    return await run_job(server, parse_job(server, body, [], edit=False))
+
+
+def _drawing(server: ServerContext, model: Any) -> ServerContext:
+    """The served model a request names, or the first that draws; 404 when no model of the server draws."""
+    if not any(_draws(m) for m in server.models_served()):
+        raise ApiError(404, "no model of this server draws images", "model", "model_not_found")
+    return server.serving(model, able=_draws)
 
 
 async def _edit_fields(request: web.Request, server: ServerContext) -> tuple[dict[str, Any], list[bytes]]:
@@ -211,10 +213,10 @@ async def _edit_fields(request: web.Request, server: ServerContext) -> tuple[dic
 async def images_edits(request: web.Request) -> web.Response:
     server = request.app["mstar"]
     fields, blobs = await _edit_fields(request, server)
-    server = server.serving(fields.get("model"), able=_draws)
+    server = _drawing(server, fields.get("model"))
     if not blobs:
         raise ApiError(400, "'image' is required: one or more image files", "image")
     if len(blobs) > MAX_IMAGES:
         raise ApiError(400, f"at most {MAX_IMAGES} images per edit", "image")
     images = await asyncio.to_thread(lambda: [image_item(server.plan, blob, "image") for blob in blobs])
-    return await run_job(server, parse_job(server, fields, images, "i2i"))
+    return await run_job(server, parse_job(server, fields, images, edit=True))

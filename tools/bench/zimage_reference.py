@@ -1,0 +1,132 @@
+"""Z-Image-Turbo as diffusers and transformers run it, on random weights at any preset's dims: the parity
+tests' oracle and the `dit` bench suite's peer.
+
+`Reference(dims)` builds transformers' `Qwen3Model` (the text encoder), diffusers'
+`ZImageTransformer2DModel`, `AutoencoderKL` (FLUX's layout) and `FlowMatchEulerDiscreteScheduler` as
+Z-Image-Turbo's scheduler config sets it (shift 3, no dynamic shifting), seeded; `write_repository(root)`
+saves them in the published repository's layout (text_encoder/, transformer/ and their shard indexes,
+vae/, tokenizer/, model_index.json); `images(...)` runs diffusers' `ZImagePipeline` from the prompt's
+token ids (the caption rows computed by the text encoder as the pipeline computes them: hidden_states[-2]
+of the ids, then handed to it as `prompt_embeds`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+
+from bench.byte_tokenizer import write_byte_tokenizer
+
+TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"   # Qwen3's chat template, one user turn
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+VAE_ARGS = {"scaling_factor": 0.3611, "shift_factor": 0.1159}
+
+
+def _encoder(d: Mapping[str, Any]) -> Any:
+    from transformers import Qwen3Config, Qwen3Model
+    config = Qwen3Config(
+        vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
+        num_hidden_layers=d["num_hidden_layers"], num_attention_heads=d["num_attention_heads"],
+        num_key_value_heads=d["num_key_value_heads"], head_dim=d["head_dim"], rms_norm_eps=d["rms_norm_eps"],
+        rope_theta=d["rope_theta"], tie_word_embeddings=True, max_position_embeddings=40960)
+    return Qwen3Model(config).eval()
+
+
+def _dit(d: Mapping[str, Any], scale: float) -> Any:
+    from diffusers import ZImageTransformer2DModel
+    model = ZImageTransformer2DModel(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=d["in_channels"], dim=d["dim"],
+        n_layers=d["n_layers"], n_refiner_layers=d["n_refiner_layers"], n_heads=d["n_heads"], n_kv_heads=d["n_heads"],
+        norm_eps=d["norm_eps"], qk_norm=True, cap_feat_dim=d["cap_feat_dim"], rope_theta=d["rope_theta"],
+        t_scale=d["t_scale"], axes_dims=d["axes_dims"], axes_lens=d["axes_lens"]).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():   # upstream starts the adaLN and output layers at zero: draw everything
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
+def _vae(d: Mapping[str, Any]) -> Any:
+    from diffusers import AutoencoderKL
+    levels = len(d["block_out_channels"])
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * levels,
+        up_block_types=["UpDecoderBlock2D"] * levels, block_out_channels=list(d["block_out_channels"]),
+        layers_per_block=d["layers_per_block"], latent_channels=d["latent_channels"],
+        norm_num_groups=d["norm_num_groups"], use_quant_conv=False, use_post_quant_conv=False, **VAE_ARGS).eval()
+
+
+class Reference:
+    """The upstream pipeline's parts at `dims` ({"text_enc": ..., "dit": ..., "vae_dec": ...}), seeded."""
+
+    def __init__(self, dims: Mapping[str, Mapping[str, Any]], dtype: torch.dtype = torch.float32,
+                 dit_scale: float = 0.2) -> None:
+        from diffusers import FlowMatchEulerDiscreteScheduler
+        torch.manual_seed(0)
+        self.encoder = _encoder(dims["text_enc"]).to(dtype)
+        self.dit = _dit(dims["dit"], dit_scale).to(dtype)
+        self.vae = _vae(dims["vae_dec"]).to(dtype)
+        self.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0,
+                                                         use_dynamic_shifting=False)
+        self.tokenizer: Tokenizer | None = None
+
+    def write_repository(self, root: Path) -> Path:
+        """root/Z-Image-Turbo/ in the published layout; returns it."""
+        repo = root / "Z-Image-Turbo"
+        self.tokenizer = write_byte_tokenizer(repo / "tokenizer", SPECIALS)
+        _save_sharded(repo / "text_encoder", "model", self.encoder.state_dict(), self.encoder.config.to_dict())
+        _save_sharded(repo / "transformer", "diffusion_pytorch_model", self.dit.state_dict(), dict(self.dit.config))
+        (repo / "vae").mkdir(parents=True)
+        save_file(_contiguous(self.vae.state_dict()), str(repo / "vae" / "diffusion_pytorch_model.safetensors"))
+        (repo / "vae" / "config.json").write_text(json.dumps(dict(self.vae.config), default=list))
+        (repo / "scheduler").mkdir()
+        (repo / "scheduler" / "scheduler_config.json").write_text(json.dumps(dict(self.scheduler.config)))
+        (repo / "model_index.json").write_text(json.dumps({"_class_name": "ZImagePipeline"}))
+        return repo
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        assert self.tokenizer is not None, "write_repository first"
+        return self.tokenizer.encode(TEMPLATE.format(prompt), add_special_tokens=False).ids
+
+    @torch.inference_mode()
+    def images(self, prompts: list[list[int]], seeds: list[int], width: int, height: int, steps: int
+               ) -> list[np.ndarray]:
+        """(H, W, 3) uint8 per prompt, one pipeline call per request (each its own generator)."""
+        from diffusers import ZImagePipeline
+        pipe = ZImagePipeline(scheduler=self.scheduler, vae=self.vae, text_encoder=self.encoder, tokenizer=None,
+                              transformer=self.dit)
+        pipe.set_progress_bar_config(disable=True)
+        out = []
+        for ids, seed in zip(prompts, seeds):
+            rows = self.encoder(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-2][0]
+            image = pipe(prompt_embeds=[rows], guidance_scale=0.0, num_inference_steps=steps, height=height,
+                         width=width, generator=torch.Generator().manual_seed(seed), output_type="np").images[0]
+            out.append((image * 255).round().astype(np.uint8))
+        return out
+
+
+def _contiguous(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.contiguous() for k, v in state.items()}
+
+
+def _save_sharded(folder: Path, stem: str, state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> None:
+    """Two shards and their index, as a published multi-file checkpoint."""
+    folder.mkdir(parents=True)
+    names = sorted(state)
+    halves = (names[:len(names) // 2], names[len(names) // 2:])
+    weight_map = {}
+    for i, part in enumerate(halves, 1):
+        file = f"{stem}-0000{i}-of-00002.safetensors"
+        save_file(_contiguous({n: state[n] for n in part}), str(folder / file))
+        weight_map.update({n: file for n in part})
+    (folder / f"{stem}.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (folder / "config.json").write_text(json.dumps(config, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, (tuple, set)) else str(value)
