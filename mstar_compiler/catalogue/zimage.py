@@ -47,6 +47,9 @@ _QWEN3 = {"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "max_sequence_length"
 ENCODER_PRESETS = {
     "tiny": {**_QWEN3, "vocab_size": 512, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8},
+    # CPU benchmarks (tools/bench/suite_dit.py): a 4-layer width-512 Qwen3 over the byte tokenizer
+    "bench-mid": {**_QWEN3, "vocab_size": 512, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4,
+                  "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64},
     # Tongyi-MAI/Z-Image-Turbo's text_encoder/config.json (Qwen3-4B)
     "qwen3-4b": {**_QWEN3, "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
                  "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128},
@@ -56,6 +59,9 @@ _COMMON = {"in_channels": 16, "norm_eps": 1e-5, "rope_theta": 256.0, "t_scale": 
 PRESETS = {
     "tiny": {**_COMMON, "dim": 64, "n_layers": 2, "n_refiner_layers": 1, "n_heads": 2,
              "cap_feat_dim": 32, "axes_dims": [8, 12, 12], "axes_lens": [128, 64, 64]},
+    # CPU benchmarks: 6 + 2 blocks of width 512, captions from the bench-mid text encoder
+    "bench-mid": {**_COMMON, "dim": 512, "n_layers": 6, "n_refiner_layers": 1, "n_heads": 8, "cap_feat_dim": 512,
+                  "axes_dims": [16, 24, 24], "axes_lens": [512, 128, 128]},
     # Tongyi-MAI/Z-Image-Turbo's transformer/config.json
     "turbo": {**_COMMON, "dim": 3840, "n_layers": 30, "n_refiner_layers": 2, "n_heads": 30, "cap_feat_dim": 2560,
               "axes_dims": [32, 48, 48], "axes_lens": [1536, 512, 512]},

@@ -94,19 +94,36 @@ class Reference:
         return self.tokenizer.encode(TEMPLATE.format(prompt), add_special_tokens=False).ids
 
     @torch.inference_mode()
-    def images(self, prompts: list[list[int]], seeds: list[int], width: int, height: int, steps: int
-               ) -> list[np.ndarray]:
-        """(H, W, 3) uint8 per prompt, one pipeline call per request (each its own generator)."""
+    def caption_rows(self, prompts: list[list[int]], padded_to: int | None = None) -> list[torch.Tensor]:
+        """Each prompt's hidden_states[-2] rows; `padded_to`: as the pipeline encodes, every prompt padded to
+        that many tokens (its max_sequence_length, 512) under an attention mask, in one call."""
+        if padded_to is None:
+            return [self.encoder(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-2][0]
+                    for ids in prompts]
+        ids = torch.zeros(len(prompts), padded_to, dtype=torch.long)
+        mask = torch.zeros(len(prompts), padded_to, dtype=torch.bool)
+        for b, p in enumerate(prompts):
+            ids[b, :len(p)], mask[b, :len(p)] = torch.tensor(p), True
+        hidden = self.encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-2]
+        return [hidden[b][mask[b]] for b in range(len(prompts))]
+
+    @torch.inference_mode()
+    def images(self, prompts: list[list[int]], seeds: list[int], width: int, height: int, steps: int,
+               padded_to: int | None = None, batched: bool = False) -> list[np.ndarray]:
+        """(H, W, 3) uint8 per prompt: one pipeline call per request (each its own generator), or with `batched`
+        one call for all (the pipeline's own batching: a generator per image)."""
         from diffusers import ZImagePipeline
         pipe = ZImagePipeline(scheduler=self.scheduler, vae=self.vae, text_encoder=self.encoder, tokenizer=None,
                               transformer=self.dit)
         pipe.set_progress_bar_config(disable=True)
+        rows = self.caption_rows(prompts, padded_to)
+        calls = [(rows, seeds)] if batched else [([r], [s]) for r, s in zip(rows, seeds)]
         out = []
-        for ids, seed in zip(prompts, seeds):
-            rows = self.encoder(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-2][0]
-            image = pipe(prompt_embeds=[rows], guidance_scale=0.0, num_inference_steps=steps, height=height,
-                         width=width, generator=torch.Generator().manual_seed(seed), output_type="np").images[0]
-            out.append((image * 255).round().astype(np.uint8))
+        for embeds, call_seeds in calls:
+            images = pipe(prompt_embeds=embeds, guidance_scale=0.0, num_inference_steps=steps, height=height,
+                          width=width, generator=[torch.Generator().manual_seed(s) for s in call_seeds],
+                          output_type="np").images
+            out += [(image * 255).round().astype(np.uint8) for image in images]
         return out
 
 
