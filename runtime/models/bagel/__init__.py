@@ -2,7 +2,7 @@
 
 Modules: `flow` (timestep schedule), `patchify` (2 x 2 latent / 14 x 14 pixel packing,
 grid position ids), `embeddings` (sin-cos tables, timestep embedder), `image_io`
-(PIL/PNG <-> tensors, BAGEL's resize), `segments` (what one LM call runs),
+(BAGEL's resize), `segments` (what one LM call runs),
 `joint_attention` + `mot_layers` (the mixture-of-transformers decoder), `vae_blocks`
 (FLUX VAE blocks), `weights` (seeding and name-for-name loading).
 
@@ -12,7 +12,7 @@ Components, one call per batch (lists are per request, in batch order)
         H, W multiples of 14: resize_for(image, VIT_RESIZE) then pil_to_tensor.
   vae_encoder(images: list[(3, H, W)])         -> list[(16, H/8, W/8)]
         H, W multiples of 16: resize_for(image, VAE_RESIZE) then pil_to_tensor.
-  vae_decoder(latents: list[(16, h, w)])       -> list[(3, 8h, 8w)]   -> image_io.png_bytes
+  vae_decoder(latents: list[(16, h, w)])       -> list[(3, 8h, 8w)]   -> model_executor.images.png_bytes
   bagel_mot_lm(segments: list[Segment], kv_cache: PagedKVCache) -> MoTOutput
         outputs[i]: DECODE -> (vocab,) fp32 logits (sampled by runtime.model_executor.sampling);
                     GEN -> (16, h, w) velocity; TEXT / VIT / VAE -> None (KV written).

@@ -2,7 +2,7 @@
 
 The latent is first un-normalised as FLUX does: z / scaling_factor + shift_factor
 (args; FLUX: 0.3611, 0.1159). The image is in [-1, 1] up to the decoder's overshoot
-(`runtime.models.bagel.image_io.tensor_to_pil` clamps). Parameter names are diffusers'
+(`runtime.model_executor.images.tensor_to_pil` clamps). Parameter names are diffusers'
 `AutoencoderKL` names under `decoder.`.
 """
 from __future__ import annotations
