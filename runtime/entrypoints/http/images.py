@@ -5,8 +5,8 @@ sizes it can draw, how its prompt is written and its names for OpenAI's fields; 
 of the server draws) both routes answer 404. Fields as OpenAI names them: `prompt`, `n`, `size` ("WxH"
 or "auto"), `response_format` (only "b64_json": the server keeps no files), `output_format` (only
 "png"); edits take `image` / `image[]` files as multipart/form-data (the openai client's way) or base64
-data URLs in a JSON body. The plan's params are extra body fields (BAGEL's `steps`, `cfg_text_scale`,
-...; a drawer's aliases, e.g. `guidance_scale`) and so is `seed`. `n` images are n requests with seeds
+data URLs in a JSON body. The plan's params are extra body fields (`steps`, ...; or a drawer's names for
+them, e.g. `guidance_scale`) and so is `seed`. `n` images are n requests with seeds
 seed, seed + 1, ... that batch with every other request. An edit's output has its last input image's
 (prepared) size unless `size` says.
 """

@@ -245,3 +245,10 @@ def test_bad_requests_are_400s_and_the_server_keeps_serving(whisper: Served) -> 
     with pytest.raises(openai.BadRequestError, match="not a decodable audio file"):
         client.audio.transcriptions.create(model="whisper-large-v3", file=("a.wav", b"not audio"))
     assert client.audio.transcriptions.create(model="whisper-large-v3", file=wav(samples), language="en").text
+
+
+def test_a_model_that_draws_nothing_answers_the_image_routes_with_404(whisper: Served) -> None:
+    client = whisper.client()
+    with pytest.raises(openai.NotFoundError) as err:
+        client.images.generate(model="whisper-large-v3", prompt="a fox", response_format="b64_json")
+    assert err.value.body["code"] == "model_not_found" and "draws" in err.value.body["message"]
