@@ -53,6 +53,7 @@ BUILTIN_FAMILIES = (
     "silero_vad",
     "whisper",
     "zimage",
+    "pi05",
 )
 
 

@@ -24,10 +24,11 @@ GRAPHS = {
     "voice_agent": ["split", "single"],
     "whisper": ["single"],
     "zimage": ["single"],
+    "pi05": ["single"],
 }
 FULL = {"bagel": "bagel-7b", "qwen3_omni": "qwen3-omni-30b-a3b", "orpheus": "orpheus-3b",
         "vjepa2_ac": "vitg", "smollm2": "smollm2-135m", "voice_agent": "published", "whisper": "large-v3",
-        "zimage": "turbo"}
+        "zimage": "turbo", "pi05": "pi05-base"}
 CASES = [(g, p) for g, ps in GRAPHS.items() for p in ps]
 
 

@@ -9,9 +9,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 
 def write_byte_tokenizer(directory: Path, specials: list[str], text: int = 256,
-                         eos: str = "<|endoftext|>") -> Tokenizer:
-    """directory/tokenizer.json (+ tokenizer_config.json naming `eos`): ids 0..255 the bytes, 256..text-1
-    filler words, `specials` from id `text` on."""
+                         eos: str = "<|endoftext|>", bos: str | None = None) -> Tokenizer:
+    """directory/tokenizer.json (+ tokenizer_config.json naming `eos` and `bos`): ids 0..255 the bytes,
+    256..text-1 filler words, `specials` from id `text` on."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     byte_chars = sorted(alphabet, key=lambda c: _byte_of(c))
     vocab = {c: i for i, c in enumerate(byte_chars)}
@@ -22,7 +22,8 @@ def write_byte_tokenizer(directory: Path, specials: list[str], text: int = 256,
     tok.add_special_tokens(specials)
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos}))
+    config = {"eos_token": eos, **({"bos_token": bos} if bos else {})}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return tok
 
 

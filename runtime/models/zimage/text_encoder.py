@@ -19,7 +19,8 @@ from torch.nn import functional as F
 
 from runtime.model_executor.layers.norm import RMSNorm
 from runtime.model_executor.layers.rotary import RotaryEmbedding, rotate
-from runtime.model_executor.weights import Slot, iter_safetensors, load_into, random_tensors
+from runtime.model_executor.weights import Slot
+from runtime.model_executor.weights.fill import fill_weights
 from runtime.model_executor.weights.slots import parameter_slots
 
 
@@ -79,19 +80,12 @@ class ZImageTextEncoder(nn.Module):
         self.embed_tokens = nn.Embedding(dims["vocab_size"], dims["hidden_size"])
         self.layers = nn.ModuleList(_Layer(dims) for _ in range(dims["num_hidden_layers"] - 1))
         self.rotary = RotaryEmbedding(dims["head_dim"], float(dims["rope_theta"]))
-        if args.get("weights"):
-            load_into(self.hf_slots(), iter_safetensors(args["weights"]))
-        else:
-            kept = self._kept()
-            load_into(kept, random_tensors(kept, int(args.get("seed", 0))))
-
-    def _kept(self) -> dict[str, Slot]:
-        return parameter_slots(self)
+        fill_weights(self, args, self.hf_slots())
 
     def hf_slots(self) -> dict[str, Slot]:
         """Every tensor of the published checkpoint: the kept ones, and the last layer's and the final norm's,
         checked for shape and dropped (the encoder reads the next-to-last layer's output)."""
-        slots = self._kept()
+        slots = parameter_slots(self)
         last = len(self.layers)
         for name, slot in list(slots.items()):
             if name.startswith("layers.0."):

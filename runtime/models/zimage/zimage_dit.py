@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from runtime.model_executor.layers.norm import RMSNorm
+from runtime.model_executor.weights.fill import fill_weights
 
 ADALN_DIM = 256          # the timestep embedding's width (at most)
 SEQ_MULTIPLE = 32        # every sequence is padded to a multiple of this many rows
@@ -159,6 +160,7 @@ class ZImageDiT(nn.Module):
         self.cap_pad_token = nn.Parameter(torch.zeros(1, dim))
         self.layers = nn.ModuleList(_Block(dims, True) for _ in range(dims["n_layers"]))
         self.rope = _Rope(dims["axes_dims"], dims["axes_lens"], float(dims["rope_theta"]))
+        fill_weights(self, dict(args or {}))
 
     def _sequence(self, rows: list[torch.Tensor], ids: list[torch.Tensor], real: list[int], pad_token: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

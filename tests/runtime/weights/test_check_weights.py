@@ -254,3 +254,36 @@ def test_check_weights_of_z_image_names_a_renamed_tensor(zimage_plan: str, tmp_p
     assert out.returncode == 1
     assert "missing (1): layers.7.attention.to_k.weight" in out.stdout
     assert "unexpected (1): layers.7.attention.k.weight" in out.stdout
+
+
+def write_pi05_root(root: Path, rename: tuple[str, str] | None = None) -> Path:
+    tensors = dict(repository("pi05_base")["model.safetensors"])
+    if rename:
+        tensors[rename[1]] = tensors.pop(rename[0])
+    write_header_only(root / "pi05_base" / "model.safetensors", tensors, "F32")
+    return root
+
+
+@pytest.fixture(scope="module")
+def pi05_plan(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return compile_plan(tmp_path_factory.mktemp("pi05"), "pi05", preset="pi05-base")
+
+
+def test_check_weights_of_pi05_base(pi05_plan: str, tmp_path: Path) -> None:
+    out = mstar_run("check-weights", pi05_plan, "--weights", str(write_pi05_root(tmp_path)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "node prefix (pi05_prefix) <- lerobot/pi05_base" in out.stdout
+    assert "node expert (pi05_expert) <- lerobot/pi05_base" in out.stdout
+    # SigLIP 27 x 16 + 5, projector 2, Gemma 18 x 9 + 2 (its table stored as lm_head)
+    assert "matched 603, missing 0, unexpected 0, wrong shape 0" in out.stdout
+    assert "matched 208, missing 0, unexpected 0, wrong shape 0" in out.stdout     # 18 x 11 + 2 + 8
+    assert "all weights match" in out.stdout
+
+
+def test_check_weights_of_pi05_names_a_renamed_tensor(pi05_plan: str, tmp_path: Path) -> None:
+    root = write_pi05_root(tmp_path, rename=("paligemma_with_expert.gemma_expert.model.layers.5.mlp.up_proj.weight",
+                                             "paligemma_with_expert.gemma_expert.model.layers.5.mlp.up.weight"))
+    out = mstar_run("check-weights", pi05_plan, "--weights", str(root))
+    assert out.returncode == 1
+    assert "missing (1): dit.layers.5.mlp.up_proj.weight" in out.stdout
+    assert "unexpected (1): paligemma_with_expert.gemma_expert.model.layers.5.mlp.up.weight" in out.stdout
