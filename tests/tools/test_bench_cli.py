@@ -23,7 +23,7 @@ def test_every_issue_suite_is_registered_in_order():
                                                       "speech", "prefix", "bound", "bound-3b", "threads", "network",
                                                       "realtime", "prefill", "attention", "quant", "orpheus-3b", "vjepa2-g",
                                                       "omni-wide", "bagel-wide", "structured", "cascade",
-                                                      "whisper", "dit"]
+                                                      "whisper", "dit", "pi05"]
     with pytest.raises(ValueError, match="twice"):
         register("chat", "again")(lambda ctx: [])
 

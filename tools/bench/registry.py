@@ -20,7 +20,7 @@ from bench.results import Row
 # the order, then ours
 SUITE_ORDER = ("chat", "rollout", "cfg", "tts", "stack", "sched", "linear", "kernels", "speech", "prefix", "bound",
                "bound-3b", "threads", "network", "realtime", "prefill", "attention", "quant", "orpheus-3b", "vjepa2-g",
-               "omni-wide", "bagel-wide", "structured", "cascade", "whisper", "dit")
+               "omni-wide", "bagel-wide", "structured", "cascade", "whisper", "dit", "pi05")
 
 
 class Needs(Exception):
