@@ -6,6 +6,7 @@
     orpheus/      the SNAC decoder, Orpheus' audio-token mapping, windows and executors
     vjepa2/       the V-JEPA 2 encoder, the AC predictor, per-frame KV rollouts and planning
     whisper/      Whisper's encoder, its decoder (cross-attention memory in the paged KV), the transcription routes
+    pi05/         π0.5's PaliGemma prefix, its action expert run a step at a time, /v1/actions
     zimage/       Z-Image's text encoder, its DiT run a step at a time, its image drawer
 
 A family folder is named after the module that declares the family (`mstar_compiler/catalogue/<family>.py`,
