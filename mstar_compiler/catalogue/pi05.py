@@ -104,8 +104,8 @@ KINDS: tuple[KindSpec, ...] = (PI05_PREFIX, PI05_EXPERT)
 
 FAMILY = Family(
     "pi05", KINDS,
-    components={"pi05_prefix": "runtime.models.pi05.prefix:Pi05Prefix",
-                "pi05_expert": "runtime.models.pi05.expert:Pi05Expert"},
+    components={"pi05_prefix": "runtime.models.pi05.pi05_prefix:Pi05Prefix",
+                "pi05_expert": "runtime.models.pi05.pi05_expert:Pi05Expert"},
     executors={"pi05_prefix": "runtime.models.pi05.executors:prefix_executor",
                "pi05_expert": "runtime.models.pi05.executors:expert_executor"},
     serving="runtime.models.pi05.serving:SERVING",

@@ -100,7 +100,7 @@ KINDS: tuple[KindSpec, ...] = (ZIMAGE_TEXT_ENCODER, ZIMAGE_DIT)
 # the family, declared once (runtime/models/zimage/); graphs/zimage.yaml adds BAGEL's `vae_decoder`
 FAMILY = Family(
     "zimage", KINDS,
-    components={"zimage_text_encoder": "runtime.models.zimage.text_encoder:ZImageTextEncoder",
+    components={"zimage_text_encoder": "runtime.models.zimage.zimage_text_encoder:ZImageTextEncoder",
                 "zimage_dit": "runtime.models.zimage.zimage_dit:ZImageDiT"},
     executors={"zimage_text_encoder": "runtime.models.zimage.executors:text_encoder_executor",
                "zimage_dit": "runtime.models.zimage.executors:denoise_executor"},
