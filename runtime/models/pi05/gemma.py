@@ -74,9 +74,13 @@ class GemmaProjections(nn.Module):
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-    """Bidirectional attention of q (B, H, L, hd) over k, v (B, KV, S, hd); `key_mask` (B, S) the real keys."""
+    """Bidirectional attention of q (B, H, L, hd) over k, v (B, KV, S, hd); `key_mask` (B, S) the real keys.
+    Shared kv heads are repeated for SDPA: with `enable_gqa` the CPU leaves its fused kernel
+    (docs/benchmark-log.md)."""
     mask = None if key_mask is None else key_mask[:, None, None, :]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+    if k.shape[1] != q.shape[1]:
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def rope_tables(rotary: RotaryEmbedding, positions: torch.Tensor, dtype: torch.dtype
