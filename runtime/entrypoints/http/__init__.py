@@ -13,7 +13,8 @@ the handlers see the server only through context.py's `ServerContext`, never app
   chat.py         /v1/chat/completions (text, images, a family's media parts; SSE events)
   audio_routes.py the audio endpoints: audio_chat.py (chat answered in speech), speech.py
                   (/v1/audio/speech), realtime.py (/v1/realtime, realtime_session.py, realtime_utterance.py)
-  transcriptions.py  /v1/audio/transcriptions, /v1/audio/translations
+  transcriptions.py  /v1/audio/transcriptions, /v1/audio/translations (a family's `Transcriber`, else the chat LM)
+  images.py       /v1/images/generations and /v1/images/edits (a family's `Drawer`)
   tasks.py        /v1/tasks/{task}: any task of the plan with its declared params
   state_feed.py, page.py   /v1/state (and its SSE feed), the page and /v1/graph
   metrics.py, audio_metrics.py, prefix_metrics.py   Prometheus metrics
