@@ -26,8 +26,9 @@ from __future__ import annotations
 import base64
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
 import torch
 from aiohttp import web
 from PIL import Image
@@ -36,12 +37,26 @@ from runtime.entrypoints.http.errors import ApiError, event_error
 from runtime.entrypoints.http.multimodal import data_url_bytes, decode_image
 from runtime.entrypoints.http.params import resolve_params
 from runtime.model_executor.images import pil_to_tensor
+from runtime.text.tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
     from runtime.entrypoints.http.context import ServerContext
 
 TASK = "act"
 BINS = 256
+
+
+class ActionsBody(msgspec.Struct):
+    """POST /v1/actions (module docstring), parsed once at the edge; what only the plan can say (camera count,
+    param bounds) and the state's range are checked by the handler."""
+
+    instruction: str
+    images: list[str]                    # one data URL per camera
+    state: list[float]                   # normalised to [-1, 1]
+    model: str | None = None             # None: the first served model that is a policy
+    steps: int | None = None             # the graph's `steps` param (None: its default)
+    seed: int | None = None              # the noise's seed (None: a random one)
+    encoding_format: Literal["float", "base64"] = "float"
 
 
 def _dims(server: ServerContext) -> dict[str, Any]:
@@ -56,9 +71,9 @@ def _acts(model: ServerContext) -> bool:
     return any(n.kind == "pi05_prefix" for n in model.plan.nodes)
 
 
-def _cameras(images: Any, dims: dict[str, Any]) -> torch.Tensor:
+def _cameras(images: list[str], dims: dict[str, Any]) -> torch.Tensor:
     most = int(dims["max_cameras"])
-    if not isinstance(images, list) or not 1 <= len(images) <= most:
+    if not 1 <= len(images) <= most:
         raise ApiError(400, f"'images' must be a list of 1 to {most} camera images (data URLs)", "images")
     side = int(dims["image_size"])
     out = []
@@ -71,9 +86,8 @@ def _cameras(images: Any, dims: dict[str, Any]) -> torch.Tensor:
     return torch.stack(out)                                         # (F, 3, side, side)
 
 
-def _state(value: Any) -> torch.Tensor:
-    if not isinstance(value, list) or not value or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+def _state(value: list[float]) -> torch.Tensor:
+    if not value:
         raise ApiError(400, "'state' must be a non-empty list of numbers (the state normalised to [-1, 1])", "state")
     state = torch.tensor(value, dtype=torch.float32)
     if not bool(((state >= -1) & (state <= 1)).all()):
@@ -88,41 +102,33 @@ def prompt_ids(server: ServerContext, dims: dict[str, Any], cameras: int, instru
     discrete = torch.bucketize(state, bins, right=True) - 1
     task = instruction.strip().replace("_", " ").replace("\n", " ")
     text = f"Task: {task}, State: {' '.join(map(str, discrete.tolist()))};\nAction: "
-    bos = getattr(server.tokenizer, "special_tokens", {}).get("bos_token", "")   # none in the random weights' bytes
+    tokenizer = server.tokenizer       # random weights have the byte tokenizer, which names no <bos>
+    bos = tokenizer.special_tokens.get("bos_token", "") if isinstance(tokenizer, TextTokenizer) else ""
     rows = cameras * (int(dims["image_size"]) // int(dims["patch_size"])) ** 2
     return [int(dims["image_token_id"])] * rows + server.tokenizer.encode(bos + text, add_special_tokens=False)
 
 
-def parse_action_request(server: ServerContext, body: Any) -> tuple[Any, dict[str, Any], str]:
-    """(params, port inputs, encoding) of an action request; ApiError(4xx) if wrong."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+def parse_action_request(server: ServerContext, body: ActionsBody) -> tuple[Any, dict[str, Any]]:
+    """(params, port inputs) of an action request; ApiError(4xx) if wrong."""
     dims = _dims(server)
-    if body.get("model") is not None:
-        server.check_model(body["model"])
-    instruction = body.get("instruction")
-    if not isinstance(instruction, str) or not instruction.strip():
+    if not body.instruction.strip():
         raise ApiError(400, "'instruction' must be a non-empty string", "instruction")
-    cameras = _cameras(body.get("images"), dims)
-    state = _state(body.get("state"))
-    seed = body.get("seed", secrets.randbits(31))
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ApiError(400, f"'seed' must be a non-negative integer, got {seed!r}", "seed")
-    given = {"steps": body["steps"]} if "steps" in body else {}
-    params = resolve_params(server.plan, {**given, "seed": seed})
-    encoding = body.get("encoding_format", "float")
-    if encoding not in ("float", "base64"):
-        raise ApiError(400, "'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    cameras = _cameras(body.images, dims)
+    state = _state(body.state)
+    seed = secrets.randbits(31) if body.seed is None else body.seed
+    if not 0 <= seed < 2**63:
+        raise ApiError(400, f"'seed' must be a non-negative integer, got {seed}", "seed")
+    params = resolve_params(server.plan, {"steps": body.steps, "seed": seed})
     prefix = next(n.name for n in server.plan.nodes if n.kind == "pi05_prefix")
-    ids = prompt_ids(server, dims, cameras.shape[0], instruction, state)
-    return params, {f"input:{prefix}.tokens": ids, f"input:{prefix}.cameras": cameras}, encoding
+    ids = prompt_ids(server, dims, cameras.shape[0], body.instruction, state)
+    return params, {f"input:{prefix}.tokens": ids, f"input:{prefix}.cameras": cameras}
 
 
 async def actions(request: web.Request) -> web.Response:
     server = request.app["mstar"]
-    body = await server.read_json(request)
-    server = server.serving(body.get("model"), able=_acts) if isinstance(body, dict) else server
-    params, ports, encoding = parse_action_request(server, body)
+    body = await server.read_body(request, ActionsBody)
+    server = server.serving(body.model, able=_acts)
+    params, ports = parse_action_request(server, body)
     req = server.conductor.submit(TASK, params, [], frozenset(), server.config.request_timeout_s, port_inputs=ports)
     key = next(f"{n.name}.actions" for n in server.plan.nodes if n.kind == "pi05_expert")
     chunk = None
@@ -140,7 +146,7 @@ async def actions(request: web.Request) -> web.Response:
     if chunk is None:
         raise ApiError(500, f"the request ended ({req.finish_reason}) without an action chunk", code="no_actions")
     chunk = chunk.float().contiguous()
-    data = (base64.b64encode(chunk.numpy().astype("<f4").tobytes()).decode() if encoding == "base64"
+    data = (base64.b64encode(chunk.numpy().astype("<f4").tobytes()).decode() if body.encoding_format == "base64"
             else chunk.tolist())
     return web.json_response({"object": "action_chunk", "model": server.model_id, "created": int(time.time()),
                               "steps": params.count("steps"), "shape": list(chunk.shape), "actions": data})
