@@ -54,9 +54,19 @@ class ZImageDrawer:
 
     def check_fields(self, fields: Mapping[str, Any]) -> None:
         guidance = fields.get("guidance_scale")
-        if guidance is not None and str(guidance).strip() not in ("0", "0.0"):
+        if guidance is not None and _number(guidance) != 0.0:
             raise ApiError(400, f"'guidance_scale' must be 0: Z-Image-Turbo is distilled to draw without "
                                 f"classifier-free guidance, got {guidance!r}", "guidance_scale")
+
+
+def _number(value: Any) -> float | None:
+    """A body field as a number (form fields arrive as strings); None when it is none."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _drawer(plan: Plan) -> ZImageDrawer | None:
