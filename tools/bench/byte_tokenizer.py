@@ -3,6 +3,7 @@ filler words no text encodes to, then the model's special tokens, saved as a `to
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -27,8 +28,9 @@ def write_byte_tokenizer(directory: Path, specials: list[str], text: int = 256,
     return tok
 
 
-def _byte_of(char: str) -> int:
-    """The byte GPT-2's byte-to-unicode table maps to `char`."""
+@cache
+def _byte_table() -> dict[str, int]:
+    """GPT-2's byte-to-unicode table, inverted: character -> the byte it stands for."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     table = {chr(b): b for b in printable}
     extra = 0
@@ -36,4 +38,9 @@ def _byte_of(char: str) -> int:
         if b not in printable:
             table[chr(256 + extra)] = b
             extra += 1
-    return table[char]
+    return table
+
+
+def _byte_of(char: str) -> int:
+    """The byte GPT-2's byte-to-unicode table maps to `char`."""
+    return _byte_table()[char]

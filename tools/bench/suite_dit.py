@@ -23,7 +23,6 @@ import base64
 import contextlib
 import io
 import time
-from pathlib import Path
 
 import yaml
 
@@ -47,7 +46,7 @@ REFERENCE = ("diffusers 0.42 ZImagePipeline in process, fp32 (transformers 5.25 
              "padded to 512 tokens as the pipeline pads them): the N images as one call")
 
 
-def _dims(ctx_root: Path) -> dict:
+def _dims() -> dict:
     from mstar_compiler.catalogue.bagel import KINDS as BAGEL
     from mstar_compiler.catalogue.zimage import ENCODER_PRESETS, PRESETS
     vae = next(k for k in BAGEL if k.kind == "vae_decoder").presets["tiny"]
@@ -61,7 +60,7 @@ def _write(ctx: Context):
 
     from bench.zimage_reference import Reference
 
-    ref = Reference(_dims(ctx.root), dit_scale=0.02)
+    ref = Reference(_dims(), dit_scale=0.02)
     root = ctx.root / "bench-results/weights/zimage-bench-mid-random"
     if root.exists():
         import shutil

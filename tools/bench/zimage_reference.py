@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
+from bench.bagel_layout import diffusers_vae
 from bench.byte_tokenizer import write_byte_tokenizer
 
 TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"   # Qwen3's chat template, one user turn
@@ -51,16 +52,6 @@ def _dit(d: Mapping[str, Any], scale: float) -> Any:
     return model
 
 
-def _vae(d: Mapping[str, Any]) -> Any:
-    from diffusers import AutoencoderKL
-    levels = len(d["block_out_channels"])
-    return AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * levels,
-        up_block_types=["UpDecoderBlock2D"] * levels, block_out_channels=list(d["block_out_channels"]),
-        layers_per_block=d["layers_per_block"], latent_channels=d["latent_channels"],
-        norm_num_groups=d["norm_num_groups"], use_quant_conv=False, use_post_quant_conv=False, **VAE_ARGS).eval()
-
-
 class Reference:
     """The upstream pipeline's parts at `dims` ({"text_enc": ..., "dit": ..., "vae_dec": ...}), seeded."""
 
@@ -70,7 +61,7 @@ class Reference:
         torch.manual_seed(0)
         self.encoder = _encoder(dims["text_enc"]).to(dtype)
         self.dit = _dit(dims["dit"], dit_scale).to(dtype)
-        self.vae = _vae(dims["vae_dec"]).to(dtype)
+        self.vae = diffusers_vae(dict(dims["vae_dec"]), VAE_ARGS).to(dtype)
         self.scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0,
                                                          use_dynamic_shifting=False)
         self.tokenizer: Tokenizer | None = None
