@@ -167,28 +167,27 @@ inline v8 load8(const bf16_t* p) {
     return out;
 }
 
-// `ahead` (kAhead): the next panel, fetched a line per k while the first 6-row block runs over this one, so
-// the weights stream from memory under the FMAs (it paid at decode batches, not below 6 rows: off there)
+// One block of MR rows over k .. k_end of one panel, its sums carried in `tile` (MR rows of 16 fp32, row stride
+// kPanel): each sum continues where the previous chunk of k left it, so it is still one sum over k in order.
+// A is fp32 here (a bf16 batch is converted once, `gemm`): a broadcast is one load. `ahead` (kAhead): the next
+// panel, fetched a line per k while the first row block runs over this one, so the weights stream from memory
+// under the FMAs (it paid at decode batches, not below 6 rows: off there)
 template <int MR, bool kAhead, typename T>
-inline void gemm_block(const T* a, int64_t lda, const T* panel, int64_t k_size, const T* bias, T* c, int64_t ldc,
-                       int64_t cols, const T* ahead) {
+inline void gemm_block(const float* a, int64_t lda, const T* panel, int64_t k, int64_t k_end, float* tile,
+                       const T* ahead) {
     v8 lo[MR], hi[MR];
-    for (int r = 0; r < MR; ++r) lo[r] = hi[r] = v8{};
-    for (int64_t k = 0; k < k_size; ++k) {
+    for (int r = 0; r < MR; ++r) lo[r] = load8(tile + r * kPanel), hi[r] = load8(tile + r * kPanel + 8);
+    for (; k < k_end; ++k) {
         if (kAhead) __builtin_prefetch(ahead + k * kPanel);
         const v8 w0 = load8(panel + k * kPanel), w1 = load8(panel + k * kPanel + 8);
         for (int r = 0; r < MR; ++r) {
-            const float x = to_f32(a[r * lda + k]);
+            const float x = a[r * lda + k];
             lo[r] += x * w0;
             hi[r] += x * w1;
         }
     }
-    for (int r = 0; r < MR; ++r) {
-        for (int64_t j = 0; j < cols; ++j) {
-            const float v = j < 8 ? lo[r][j] : hi[r][j - 8];
-            c[r * ldc + j] = from_f32<T>(bias ? v + to_f32(bias[j]) : v);
-        }
-    }
+    for (int r = 0; r < MR; ++r)
+        *reinterpret_cast<v8u*>(tile + r * kPanel) = lo[r], *reinterpret_cast<v8u*>(tile + r * kPanel + 8) = hi[r];
 }
 
 #if defined(__AVX512F__)
@@ -409,28 +408,60 @@ void pack_panels(const T* w, int64_t n, int64_t k, T* packed) {
 
 inline int64_t panel_depth(int64_t k, bool) { return k; }
 
+constexpr int64_t kDepthChunk = 256;    // k values of a panel every row block runs over while they are in L1
+
 template <typename T>
-void gemm(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
-          int64_t k) {
+void gemm_rows(const float* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
+               int64_t k) {
     const int64_t panels = (n + kPanel - 1) / kPanel;
 #pragma omp parallel for schedule(static) if (m * n * k >= (1 << 18))
     for (int64_t p = 0; p < panels; ++p) {
+        std::vector<float> tile(m * kPanel, 0.f);      // the panel's sums for every row, across the chunks of k
         const T* panel = packed + p * k * kPanel;
-        const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
-        const T* b = bias ? bias + col : nullptr;
         const T* ahead = p + 1 < panels ? panel + k * kPanel : nullptr;
-        int64_t r = 0;
-        for (; r + kRows <= m; r += kRows) {
-            if (r == 0 && ahead)
-                gemm_block<kRows, true>(a, lda, panel, k, b, c + col, ldc, cols, ahead);
-            else
-                gemm_block<kRows, false>(a + r * lda, lda, panel, k, b, c + r * ldc + col, ldc, cols, ahead);
-        }
-        switch (m - r) {     // the rows left; a batch of fewer than 6 rows streams its panels unaided (faster)
-#define TAIL(n) case n: gemm_block<n, false>(a + r * lda, lda, panel, k, b, c + r * ldc + col, ldc, cols, panel); break;
-            TAIL(5) TAIL(4) TAIL(3) TAIL(2) TAIL(1)
+        for (int64_t k0 = 0; k0 < k; k0 += kDepthChunk) {
+            const int64_t k1 = std::min(k, k0 + kDepthChunk);
+            const T* w = panel;
+            int64_t r = 0;
+            for (; r + kRows <= m; r += kRows) {
+                if (r == 0 && ahead)
+                    gemm_block<kRows, true>(a, lda, w, k0, k1, tile.data(), ahead);
+                else
+                    gemm_block<kRows, false>(a + r * lda, lda, w, k0, k1, tile.data() + r * kPanel, ahead);
+            }
+            switch (m - r) {     // the rows left; a batch of fewer than 6 rows streams its panels unaided (faster)
+#define TAIL(n) case n: gemm_block<n, false>(a + r * lda, lda, w, k0, k1, tile.data() + r * kPanel, ahead); break;
+                TAIL(5) TAIL(4) TAIL(3) TAIL(2) TAIL(1)
 #undef TAIL
-            default: break;
+                default: break;
+            }
+        }
+        const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
+        for (int64_t r = 0; r < m; ++r)
+            for (int64_t j = 0; j < cols; ++j) {
+                const float v = tile[r * kPanel + j];
+                c[r * ldc + col + j] = from_f32<T>(bias ? v + to_f32(bias[col + j]) : v);
+            }
+    }
+}
+
+// A prefill-sized batch runs in groups of rows (each panel's sums for a group stay in L1). A bf16 group is
+// converted to fp32 once (exactly), so the blocks broadcast it with one load per row and k; the copy stays a few MB
+// whatever the prompt.
+constexpr int64_t kRowGroup = 192;
+
+template <typename T>
+void gemm(const T* a, int64_t lda, const T* packed, const T* bias, T* c, int64_t ldc, int64_t m, int64_t n,
+          int64_t k) {
+    std::vector<float> af(sizeof(T) == sizeof(float) ? 0 : std::min(m, kRowGroup) * k);
+    for (int64_t r0 = 0; r0 < m; r0 += kRowGroup) {
+        const int64_t rows = std::min(kRowGroup, m - r0);
+        if constexpr (sizeof(T) == sizeof(float)) {
+            gemm_rows(a + r0 * lda, lda, packed, bias, c + r0 * ldc, ldc, rows, n, k);
+        } else {
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t j = 0; j < k; ++j) af[r * k + j] = to_f32(a[(r0 + r) * lda + j]);
+            gemm_rows(af.data(), k, packed, bias, c + r0 * ldc, ldc, rows, n, k);
         }
     }
 }
