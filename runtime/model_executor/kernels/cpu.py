@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 SOURCES = (HERE / "cpu.cpp", HERE / "cpu_decode.cpp", HERE / "cpu_prefill.cpp", HERE / "cpu_stack.cpp",
            HERE / "cpu_quant.cpp")   # one library
-HEADERS = (HERE / "cpu_common.h", HERE / "cpu_lanes.h")
+HEADERS = (HERE / "cpu_common.h", HERE / "cpu_lanes.h", HERE / "cpu_gemm.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-Wno-psabi", "-fno-math-errno", "-fassociative-math",
          "-fno-signed-zeros", "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17")
 MAX_HEAD_DIM = 256                         # the kernels' fixed per-thread buffers (cpu.cpp)
