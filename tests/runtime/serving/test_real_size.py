@@ -11,11 +11,15 @@ tests/runtime/weights/test_published_mappings.py (the presets' shapes against th
 """
 from __future__ import annotations
 
+import base64
+import io
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
 import torch
+from PIL import Image
 
 from mstar_compiler.ir import Options
 from mstar_compiler.pipeline import compile_file
@@ -48,6 +52,16 @@ def _rollout(srv: Server, model: str) -> None:
     assert status == 200, answer
 
 
+def _actions(srv: Server, model: str) -> None:
+    pixels = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)   # pi05-base's camera side
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    body = {"model": model, "instruction": "pick up the cup", "images": [url, url], "state": [0.0] * 8, "steps": 2}
+    status, answer = http("POST", f"{srv.url}/v1/actions", body, timeout=600)
+    assert status == 200 and answer["object"] == "action_chunk", answer
+
+
 # (graph, preset, --device-memory, the request, --quant)
 CASES = [
     ("orpheus", "orpheus-3b", "12GiB", _speech, {}),
@@ -55,6 +69,7 @@ CASES = [
     ("vjepa2_ac", "vitg", "6GiB", _rollout, {}),
     ("qwen3_omni", "omni-wide", None, _chat, {}),
     ("bagel", "bagel-wide", None, _chat, {}),
+    ("pi05", "pi05-base", None, _actions, {}),     # issue 44's robot policy at its published size
 ]
 
 
