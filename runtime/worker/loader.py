@@ -13,8 +13,6 @@ rank set (`tensor_parallel_group`); every rank reads the full tensors and keeps 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import logging
 import os
 from pathlib import Path
@@ -24,6 +22,7 @@ import torch
 
 from mstar_compiler.plan import Node, Plan
 from runtime.model_executor.components import component_class
+from runtime.model_executor.heap import TRIM_AFTER, release_freed_memory
 from runtime.model_executor.parallel import SINGLE, TensorParallelGroup, init_tensor_parallel, pack_linears
 from runtime.model_executor.kernels import cpu as cpu_kernels
 from runtime.model_executor.layers import DecoderLM
@@ -93,7 +92,10 @@ def cast_as_built(dtype: torch.dtype, quant: str = "") -> Iterator[None]:
             return
         if quant and callable(getattr(child, "quant_as_loaded", None)):
             child.quant_as_loaded(quant)
+        built = sum(p.nbytes for p in child.parameters(recurse=False) if p.dtype != dtype and p.device.type != "meta")
         child.to(dtype)
+        if built >= TRIM_AFTER:      # its fp32 weights are freed: their pages go back before the next part
+            release_freed_memory()
     handle = torch.nn.modules.module.register_module_module_registration_hook(attached)
     try:
         yield
@@ -184,6 +186,7 @@ def load_rank(plan: Plan, rank: int, options: WeightOptions | None = None,
                 torch.manual_seed(source.seed)  # whatever the rank loaded before it (a plan that includes it)
             module = load_node(plan.node(node.weight_key), source, group)
             by_key[node.weight_key] = module = module if device.type == "cpu" else module.to(device)
+            release_freed_memory()          # the build's fp32 parts and draws, before packing adds its copies
             if pack:
                 packed = pack_linears(module)
                 log.debug("rank %d: %s: %d linear weights packed", rank, name, packed)
@@ -211,23 +214,6 @@ def quant_note(module: torch.nn.Module, scheme: str, dtype: str) -> str:
         note += ("; fp32 activations: torch's int8/int4 kernels run them on a generic path, many times slower than "
                  "bf16 (docs/quantization.md): serve the node in bf16 for speed")
     return note
-
-
-def release_freed_memory() -> None:
-    """Hand the heap pages freed while a node was built (fp32 draws, dense weights its packing replaced) back to
-    the OS: glibc keeps freed chunks below its mmap threshold mapped, ~0.6 GiB of BAGEL's 10 GiB rank, which
-    would count against the memory plan. Elsewhere than glibc there is nothing to call."""
-    trim = getattr(_libc(), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
 
 
 def cpu_kernels_note(module: torch.nn.Module) -> str:

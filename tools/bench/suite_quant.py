@@ -31,7 +31,7 @@ from bench.results import Row, Side
 from bench.stats import HIGHER, LOWER
 from bench.suite_chat import jobs, served
 from bench.suite_linear import Decoder
-from runtime.worker.loader import release_freed_memory
+from runtime.model_executor.heap import release_freed_memory
 
 SCHEMES = ("bf16", "int8", "int4_g32")
 BATCHES, STEPS, QUICK_STEPS = (1, 16), 8, 2

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.model_executor.heap import TRIM_AFTER, release_freed_memory
 from runtime.model_executor.kernels import cpu as cpu_kernels
 from runtime.model_executor.parallel.quant import QuantWeight
 
@@ -182,6 +183,9 @@ class PackedLinear(nn.Module):
         self.bias = source.bias
         self.packed = pack_weight(source.weight)
         self.weight = dense_gone(source.weight) if self.packed is not None else source.weight
+        # the source gives its dense weight up too: a caller walking the old modules (pack_linears' list) would
+        # otherwise keep every dense weight alive beside its packed copy until the walk ends (2x the weights)
+        source.weight = self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)
@@ -210,4 +214,6 @@ def pack_linears(root: nn.Module) -> int:
                     and (packed := PackedLinear(child)).packed is not None:
                 setattr(module, name, packed)
                 count += 1
+                if packed.weight.nbytes >= TRIM_AFTER:    # its dense copy is freed: the pages go back (heap.py)
+                    release_freed_memory()
     return count

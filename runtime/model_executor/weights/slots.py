@@ -31,6 +31,7 @@ class Slot:
     shape: tuple[int, ...]                    # full (unsharded) shape in the checkpoint
     load: Callable[[torch.Tensor], None]      # copies the tensor (or this rank's part) into place
     is_norm: bool = False                     # random init: ones instead of noise
+    target: torch.Tensor | None = None        # the parameter itself, where the slot is one whole parameter
 
 
 class WeightLoadError(ValueError):
@@ -91,7 +92,30 @@ def random_tensors(slots: Mapping[str, Slot], seed: int, std: float = 0.02) -> I
             yield name, torch.ones(slot.shape)
             continue
         gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
-        yield name, torch.randn(slot.shape, generator=gen).mul_(std)    # in place: one fp32 copy of a 2 GB table
+        target = slot.target
+        if target is not None and target.numel() >= DRAWN_IN_PLACE and target.is_contiguous():
+            yield name, _draw_into(target, gen, std)
+        else:
+            yield name, torch.randn(slot.shape, generator=gen).mul_(std)    # in place: one fp32 copy of the table
+
+
+DRAWN_IN_PLACE = 1 << 24     # elements (64 MB in fp32) from which a parameter's draw is written into it in pieces
+_DRAW_PIECE = 1 << 22        # elements per piece: a multiple of 16, torch's normal draws 16 values at a time
+
+
+def _draw_into(param: torch.Tensor, gen: torch.Generator, std: float) -> torch.Tensor:
+    """`param` filled with what `torch.randn(param.shape, generator=gen) * std` cast to its dtype holds, drawn a
+    piece at a time: a bf16 embedding of 257k x 2k rows never has its 2 GB fp32 draw beside it. The same values bit
+    for bit: torch's CPU normal draws its uniforms in order and transforms them 16 at a time, and redraws the last
+    16 values of a draw whose size is not a multiple of 16, so pieces of multiples of 16 (the last one at least 16
+    long) continue one sequence exactly (tests/runtime/weights/test_random_draw.py)."""
+    flat, n, start = param.detach().view(-1), param.numel(), 0
+    while start < n:
+        end = min(n, start + _DRAW_PIECE)
+        end = n if n - end < 16 else end
+        flat[start:end].copy_(torch.randn(end - start, generator=gen).mul_(std))
+        start = end
+    return param
 
 
 def parameter_slots(module: nn.Module) -> dict[str, Slot]:
@@ -99,7 +123,7 @@ def parameter_slots(module: nn.Module) -> dict[str, Slot]:
     # by class name (torch's or mstar's RMSNorm; importing runtime.model_executor.layers here would be circular)
     norm_weights = {f"{name}.weight" if name else "weight"
                     for name, m in module.named_modules() if type(m).__name__ in ("LayerNorm", "RMSNorm")}
-    return {name: Slot(tuple(param.shape), lambda t, p=param: _copy(p, t), is_norm=name in norm_weights)
+    return {name: Slot(tuple(param.shape), lambda t, p=param: _copy(p, t), is_norm=name in norm_weights, target=param)
             for name, param in module.named_parameters()}
 
 
@@ -112,7 +136,8 @@ def module_slots(module: nn.Module) -> dict[str, Slot]:
 
 @torch.no_grad()
 def _copy(param: torch.Tensor, tensor: torch.Tensor) -> None:
-    param.copy_(tensor)
+    if tensor is not param:      # a draw written into the parameter itself (`_draw_into`) is in place already
+        param.copy_(tensor)
 
 
 @contextmanager
