@@ -2,8 +2,8 @@
 
 glibc keeps freed chunks below its mmap threshold mapped (the threshold grows to 32 MB as large blocks are
 freed), so the fp32 parts of a bf16 model freed as it is cast, its random draws and the dense weights its packing
-replaced stay resident until trimmed: ~0.6 GiB of BAGEL's 10 GiB rank, 0.2 GiB of π0.5's action expert, which
-would count against the memory plan. Elsewhere than glibc there is nothing to call.
+replaced stay resident until trimmed, and would count against the memory plan (what that cost BAGEL and π0.5:
+docs/benchmark-log.md). Elsewhere than glibc there is nothing to call.
 """
 from __future__ import annotations
 
