@@ -30,8 +30,8 @@ A third row sets the GEMMs against the other floor a step has, compute: their FL
 `PEAK_SIZE`-square matrices that stay in cache, on the same threads, in the same run: in the
 step's dtype or in fp32, whichever is faster (a CPU without bf16 instructions emulates torch's bf16
 product at a few GFLOP/s, and a bf16 GEMM there computes in fp32 after an exact conversion, as
-mstar's AVX2 kernel does: the dtype's own rate would put the floor far above any real step). At batch 1 the bandwidth bound is the higher floor; as the batch grows the compute
-floor overtakes it, and the roofline row (the first of each case) holds the step against
+mstar's AVX2 kernel does: the dtype's own rate would put the floor far above any real step). At
+batch 1 the bandwidth bound is the higher floor; as the batch grows the compute floor overtakes it, and the roofline row (the first of each case) holds the step against
 whichever is higher in that round.
 """
 from __future__ import annotations
@@ -55,8 +55,8 @@ MSTAR = "mstar decode step (lm node of graphs/smollm2.yaml, worker loader, packe
 BOUND = "weight bytes / measured read bandwidth (torch.sum over 1 GiB, same threads, same run)"
 GEMMS = "the same step's GEMMs alone: every packed linear and the LM head on the batch's inputs, no other op"
 ROOFLINE = "the roofline floor: the larger of the bandwidth bound and the compute floor, per round (same run)"
-FLOOR = f"their FLOPs at torch.mm's rate on cache-resident {PEAK_SIZE}x{PEAK_SIZE} matrices (the step's dtype or fp32, " \
-        "whichever is faster; same threads, same run)"
+FLOOR = f"their FLOPs at torch.mm's rate on cache-resident {PEAK_SIZE}x{PEAK_SIZE} matrices " \
+        "(the step's dtype or fp32, whichever is faster; same threads, same run)"
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
