@@ -31,8 +31,9 @@ A third row sets the GEMMs against the other floor a step has, compute: their FL
 step's dtype or in fp32, whichever is faster (a CPU without bf16 instructions emulates torch's bf16
 product at a few GFLOP/s, and a bf16 GEMM there computes in fp32 after an exact conversion, as
 mstar's AVX2 kernel does: the dtype's own rate would put the floor far above any real step). At
-batch 1 the bandwidth bound is the higher floor; as the batch grows the compute floor overtakes it, and the roofline row (the first of each case) holds the step against
-whichever is higher in that round.
+batch 1 the bandwidth bound is the higher floor; as the batch grows the compute floor overtakes it,
+and the roofline row (the first of each case) holds the step against whichever is higher in that
+round.
 """
 from __future__ import annotations
 
