@@ -43,9 +43,11 @@ class KVPoolLedger:
     """One KV pool the conductor owns: every request's block table (module docstring)."""
 
     def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes | None = None,
-                 stop_ids: frozenset[int] = frozenset()) -> None:
+                 stop_ids: frozenset[int] = frozenset(), media_ids: frozenset[int] = frozenset()) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefix_root, self.stop_ids = prefix_root, stop_ids
+        # placeholder ids whose rows are named by the media item a Run reads (runtime/conductor/media_keys.py)
+        self.media_ids = media_ids if prefix_root is not None else frozenset()
         self.tables = KVBlockManager(num_blocks, block_size, prefix_root, stop_ids)
         self.peak_blocks = 0                          # most blocks ever held at once
         self._grown: set[int] = set()                 # requests grown since the last commit (prefix caching)
@@ -75,12 +77,13 @@ class KVPoolLedger:
         """Leading `tokens` (the request's next ones) a Run would reuse from the cache."""
         return self._reuse(request_id, tokens)
 
-    def needed(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
-        """Blocks growing by `n_new` tokens takes from the free ones (for a later chunk that reuses
-        cached blocks, an upper bound)."""
+    def needed(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None, reuse: int | None = None) -> int:
+        """Blocks growing by `n_new` tokens takes from the free ones, its first `reuse` in cached blocks
+        (None: as many as the cache holds), exactly: a later piece of a prompt too."""
+        reuse = self._reuse(request_id, tokens) if reuse is None else reuse
         if request_id in self.tables:
-            return self.tables.append_needs(request_id, n_new)
-        return self.tables.blocks_needed(n_new, tokens, self._reuse(request_id, tokens))
+            return self.tables.append_needs(request_id, n_new, tokens, reuse)
+        return self.tables.blocks_needed(n_new, tokens, reuse)
 
     def fits_alone(self, request_id: int, n_new: int) -> bool:
         """Whether the request's cache after growing fits the pool at all (with nobody else in it)."""
@@ -100,14 +103,15 @@ class KVPoolLedger:
             if used > self.peak_blocks:
                 self.peak_blocks = used
             return 0
-        if not self.can_grow(request_id, n_new, tokens=tokens):
+        reuse = self._reuse(request_id, tokens)    # looked up once for both
+        if self.needed(request_id, n_new, tokens, reuse) > self.tables.allocator.num_free:
             return None
-        return self.grow(request_id, n_new, tokens)
+        return self.grow(request_id, n_new, tokens, reuse)
 
-    def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
-        """Room for `n_new` more tokens (ids `tokens`, if known); returns the leading ones reused
-        from cached blocks (`WorkItem.cached`). OutOfBlocks if they do not fit."""
-        reuse = self._reuse(request_id, tokens)
+    def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None, reuse: int | None = None) -> int:
+        """Room for `n_new` more tokens (ids `tokens`, if known), the first `reuse` in cached blocks (None:
+        as many as the cache holds); returns those (`WorkItem.cached`). OutOfBlocks if they do not fit."""
+        reuse = self._reuse(request_id, tokens) if reuse is None else reuse
         if request_id in self.tables:
             copies = self.tables.append(request_id, n_new, tokens, reuse)
             if copies:
@@ -221,6 +225,7 @@ class ReportedPoolLedger:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.tokens: dict[int, int] = {}     # request id -> tokens in the cache (the cache counts blocks)
         self.cache, self.charged = cache, 0
+        self.media_ids: frozenset[int] = frozenset()   # the worker names its rows itself
         cache.members[node] = self
         cache.num_blocks += num_blocks
 
@@ -332,7 +337,8 @@ class KVLedger:
             root = bytes.fromhex(info.kv_prefix_key) if prefix_cache and info.kv_prefix_key and whole else None
             # a TP group's ranks decide alike but only the lead answers: counted as a plain pool
             self.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, root,
-                          frozenset(info.kv_prefix_stop_ids), reported_by=info.kv_reported if whole else "")
+                          frozenset(info.kv_prefix_stop_ids), reported_by=info.kv_reported if whole else "",
+                          media_ids=frozenset(info.kv_media_ids))
         for node in index.kv_nodes():
             if node.placement.tp_size > 1:
                 pools = [self.pool(r, node.name) for r in node.placement.ranks]
@@ -342,7 +348,7 @@ class KVLedger:
 
     def add_pool(self, rank: int, node: str, num_blocks: int, block_size: int,
                  prefix_root: bytes | None = None, stop_ids: frozenset[int] = frozenset(),
-                 reported_by: str = "") -> None:
+                 reported_by: str = "", media_ids: frozenset[int] = frozenset()) -> None:
         """`reported_by`: the node whose reports count the worker cache this pool is part of."""
         old = self.pools.get((rank, node))
         if isinstance(old, ReportedPoolLedger):    # a worker that joins again loads its nodes anew
@@ -352,7 +358,7 @@ class KVLedger:
             cache = self.reported_caches.setdefault((rank, reported_by), ReportedCache())
             self.pools[(rank, node)] = ReportedPoolLedger(num_blocks, block_size, cache, node)
         else:
-            self.pools[(rank, node)] = KVPoolLedger(num_blocks, block_size, prefix_root, stop_ids)
+            self.pools[(rank, node)] = KVPoolLedger(num_blocks, block_size, prefix_root, stop_ids, media_ids)
 
     def pool(self, rank: int, node: str) -> Pool | None:
         return self.pools.get((rank, node))

@@ -59,6 +59,9 @@ class MediaInput:
 
     value: Any              # what the encoder reads: a tensor (a waveform, an image)
     tokens: list[int]       # placeholder ids, one per encoder output row (and any markers around them)
+    # rows of `value` (its first dim, one per placeholder) that are separate media, each named alone by the
+    # prefix cache (runtime/conductor/media_keys.py): a realtime conversation's utterances; (): one medium
+    parts: tuple[int, ...] = field(default=(), kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class Request:
     finish_reason: str | None = None
     _caps: dict[Count, int] = field(default_factory=dict, repr=False)   # token_cap's answers
     steady: Any = field(default=None, repr=False)   # its SteadyRow while it decodes steadily (steady.py)
+    media_names: dict[int, list] = field(default_factory=dict, repr=False)   # input item -> media_keys.media_names
 
     # ---- transitions (the only way `state` changes) --------------------------------
 

@@ -28,8 +28,9 @@ from typing import Callable
 from runtime.conductor.batch import Entry, PlannedBatch
 from runtime.conductor.cursor import PendingRun
 from runtime.conductor.kv_ledger import KVLedger, Pool
+from runtime.conductor.media_keys import media_names, media_rows
 from runtime.conductor.plan_index import PlanIndex, RunFacts
-from runtime.conductor.request import Request, RequestState
+from runtime.conductor.request import MediaInput, Request, RequestState
 from runtime.conductor.steady import steady_row
 from runtime.conductor.streams import StreamLedger
 from runtime.transport.messages import Route, WorkItem
@@ -200,6 +201,8 @@ class Scheduler:
         pool = self.ledger.pools.get(key)
         n_new = len(entry.item.tokens)
         tokens = entry.item.tokens if not moved else None    # a moved cache's contents are not hashed
+        if tokens is not None and entry.read and pool is not None and pool.media_ids:
+            tokens = self._media_rows(req, entry.read, tokens, pool.media_ids)
         if n_new + entry.rows + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
             # only computed tokens count: cached ones cost the forward nothing (asked only when it matters)
             cached = pool.cached_prefix(req.request_id, tokens) if pool is not None and tokens is not None else 0
@@ -225,6 +228,19 @@ class Scheduler:
         entry.item.cached = cached
         pool.tell(req.request_id, entry.item)
         return True
+
+    @staticmethod
+    def _media_rows(req: Request, read: list[int], tokens: list[int], media_ids: frozenset[int]) -> list:
+        """The Run's rows as its pool keys them: when its tokens are the placeholders of a media item it
+        read, those named by the item (runtime/conductor/media_keys.py), else its token ids."""
+        for i in read:
+            value = req.input_items[i][1]
+            if isinstance(value, MediaInput) and tokens == value.tokens:
+                names = req.media_names.get(i)
+                if names is None:
+                    names = req.media_names[i] = media_names(value)
+                return media_rows(tokens, media_ids, names)
+        return tokens
 
     def _chunk(self, req: Request, entry: Entry, rank: int) -> None:
         """Cut the entry's prompt to its next chunk when it is prefilled in chunks."""

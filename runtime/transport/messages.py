@@ -75,6 +75,8 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     num_params: int = 0     # parameters this rank holds for the node (a tensor-parallel shard holds a part)
     kv_prefix_key: str = ""  # hex root key of the node's prefix cache ("": it caches no prefixes)
     kv_prefix_stop_ids: list[int] = []  # placeholder ids: a prompt holding one is not cached from it on
+    kv_media_ids: list[int] = []  # placeholder ids the conductor names by the media item a Run reads
+                                  # (runtime/conductor/media_keys.py); they stop caching only elsewhere
     prefill_chunks: bool = False  # its executor takes a prompt in chunks (`WorkItem.partial`)
     compiled_buckets: list[int] = []  # batch buckets of its inductor-compiled CPU decode steps ([]: eager)
     cpu_kernels: str = ""   # a decoder LM on CPU: "fused" (runtime/model_executor/kernels/cpu.py) or why its layers run torch ops

@@ -110,6 +110,7 @@ class Worker:
                      num_params=sum(p.numel() for p in module.parameters()),
                      kv_prefix_key=self.executors[name].kv_prefix_key,
                      kv_prefix_stop_ids=sorted(self.executors[name].kv_prefix_stop_ids),
+                     kv_media_ids=sorted(self.executors[name].kv_media_ids),
                      kv_reported=self.executors[name].kv_reported,
                      prefill_chunks=self.executors[name].chunks_prefill,
                      compiled_buckets=list(self.executors[name].compiled_buckets), grammars=grammars[name],

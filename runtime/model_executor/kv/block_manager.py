@@ -257,9 +257,21 @@ class KVBlockManager:
         cow = not replaced and last_partial and self.allocator.ref_count(table.blocks[-1]) > 1
         return fresh + int(cow), cow
 
-    def append_needs(self, req: RequestId, n: int) -> int:
-        """Fresh blocks `append(req, n)` takes when it reuses nothing (an upper bound when it does)."""
-        return self._append_needs(self._tables[req], n)[0]
+    def append_needs(self, req: RequestId, n: int, tokens: Sequence[Row] | None = None, reuse: int = 0) -> int:
+        """Free blocks `append(req, n, tokens, reuse)` takes: its fresh blocks (and a copy's), the reused
+        cached blocks nobody holds, less the partly filled last block a reuse gives back."""
+        return self._growth(self._tables[req], n, tokens, reuse, req)[0]
+
+    def _growth(self, table: BlockTable, n: int, tokens: Sequence[Row] | None, reuse: int,
+                req: RequestId) -> tuple[int, int, bool, list[int], list[int]]:
+        """(free blocks taken, fresh ones, whether the last block is copied, the reused cached blocks, the
+        table's blocks they replace) of growing `table` by `n` rows, the first `reuse` in cached blocks."""
+        reused = self._reused(tokens, reuse, after=req) if reuse else []
+        replaced = table.blocks[len(table.keys):] if reused else []   # its rows are in reused[0]
+        needed, cow = self._append_needs(table, n, reused, len(replaced))
+        evictable = sum(1 for b in reused if self.allocator.ref_count(b) == 0)
+        released = sum(1 for b in replaced if self.allocator.ref_count(b) == 1)
+        return needed + evictable - released, needed, cow, reused, replaced
 
     def can_append(self, req: RequestId, n: int) -> bool:
         return self.allocator.can_allocate(self.append_needs(req, n))
@@ -326,13 +338,9 @@ class KVBlockManager:
 
     def _grow(self, req: RequestId, n: int, tokens: Sequence[Row] | None, reuse: int) -> list[tuple[int, int]]:
         table = self._tables[req]
-        reused = self._reused(tokens, reuse, after=req)
-        replaced = table.blocks[len(table.keys):] if reused else []   # its rows are in reused[0]
-        needed, cow = self._append_needs(table, n, reused, len(replaced))
-        evictable = sum(1 for b in reused if self.allocator.ref_count(b) == 0)
-        released = sum(1 for b in replaced if self.allocator.ref_count(b) == 1)
-        if not self.allocator.can_allocate(needed + evictable - released):
-            raise OutOfBlocks(needed + evictable - released, self.allocator.num_free)
+        taken, needed, cow, reused, replaced = self._growth(table, n, tokens, reuse, req)
+        if not self.allocator.can_allocate(taken):
+            raise OutOfBlocks(taken, self.allocator.num_free)
         if reused:
             parent, pending = self._chain_end(req)
             self.allocator.claim(reused)     # first: allocating fresh blocks must not evict these

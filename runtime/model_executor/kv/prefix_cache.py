@@ -6,7 +6,7 @@ dtype, block size), so equal keys mean equal KV contents. `prefix_root` builds t
 `chain_keys` the keys of a row sequence's full blocks. A row is a token id (int) or, for
 models whose rows are not all tokens (BAGEL's image rows, the Qwen3-Omni thinker's media rows), a
 byte string naming its content, encoded so that no other row sequence spells the same bytes
-(runtime/models/bagel/row_keys.py, runtime/models/qwen3_omni/row_keys.py). `tail_key` names the first rows of a
+(runtime/models/bagel/row_keys.py, runtime/conductor/media_keys.py). `tail_key` names the first rows of a
 partly filled block: a model whose inputs cannot be computed from the middle (an image's
 rows attend to each other) reuses a cached input whole, its last partial block copied.
 

@@ -33,9 +33,9 @@ blocks of its table and are not computed. Off when the plan reads the node's
 hidden states (a cached token has none) unless the executor says its state outputs need no
 forward of the cached rows (`states_need_forward = False`), and for subclasses unless they ask
 for it. A node fed embeddings caches only with declared `placeholder_ids`, which stop caching
-(`kv_prefix_stop_ids`): their ids do not say what was embedded there. A subclass that can name
-what its embedded rows hold keys them itself and decides reuse on the worker (the Qwen3-Omni
-thinker: its own `KVBlockManager`, overriding `_reserve` and `import_kv`).
+(`kv_prefix_stop_ids`): their ids do not say what was embedded there, unless the executor lets the
+conductor name them by the media item a Run reads (`kv_media_ids`, runtime/conductor/media_keys.py:
+the Qwen3-Omni thinker).
 """
 from __future__ import annotations
 
@@ -250,7 +250,8 @@ class DecoderLMExecutor(Executor):
             given = self._embeds.setdefault(item.request_id, [])
             if "embeds" in ins:
                 given.append(ins["embeds"].to(self.device))
-            held = given if start == 0 else given[-1:] if "embeds" in ins else []   # start 0: a whole history
+            # a Run from cache position 0 re-feeds a whole history (its reused rows' embeds skipped below)
+            held = given if start == item.cached else given[-1:] if "embeds" in ins else []
             at = [i for i, t in enumerate(item.tokens) if not self.placeholder_ids or t in self.placeholder_ids]
             if held and sum(e.shape[0] for e in held) != len(at):
                 raise ValueError(f"node '{self.node.name}': request {item.request_id} has {len(at)} placeholder "

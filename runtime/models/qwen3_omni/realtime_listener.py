@@ -67,7 +67,8 @@ class OmniListener:
         else:       # the history up to the last utterance in one Run (its rows at its placeholders), the rest
             tokens = [t for start, end, rows in zip([-1] + at, at, heard)
                       for t in ids[start + 1:end] + [pad] * len(rows)]
-            items = [("audio", MediaInput(torch.cat(heard), tokens)), ("text", ids[at[-1] + 1:])]
+            parts = tuple(len(rows) for rows in heard)       # each utterance named alone: a turn reuses the last's
+            items = [("audio", MediaInput(torch.cat(heard), tokens, parts=parts)), ("text", ids[at[-1] + 1:])]
         return items, {"audio_input": "rows", **self.inputs.request_params(items)}
 
 

@@ -47,6 +47,7 @@ class Executor(Protocol):
     # whose blocks may not be shared by id alone (placeholders an encoder fills)
     kv_prefix_key: str = ""
     kv_prefix_stop_ids: frozenset[int] = frozenset()
+    kv_media_ids: frozenset[int] = frozenset()   # placeholders named by their media item (conductor/media_keys.py)
     kv_reported: str = ""                 # the node whose pool the conductor counts from this rank's reports
     chunks_prefill: bool = False          # long prompts may come in chunks, one Run each
     compiled_buckets: tuple[int, ...] = ()   # batch sizes with a compiled step
