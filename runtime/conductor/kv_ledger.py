@@ -9,15 +9,17 @@ blocks); the worker keeps its copy (runtime/model_executor/kv/block_tables.py) a
 so it never runs out and never disagrees. Full blocks are keyed (`commit`) once the pass's batches are
 formed: the worker runs a pool's batches in order, so a later batch that reuses them reads what the
 earlier one wrote; a batch that fails un-keys what it was to write (`forget`). Placeholder ids
-(`NodeInfo.kv_prefix_stop_ids`) stop caching. Admission is exact: a request is charged the blocks it
-really takes, reused ones included or not as they are held.
+(`NodeInfo.kv_prefix_stop_ids`) stop caching, unless the Run's tokens are the placeholders of a media
+item and the node names those by it (`NodeInfo.kv_media_ids`, runtime/conductor/media_keys.py: the
+Qwen3-Omni thinker). Admission is exact: a request is charged the blocks it really takes, reused ones
+included or not as they are held, a later piece of its prompt too (`needed`).
 
 A pool whose worker decides reuse itself (BAGEL: rows named by digests of the encoders' output,
-the Qwen3-Omni thinker: media rows named by their embeds; runtime/model_executor/kv/prefix_cache.py) is a
-`ReportedPoolLedger`: the conductor cannot know beforehand which blocks its worker will share,
-so it counts what the worker reports. Each BatchDone (and a `KVUsage` after a close) carries
-the blocks the worker's cache holds right then (`NodeInfo.kv_reported` names the node that
-reports for a cache several nodes share: BAGEL's three CFG branches). The pool's use is that
+runtime/model_executor/kv/prefix_cache.py) is a `ReportedPoolLedger`: the conductor cannot know
+beforehand which blocks its worker will share, so it counts what the worker reports. Each
+BatchDone (and a `KVUsage` after a close) carries the blocks the worker's cache holds right then
+(`NodeInfo.kv_reported` names the node that reports for a cache several nodes share: BAGEL's
+three CFG branches). The pool's use is that
 count plus the blocks charged, in full (every block new, one more for a copy-on-write of a
 shared partly filled last block), to Runs the worker has not yet answered. That is an upper
 bound at every moment: what a report counts can only shrink by frees, and what it has not seen

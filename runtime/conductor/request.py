@@ -122,6 +122,7 @@ class Request:
     _caps: dict[Count, int] = field(default_factory=dict, repr=False)   # token_cap's answers
     steady: Any = field(default=None, repr=False)   # its SteadyRow while it decodes steadily (steady.py)
     media_names: dict[int, list] = field(default_factory=dict, repr=False)   # input item -> media_keys.media_names
+    placed_pass: int = 0                   # the scheduling pass that last placed a Run of it (--batch-invariant turns)
 
     # ---- transitions (the only way `state` changes) --------------------------------
 

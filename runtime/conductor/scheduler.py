@@ -85,6 +85,7 @@ class Scheduler:
         self._batch_limit = {n: 1 if config.batch_invariant else node.max_batch for n, node in index.nodes.items()}
         self._tp = {n: node.placement.tp_size > 1 for n, node in index.nodes.items()}
         self._facts = index.facts_memo     # (walk, node) -> RunFacts asked so far (index.facts adds the rest)
+        self._passes = 0                   # scheduling passes so far (`Request.placed_pass` counts in them)
 
     def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
                  ready_ranks: set[int], cohorts: set[tuple[int, str]] = frozenset()) -> list[PlannedBatch]:
@@ -113,7 +114,15 @@ class Scheduler:
             if req.isolated:
                 self._place(req, batches, ready_ranks, placed, admitting=True)
         num_admitted = len(running) + len(placed)     # so far `placed` holds only those suspects
-        if any(r.isolated for r in running):          # stable: suspects first, else in order
+        self._passes += 1
+        if self.config.batch_invariant:
+            # one Run per batch: requests take turns, the least recently placed first (suspects before all), and
+            # every other pass admission goes first; else the first running request takes every batch of its
+            # node until it ends and a request arriving meanwhile waits for the whole answer
+            running = sorted(running, key=lambda r: (not r.isolated, r.placed_pass))
+            if self._passes % 2 == 0:
+                num_admitted = self._admit(waiting, batches, ready_ranks, placed, num_admitted)
+        elif any(r.isolated for r in running):        # stable: suspects first, else in order
             running = sorted(running, key=lambda r: not r.isolated)
         for req in running:
             if not self._open:                        # every batch is full or in flight: the rest wait
@@ -122,6 +131,16 @@ class Scheduler:
                 row = req.steady
                 if row is None or not row.place(req, batches, self._open, ready_ranks, placed):
                     self._place(req, batches, ready_ranks, placed, admitting=False)
+        self._admit(waiting, batches, ready_ranks, placed, num_admitted)
+        if self.config.batch_invariant:
+            for req in (*running, *self.admitted):
+                if req.request_id in placed:
+                    req.placed_pass = self._passes
+        self.ledger.commit()     # the workers cache these batches' full blocks once they have run
+        return [b for b in batches.values() if b.entries]
+
+    def _admit(self, waiting: list[Request], batches: dict, ready_ranks: set, placed: set, num_admitted: int) -> int:
+        """Admit waiting requests in order while they fit; the number admitted (running) after it."""
         for req in waiting:
             if num_admitted >= self.config.max_running or not self._open:
                 break
@@ -133,8 +152,7 @@ class Scheduler:
                 break   # FIFO: a request that does not fit holds the ones behind it
             num_admitted += req.request_id in placed   # one with nothing to run yet takes no slot (a realtime
                                                        # utterance waiting for its stream's first window)
-        self.ledger.commit()     # the workers cache these batches' full blocks once they have run
-        return [b for b in batches.values() if b.entries]
+        return num_admitted
 
     def _place(self, req: Request, batches: dict, ready_ranks: set, placed: set, *, admitting: bool) -> bool:
         """Add the request's ready runs to batches; False if it must wait for KV room.

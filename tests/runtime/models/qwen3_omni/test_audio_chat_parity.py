@@ -23,6 +23,7 @@ from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_fe
 
 from mstar_compiler.pipeline import Options, compile_file
 from runtime.conductor.request import MediaInput
+from runtime.conductor.local_run import LocalRun
 from runtime.worker.executors import executor_for
 from runtime.entrypoints.http.chat_inputs import chat_inputs_for
 from runtime.text import ByteTokenizer
@@ -58,6 +59,7 @@ def served(tmp_path_factory):
     modules = {n: build_module(plan.node(n), None).eval() for n in ("thinker", "audio_enc")}
     reference = randomized_thinker(modules["thinker"], modules["audio_enc"])
     executors = {n: executor_for(plan.node(n), m, 0, plan) for n, m in modules.items()}
+    executors["thinker"] = LocalRun(executors["thinker"])      # its tables, as the conductor keeps them
     return plan, reference, executors
 
 
@@ -72,12 +74,13 @@ def reference_ids(num_pads: int, question: bytes) -> list[int]:
 def run_items(executors, items, params: dict | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Our thinker's last-row logits after the whole prompt and after each greedy decode step; the
     (3, N) M-RoPE positions of every row it fed."""
-    thinker = executors["thinker"]
+    run = executors["thinker"]
+    thinker = run.executor
     logits, positions = [], []
     spy_logits, spy_positions = thinker.model.compute_logits, thinker.positions
     thinker.model.compute_logits = lambda h: logits.append(spy_logits(h)) or logits[-1]
     thinker.positions = lambda item, start: positions.append(spy_positions(item, start)) or positions[-1]
-    thinker.open(1, RequestParams(sampling=SamplingParams(temperature=0.0), family=dict(params or {})))
+    run.open(1, RequestParams(sampling=SamplingParams(temperature=0.0), family=dict(params or {})))
     try:
         for dtype, value in items:
             if isinstance(value, MediaInput):
@@ -87,13 +90,13 @@ def run_items(executors, items, params: dict | None = None) -> tuple[list[torch.
                 embeds = {"embeds": enc.outputs["hidden"]}
                 if "deepstack" in enc.outputs:
                     embeds["deepstack"] = enc.outputs["deepstack"]
-                result = thinker.run([WorkItem(request_id=1, step=1, walk=walk, tokens=value.tokens)], [embeds])
+                result = run.run([WorkItem(request_id=1, step=1, walk=walk, tokens=value.tokens)], [embeds], [value])
             else:
-                result = thinker.run([WorkItem(request_id=1, step=0, walk="read_text", tokens=value)], [{}])
+                result = run.run([WorkItem(request_id=1, step=0, walk="read_text", tokens=value)], [{}])
         for _ in range(DECODE_STEPS):
-            result = thinker.run([WorkItem(request_id=1, step=0, walk="think", tokens=result[0].tokens)], [{}])
+            result = run.run([WorkItem(request_id=1, step=0, walk="think", tokens=result[0].tokens)], [{}])
     finally:
-        thinker.close(1, kv_only=False)
+        run.close(1, kv_only=False)
         thinker.model.compute_logits, thinker.positions = spy_logits, spy_positions
     return logits[len(items) - 1:], torch.cat(positions, dim=-1)    # from the prompt's last row on
 

@@ -23,6 +23,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from mstar_compiler.pipeline import Options, compile_file
 from runtime.conductor.request import MediaInput
+from runtime.conductor.local_run import LocalRun
 from runtime.worker.executors import executor_for
 from runtime.models.qwen3_omni.vision_grid import patchify, patchify_frames
 from runtime.entrypoints.http.chat_inputs import chat_inputs_for
@@ -64,6 +65,7 @@ def served():
     modules = {n: build_module(plan.node(n), None).eval() for n in ("thinker", "audio_enc", "vision_enc")}
     reference = randomized_thinker(modules["thinker"], modules["audio_enc"], vision=modules["vision_enc"])
     executors = {n: executor_for(plan.node(n), m, 0, plan) for n, m in modules.items()}
+    executors["thinker"] = LocalRun(executors["thinker"])      # its tables, as the conductor keeps them
     return plan, reference, executors
 
 
@@ -211,7 +213,8 @@ def test_the_prompt_streams_to_the_talker_as_one_item_with_layer_states_at_pictu
                 (enc,) = vision.run([WorkItem(request_id=1, step=0, walk="read_image")], [{"image": value.value}])
                 ins = {"embeds": enc.outputs["hidden"], "deepstack": enc.outputs["deepstack"]}
             tokens = value.tokens if isinstance(value, MediaInput) else value
-            (result,) = thinker.run([WorkItem(request_id=1, step=0, walk=f"read_{dtype}", tokens=tokens)], [ins])
+            media = [value if isinstance(value, MediaInput) else None]
+            (result,) = thinker.run([WorkItem(request_id=1, step=0, walk=f"read_{dtype}", tokens=tokens)], [ins], media)
             outputs.append(result.outputs)
     finally:
         thinker.close(1, kv_only=False)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mstar_compiler.pipeline import Options, compile_file
+from runtime.conductor.local_run import LocalRun
 from runtime.worker.executors import executor_for
 from runtime.model_executor.sampling import SamplingParams
 from runtime.transport.messages import WorkItem
@@ -24,10 +25,12 @@ def thinker_parts():
 
 
 def _decode_logits(plan, module, batched: bool) -> torch.Tensor:
-    thinker = executor_for(plan.node("thinker"), module, 0, plan)
+    run = LocalRun(executor_for(plan.node("thinker"), module, 0, plan))    # its tables, as the conductor keeps them
+    thinker = run.executor
     assert thinker.mrope is not None            # the plan reads pictures: (3, n) positions
     got, spy = [], thinker.model.compute_logits
     thinker.model.compute_logits = lambda h: got.append(spy(h)) or got[-1]
+    thinker = run
     for rid, prompt in PROMPTS.items():
         thinker.open(rid, RequestParams(sampling=SamplingParams(temperature=0.0)))
         thinker.run([WorkItem(request_id=rid, tokens=prompt)], [{}])

@@ -1,4 +1,4 @@
-"""The conductor counts the Qwen3-Omni thinker's KV pool from its worker's reports
+"""The conductor owns the Qwen3-Omni thinker's block tables and decides its prefix reuse
 (runtime/conductor/kv_ledger.py), so chats whose system prompt is cached cost only the blocks they
 really take: on a pool too small for three chats' full blocks, three chats that share their system
 prompt run at once, none held for room, and answer as they do alone.
