@@ -169,6 +169,10 @@ class Family:
     executors: Mapping[str, str] = field(default_factory=dict)
     # "module:attr" of its `FamilyServing` (runtime/entrypoints/http/families.py); "" = the generic server's
     serving: str = ""
+    # executor name -> "module:factory" of the KV rows its Runs write, for a KV node whose Runs' tokens do not
+    # count them (the Qwen3-Omni talker reads its prompt from a stream): factory(plan, node) gives
+    # rows(prompt_ids, held) -> the rows of the request's next Run, which the conductor grows its table by
+    kv_rows: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         kinds = {spec.kind for spec in self.kinds}

@@ -357,4 +357,5 @@ FAMILY = Family(
         "qwen3_omni_code2wav": "runtime.models.qwen3_omni.executors:code2wav_executor",
     },
     serving="runtime.models.qwen3_omni.serving:SERVING",
+    kv_rows={"qwen3_omni_talker": "runtime.models.qwen3_omni.executors:talker_kv_rows"},
 )

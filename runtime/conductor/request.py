@@ -121,7 +121,7 @@ class Request:
     finish_reason: str | None = None
     _caps: dict[Count, int] = field(default_factory=dict, repr=False)   # token_cap's answers
     steady: Any = field(default=None, repr=False)   # its SteadyRow while it decodes steadily (steady.py)
-    media_names: dict[int, list] = field(default_factory=dict, repr=False)   # input item -> media_keys.media_names
+    media_names: dict[int, list] | None = field(default=None, repr=False)   # input item -> media_keys.media_names
     placed_pass: int = 0                   # the scheduling pass that last placed a Run of it (--batch-invariant turns)
 
     # ---- transitions (the only way `state` changes) --------------------------------
@@ -188,6 +188,11 @@ class Request:
             if item >= 0 and dtype == "tokens" and isinstance(value, MediaInput):
                 return i, value.tokens          # an LM reading a media item: its placeholders
         return None
+
+    def prompt_ids(self) -> list[int]:
+        """Every token id of the request's inputs in order, a media item's placeholders for it: the prompt."""
+        return [t for _, value in self.input_items
+                for t in (value.tokens if isinstance(value, MediaInput) else value if isinstance(value, list) else ())]
 
     def media_rows(self, item: int) -> int:
         """The rows input item `item` stands for in an LM's context when it is a media item (0 otherwise):

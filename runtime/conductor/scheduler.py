@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from mstar_compiler.catalogue import load_families, load_ref
+from mstar_compiler.plan import Plan
 from runtime.conductor.batch import Entry, PlannedBatch
 from runtime.conductor.cursor import PendingRun
 from runtime.conductor.kv_ledger import KVLedger, Pool
@@ -59,6 +61,13 @@ class SchedulerConfig:
     prefill_chunk_alone_tokens: int = 1024
 
 
+def kv_row_rules(plan: Plan) -> dict[str, Callable[[list[int], int], int]]:
+    """node -> the rows its next Run writes, for the KV nodes whose family declares them (`Family.kv_rows`)."""
+    declared = {name: ref for family in load_families().values() for name, ref in family.kv_rows.items()}
+    return {n.name: load_ref(declared[n.executor])(plan, n)
+            for n in plan.nodes if n.kv_pools and n.executor in declared}
+
+
 class Scheduler:
     """Forms batches; owns nothing but the decision (state lives in requests and the ledger)."""
 
@@ -86,6 +95,7 @@ class Scheduler:
         self._tp = {n: node.placement.tp_size > 1 for n, node in index.nodes.items()}
         self._facts = index.facts_memo     # (walk, node) -> RunFacts asked so far (index.facts adds the rest)
         self._passes = 0                   # scheduling passes so far (`Request.placed_pass` counts in them)
+        self._kv_rows = kv_row_rules(index.plan)    # node -> rows(prompt ids, held) of a node whose tokens do not say
 
     def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
                  ready_ranks: set[int], cohorts: set[tuple[int, str]] = frozenset()) -> list[PlannedBatch]:
@@ -219,6 +229,8 @@ class Scheduler:
         pool = self.ledger.pools.get(key)
         n_new = len(entry.item.tokens)
         tokens = entry.item.tokens if not moved else None    # a moved cache's contents are not hashed
+        if key[1] in self._kv_rows and pool is not None:     # its rows are not its tokens (Family.kv_rows)
+            n_new, tokens = self._kv_rows[key[1]](req.prompt_ids(), pool.held(req.request_id)), None
         if tokens is not None and entry.read and pool is not None and pool.media_ids:
             tokens = self._media_rows(req, entry.read, tokens, pool.media_ids)
         if n_new + entry.rows + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
@@ -254,10 +266,10 @@ class Scheduler:
         for i in read:
             value = req.input_items[i][1]
             if isinstance(value, MediaInput) and tokens == value.tokens:
-                names = req.media_names.get(i)
-                if names is None:
-                    names = req.media_names[i] = media_names(value)
-                return media_rows(tokens, media_ids, names)
+                known = req.media_names = req.media_names or {}
+                if i not in known:
+                    known[i] = media_names(value)
+                return media_rows(tokens, media_ids, known[i])
         return tokens
 
     def _chunk(self, req: Request, entry: Entry, rank: int) -> None:

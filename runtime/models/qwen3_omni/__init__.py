@@ -35,8 +35,9 @@ Talker track (qwen3_omni_talker + qwen3_omni_code_predictor, one rank):
       step.is_eos[i]: request i has finished speaking -> finish its code2wav stream
       else: push step.frames[i] to the code2wav stream; keep step.frame_embed[i]
     Positions: 0..P-1 then +1 per step for text prompts (3-D M-RoPE rows for multimodal
-    prompts come from the thinker's rope index). `generate_frames` is this loop for
-    requests whose text is complete (tests use it against transformers' generate).
+    prompts come from the thinker's rope index). `speak_step` and `generate_frames`
+    (tests/runtime/models/qwen3_omni/speech_reference.py) are this loop for requests whose
+    text is complete (tests compare it with transformers' generate).
 
 Code2wav track (qwen3_omni_code2wav), per stream release of LeftContext(chunk 25, context 25):
     audio = code2wav.decode_chunks([chunk.items (F_i, G)], [chunk.num_context])   # new samples (S_i,)

@@ -25,21 +25,22 @@ How the plan's tracks map onto these executors (graphs/qwen3_omni.yaml, task voi
                   which it reports as `finished="eos"` to end the `speak` loop.
   code2wav track  `Code2WavExecutor`, per chunk of `codec_frames` (left context 25 + 25).
 
-The talker and code predictor decode greedily (as `runtime.models.qwen3_omni.speech.speak_step`).
+The talker and code predictor decode greedily (as the reference loop's `speak_step`,
+tests/runtime/models/qwen3_omni/speech_reference.py).
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from mstar_compiler.plan import Node, Plan
 from runtime.worker.executors import CachelessExecutor, ExecResult, Executor
-from runtime.model_executor.kv import KVBlockManager
+from runtime.model_executor.kv import BlockTables
 from runtime.models.qwen3_omni.thinker import ThinkerExecutor
-from runtime.models.qwen3_omni.talker_prompt import TalkerText, talker_prompt
+from runtime.models.qwen3_omni.talker_prompt import TalkerText, prompt_rows, talker_prompt
 from runtime.streams.chunk_policy import Chunk
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
@@ -131,14 +132,18 @@ def _items(chunks: list[Chunk]) -> list[dict[str, torch.Tensor]]:
 
 
 class TalkerExecutor(Executor):
-    """The `qwen3_omni_talker` node: paged KV cache, per-request text rows, codebook 0."""
+    """The `qwen3_omni_talker` node: paged KV cache, per-request text rows, codebook 0.
+
+    The conductor owns its block tables (runtime/conductor/kv_ledger.py): a Run's rows are not its tokens
+    (it has none), so the family declares how many each writes (`talker_kv_rows`: the prompt's on a request's
+    first Run, `prompt_rows` of its thinker prompt, then one), and each Run is told what changed in its table."""
 
     def __init__(self, node: Node, talker: nn.Module, rank: int) -> None:
         pool = next(p for p in node.kv_pools if p.rank == rank)
         self.talker = talker
         self.kv_blocks, self.kv_block_size = pool.num_blocks, pool.block_tokens
         self.cache = talker.make_kv_cache(pool.num_blocks, pool.block_tokens)
-        self.blocks = KVBlockManager(pool.num_blocks, pool.block_tokens)
+        self.blocks = BlockTables(pool.num_blocks, pool.block_tokens)
         self.device = self.cache.k[0].device
         self.eos = int(talker.dims["codec_eos_token_id"])
         self._texts: dict[int, TalkerText] = {}
@@ -149,14 +154,13 @@ class TalkerExecutor(Executor):
         self._speakers[request_id] = str(params.family.get("speaker", DEFAULT_SPEAKER))
 
     def close(self, request_id: int, kv_only: bool) -> None:
-        if request_id in self.blocks:
-            self.blocks.free(request_id)
+        self.blocks.free(request_id)
         if not kv_only:
             self._texts.pop(request_id, None)
             self._speakers.pop(request_id, None)
 
     def kv_used_blocks(self) -> int:
-        return self.kv_blocks - self.blocks.allocator.num_free
+        return self.blocks.used_blocks()
 
     def _rows(self, item: WorkItem, ins: dict[str, Any]) -> torch.Tensor:
         """This step's input rows (n, hidden): the prompt on the first Run, else one decode row."""
@@ -167,6 +171,9 @@ class TalkerExecutor(Executor):
             embeds = torch.cat([it["value"] for it in head])                     # (T+1, Dt)
             rows = talker_prompt(self.talker, head[0]["ids"], embeds, head[0].get("mm"), head[0]["tts"],
                                  self._speakers.get(rid, DEFAULT_SPEAKER))
+            if rows.shape[0] != prompt_rows(head[0]["ids"].tolist(), self.talker.dims):    # what was charged
+                raise ValueError(f"request {rid}: a talker prompt of {rows.shape[0]} rows, not the "
+                                 f"{prompt_rows(head[0]['ids'].tolist(), self.talker.dims)} its prompt ids make")
             self._texts[rid] = TalkerText(self.talker, head[0]["tts"])
         else:
             rows, rest = None, news
@@ -177,18 +184,12 @@ class TalkerExecutor(Executor):
             text.finish()
         return rows if rows is not None else (ins["frame_embed"].to(self.device) + text.next_row())[None]   # (1, H)
 
-    def _reserve(self, rid: int, n: int) -> None:
-        if rid not in self.blocks:
-            self.blocks.allocate(rid, n)
-            return
-        for src, dst in self.blocks.append(rid, n):
-            self.cache.copy_blocks([(src, dst)])
-
     @torch.inference_mode()
     def run(self, items: list[WorkItem], inputs: list[dict[str, Any]]) -> list[ExecResult]:
         rows = [self._rows(item, ins) for item, ins in zip(items, inputs)]
-        for item, r in zip(items, rows):
-            self._reserve(item.request_id, r.shape[0])
+        for item, r in zip(items, rows):      # the table as the conductor told it, holding the Run's rows
+            self.blocks.take(item.request_id, item.kv_at, item.kv_blocks, item.kv_copies, self.cache)
+            self.blocks.grow(item.request_id, r.shape[0])
         schedule = [(item.request_id, r.shape[0]) for item, r in zip(items, rows)]
         batch = self.blocks.metadata(schedule, device=self.device)
         positions = torch.cat([torch.arange(self.blocks.num_tokens(rid) - n, self.blocks.num_tokens(rid),
@@ -277,6 +278,13 @@ def audio_encoder_executor(plan: Plan, node: Node, module: nn.Module, rank: int)
 
 def talker_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> TalkerExecutor:
     return TalkerExecutor(node, module, rank)
+
+
+def talker_kv_rows(plan: Plan, node: Node) -> Callable[[Sequence[int], int], int]:
+    """The rows a talker Run writes, for the conductor (`Family.kv_rows`): given the request's prompt ids
+    and the rows its table holds, the talker prompt's on its first Run (`prompt_rows`), else one."""
+    dims = node.dims
+    return lambda prompt_ids, held: 1 if held else prompt_rows(prompt_ids, dims)
 
 
 def code_predictor_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> CodePredictorExecutor:

@@ -19,7 +19,7 @@ positions of the thinker's rope index over the same rows (computed by the thinke
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from runtime.models.qwen3_omni.qwen3_omni_talker import Qwen3OmniTalker
 
 NUM_ASSISTANT_TEXT_ROWS = 4  # im_start, "assistant", "\n", first generated token
+NUM_ASSISTANT_ROWS = NUM_ASSISTANT_TEXT_ROWS + 5   # with the four tts_pad rows and tts_bos between them
 
 
 def user_positions(prompt_ids: torch.Tensor, dims: Mapping[str, Any]) -> torch.Tensor:
@@ -46,6 +47,12 @@ def assistant_start(prompt_ids: torch.Tensor, dims: Mapping[str, Any]) -> int:
     if not len(found):
         raise ValueError("the thinker prompt has no '<|im_start|>assistant' turn for the talker to speak")
     return int(found[-1])
+
+
+def prompt_rows(prompt_ids: Sequence[int], dims: Mapping[str, Any]) -> int:
+    """How many rows `talker_prompt` makes of a thinker prompt: one per user-turn position, and the
+    assistant turn's (what the conductor charges the talker's first Run; runtime/models/qwen3_omni/executors.py)."""
+    return len(user_positions(torch.tensor(list(prompt_ids), dtype=torch.long), dims)) + NUM_ASSISTANT_ROWS
 
 
 def talker_prompt(talker: Qwen3OmniTalker, prompt_ids: torch.Tensor, thinker_embeds: torch.Tensor,

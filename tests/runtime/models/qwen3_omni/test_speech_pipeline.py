@@ -13,7 +13,7 @@ import torch
 
 from tests.runtime.models.qwen3_omni.omni_reference import checkpoint_tensors, hf_model, omni_config, preset, randomize
 from runtime.model_executor.components import component_class
-from runtime.models.qwen3_omni.speech import generate_frames
+from tests.runtime.models.qwen3_omni.speech_reference import generate_frames
 from runtime.models.qwen3_omni.talker_prompt import TalkerText, talker_prompt
 
 TALKER = preset("qwen3_omni_talker")

@@ -1,10 +1,11 @@
-"""One talker step for a batch (`speak_step`) and a reference loop over it (`generate_frames`).
+"""A reference talker loop for tests: one step for a batch (`speak_step`) and whole requests (`generate_frames`).
 
-`speak_step` is what the worker runs per talker iteration: the talker forward over the
-batch's packed rows (prefill chunks and decode rows), codebook 0 sampled from the
-speakable ids, then the code predictor's inner loop for every request that did not say
-EOS. `generate_frames` drives whole requests with a paged cache; the conductor does the
-same interleaved with the thinker and code2wav (runtime/models/qwen3_omni/__init__.py).
+`speak_step` is the talker iteration the served nodes split between them (runtime/models/qwen3_omni/executors.py:
+`TalkerExecutor`, `CodePredictorExecutor`): the talker forward over the batch's packed rows (prefill chunks and
+decode rows), codebook 0 sampled from the speakable ids, then the code predictor's inner loop for every request
+that did not say EOS. `generate_frames` drives whole requests with its own paged cache and allocator (a
+reference, compared with transformers' generate, not served code); the conductor does the same interleaved with
+the thinker and code2wav (runtime/models/qwen3_omni/__init__.py).
 """
 from __future__ import annotations
 
