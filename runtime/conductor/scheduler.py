@@ -230,7 +230,8 @@ class Scheduler:
         n_new = len(entry.item.tokens)
         tokens = entry.item.tokens if not moved else None    # a moved cache's contents are not hashed
         if key[1] in self._kv_rows and pool is not None:     # its rows are not its tokens (Family.kv_rows)
-            n_new, tokens = self._kv_rows[key[1]](req.prompt_ids(), pool.held(req.request_id)), None
+            held = pool.held(req.request_id)                  # the prompt is read for a first Run only
+            n_new, tokens = self._kv_rows[key[1]](req.prompt_ids() if not held else [], held), None
         if tokens is not None and entry.read and pool is not None and pool.media_ids:
             tokens = self._media_rows(req, entry.read, tokens, pool.media_ids)
         if n_new + entry.rows + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
