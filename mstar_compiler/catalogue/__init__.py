@@ -170,8 +170,9 @@ class Family:
     # "module:attr" of its `FamilyServing` (runtime/entrypoints/http/families.py); "" = the generic server's
     serving: str = ""
     # executor name -> "module:factory" of the KV rows its Runs write, for a KV node whose Runs' tokens do not
-    # count them (the Qwen3-Omni talker reads its prompt from a stream): factory(plan, node) gives
-    # rows(prompt_ids, held) -> the rows of the request's next Run, which the conductor grows its table by
+    # say them (the Qwen3-Omni talker reads its prompt from a stream; BAGEL's LM lays out text and pictures):
+    # factory(plan, node) gives rule(KVRun) -> KVRows (runtime/model_executor/kv/run_rows.py), what the
+    # conductor grows and keys the request's table by
     kv_rows: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -257,4 +257,5 @@ FAMILY = Family(
         "cfg_combine": "runtime.models.bagel.executors:cfg_executor",
     },
     serving="runtime.models.bagel.serving:SERVING",
+    kv_rows={"bagel_mot_lm": "runtime.models.bagel.row_keys:bagel_kv_rows"},
 )

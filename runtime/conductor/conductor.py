@@ -35,7 +35,7 @@ from runtime.ranks.start_watch import StartFailed, StartWatch
 from runtime.conductor.streams import StreamLedger
 from runtime.ranks.workers import WorkerSet
 from runtime.transport.messages import (
-    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, ItemResult, KVUsage, MoveKV, OpenRequest, PeerUnreachable,
+    BatchDone, BatchFailed, CloseRequest, Heartbeat, Hello, ItemResult, MoveKV, OpenRequest, PeerUnreachable,
     Peers, Ready, RunBatch, Shutdown, StreamItems,
 )
 from runtime.transport.keys import cluster_keys, start_guard
@@ -91,7 +91,7 @@ class Conductor:
                                  set(self.config.remote_ranks), self.config.weights, self.config.log_level,
                                  key_files, self.config.worker_host, self.config.launcher, self.guard.admission,
                                  keys.server_public)
-        self.joining = Joining(self.plan, self.workers, self._send, self.config.prefix_cache)
+        self.joining = Joining(self.plan, self.workers, self._send)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._tick()),
                        asyncio.create_task(self._loop())]
         self.workers.start_local()
@@ -302,8 +302,6 @@ class Conductor:
             self._rank_ready(rank, msg)
         elif isinstance(msg, Heartbeat):
             self._beat(rank, msg)
-        elif isinstance(msg, KVUsage):
-            self.ledger.note_used(rank, msg.kv_used, closed=msg.request_ids)
         else:
             log.warning("unexpected %s from rank %d", type(msg).__name__, rank)
 
@@ -322,7 +320,6 @@ class Conductor:
         if msg.held is not None:    # a heartbeat sent before Ready may still arrive: `_beat` keeps this one
             self.worker_stats[rank] = msg.held
         self.ledger.add_rank(rank, msg.nodes, self.index, self.config.prefix_cache)
-        self.ledger.note_reported(rank, msg.prefix)     # /metrics shows those caches' counters from the start
         self.scheduler.chunked_prefill.update((rank, info.name) for info in msg.nodes if info.prefill_chunks)
         peers = {r: s.peer_endpoint for r, s in self.workers.ranks.items() if s.peer_endpoint}
         keys = {r: k.decode() for r, k in self.guard.admission.keys().items()}   # what each inbox serves with
@@ -345,8 +342,6 @@ class Conductor:
         if len(batch.entries) == 1:
             batch.entries[0].request.isolated = False   # it ran alone and passed: it may share batches again
         self.on_batch(batch.node, len(batch.entries), msg.run_ms)
-        self.ledger.note_reported(msg.rank, msg.prefix)
-        self.ledger.note_used(msg.rank, msg.kv_used, batch.node)
         self.live.observe_batch(batch.group, batch.node, len(batch.entries), msg.run_ms)
         token_keys, other_keys = self.index.output_keys(batch.node)
         finished, streams = RequestState.FINISHED, self.streams

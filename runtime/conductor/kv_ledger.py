@@ -1,4 +1,4 @@
-"""The conductor's KV pools per (rank, KV node): the block tables it owns, and the caches it counts.
+"""The conductor's KV pools per (rank, KV node): every block table of every cache, owned here.
 
 A pool the conductor owns is a `KVPoolLedger`: its `KVBlockManager` holds every request's block
 table (runtime/model_executor/kv/block_manager.py). The scheduler grows a request's table when it
@@ -14,28 +14,21 @@ item and the node names those by it (`NodeInfo.kv_media_ids`, runtime/conductor/
 Qwen3-Omni thinker). Admission is exact: a request is charged the blocks it really takes, reused ones
 included or not as they are held, a later piece of its prompt too (`needed`).
 
-A pool whose worker decides reuse itself (BAGEL: rows named by digests of the encoders' output,
-runtime/model_executor/kv/prefix_cache.py) is a `ReportedPoolLedger`: the conductor cannot know
-beforehand which blocks its worker will share, so it counts what the worker reports. Each
-BatchDone (and a `KVUsage` after a close) carries the blocks the worker's cache holds right then
-(`NodeInfo.kv_reported` names the node that reports for a cache several nodes share: BAGEL's
-three CFG branches). The pool's use is that
-count plus the blocks charged, in full (every block new, one more for a copy-on-write of a
-shared partly filled last block), to Runs the worker has not yet answered. That is an upper
-bound at every moment: what a report counts can only shrink by frees, and what it has not seen
-yet is charged in full. So a request reusing cached blocks (an image seen before, a CFG branch
-forked from another) costs its full blocks until its first batch is answered and only what it
-really took from then on; a free counts once the worker reports the close (so a preemption for
-room takes one victim and waits for that report before it takes another). Its prefix
-counters come from the worker too (`note_reported`).
+Nodes whose KV lives in one cache (BAGEL's LM and its `same_as` CFG branches on one rank: one module,
+one cache) share one pool (`NodeInfo.kv_pool` names the node it is kept under; its size is the sum of
+theirs): each is a `BranchPool` over it whose requests' tables are the pool's (request, node) ones, so
+branches share blocks by equal key chains like requests do. A node whose family lays out its rows
+(`Family.kv_rows`: BAGEL's segments) may ask for rows reused whole or computed whole (`try_grow(...,
+whole=True)`: an image's rows attend to each other); such a pool keys a partly filled last block too, so
+a segment ending mid-block is found again.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Hashable, Sequence
 
-from runtime.model_executor.kv import KVBlockManager, PrefixStats
-from runtime.transport.messages import NodeInfo, PrefixCounts, WorkItem
+from runtime.model_executor.kv import BlockTable, KVBlockManager, OutOfBlocks, PrefixStats, chain_keys
+from runtime.model_executor.kv.prefix_cache import Row
+from runtime.transport.messages import NodeInfo, WorkItem
 
 if TYPE_CHECKING:
     from runtime.conductor.plan_index import PlanIndex
@@ -45,8 +38,11 @@ class KVPoolLedger:
     """One KV pool the conductor owns: every request's block table (module docstring)."""
 
     def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes | None = None,
-                 stop_ids: frozenset[int] = frozenset(), media_ids: frozenset[int] = frozenset()) -> None:
+                 stop_ids: frozenset[int] = frozenset(), media_ids: frozenset[int] = frozenset(),
+                 tails: bool = False) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.tails = tails and prefix_root is not None      # key partly filled last blocks too (whole reuse)
+        self.members: list[str] = []                  # the nodes of its `BranchPool`s
         self.prefix_root, self.stop_ids = prefix_root, stop_ids
         # placeholder ids whose rows are named by the media item a Run reads (runtime/conductor/media_keys.py)
         self.media_ids = media_ids if prefix_root is not None else frozenset()
@@ -94,10 +90,14 @@ class KVPoolLedger:
     def can_grow(self, request_id: int, n_new: int, reserved: int = 0, tokens: Sequence[int] | None = None) -> bool:
         return self.needed(request_id, n_new, tokens) + reserved <= self.tables.allocator.num_free
 
-    def try_grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int | None:
+    def try_grow(self, request_id: Hashable, n_new: int, tokens: Sequence[Row] | None = None,
+                 whole: bool = False) -> int | None:
         """`grow` if `can_grow`, else None (one call for each row the scheduler places). A decode
         step's one row goes the short way (`KVBlockManager.append_row`): into its own partly filled
-        last block, or into one fresh block after a full one."""
+        last block, or into one fresh block after a full one. `whole`: the rows `tokens` are reused whole
+        or computed whole (`extend`)."""
+        if whole and self.tails and tokens is not None:
+            return self._extend(request_id, tokens)
         if n_new == 1 and self.tables.append_row(request_id, tokens):
             if self.prefix_root is not None:
                 self._grown.add(request_id)
@@ -109,6 +109,55 @@ class KVPoolLedger:
         if self.needed(request_id, n_new, tokens, reuse) > self.tables.allocator.num_free:
             return None
         return self.grow(request_id, n_new, tokens, reuse)
+
+    def _extend(self, request_id: Hashable, rows: Sequence[Row]) -> int | None:
+        """Room for `rows` after the request's, all reused or all computed; the rows reused (all or 0),
+        None (nothing changed) when they do not fit. Another branch of the request holding exactly these
+        rows (`_twin`) lends its table; else the cache is looked up (`KVBlockManager.extend`)."""
+        twin = self._twin(request_id, rows)
+        if twin is not None:
+            if request_id in self.tables:
+                self.tables.free(request_id)
+            self.tables.fork(twin, request_id)
+            self._grown.add(request_id)
+            return len(rows)
+        opened = request_id not in self.tables
+        if opened:
+            self.tables.open(request_id)
+        try:
+            reused, copies = self.tables.extend(request_id, rows)
+        except OutOfBlocks:
+            if opened:
+                self.tables.free(request_id)
+            return None
+        if copies:
+            self._copies.setdefault(request_id, []).extend(copies)
+        self._grown.add(request_id)
+        self.peak_blocks = max(self.peak_blocks, self.used_blocks)
+        return len(rows) if reused else 0
+
+    def _twin(self, request_id: Hashable, rows: Sequence[Row]) -> Hashable | None:
+        """A table of another branch of the same request (a (request, node) key of a `BranchPool`) that holds
+        exactly the request's rows and then `rows`, written or being written this pass (BAGEL's CFG context
+        copies: `cfg_text_context = deepcopy(gen_context)`)."""
+        if not isinstance(request_id, tuple) or self.prefix_root is None:
+            return None
+        want = self._content(self.tables.get(request_id), rows)
+        for node in self.members:
+            other = (request_id[0], node)
+            if other != request_id and other in self.tables and want is not None \
+                    and self._content(self.tables.get(other), ()) == want:
+                return other
+        return None
+
+    def _content(self, table: BlockTable | None, rows: Sequence[Row]) -> tuple[list, list] | None:
+        """(full-block keys, rows after them) of a table followed by `rows`, keyed or not yet; None: unknown."""
+        keys, pending = (table.keys, table.pending) if table is not None else ([], [])
+        if pending is None:
+            return None
+        rest = [*pending, *rows]
+        new = chain_keys(keys[-1] if keys else self.prefix_root, rest, self.block_size)
+        return [*keys, *new], rest[len(new) * self.block_size:]
 
     def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None, reuse: int | None = None) -> int:
         """Room for `n_new` more tokens (ids `tokens`, if known), the first `reuse` in cached blocks (None:
@@ -151,7 +200,7 @@ class KVPoolLedger:
         """The batches of this scheduling pass are formed: their full blocks count as cached."""
         if self._grown:   # else this pass formed no batch here: the one in flight keeps its record
             tables = self.tables
-            self._committed = {rid: tables.commit(rid) for rid in self._grown if rid in tables}
+            self._committed = {rid: tables.commit(rid, self.tails) for rid in self._grown if rid in tables}
             self._grown.clear()
 
     def forget(self, request_ids: Sequence[int]) -> None:
@@ -181,126 +230,75 @@ class KVPoolLedger:
     def holders(self) -> list[int]:
         return self.tables.requests()
 
-    def account(self) -> KVPoolLedger | ReportedCache:
-        """What holds this pool's capacity and use (a cache several pools share, or the pool)."""
+    def account(self) -> KVPoolLedger:
+        """What holds this pool's capacity and use (for a `BranchPool`, the pool it shares)."""
         return self
-
-    def frees_pending(self) -> bool:
-        """Whether blocks freed here come back later (a reported cache): a preemption for room
-        then waits for the worker's report instead of taking the next victim at once."""
-        return False
 
     def free_blocks(self) -> int:
         return self.tables.allocator.num_free
 
 
-@dataclass
-class ReportedCache:
-    """One worker cache that decides reuse itself, counted from its reports; the pools of the
-    nodes that share it (BAGEL's CFG branches) each charge their unanswered Runs here."""
+class BranchPool:
+    """One node's tables in a pool several nodes' KV lives in (module docstring): the pool's tables of
+    (request, this node)."""
 
-    num_blocks: int = 0                 # the cache's blocks: the sum of its nodes' pools
-    reported: int = 0                   # blocks it held at the worker's latest report
-    unsettled: int = 0                  # charges of failed batches, settled by the next report
-    peak_blocks: int = 0
-    members: dict[str, ReportedPoolLedger] = field(default_factory=dict)   # node -> its pool
-    awaiting: set[int] = field(default_factory=set)   # requests freed here whose close is not reported yet
+    def __init__(self, pool: KVPoolLedger, node: str, reports: bool) -> None:
+        self.pool, self.node = pool, node
+        pool.members.append(node)
+        self.reports = reports            # the node the pool's prefix counters are shown under
+        self.block_size, self.media_ids = pool.block_size, pool.media_ids
 
     @property
-    def used_blocks(self) -> int:
-        return self.reported + self.unsettled + sum(m.charged for m in self.members.values())
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
 
-    def note_used(self, used: int, node: str | None) -> None:
-        """The worker's count, sent after it answered `node`'s batch (None: after a close): it covers
-        that batch and every one it answered or failed before."""
-        self.reported, self.unsettled = used, 0
-        if node in self.members:
-            self.members[node].charged = 0
-        self.peak_blocks = max(self.peak_blocks, self.used_blocks)
-
-
-class ReportedPoolLedger:
-    """A pool of a `ReportedCache`: tokens per request (for fitting and preemption) and the
-    blocks charged to its Run in flight (at most one batch per (rank, node) is)."""
-
-    def __init__(self, num_blocks: int, block_size: int, cache: ReportedCache, node: str) -> None:
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.tokens: dict[int, int] = {}     # request id -> tokens in the cache (the cache counts blocks)
-        self.cache, self.charged = cache, 0
-        self.media_ids: frozenset[int] = frozenset()   # the worker names its rows itself
-        cache.members[node] = self
-        cache.num_blocks += num_blocks
+    @property
+    def stats(self) -> PrefixStats | None:
+        return self.pool.stats if self.reports else None
 
     def held(self, request_id: int) -> int:
-        return self.tokens.get(request_id, 0)
+        return self.pool.held((request_id, self.node))
 
-    def needed(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
-        """Every block new, and one more when the last block is partly filled: the worker may
-        have shared it (a fork) and copy it before writing."""
-        held, size = self.tokens.get(request_id, 0), self.block_size
-        partial = n_new > 0 and held % size != 0
-        return (-held // size) - (-(held + n_new) // size) + partial   # ceil(after) - ceil(before), + a copy
+    def cached_prefix(self, request_id: int, tokens: Sequence[Row]) -> int:
+        return self.pool.cached_prefix((request_id, self.node), tokens)
 
     def fits_alone(self, request_id: int, n_new: int) -> bool:
-        return -(-(self.tokens.get(request_id, 0) + n_new) // self.block_size) <= self.num_blocks
+        return self.pool.fits_alone((request_id, self.node), n_new)
 
-    def can_grow(self, request_id: int, n_new: int, reserved: int = 0, tokens: Sequence[int] | None = None) -> bool:
-        return self.needed(request_id, n_new) + reserved <= self.cache.num_blocks - self.cache.used_blocks
-
-    def try_grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int | None:
-        return self.grow(request_id, n_new, tokens) if self.can_grow(request_id, n_new, tokens=tokens) else None
-
-    def grow(self, request_id: int, n_new: int, tokens: Sequence[int] | None = None) -> int:
-        """Charge the Run in full; the worker decides reuse itself (returns 0: the conductor reuses nothing)."""
-        self.charged += self.needed(request_id, n_new)
-        self.tokens[request_id] = self.tokens.get(request_id, 0) + n_new
-        self.cache.peak_blocks = max(self.cache.peak_blocks, self.cache.used_blocks)
-        return 0
-
-    def cached_prefix(self, request_id: int, tokens: Sequence[int]) -> int:
-        return 0
+    def try_grow(self, request_id: int, n_new: int, tokens: Sequence[Row] | None = None,
+                 whole: bool = False) -> int | None:
+        return self.pool.try_grow((request_id, self.node), n_new, tokens, whole)
 
     def place_row(self, request_id: int, tokens: Sequence[int], item: WorkItem) -> bool:
-        """Never: each Run is charged in full (`try_grow`)."""
-        return False
+        return self.pool.place_row((request_id, self.node), tokens, item)
 
     def tell(self, request_id: int, item: WorkItem) -> None:
-        """Nothing to tell: the worker keeps this pool's tables."""
-        return None
+        self.pool.tell((request_id, self.node), item)
 
     def commit(self) -> None:
-        return None
+        self.pool.commit()
 
     def forget(self, request_ids: Sequence[int]) -> None:
-        """The batch failed: what it allocated before failing counts until the worker's next report."""
-        self.cache.unsettled += self.charged
-        self.charged = 0
+        self.pool.forget([(rid, self.node) for rid in request_ids])
 
     def free(self, request_id: int) -> None:
-        """The blocks come back once the worker reports the close (KVUsage naming the request)."""
-        if self.tokens.pop(request_id, None) is not None:
-            self.cache.awaiting.add(request_id)
+        self.pool.free((request_id, self.node))
 
     def clear(self, num_blocks: int | None = None) -> None:
-        self.tokens.clear()
-        self.charged = 0
-        self.cache.reported = self.cache.unsettled = 0
-        self.cache.awaiting.clear()
+        self.pool.clear()
 
     def holders(self) -> list[int]:
-        return list(self.tokens)
+        """Requests holding blocks of the shared pool (any branch): freeing one frees all its branches."""
+        return sorted({rid for rid, _ in self.pool.holders()})
 
-    def account(self) -> ReportedCache:
-        return self.cache
-
-    def frees_pending(self) -> bool:
-        return bool(self.cache.awaiting)
+    def account(self) -> KVPoolLedger:
+        return self.pool
 
     def free_blocks(self) -> int:
-        return self.cache.num_blocks - self.cache.used_blocks
+        return self.pool.free_blocks()
 
 
-Pool = KVPoolLedger | ReportedPoolLedger
+Pool = KVPoolLedger | BranchPool
 
 
 class KVLedger:
@@ -308,39 +306,31 @@ class KVLedger:
 
     def __init__(self) -> None:
         self.pools: dict[tuple[int, str], Pool] = {}
-        self.reported: dict[tuple[int, str], PrefixStats] = {}   # caches workers decide on their own
-        self.reported_caches: dict[tuple[int, str], ReportedCache] = {}   # (rank, reporting node) -> its cache
-
-    def note_reported(self, rank: int, counts: Sequence[PrefixCounts]) -> None:
-        """A worker's totals for the prefix caches it decides itself (BatchDone.prefix)."""
-        for c in counts:
-            self.reported[(rank, c.node)] = PrefixStats(queries=c.queries, hits=c.hits, hit_tokens=c.hit_tokens,
-                                                       query_tokens=c.query_tokens, evictions=c.evictions)
-
-    def note_used(self, rank: int, used: dict[str, int], node: str | None = None,
-                  closed: Sequence[int] = ()) -> None:
-        """A worker's counts of its reported caches (by reporting node), sent after `node`'s batch
-        (BatchDone.kv_used) or after closing the requests `closed` (KVUsage)."""
-        for reporter, blocks in used.items():
-            cache = self.reported_caches.get((rank, reporter))
-            if cache is not None:
-                cache.note_used(blocks, node)
-                cache.awaiting.difference_update(closed)
 
     def add_rank(self, rank: int, nodes: Sequence[NodeInfo], index: PlanIndex, prefix_cache: bool) -> None:
         """The pools of a rank that reported Ready. A node's pool caches prefixes when that is on and
         the node is whole on each rank; a TP group's ranks all take the lead's tables (every rank of
-        it runs the same Runs), so the lead's pool gets the group's smallest size."""
-        self.reported_caches = {key: c for key, c in self.reported_caches.items() if key[0] != rank}   # anew
+        it runs the same Runs), so the lead's pool gets the group's smallest size. Nodes naming one
+        `kv_pool` share one pool of the sum of their sizes."""
+        shared_sizes: dict[str, int] = {}
+        for info in nodes:
+            if info.kv_blocks and info.kv_pool:
+                shared_sizes[info.kv_pool] = shared_sizes.get(info.kv_pool, 0) + info.kv_blocks
+        shared: dict[str, KVPoolLedger] = {}
         for info in nodes:
             if not info.kv_blocks:
                 continue
             whole = index.nodes[info.name].placement.tp_size == 1
             root = bytes.fromhex(info.kv_prefix_key) if prefix_cache and info.kv_prefix_key and whole else None
-            # a TP group's ranks decide alike but only the lead answers: counted as a plain pool
-            self.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, root,
-                          frozenset(info.kv_prefix_stop_ids), reported_by=info.kv_reported if whole else "",
-                          media_ids=frozenset(info.kv_media_ids))
+            args = (root, frozenset(info.kv_prefix_stop_ids), frozenset(info.kv_media_ids))
+            if info.kv_pool:
+                pool = shared.get(info.kv_pool)
+                if pool is None:
+                    pool = shared[info.kv_pool] = KVPoolLedger(shared_sizes[info.kv_pool], info.kv_block_size,
+                                                               *args, tails=True)
+                self.pools[(rank, info.name)] = BranchPool(pool, info.name, reports=info.name == info.kv_pool)
+            else:
+                self.pools[(rank, info.name)] = KVPoolLedger(info.kv_blocks, info.kv_block_size, *args)
         for node in index.kv_nodes():
             if node.placement.tp_size > 1:
                 pools = [self.pool(r, node.name) for r in node.placement.ranks]
@@ -350,17 +340,8 @@ class KVLedger:
 
     def add_pool(self, rank: int, node: str, num_blocks: int, block_size: int,
                  prefix_root: bytes | None = None, stop_ids: frozenset[int] = frozenset(),
-                 reported_by: str = "", media_ids: frozenset[int] = frozenset()) -> None:
-        """`reported_by`: the node whose reports count the worker cache this pool is part of."""
-        old = self.pools.get((rank, node))
-        if isinstance(old, ReportedPoolLedger):    # a worker that joins again loads its nodes anew
-            old.cache.members.pop(node, None)
-            old.cache.num_blocks -= old.num_blocks
-        if reported_by:
-            cache = self.reported_caches.setdefault((rank, reported_by), ReportedCache())
-            self.pools[(rank, node)] = ReportedPoolLedger(num_blocks, block_size, cache, node)
-        else:
-            self.pools[(rank, node)] = KVPoolLedger(num_blocks, block_size, prefix_root, stop_ids, media_ids)
+                 media_ids: frozenset[int] = frozenset()) -> None:
+        self.pools[(rank, node)] = KVPoolLedger(num_blocks, block_size, prefix_root, stop_ids, media_ids)
 
     def pool(self, rank: int, node: str) -> Pool | None:
         return self.pools.get((rank, node))
@@ -371,10 +352,9 @@ class KVLedger:
             pool.commit()
 
     def prefix_stats(self) -> dict[tuple[int, str], PrefixStats]:
-        """(rank, node) -> prefix-cache counters of every pool that caches prefixes."""
-        owned = {key: pool.stats for key, pool in self.pools.items()
-                 if isinstance(pool, KVPoolLedger) and pool.stats is not None}
-        return {**self.reported, **owned}
+        """(rank, node) -> prefix-cache counters of every pool that caches prefixes (a shared one under
+        the node it is kept under)."""
+        return {key: pool.stats for key, pool in self.pools.items() if pool.stats is not None}
 
     def free_request(self, request_id: int) -> None:
         for pool in self.pools.values():
@@ -385,7 +365,7 @@ class KVLedger:
             if r == rank:
                 pool.clear()
 
-    def accounts(self, node: str | None = None) -> list[KVPoolLedger | ReportedCache]:
+    def accounts(self, node: str | None = None) -> list[KVPoolLedger]:
         """Each pool's capacity holder once (a shared cache counts once), of `node`'s pools or all."""
         found = {id(a): a for (_, n), p in self.pools.items() if node in (None, n) for a in [p.account()]}
         return list(found.values())

@@ -6,17 +6,23 @@ the tables a served node's Runs are told: `LocalRun` grows each Run's table in a
 the item (`WorkItem.kv_at` / `kv_blocks` / `kv_copies`, `cached`), keys the full blocks and runs the
 executor; a Run that raises un-keys what it was to write, as a failed batch does when served. A Run
 whose tokens are a media item's placeholders is keyed by that item as the scheduler keys it
-(runtime/conductor/media_keys.py) when given the item (`media`).
+(runtime/conductor/media_keys.py) when given the item (`media`). `LocalGroup` does the same for
+executors that share one cache and run their batches as one call (BAGEL's LM nodes on a rank): one
+pool of (request, node) tables, each Run's rows laid out by its family's rule (`Family.kv_rows`).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
-from runtime.conductor.kv_ledger import KVPoolLedger
-from runtime.conductor.media_keys import run_rows
-from runtime.conductor.request import MediaInput
+from mstar_compiler.plan import Plan
+from runtime.conductor.kv_ledger import BranchPool, KVPoolLedger
+from runtime.conductor.media_keys import medium, run_rows
+from runtime.conductor.request import MediaInput, SizedInput
+from runtime.conductor.scheduler import kv_row_rules
+from runtime.model_executor.kv import OutOfBlocks
+from runtime.model_executor.kv.run_rows import KVRun
 from runtime.transport.messages import WorkItem
 from runtime.transport.request_params import RequestParams
 
@@ -54,4 +60,51 @@ class LocalRun:
         self.executor.close(request_id, kv_only)
 
 
-__all__ = ["LocalRun"]
+class LocalGroup:
+    """Executors sharing one cache and run group (name -> executor), and the conductor's one pool for them."""
+
+    def __init__(self, plan: Plan, executors: Mapping[str, Any], prefix_cache: bool = True) -> None:
+        first = next(iter(executors.values()))
+        root = bytes.fromhex(first.kv_prefix_key) if prefix_cache and first.kv_prefix_key else None
+        self.executors = dict(executors)
+        self.pool = KVPoolLedger(sum(ex.kv_blocks for ex in executors.values()), first.kv_block_size, root,
+                                 tails=True)
+        self.branches = {name: BranchPool(self.pool, name, reports=name == ex.kv_pool)
+                         for name, ex in executors.items()}
+        self.rules = kv_row_rules(plan)
+
+    def run(self, calls: Sequence[tuple[str, list[WorkItem], list[dict[str, torch.Tensor]]]],
+            media: Mapping[int, MediaInput | SizedInput] | None = None) -> list[list]:
+        """calls: (node, items, inputs) per batch, run as the worker runs a group's queued batches; `media`:
+        request -> the picture its for_each state reads. Grows and tells every item's table first
+        (OutOfBlocks if the pool is full)."""
+        media = media or {}
+        for name, items, _ in calls:
+            branch, rule = self.branches[name], self.rules[name]
+            for item in items:
+                picture = media.get(item.request_id)
+                laid = rule(KVRun(item.walk, item.tokens, branch.held(item.request_id), list,
+                                  None if picture is None else medium(picture)))
+                if not laid.count:
+                    continue
+                cached = branch.try_grow(item.request_id, laid.count, laid.rows, laid.whole)
+                if cached is None:
+                    raise OutOfBlocks(laid.count, self.pool.free_blocks())
+                item.cached, item.kv_rows = cached, laid.count
+                branch.tell(item.request_id, item)
+        self.pool.commit()
+        group = [(self.executors[name], items, inputs) for name, items, inputs in calls]
+        try:
+            return group[0][0].group.run_group(group)
+        except BaseException:
+            for name, items, _ in calls:
+                self.branches[name].forget([item.request_id for item in items])
+            raise
+
+    def close(self, request_id: int, kv_only: bool = False) -> None:
+        for name, executor in self.executors.items():
+            self.branches[name].free(request_id)
+            executor.close(request_id, kv_only)
+
+
+__all__ = ["LocalGroup", "LocalRun"]

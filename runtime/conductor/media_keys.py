@@ -23,13 +23,14 @@ from typing import Sequence
 
 import torch
 
-from runtime.conductor.request import MediaInput
+from runtime.conductor.request import MediaInput, SizedInput
 from runtime.model_executor.kv.prefix_cache import Row, tensor_digest
+from runtime.model_executor.kv.run_rows import Medium
 
 MEDIA = (-1).to_bytes(4, "little", signed=True)
 
 
-def _digest(item: MediaInput, value: torch.Tensor) -> bytes:
+def _digest(item: MediaInput | SizedInput, value: torch.Tensor) -> bytes:
     h = hashlib.blake2b(type(item).__name__.encode(), digest_size=16)
     for f in dataclasses.fields(item):
         if f.name not in ("value", "tokens", "parts"):
@@ -38,10 +39,11 @@ def _digest(item: MediaInput, value: torch.Tensor) -> bytes:
     return h.digest()
 
 
-def media_names(item: MediaInput) -> list[tuple[bytes, int]]:
+def media_names(item: MediaInput | SizedInput) -> list[tuple[bytes, int]]:
     """(digest, placeholders) of each medium of the item (module docstring): the whole item (-1: all its
-    placeholders), or each of its `parts`, a slice of the value's rows."""
-    if not item.parts:
+    placeholders), or each of its `parts`, a slice of the value's rows. A `SizedInput` (BAGEL's picture,
+    whose rows its family lays out: runtime/models/bagel/row_keys.py) is one medium."""
+    if isinstance(item, SizedInput) or not item.parts:
         return [(_digest(item, item.value), -1)]
     names, start = [], 0
     for rows in item.parts:
@@ -65,13 +67,23 @@ def media_rows(tokens: Sequence[int], media_ids: frozenset[int], names: Sequence
     return rows
 
 
-def run_rows(tokens: Sequence[int], item: MediaInput | None, media_ids: frozenset[int]) -> Sequence[Row]:
+def run_rows(tokens: Sequence[int], item: MediaInput | None, media_ids: frozenset[int],
+             names: Sequence[tuple[bytes, int]] | None = None) -> Sequence[Row]:
     """The rows of a Run whose tokens are `tokens`, read from input `item` (None: not a media item): its
-    placeholders named by the item when the Run's tokens are exactly the item's (a recompute that re-sends
-    a history holding several items keeps its ids, and its placeholders stop the keying)."""
+    placeholders named by the item (`names`: its `media_names`, if taken already) when the Run's tokens are
+    exactly the item's (a recompute that re-sends a history holding several items keeps its ids, and its
+    placeholders stop the keying)."""
     if item is None or not media_ids or list(tokens) != list(item.tokens):
         return tokens
-    return media_rows(tokens, media_ids, media_names(item))
+    return media_rows(tokens, media_ids, media_names(item) if names is None else names)
 
 
-__all__ = ["MEDIA", "media_names", "media_rows", "run_rows"]
+def medium(item: MediaInput | SizedInput, names: Sequence[tuple[bytes, int]] | None = None) -> Medium | None:
+    """A picture or waveform input item as a family's row rule reads it (`Family.kv_rows`): its digest (the
+    first of `names`, its `media_names` if taken already) and its value's shape; None for another value."""
+    if not isinstance(item.value, torch.Tensor):
+        return None
+    return Medium((media_names(item) if names is None else names)[0][0], tuple(item.value.shape))
+
+
+__all__ = ["MEDIA", "media_names", "media_rows", "medium", "run_rows"]

@@ -23,18 +23,19 @@ no stream is there to keep flowing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from mstar_compiler.catalogue import load_families, load_ref
 from mstar_compiler.plan import Plan
 from runtime.conductor.batch import Entry, PlannedBatch
 from runtime.conductor.cursor import PendingRun
 from runtime.conductor.kv_ledger import KVLedger, Pool
-from runtime.conductor.media_keys import media_names, media_rows
+from runtime.conductor.media_keys import media_names, medium, run_rows
 from runtime.conductor.plan_index import PlanIndex, RunFacts
-from runtime.conductor.request import MediaInput, Request, RequestState
+from runtime.conductor.request import MediaInput, Request, RequestState, SizedInput
 from runtime.conductor.steady import steady_row
 from runtime.conductor.streams import StreamLedger
+from runtime.model_executor.kv.run_rows import KVRowRule, KVRun, Medium
 from runtime.transport.messages import Route, WorkItem
 
 
@@ -61,7 +62,7 @@ class SchedulerConfig:
     prefill_chunk_alone_tokens: int = 1024
 
 
-def kv_row_rules(plan: Plan) -> dict[str, Callable[[list[int], int], int]]:
+def kv_row_rules(plan: Plan) -> dict[str, KVRowRule]:
     """node -> the rows its next Run writes, for the KV nodes whose family declares them (`Family.kv_rows`)."""
     declared = {name: ref for family in load_families().values() for name, ref in family.kv_rows.items()}
     return {n.name: load_ref(declared[n.executor])(plan, n)
@@ -95,7 +96,7 @@ class Scheduler:
         self._tp = {n: node.placement.tp_size > 1 for n, node in index.nodes.items()}
         self._facts = index.facts_memo     # (walk, node) -> RunFacts asked so far (index.facts adds the rest)
         self._passes = 0                   # scheduling passes so far (`Request.placed_pass` counts in them)
-        self._kv_rows = kv_row_rules(index.plan)    # node -> rows(prompt ids, held) of a node whose tokens do not say
+        self._kv_rows = kv_row_rules(index.plan)    # node -> the rule of a node whose tokens do not say its rows
 
     def schedule(self, running: list[Request], waiting: list[Request], busy: set[tuple[int, str]],
                  ready_ranks: set[int], cohorts: set[tuple[int, str]] = frozenset()) -> list[PlannedBatch]:
@@ -227,12 +228,17 @@ class Scheduler:
                  admitting: bool, moved: int = 0) -> bool:
         """Room in the (rank, node) `key` pool for the item's tokens (and `moved` tokens of a cache moving here)."""
         pool = self.ledger.pools.get(key)
-        n_new = len(entry.item.tokens)
+        n_new, whole = len(entry.item.tokens), False
         tokens = entry.item.tokens if not moved else None    # a moved cache's contents are not hashed
-        if key[1] in self._kv_rows and pool is not None:     # its rows are not its tokens (Family.kv_rows)
-            held = pool.held(req.request_id)                  # the prompt is read for a first Run only
-            n_new, tokens = self._kv_rows[key[1]](req.prompt_ids() if not held else [], held), None
-        if tokens is not None and entry.read and pool is not None and pool.media_ids:
+        rule = self._kv_rows.get(key[1]) if pool is not None else None
+        if rule is not None:                                  # its rows are not its tokens (Family.kv_rows)
+            laid = rule(KVRun(entry.pending.walk, entry.item.tokens, pool.held(req.request_id), req.prompt_ids,
+                              self._medium(req, entry.pending.item)))
+            if laid.count == 0:                               # it writes no KV (a BAGEL generation step)
+                return True
+            n_new, tokens, whole = laid.count, laid.rows if not moved else None, laid.whole
+            entry.item.kv_rows = n_new
+        elif tokens is not None and entry.read and pool is not None and pool.media_ids:
             tokens = self._media_rows(req, entry.read, tokens, pool.media_ids)
         if n_new + entry.rows + batch.num_tokens > self.config.max_batch_tokens and batch.entries:
             # only computed tokens count: cached ones cost the forward nothing (asked only when it matters)
@@ -242,12 +248,12 @@ class Scheduler:
         if pool is None:
             return True
         n_new += moved
-        cached = pool.try_grow(req.request_id, n_new, tokens)
+        cached = pool.try_grow(req.request_id, n_new, tokens, whole)
         while cached is None:
             if not pool.fits_alone(req.request_id, n_new):     # asked only here: what can grow fits alone
                 self._reject(req, pool.held(req.request_id) + n_new, batch, pool)
                 return False
-            victim = None if admitting or pool.frees_pending() else self._victim(pool.holders(), req, placed)
+            victim = None if admitting else self._victim(pool.holders(), req, placed)
             if victim is None:
                 if admitting and req.request_id not in self._held:
                     self._held.add(req.request_id)
@@ -255,23 +261,31 @@ class Scheduler:
                 return False
             self.preempt(victim)
             self.preemptions += 1
-            cached = pool.try_grow(req.request_id, n_new, tokens)
+            cached = pool.try_grow(req.request_id, n_new, tokens, whole)
         entry.item.cached = cached
         pool.tell(req.request_id, entry.item)
         return True
 
+    def _media_rows(self, req: Request, read: list[int], tokens: list[int], media_ids: frozenset[int]) -> Sequence:
+        """The Run's rows as its pool keys them: its tokens, those that are the placeholders of a media item
+        it read named by the item (runtime/conductor/media_keys.py)."""
+        item = next((i for i in read if isinstance(req.input_items[i][1], MediaInput)), None)
+        if item is None:
+            return tokens
+        return run_rows(tokens, req.input_items[item][1], media_ids, self._names(req, item))
+
     @staticmethod
-    def _media_rows(req: Request, read: list[int], tokens: list[int], media_ids: frozenset[int]) -> list:
-        """The Run's rows as its pool keys them: when its tokens are the placeholders of a media item it
-        read, those named by the item (runtime/conductor/media_keys.py), else its token ids."""
-        for i in read:
-            value = req.input_items[i][1]
-            if isinstance(value, MediaInput) and tokens == value.tokens:
-                known = req.media_names = req.media_names or {}
-                if i not in known:
-                    known[i] = media_names(value)
-                return media_rows(tokens, media_ids, known[i])
-        return tokens
+    def _names(req: Request, item: int) -> list[tuple[bytes, int]]:
+        """`media_names` of the request's input item, taken once per request."""
+        known = req.media_names = req.media_names or {}
+        if item not in known:
+            known[item] = media_names(req.input_items[item][1])
+        return known[item]
+
+    def _medium(self, req: Request, item: int) -> Medium | None:
+        """The media input item of a for_each state (`item` >= 0), as a rule of `Family.kv_rows` reads it."""
+        value = req.input_items[item][1] if 0 <= item < len(req.input_items) else None
+        return medium(value, self._names(req, item)) if isinstance(value, (MediaInput, SizedInput)) else None
 
     def _chunk(self, req: Request, entry: Entry, rank: int) -> None:
         """Cut the entry's prompt to its next chunk when it is prefilled in chunks."""

@@ -27,10 +27,8 @@ REJOIN_RETRY_S = 2.0
 class Joining:
     """The conductor's side of the join handshake."""
 
-    def __init__(self, plan: Plan, workers: WorkerSet, send: Callable[[int, Any], object],
-                 prefix_cache: bool = True) -> None:
+    def __init__(self, plan: Plan, workers: WorkerSet, send: Callable[[int, Any], object]) -> None:
         self.plan = plan
-        self.prefix_cache = prefix_cache
         self.workers = workers
         self.send = send
         self.num_unreachable = 0   # PeerUnreachable reports received
@@ -48,13 +46,12 @@ class Joining:
     def _welcome(self, status: RankStatus) -> None:
         group = self.plan.tp_ranks(status.rank)
         if group is None:
-            self.send(status.rank, Welcome(prefix_cache=self.prefix_cache))
+            self.send(status.rank, Welcome())
         else:
             lead = self.workers.ranks[group[0]]
             if not lead.tp_port:
                 return   # answered when the lead says Hello
-            self.send(status.rank, Welcome(tp_init=f"tcp://{endpoint_host(lead.peer_endpoint)}:{lead.tp_port}",
-                                           prefix_cache=self.prefix_cache))
+            self.send(status.rank, Welcome(tp_init=f"tcp://{endpoint_host(lead.peer_endpoint)}:{lead.tp_port}"))
         status.is_welcomed = True
 
     def _check_reachable(self, joined: RankStatus) -> None:

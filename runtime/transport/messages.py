@@ -6,8 +6,7 @@ by the message's `tensors` headers in order (see `frames`). Never pickle.
 
 Who sends what:
   worker -> conductor: Hello (joined), Ready (nodes loaded), BatchDone / BatchFailed, Heartbeat,
-      PeerUnreachable (a peer's inbox did not answer a connect), KVUsage (its reported caches'
-      blocks after a close)
+      PeerUnreachable (a peer's inbox did not answer a connect)
   conductor -> worker: Welcome (the answer to Hello: where its tensor-parallel group meets),
       Rejoin (a rank given up as dead speaks again: reset and join anew),
       Peers (where every rank listens for tensors, with its public key), OpenRequest (a
@@ -46,7 +45,6 @@ class Welcome(_Msg, tag="welcome"):
     """The conductor's answer to Hello; the worker loads its nodes only after it."""
 
     tp_init: str = ""       # tcp://LEAD_HOST:PORT where the rank's TP group meets ("" : no group)
-    prefix_cache: bool = True  # executors that decide prefix reuse themselves may cache (mstar-run --no-prefix-cache)
 
 
 class Rejoin(_Msg, tag="rejoin"):
@@ -80,8 +78,8 @@ class NodeInfo(msgspec.Struct, omit_defaults=True):
     prefill_chunks: bool = False  # its executor takes a prompt in chunks (`WorkItem.partial`)
     compiled_buckets: list[int] = []  # batch buckets of its inductor-compiled CPU decode steps ([]: eager)
     cpu_kernels: str = ""   # a decoder LM on CPU: "fused" (runtime/model_executor/kernels/cpu.py) or why its layers run torch ops
-    kv_reported: str = ""   # the node whose reports count the cache this node's KV lives in, when the
-                            # worker decides reuse itself ("": the conductor counts the pool; kv_ledger.py)
+    kv_pool: str = ""       # the node whose pool holds this node's tables, when several nodes' KV lives in
+                            # one cache (BAGEL's CFG branches; runtime/conductor/kv_ledger.py); "": its own
     grammars: bool = False  # it samples under a request's grammar (response_format, forced tool calls)
 
 
@@ -90,7 +88,6 @@ class Ready(_Msg, tag="ready"):
 
     rank: int
     nodes: list[NodeInfo]
-    prefix: list[PrefixCounts] = []     # the self-deciding prefix caches' totals (0 on a fresh start)
     held: Heartbeat | None = None       # what the rank holds as it turns ready (/metrics has it from then on)
 
 
@@ -156,6 +153,8 @@ class WorkItem(msgspec.Struct, omit_defaults=True):
     kv_at: int = -1             # the request's KV block table changed from this index on (-1: unchanged) ...
     kv_blocks: list[int] = []   # ... to these block ids: table[kv_at:] = kv_blocks (the conductor allocates them)
     kv_copies: list[tuple[int, int]] = []   # (src, dst) blocks to copy before the Run writes (copy-on-write)
+    kv_rows: int = -1           # rows the conductor grew the table by, where its family lays them out
+                                # (`Family.kv_rows`; -1: the Run's tokens): the worker checks it writes as many
 
 
 class RunBatch(_Msg, tag="run"):
@@ -189,18 +188,6 @@ class ItemResult(msgspec.Struct, omit_defaults=True):
     streamed: list[str] = []    # streams this Run pushed an item onto (0 or 1 item each)
 
 
-class PrefixCounts(msgspec.Struct, omit_defaults=True):
-    """Running prefix-cache totals of a node whose worker decides reuse itself (the conductor
-    owns the others' tables and counts them there)."""
-
-    node: str
-    queries: int = 0            # inputs looked up
-    hits: int = 0               # lookups that reused cached blocks
-    query_tokens: int = 0       # KV rows looked up
-    hit_tokens: int = 0         # KV rows reused, not computed
-    evictions: int = 0          # cached blocks evicted to make room
-
-
 class BatchDone(_Msg, tag="done"):
     """A batch ran; emitted tensors follow as frames named "<request_id>/<port>"."""
 
@@ -209,8 +196,6 @@ class BatchDone(_Msg, tag="done"):
     items: list[ItemResult]
     tensors: list[TensorMeta] = []
     run_ms: float = 0.0         # wall time of the node's forward, milliseconds
-    prefix: list[PrefixCounts] = []   # this rank's self-deciding prefix caches, totals so far
-    kv_used: dict[str, int] = {}      # reporting node -> blocks its cache holds after this batch
 
 
 class BatchFailed(_Msg, tag="failed"):
@@ -255,15 +240,6 @@ class Heartbeat(_Msg, tag="heartbeat"):
     counted: bool = True
 
 
-class KVUsage(_Msg, tag="kv_used"):
-    """After a close or a KV move: the blocks a rank's reported caches hold now (sent on the
-    control socket, so it arrives after every BatchDone sent before it)."""
-
-    rank: int
-    kv_used: dict[str, int]           # reporting node -> blocks its cache holds
-    request_ids: list[int] = []       # the requests whose blocks the close or move just freed
-
-
 class Shutdown(_Msg, tag="shutdown"):
     """The worker should exit after its current batch."""
 
@@ -298,7 +274,7 @@ class KVState(_Msg, tag="kv"):
 
 Message = Union[
     Hello, Welcome, Rejoin, PeerUnreachable, Ready, Peers, OpenRequest, RunBatch, BatchDone, BatchFailed,
-    CloseRequest, MoveKV, Heartbeat, KVUsage, Shutdown, EdgeTensors, StreamItems, KVState,
+    CloseRequest, MoveKV, Heartbeat, Shutdown, EdgeTensors, StreamItems, KVState,
 ]
 
 _ENCODER = msgspec.msgpack.Encoder()

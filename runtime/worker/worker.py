@@ -23,7 +23,6 @@ request whose params an executor refuses at open fails its own Runs, not the wor
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -38,8 +37,8 @@ from mstar_compiler.plan import load_plan
 from runtime.worker.executors import ExecResult, Executor, executor_for
 from runtime.transport.addresses import free_port, pin_collectives_to, probe, worker_addresses
 from runtime.transport.messages import (
-    BatchDone, BatchFailed, CloseRequest, EdgeTensors, Hello, ItemResult, KVState, KVUsage, MoveKV,
-    NodeInfo, OpenRequest, PeerUnreachable, Peers, PrefixCounts, Ready, Rejoin, RunBatch, Shutdown, StreamItems,
+    BatchDone, BatchFailed, CloseRequest, EdgeTensors, Hello, ItemResult, KVState, MoveKV,
+    NodeInfo, OpenRequest, PeerUnreachable, Peers, Ready, Rejoin, RunBatch, Shutdown, StreamItems,
     Welcome, WorkItem,
 )
 from runtime.transport.keys import ClusterKeys, start_guard
@@ -95,15 +94,10 @@ class Worker:
             name: executor_for(self.plan.node(name), module, rank, self.plan) for name, (module, _) in modules.items()}
         grammars = {name: ex.take_vocab(GrammarVocab(functools.partial(node_tokenizer, self.plan, name, weights)))
                     for name, ex in self.executors.items()}
-        if not welcome.prefix_cache:   # executors that reuse prefixes on their own (the others follow WorkItem.cached)
-            for ex in self.executors.values():
-                ex.drop_prefix_cache()
         self.kv_incoming: dict[tuple[int, str], Envelope] = {}   # (request, node) -> KVState from another rank
         self.streams = WorkerStreams(self.plan, rank)
         self.requests = OpenedRequests()
         self.backlog: list[Envelope] = []   # control messages read early, while looking for an OpenRequest
-        # nodes that report their cache's blocks (kv_ledger.py: the conductor counts what they say)
-        self.reporting = [n for n, ex in self.executors.items() if ex.kv_reported == n]
         self.ready = Ready(rank=rank, nodes=[
             NodeInfo(name=name, kind=self.plan.node(name).kind, weight_source=source,
                      kv_blocks=self.executors[name].kv_blocks, kv_block_size=self.executors[name].kv_block_size,
@@ -111,7 +105,7 @@ class Worker:
                      kv_prefix_key=self.executors[name].kv_prefix_key,
                      kv_prefix_stop_ids=sorted(self.executors[name].kv_prefix_stop_ids),
                      kv_media_ids=sorted(self.executors[name].kv_media_ids),
-                     kv_reported=self.executors[name].kv_reported,
+                     kv_pool=self.executors[name].kv_pool,
                      prefill_chunks=self.executors[name].chunks_prefill,
                      compiled_buckets=list(self.executors[name].compiled_buckets), grammars=grammars[name],
                      cpu_kernels=cpu_kernels_note(module))
@@ -235,7 +229,6 @@ class Worker:
             self._open_request(msg)
         elif isinstance(msg, CloseRequest):
             self._close(msg)
-            self._report_kv(msg.request_ids)
         elif isinstance(msg, Peers):
             self._set_peers(msg)
         elif isinstance(msg, Rejoin):
@@ -244,7 +237,6 @@ class Worker:
             pass   # the answer to a rejoin's Hello: the TP group, if any, is the one already joined
         elif isinstance(msg, MoveKV):
             self._move_kv(msg)
-            self._report_kv([msg.request_id])
         elif isinstance(msg, StreamItems):
             self._store_edge(env)       # a client-fed stream's item, pushed by the conductor
         elif isinstance(msg, Shutdown):
@@ -284,8 +276,8 @@ class Worker:
         return True
 
     def _send_ready(self) -> None:
-        """Ready, with the prefix totals and what the rank holds now (a rejoin sends it again)."""
-        self.control.send(msgspec.structs.replace(self.ready, prefix=self._prefix_counts(), held=heartbeat(self)))
+        """Ready, with what the rank holds now (a rejoin sends it again)."""
+        self.control.send(msgspec.structs.replace(self.ready, held=heartbeat(self)))
 
     def _open_request(self, msg: OpenRequest) -> None:
         """Register the request with every executor; one that refuses its params fails the request."""
@@ -312,14 +304,6 @@ class Worker:
                 self.values.pop(rid, None)
                 self.streams.free(rid)
                 self.kv_incoming = {k: e for k, e in self.kv_incoming.items() if k[0] != rid}
-
-    def _kv_used(self) -> dict[str, int]:
-        return {n: self.executors[n].kv_used_blocks() for n in self.reporting}
-
-    def _report_kv(self, request_ids: list[int]) -> None:
-        """The conductor credits freed blocks of the caches a worker decides itself once told (KVUsage)."""
-        if self.reporting:
-            self.control.send(KVUsage(rank=self.rank, kv_used=self._kv_used(), request_ids=request_ids))
 
     def _move_kv(self, msg: MoveKV) -> None:
         """Send the request's KV cache of the node to the rank that runs the node next."""
@@ -418,22 +402,11 @@ class Worker:
             for m in msgs:
                 self.control.send(BatchFailed(batch_id=m.batch_id, rank=self.rank, message=message))
             return
-        prefix, kv_used = self._prefix_counts(), self._kv_used()
         for m, batch_results, tensors, fed in zip(msgs, results, emitted, streamed):
             items = [ItemResult(request_id=item.request_id, tokens=r.tokens, logprobs=r.logprobs,
                                  finished=r.finished, streamed=s)
                      for item, r, s in zip(m.items, batch_results, fed)]
-            self.control.send(BatchDone(batch_id=m.batch_id, rank=self.rank, items=items, run_ms=run_ms,
-                                        prefix=prefix, kv_used=kv_used), tensors)
-
-    def _prefix_counts(self) -> list[PrefixCounts]:
-        """Totals of the executors that reuse prefixes on their own (`prefix_stats()`; /metrics)."""
-        counts = []
-        for name, ex in self.executors.items():
-            stats = ex.prefix_stats()
-            if stats is not None:
-                counts.append(PrefixCounts(node=name, **dataclasses.asdict(stats)))
-        return counts
+            self.control.send(BatchDone(batch_id=m.batch_id, rank=self.rank, items=items, run_ms=run_ms), tensors)
 
     def _inputs(self, item: WorkItem) -> dict[str, torch.Tensor]:
         """Input tensors by port; waits for ones still travelling from another rank."""

@@ -1,10 +1,10 @@
 """Prefix-cache counters per (rank, KV node) on /metrics, read from the conductor's KV ledger.
 
-The ledger decides reuse for the pools whose block tables it owns (runtime/conductor/kv_ledger.py),
-so it counts them itself: lookups of a new request's prompt, lookups that reused at least one block, prompt tokens looked up and
-reused, and cached blocks evicted to make room. Caches a worker decides on its own (BAGEL's
-LM, whose rows are named by image digests the conductor never sees) are counted by the
-worker and reported with each BatchDone (`KVLedger.note_reported`).
+The ledger owns every block table and decides every reuse (runtime/conductor/kv_ledger.py), so it
+counts them itself: lookups of a new request's prompt (or of a piece of it: BAGEL looks up each text or
+picture segment of each CFG branch), lookups that reused at least one block, prompt rows looked up and
+reused, and cached blocks evicted to make room. A pool several nodes share is shown under the node it
+is kept under (`NodeInfo.kv_pool`).
 """
 from __future__ import annotations
 

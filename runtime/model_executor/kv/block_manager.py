@@ -1,8 +1,7 @@
 """Per-request block tables over a `BlockAllocator`, with prefix sharing and copy-on-write.
 
-The owner's view of one KV cache (one KV node on one rank): the conductor's for the pools it
-allocates (runtime/conductor/kv_ledger.py; the worker is told each table's `changes`), a worker's
-for the caches it decides itself (BAGEL, the Qwen3-Omni thinker and talker):
+The owner's view of one KV cache (one KV node, or the nodes sharing one cache, on one rank): the
+conductor's (runtime/conductor/kv_ledger.py; the worker is told each table's `changes`):
   * `can_allocate(n_tokens)` / `allocate(req, n_tokens)`: admit a request with room for
     its first tokens;
   * `can_append(req, n)` / `append(req, n)`: room for n more tokens (a prefill chunk or
@@ -28,7 +27,7 @@ chain of a request whose full blocks are all keyed (its chunks so far were commi
 (a chunk or a prompt piece that ended mid-block), a cached block holding those rows and the
 next ones replaces it, so a chain continues across any chunk boundary.
 
-Whole-input reuse (`extend(req, rows)`, BAGEL): rows that can only be computed together (an
+Whole-input reuse (`extend(req, rows)`, BAGEL's segments): rows that can only be computed together (an
 image's rows attend to each other) are reused whole or computed whole. `extend` looks up the
 full blocks the rows end and the tail key of the partly filled block after them; on a hit the
 request takes the cached full blocks and a copy of the tail block, else room to compute them.
@@ -182,7 +181,7 @@ class KVBlockManager:
 
     def commit(self, req: RequestId, tails: bool = False) -> list[int]:
         """Make the request's full, written blocks findable (call after the forward that wrote them);
-        returns the blocks newly keyed. `tails`: key the partly filled last block by its rows too."""
+        returns the blocks newly keyed. `tails`: key the partly filled last block by its rows too (returned last)."""
         table = self._tables[req]
         if self.prefix_root is None or table.pending is None or (len(table.pending) < self.block_size and not tails):
             return []            # (no block filled since the last commit: a decode step's usual case)
@@ -192,10 +191,12 @@ class KVBlockManager:
             self.allocator.register(table.blocks[i], key)
         table.keys.extend(new)
         del table.pending[:len(new) * self.block_size]
+        keyed = table.blocks[len(table.keys) - len(new):len(table.keys)]
         if tails and table.pending:
             self.allocator.register(table.blocks[-1], tail_key(table.keys[-1] if table.keys else self.prefix_root,
                                                                table.pending))
-        return table.blocks[len(table.keys) - len(new):len(table.keys)]
+            keyed.append(table.blocks[-1])
+        return keyed
 
     def _cached_extension(self, table: BlockTable,
                           rows: Sequence[Row]) -> tuple[list[Key], list[int], int | None] | None:

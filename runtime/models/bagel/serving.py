@@ -10,8 +10,9 @@ import torch
 from PIL import Image
 
 from mstar_compiler.plan import Plan
-from runtime.models.bagel.generation import check_image_size, image_stride, max_image_side, vae_resize, vit_resize
-from runtime.models.bagel.image_io import resize_for, target_size
+from runtime.models.bagel.generation import check_image_size, image_stride, max_image_side, vae_resize
+from runtime.models.bagel.image_io import resize_for
+from runtime.models.bagel.row_keys import encoder_rows
 from runtime.entrypoints.http.families import FamilyServing, ServedModel
 
 
@@ -62,14 +63,8 @@ def _prepare_image(plan: Plan, image: Image.Image) -> Image.Image:
 
 def _image_rows(plan: Plan, image: torch.Tensor) -> int:
     """The most rows an encoder computes from a prepared (H, W, 3) image: the ViT's patches after its own
-    resize, or the VAE's latent tokens (the image is at the VAE's size already)."""
-    height, width, stride = image.shape[0], image.shape[1], image_stride(bagel_lm_dims(plan))
-    rows = (height // stride) * (width // stride)
-    vit = next((n.dims for n in plan.nodes if n.kind == "siglip_vit"), None)
-    if vit is not None:
-        w, h = target_size(width, height, vit_resize(vit))
-        rows = max(rows, (w // vit["patch_size"]) * (h // vit["patch_size"]))
-    return rows
+    resize, or the VAE's latent tokens."""
+    return max(encoder_rows(plan, image.shape[0], image.shape[1]).values())
 
 
 def _playground(plan: Plan) -> dict[str, Any]:

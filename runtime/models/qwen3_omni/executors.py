@@ -31,7 +31,7 @@ tests/runtime/models/qwen3_omni/speech_reference.py).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -39,6 +39,7 @@ from torch import nn
 from mstar_compiler.plan import Node, Plan
 from runtime.worker.executors import CachelessExecutor, ExecResult, Executor
 from runtime.model_executor.kv import BlockTables
+from runtime.model_executor.kv.run_rows import KVRowRule, KVRows
 from runtime.models.qwen3_omni.thinker import ThinkerExecutor
 from runtime.models.qwen3_omni.talker_prompt import TalkerText, prompt_rows, talker_prompt
 from runtime.streams.chunk_policy import Chunk
@@ -280,11 +281,11 @@ def talker_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> Tal
     return TalkerExecutor(node, module, rank)
 
 
-def talker_kv_rows(plan: Plan, node: Node) -> Callable[[Sequence[int], int], int]:
-    """The rows a talker Run writes, for the conductor (`Family.kv_rows`): given the request's prompt ids
-    and the rows its table holds, the talker prompt's on its first Run (`prompt_rows`), else one."""
+def talker_kv_rows(plan: Plan, node: Node) -> KVRowRule:
+    """The rows a talker Run writes, for the conductor (`Family.kv_rows`): the talker prompt's on a
+    request's first Run (`prompt_rows` of its prompt ids), else one; never keyed."""
     dims = node.dims
-    return lambda prompt_ids, held: 1 if held else prompt_rows(prompt_ids, dims)
+    return lambda run: KVRows(1 if run.held else prompt_rows(run.prompt_ids(), dims))
 
 
 def code_predictor_executor(plan: Plan, node: Node, module: nn.Module, rank: int) -> CodePredictorExecutor:

@@ -2,16 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
 from runtime.model_executor.sampling import GrammarVocab, SamplerOutput, SamplingState
 from runtime.transport.messages import TokenLogprob, WorkItem
 from runtime.transport.request_params import RequestParams
-
-if TYPE_CHECKING:
-    from runtime.model_executor.kv.prefix_cache import PrefixStats
 
 
 @dataclass
@@ -48,7 +45,7 @@ class Executor(Protocol):
     kv_prefix_key: str = ""
     kv_prefix_stop_ids: frozenset[int] = frozenset()
     kv_media_ids: frozenset[int] = frozenset()   # placeholders named by their media item (conductor/media_keys.py)
-    kv_reported: str = ""                 # the node whose pool the conductor counts from this rank's reports
+    kv_pool: str = ""                     # the node whose pool holds its tables, when several nodes share one cache
     chunks_prefill: bool = False          # long prompts may come in chunks, one Run each
     compiled_buckets: tuple[int, ...] = ()   # batch sizes with a compiled step
     group: RunGroup | None = None         # queued batches of one group run as one call
@@ -68,13 +65,6 @@ class Executor(Protocol):
 
     def kv_used_blocks(self) -> int:
         return 0
-
-    def drop_prefix_cache(self) -> None:
-        """Serve with prefix reuse off (`--no-prefix-cache`) where the executor reuses prefixes itself."""
-        return None
-
-    def prefix_stats(self) -> PrefixStats | None:
-        return None
 
 
 class CachelessExecutor(Executor):

@@ -24,10 +24,10 @@ def plan():
 class Bench:
     """Scheduler + ledger + requests; `done` answers a batch the way the conductor applies results."""
 
-    def __init__(self, plan, reported_by: str = "") -> None:
+    def __init__(self, plan) -> None:
         self.plan, self.requests = plan, {}
         self.ledger = KVLedger()
-        self.ledger.add_pool(0, "lm", 8, 16, reported_by=reported_by)
+        self.ledger.add_pool(0, "lm", 8, 16)
         self.scheduler = Scheduler(PlanIndex(plan), self.ledger, SchedulerConfig(), self.preempt,
                                    self.requests.__getitem__)
         self.waiting: list[Request] = []
@@ -120,40 +120,17 @@ def test_a_step_stops_looking_once_every_batch_is_full(plan) -> None:
     assert set(asked) == set(range(max_batch))                # the waiting ones were not even looked at
 
 
-def test_a_reported_pool_preempts_one_victim_per_worker_report(plan) -> None:
-    """A pool counted from its worker's reports (BAGEL, the Omni thinker) gets a victim's blocks back
-    only once the worker reports the close: it preempts one victim and waits, instead of taking
-    every running request while the count has not moved yet."""
-    bench = Bench(plan, reported_by="lm")
-    pool = bench.ledger.pool(0, "lm")
-    for rid, n in ((1, 48), (2, 48), (3, 16), (4, 16)):
-        bench.submit(rid, n)                        # 3 + 3 + 1 + 1 blocks: the pool is full
-    assert bench.step() == [1, 2, 3, 4]
-
-    def report(closed=()):                          # the worker's count: no sharing among these
-        held = [r for r in bench.requests.values() if r.state == RequestState.RUNNING]
-        bench.ledger.note_used(0, {"lm": sum(-(-pool.tokens[r.request_id] // 16) for r in held)}, "lm", closed)
-
-    report()
-    assert bench.step() == []                       # every next token needs a new block: one victim ...
-    assert [r.request_id for r in bench.waiting] == [4] and pool.frees_pending()
-    assert bench.step() == [] and bench.scheduler.stats()["kv_preemptions"] == 1   # ... until it is reported
-    report(closed=[4])
-    assert bench.step() == [1] and bench.scheduler.stats()["kv_preemptions"] == 2  # 1 grows; 3 goes for 2
-
-
 def test_try_grow_is_can_grow_then_grow_for_every_kind_of_pool() -> None:
     """The scheduler grows each row with one `try_grow` call: a pool the conductor owns puts a
-    decode row in its own partly filled last block directly, otherwise checks then grows, as a
-    reported pool does. Fed the same random requests, each pool ends every call as the pair
+    decode row in its own partly filled last block directly, otherwise checks then grows. Fed the
+    same random requests, each pool ends every call as the pair
     `can_grow` / `grow` leaves a twin of it (tokens, blocks, peak, the answer, the tables)."""
     import random
 
-    from runtime.conductor.kv_ledger import KVPoolLedger, ReportedCache, ReportedPoolLedger
+    from runtime.conductor.kv_ledger import KVPoolLedger
 
     def pools():
-        cache = ReportedCache()
-        return [KVPoolLedger(40, 16), KVPoolLedger(40, 16, b"root"), ReportedPoolLedger(40, 16, cache, "lm")]
+        return [KVPoolLedger(40, 16), KVPoolLedger(40, 16, b"root")]
 
     for one, twin in zip(pools(), pools()):
         rng, answers = random.Random(1), set()
@@ -172,11 +149,10 @@ def test_try_grow_is_can_grow_then_grow_for_every_kind_of_pool() -> None:
             assert got == want, type(one).__name__
             answers.add(got is None)
             held = {r: one.held(r) for r in one.holders()}
-            mine, theirs = one.account(), twin.account()     # what holds the blocks: the pool, or its cache
+            mine, theirs = one.account(), twin.account()
             assert (held, mine.used_blocks, mine.peak_blocks) == \
                 ({r: twin.held(r) for r in twin.holders()}, theirs.used_blocks, theirs.peak_blocks)
-            if isinstance(one, KVPoolLedger):   # its tables too (a decode row's short way)
-                one.commit()
-                twin.commit()
-                assert {r: vars(one.tables.table(r)) for r in held} == {r: vars(twin.tables.table(r)) for r in held}
+            one.commit()                          # its tables too (a decode row's short way)
+            twin.commit()
+            assert {r: vars(one.tables.table(r)) for r in held} == {r: vars(twin.tables.table(r)) for r in held}
         assert answers == {True, False}      # both answers were compared: grown and refused

@@ -15,6 +15,8 @@ from runtime.models.bagel.generation import Generation, GuidanceUse, vae_resize,
 from runtime.models.bagel.segments import Segment, SegmentKind as K
 from runtime.models.bagel.cfg_combine import CfgRequest
 from runtime.worker.executors import executor_for
+from runtime.conductor.local_run import LocalGroup
+from runtime.conductor.request import SizedInput
 from runtime.models.bagel.node_executors import image_tensor
 from runtime.model_executor.kv import KVBlockManager
 from runtime.model_executor.sampling import SamplingParams
@@ -50,21 +52,34 @@ def rank_executors(plan, rank: int = 0, options: WeightOptions | None = None
 
 
 class Driver:
-    """Feeds executors the items the conductor would send; keeps each request's values like a worker."""
+    """Feeds executors the items the conductor would send, the LM nodes' tables kept as the conductor keeps
+    them (`LocalGroup`); keeps each request's values like a worker."""
 
-    def __init__(self, executors: dict[str, Any]) -> None:
+    def __init__(self, plan, executors: dict[str, Any], prefix_cache: bool = True) -> None:
         self.ex = executors
+        self.lms = LocalGroup(plan, {n: executors[n] for n in LMS}, prefix_cache)
         self.values: dict[int, dict[str, torch.Tensor]] = {}
+        self.pictures: dict[int, SizedInput] = {}     # request -> the picture its encoders read last
 
     def open(self, rid: int, params: dict[str, Any]) -> None:
         for ex in self.ex.values():
             ex.open(rid, bagel_params(params))
 
+    def close(self, rid: int, kv_only: bool = False) -> None:
+        self.lms.close(rid, kv_only)
+        for name, ex in self.ex.items():
+            if name not in LMS:
+                ex.close(rid, kv_only)
+
     def group(self, calls: list[tuple[str, list[WorkItem], list[dict]]]) -> None:
         """Batches of LM nodes as one call (the worker's grouping); the others one by one."""
         lm = [c for c in calls if c[0] in LMS]
         other = [c for c in calls if c[0] not in LMS]
-        results = self.ex[LMS[0]].group.run_group([(self.ex[n], items, ins) for n, items, ins in lm]) if lm else []
+        for _, items, inputs in other:
+            for item, ins in zip(items, inputs):
+                if "image" in ins:
+                    self.pictures[item.request_id] = SizedInput(ins["image"], 0)
+        results = self.lms.run(lm, self.pictures) if lm else []
         results += [self.ex[n].run(items, ins) for n, items, ins in other]
         for (name, items, _), batch in zip(lm + other, results):
             for item, result in zip(items, batch):

@@ -35,8 +35,9 @@ def rank(plan):
     return rank_executors(plan)
 
 
-def _blocks(executors, rid: int, role: str) -> list[int]:
-    return executors["llm"].engine.blocks.table((rid, role)).blocks
+def _blocks(drv: Driver, rid: int, node: str) -> list[int]:
+    """The node's table of the request, as the conductor keeps it (one pool for the three branches)."""
+    return drv.lms.pool.tables.table((rid, node)).blocks
 
 
 def test_segment_kinds_and_roles_come_from_the_plan(plan) -> None:
@@ -49,14 +50,14 @@ def test_segment_kinds_and_roles_come_from_the_plan(plan) -> None:
 def test_t2i_batched_and_shared_equals_bagel(plan, rank) -> None:
     """Two T2I requests (one with guidance off for its last steps) run together == each alone."""
     executors, modules = rank
-    drv = Driver(executors)
+    drv = Driver(plan, executors)
     prompts = {1: [3, 4, 5], 2: [9, 8]}
     params = {1: PARAMS, 2: {**PARAMS, "seed": 5, "steps": 6, "timestep_shift": 1.0, "cfg_img_scale": 2.0}}
     for rid, p in params.items():
         drv.open(rid, p)
     drv.group([(n, [WorkItem(r, tokens=prompts[r], walk="read_text_gen") for r in prompts], [{}, {}])
                for n in ("llm", "llm_cfg_img")])
-    assert _blocks(executors, 1, "cfg_img") == _blocks(executors, 1, "full")   # computed once, shared
+    assert _blocks(drv, 1, "llm_cfg_img") == _blocks(drv, 1, "llm")   # computed once, shared
     drv.draw([1], 4)
     drv.draw([2], 6)
     for rid in prompts:
@@ -74,7 +75,7 @@ def test_t2i_batched_and_shared_equals_bagel(plan, rank) -> None:
 
 def test_i2i_shares_the_image_prefix_and_equals_bagel(plan, rank) -> None:
     executors, modules = rank
-    drv = Driver(executors)
+    drv = Driver(plan, executors)
     params = {**PARAMS, "cfg_img_scale": 2.0, "height": 64, "width": 64}
     image = torch.randint(0, 256, (64, 64, 3), dtype=torch.uint8)
     drv.open(1, params)
@@ -85,10 +86,10 @@ def test_i2i_shares_the_image_prefix_and_equals_bagel(plan, rank) -> None:
     drv.group([("vit", [WorkItem(1, walk="read_image_vit")], [{"image": image}])])
     embeds = {"embeds": drv.value(1, "vit.hidden")}
     drv.group([(n, [WorkItem(1, walk="read_image_vit")], [embeds]) for n in ("llm", "llm_cfg_text")])
-    full, text_dropped = _blocks(executors, 1, "full"), _blocks(executors, 1, "cfg_text")
+    full, text_dropped = _blocks(drv, 1, "llm"), _blocks(drv, 1, "llm_cfg_text")
     assert text_dropped == full     # the whole image prefix is shared, nothing copied
     drv.group([(n, [WorkItem(1, tokens=[6, 7], walk="read_text_gen")], [{}]) for n in ("llm", "llm_cfg_img")])
-    assert _blocks(executors, 1, "cfg_text") == text_dropped and _blocks(executors, 1, "full")[0] == full[0]
+    assert _blocks(drv, 1, "llm_cfg_text") == text_dropped and _blocks(drv, 1, "llm")[0] == full[0]
     drv.draw([1], PARAMS["steps"])
     oracle = Oracle(plan, modules, params)
     oracle.image(image)
@@ -99,19 +100,19 @@ def test_i2i_shares_the_image_prefix_and_equals_bagel(plan, rank) -> None:
 
 def test_i2t_decodes_from_bos_and_frees_every_branch(plan, rank) -> None:
     executors, _ = rank
-    drv = Driver(executors)
+    drv = Driver(plan, executors)
     drv.open(1, PARAMS)
     drv.group([("llm", [WorkItem(1, tokens=[5, 6], walk="read_text")], [{}])])
     engine = executors["llm"].engine
     tokens = []
     for step in range(3):
-        out = engine.run_group([(executors["llm"], [WorkItem(1, tokens=tokens[-1:], step=step, walk="answer")], [{}])])
+        out = drv.lms.run([("llm", [WorkItem(1, tokens=tokens[-1:], step=step, walk="answer")], [{}])])
         tokens += out[0][0].tokens
     assert len(tokens) == 3 and all(0 <= t < plan.node("llm").dims["vocab_size"] for t in tokens)
-    assert engine.seqs[(1, "full")].rope == 2 + 2 + 3     # [bos] 5 6 [eos], then bos and two sampled tokens
-    for name in LMS:
-        executors[name].close(1, kv_only=False)
-    assert engine.used_blocks() == 0 and not engine.seqs and 1 not in engine.params
+    assert engine.ropes[(1, "full")] == 2 + 2 + 3     # [bos] 5 6 [eos], then bos and two sampled tokens
+    drv.close(1)
+    assert engine.used_blocks("full") == 0 and not engine.ropes and 1 not in engine.params
+    assert drv.lms.pool.used_blocks == 0 and not drv.lms.pool.holders()
 
 
 class _FakeControl:
@@ -145,7 +146,6 @@ def test_worker_runs_queued_batches_of_one_group_as_one_call() -> None:
     worker.requests, worker.backlog = OpenedRequests(), []
     worker.requests.open(1)      # the conductor opened request 1 here: its Runs are served
     worker.executors = {"a": _Recorder(calls, shared), "b": _Recorder(calls, shared), "c": _Recorder(calls)}
-    worker.reporting = []         # no node reports its cache (kv_ledger.py)
     worker.governor = ThreadGovernor(1, torch.set_num_threads)   # one thread: nothing to govern
     envs = [Envelope(RunBatch(batch_id=i, node=n, items=[WorkItem(1)])) for i, n in enumerate("acb", 1)]
     assert worker._handle_queued(envs)

@@ -51,16 +51,15 @@ def _answer_logits(served, rid: int, image: torch.Tensor) -> torch.Tensor:
     """The first answer step's logits of an I2T request (image, then the prompt), as the conductor
     drives it: read_image (vit -> llm), read_text, then answer from BAGEL's <|im_start|>."""
     _, executors, _, _, spy = served
-    drv = Driver(executors)
+    drv = Driver(served[0], executors)
     drv.open(rid, PARAMS)
     drv.group([("vit", [WorkItem(rid, walk="read_image")], [{"image": image}])])
     drv.group([("llm", [WorkItem(rid, walk="read_image")], [{"embeds": drv.value(rid, "vit.hidden")}])])
     drv.group([("llm", [WorkItem(rid, tokens=PROMPT, walk="read_text")], [{}])])
     drv.group([("llm", [WorkItem(rid, step=0, walk="answer")], [{}])])
     logits = spy.logits[-1][0]
-    for ex in executors.values():
-        ex.close(rid, kv_only=False)
-    assert executors["llm"].engine.used_blocks() == 0
+    drv.close(rid)
+    assert executors["llm"].engine.used_blocks("full") == 0 and drv.lms.pool.used_blocks == 0
     return logits
 
 

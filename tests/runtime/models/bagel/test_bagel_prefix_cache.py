@@ -1,4 +1,6 @@
-"""BAGEL's prefix cache across requests and CFG branches, run in-process on one rank's executors.
+"""BAGEL's prefix cache across requests and CFG branches, run in-process on one rank's executors with
+their tables kept as the conductor keeps them (`LocalGroup`: one pool, each Run's rows counted and keyed
+by runtime/models/bagel/row_keys.py before the executors run).
 
 Every request runs one segment per LM call (what `--batch-invariant` gives a server), so the
 same requests with the cache on and off must give bit-equal images: a reused block holds the
@@ -9,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.conductor.request import SizedInput
 from runtime.transport.messages import WorkItem
 from tests.runtime.models.bagel.bagel_harness import Driver, rank_executors, tiny_plan
 
@@ -24,13 +27,11 @@ def plan():
 def _driver(plan, prefix_cache: bool) -> Driver:
     torch.manual_seed(0)
     executors, _ = rank_executors(plan)
-    if not prefix_cache:
-        executors["llm"].drop_prefix_cache()
-    return Driver(executors)
+    return Driver(plan, executors, prefix_cache)
 
 
 def _stats(drv: Driver):
-    return drv.ex["llm"].engine.blocks.allocator.stats
+    return drv.lms.pool.stats
 
 
 def _t2i(drv: Driver, rid: int, prompt: list[int], seed: int) -> torch.Tensor:
@@ -55,8 +56,7 @@ def _i2i(drv: Driver, rid: int, image: torch.Tensor, prompt: list[int]) -> torch
 
 
 def _close(drv: Driver, rid: int) -> None:
-    for name in ("llm", "llm_cfg_text", "llm_cfg_img"):
-        drv.ex[name].close(rid, kv_only=False)
+    drv.close(rid)
 
 
 def test_t2i_with_a_shared_prompt_reuses_it_and_equals_the_cache_off_image(plan) -> None:
@@ -96,37 +96,39 @@ def test_i2i_of_an_image_seen_before_reuses_its_context_and_equals_the_cache_off
 
 
 def test_a_failed_forward_leaves_no_block_of_its_rows_reachable(plan) -> None:
-    """A prompt whose call fails (a malformed image beside it) is computed again by the next request."""
+    """A prompt whose call fails (a malformed ViT output beside it) is computed again by the next request."""
     drv = _driver(plan, True)
-    engine = drv.ex["llm"].engine
     prompt = list(range(50, 90))
     drv.open(1, PARAMS)
     drv.open(2, PARAMS)
-    bad = {"embeds": torch.zeros(5, 7)}             # not the LM's hidden size: the forward raises
+    drv.pictures[2] = SizedInput(torch.zeros(64, 64, 3, dtype=torch.uint8), 16)
+    bad = {"embeds": torch.zeros(16, 7)}            # not the LM's hidden size: the forward raises
     with pytest.raises(RuntimeError):
-        engine.run_group([(drv.ex["llm"], [WorkItem(1, tokens=prompt, walk="read_text_gen"),
-                                           WorkItem(2, walk="read_image_vit")], [{}, bad])])
+        drv.lms.run([("llm", [WorkItem(1, tokens=prompt, walk="read_text_gen"),
+                              WorkItem(2, walk="read_image_vit")], [{}, bad])], drv.pictures)
     _close(drv, 1)
     _close(drv, 2)
-    assert engine.blocks.allocator.num_cached == 0 and engine.used_blocks() == 0
+    assert drv.lms.pool.tables.allocator.num_cached == 0 and drv.lms.pool.used_blocks == 0
     got = _t2i(drv, 3, prompt, seed=11)
     assert _stats(drv).hit_tokens == 0
     want = _t2i(_driver(plan, False), 3, prompt, seed=11)
     assert torch.equal(got, want)
 
 
-def test_the_shared_cache_reports_fewer_blocks_than_its_sequences_hold_in_full(plan) -> None:
-    """What the conductor counts BAGEL's pools by (runtime/conductor/kv_ledger.py): the engine's own
-    count, reported by one node, below the full blocks of every sequence (forked CFG branches and an
-    image two edits share), which is what a ledger blind to the sharing would have to charge."""
+def test_the_pool_holds_fewer_blocks_than_its_sequences_in_full(plan) -> None:
+    """What the conductor charges BAGEL's pool (runtime/conductor/kv_ledger.py): the blocks its one pool
+    holds, below the full blocks of every sequence (CFG branches sharing a context, and an image two edits
+    share), which is what a ledger blind to the sharing would have to charge. Each branch's table on the
+    worker is the conductor's, block for block."""
     gen = torch.Generator().manual_seed(4)
     image = torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=gen)
     drv = _driver(plan, True)
     for rid in (1, 2):
         _i2i(drv, rid, image, [6, 7])
-    names = ("llm", "llm_cfg_text", "llm_cfg_img")
-    assert {drv.ex[n].kv_reported for n in names} == {"llm"}
-    engine = drv.ex["llm"].engine
-    full = sum(-(-engine.blocks.num_tokens(seq) // engine.block_size) for seq in engine.seqs if seq in engine.blocks)
-    reported = [drv.ex[n].kv_used_blocks() for n in names]
-    assert reported[1:] == [0, 0] and 0 < reported[0] < full
+    pool, engine = drv.lms.pool, drv.ex["llm"].engine
+    full = sum(-(-pool.held(seq) // pool.block_size) for seq in pool.holders())
+    assert {drv.ex[n].kv_pool for n in drv.lms.executors} == {"llm"}
+    assert 0 < pool.used_blocks < full
+    for rid, node in pool.holders():
+        role = drv.ex[node].role
+        assert engine.tables.table((rid, role)).blocks == pool.tables.table((rid, node)).blocks

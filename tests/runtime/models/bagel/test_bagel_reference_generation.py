@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from runtime.model_executor.weights.sources import WeightOptions
 from runtime.models.bagel.cfg_combine import CfgCombine, CfgRequest
+from runtime.conductor.request import SizedInput
 from runtime.transport.messages import WorkItem
 from tests.runtime.models.bagel.bagel_harness import Driver, rank_executors, tiny_plan
 from tests.runtime.models.bagel.bagel_lm_helpers import bagel_weights
@@ -68,8 +69,10 @@ def test_t2i_and_i2i_batched_equal_bagel(served) -> None:
     """A text-to-image and an image-edit request (its VAE latent and ViT rows given) drawn together."""
     plan, executors, weights = served
     g = torch.Generator().manual_seed(0)
-    latent, vit_rows = torch.randn(16, 4, 4, generator=g), 0.5 * torch.randn(9, 64, generator=g)
-    drv = Driver(executors)
+    # a 64 x 64 picture's: the VAE's 8 x 8 latent (16 tokens) and the ViT's 4 x 4 patches (what the conductor counts)
+    latent, vit_rows = torch.randn(16, 8, 8, generator=g), 0.5 * torch.randn(16, 64, generator=g)
+    drv = Driver(plan, executors)
+    drv.pictures[2] = SizedInput(torch.zeros(64, 64, 3, dtype=torch.uint8), 16)
     drv.open(1, T2I)
     drv.open(2, I2I)
     drv.group([(n, [WorkItem(2, walk="read_image_vae")], [{"latent": latent}]) for n in ("llm", "llm_cfg_text")])

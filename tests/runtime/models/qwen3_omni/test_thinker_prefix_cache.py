@@ -54,7 +54,7 @@ def omni():
     pads = {plan.node("talker").dims[k] for k in ("audio_token_id", "image_token_id", "video_token_id")}
     # the conductor keys this pool: the pads named by their media item, reuse decided there
     assert on.pool.block_size == BS and on.pool.prefix_root is not None and on.pool.media_ids == pads
-    assert off.pool.prefix_root is None and on.executor.kv_reported == ""
+    assert off.pool.prefix_root is None and on.executor.kv_pool == ""
     encoders = {n: executor_for(plan.node(n), modules[n], 0, plan) for n in ("vision_enc", "audio_enc")}
     return plan, on, off, encoders
 
