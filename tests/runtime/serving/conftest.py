@@ -9,6 +9,8 @@ from typing import Iterator
 import openai
 import pytest
 
+from mstar_compiler.ir import Options
+from mstar_compiler.pipeline import compile_file
 from runtime.launch.server import REPO, Server, compile_plan, http  # noqa: F401  (the names tests import from here)
 from runtime.transport import addresses
 
@@ -46,6 +48,24 @@ def serve(plan_path: str, *extra: str, timeout: float = 180) -> Iterator[Server]
         yield srv
     finally:
         assert srv.stop() == 0
+
+
+def serve_with_pool(tmp_path_factory: pytest.TempPathFactory, graph: str, node: str, blocks: int, *extra: str,
+                    block_tokens: int = 16) -> Iterator[Server]:
+    """A server of `graph`'s tiny preset on one rank whose KV node `node` (declared on one line as
+    `node: {... kv_cache: paged ...}`) gets a pool of `blocks` blocks of `block_tokens`: a graph rewritten
+    and compiled here."""
+    path = REPO / "graphs" / f"{graph}.yaml"
+    lines = path.read_text().splitlines(keepends=True)
+    found = [i for i, line in enumerate(lines) if line.lstrip().startswith(f"{node}:") and "kv_cache: paged" in line]
+    assert len(found) == 1, f"{graph}.yaml declares no one line of {node} with kv_cache: paged"
+    lines[found[0]] = lines[found[0]].replace(
+        "kv_cache: paged", f"kv_cache: {{page_tokens: {block_tokens}, max_pages: {blocks}}}")
+    rewritten = tmp_path_factory.mktemp(f"{graph}-{node}-{blocks}") / f"{graph}.yaml"
+    rewritten.write_text("".join(lines))
+    plan = rewritten.with_suffix(".plan.bin")
+    plan.write_bytes(compile_file(str(rewritten), Options(preset="tiny", placement="single")).data)
+    yield from serve(str(plan), *extra)
 
 
 @pytest.fixture(scope="session")

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import openai
 import pytest
 
-from mstar_compiler.ir import Options
-from mstar_compiler.pipeline import compile_file
-from tests.runtime.serving.conftest import Server, serve
+from tests.runtime.serving.conftest import Server, serve_with_pool
 from tests.runtime.serving.speech.conftest import OMNI
 
 SYSTEM = "You answer questions about the weather in one short, friendly sentence, and you never use lists. " * 3
@@ -30,15 +27,7 @@ ANSWER = 480
 
 @pytest.fixture(scope="module")
 def small_pool(tmp_path_factory: pytest.TempPathFactory):
-    text = Path("graphs/qwen3_omni.yaml").read_text()
-    old = "executor: qwen3_omni_thinker, kv_cache: paged,"
-    assert old in text
-    graph = tmp_path_factory.mktemp("omni-kv") / "qwen3_omni.yaml"
-    graph.write_text(text.replace(old, f"executor: qwen3_omni_thinker, "
-                                       f"kv_cache: {{page_tokens: 16, max_pages: {POOL_BLOCKS}}},"))
-    plan = graph.with_suffix(".plan.bin")
-    plan.write_bytes(compile_file(str(graph), Options(preset="tiny", placement="single")).data)
-    yield from serve(str(plan))
+    yield from serve_with_pool(tmp_path_factory, "qwen3_omni", "thinker", POOL_BLOCKS)
 
 
 class Chat(threading.Thread):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import openai
 import pytest
@@ -25,7 +24,7 @@ from runtime.entrypoints.http.chat_inputs import chat_inputs_for
 from runtime.text import ByteTokenizer
 from tests.runtime.models.qwen3_omni.test_image_chat_parity import image_part, picture
 from tests.runtime.models.qwen3_omni.test_thinker_prefix_cache import _piece, expected_reuse
-from tests.runtime.serving.conftest import Server, serve
+from tests.runtime.serving.conftest import Server, serve_with_pool
 from tests.runtime.serving.speech.conftest import OMNI
 
 # a long system prompt: the second turn's first Run (this piece) takes more blocks in full than the pool has free
@@ -67,26 +66,18 @@ def sizes():
             "reuse": [sum(r) for r in reuse], "piece_full": _blocks(len(items[1][0][1]))}
 
 
-def _server(tmp_path_factory, sizes, name: str, *flags: str):
-    text = Path("graphs/qwen3_omni.yaml").read_text()
-    old = "executor: qwen3_omni_thinker, kv_cache: paged,"
-    assert old in text
-    graph = tmp_path_factory.mktemp(name) / "qwen3_omni.yaml"
-    graph.write_text(text.replace(old, f"executor: qwen3_omni_thinker, "
-                                       f"kv_cache: {{page_tokens: {BS}, max_pages: {sizes['pool']}}},"))
-    plan = graph.with_suffix(".plan.bin")
-    plan.write_bytes(compile_file(str(graph), Options(preset="tiny", placement="single")).data)
-    yield from serve(str(plan), "--batch-invariant", *flags)
+def _server(tmp_path_factory, sizes, *flags: str):
+    yield from serve_with_pool(tmp_path_factory, "qwen3_omni", "thinker", sizes["pool"], "--batch-invariant", *flags)
 
 
 @pytest.fixture(scope="module")
 def cached(tmp_path_factory, sizes):
-    yield from _server(tmp_path_factory, sizes, "omni-turns-on")
+    yield from _server(tmp_path_factory, sizes)
 
 
 @pytest.fixture(scope="module")
 def uncached(tmp_path_factory, sizes):
-    yield from _server(tmp_path_factory, sizes, "omni-turns-off", "--no-prefix-cache")
+    yield from _server(tmp_path_factory, sizes, "--no-prefix-cache")
 
 
 def _client(server: Server) -> openai.OpenAI:
