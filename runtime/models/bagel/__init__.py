@@ -23,21 +23,23 @@ KV sequences
 ------------
 Each request owns up to three KV sequences in the LM's paged cache (one pool for the
 node and its `same_as` CFG nodes): "full" (every input), "cfg_text" (BAGEL's
-text-dropped context) and "cfg_img" (its image-dropped context). The runtime keeps per
-sequence a KVBlockManager table (context_len = its num_tokens) and a RoPE position
-(image blocks use one position for all their rows, so rope != context_len); it builds
-`Segment(kind, context_len, rope, block_table, ...)`, and before a call that writes
-(`Segment.writes_kv`) calls `append(seq, segment.num_rows(2))` and applies the
-returned copies with `PagedKVCache.copy_blocks`; after it, it stores `states[i]`'s rope.
-A call holds any mix of segments of different sequences, at most one per sequence.
+text-dropped context) and "cfg_img" (its image-dropped context). The conductor owns each
+sequence's block table (runtime/conductor/kv_ledger.py: one pool per rank, a table per
+(request, node)) and counts and keys the rows of every Run before it goes out
+(`row_keys`); the runtime keeps per sequence its copy of the table (context_len = its
+rows) and a RoPE position (image blocks use one position for all their rows, so rope !=
+context_len); it builds `Segment(kind, context_len, rope, block_table, ...)` for a Run
+that computes, applies the Run's block copies first (`PagedKVCache.copy_blocks`), and
+after the call stores `states[i]`'s rope. A call holds any mix of segments of different
+sequences, at most one per sequence.
 
 Contexts follow BAGEL's `interleave_inference`, input by input:
-  text input:   fork full -> cfg_text (replacing the old cfg_text), then TEXT on full
-                and TEXT on cfg_img (one call);
-  image input:  VAE on full, then VIT on full (two calls; I2T: VIT only), then fork
-                full -> cfg_text; cfg_img gets nothing.
-A fork shares every block (reference counted); only a partly filled last block is
-copied on the next append. Free all three sequences when the request ends.
+  text input:   TEXT on full and TEXT on cfg_img (cfg_text keeps its context: BAGEL
+                copies full's into it before the text);
+  image input:  VAE on full, then VIT on full (I2T: VIT only); cfg_text the same.
+A branch whose context would equal another's (cfg_text = full before a text; cfg_img =
+full for a first text) takes that branch's blocks (reference counted) and computes
+nothing; only a partly filled last block is copied on the next append.
 
 Tasks
 -----
