@@ -395,7 +395,8 @@ class Conductor:
             pool.forget([e.request.request_id for e in flight.batch.entries])
         why = f"{flight.batch.node} on rank {msg.rank} failed: {msg.message}"
         entries = [e for e in flight.batch.entries if not e.request.state.is_final]
-        if len(flight.batch.entries) > 1 and all(can_retry_alone(e) for e in entries):
+        if len(flight.batch.entries) > 1 and all(can_retry_alone(e) and self.ledger.recomputes(e.request.request_id)
+                                                 for e in entries):
             log.warning("a batch of %d on %s failed (%s): its requests retry one by one",
                         len(entries), flight.batch.node, msg.message)
             self.split_batches += 1

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 class KVPoolLedger:
     """One KV pool the conductor owns: every request's block table (module docstring)."""
 
+    recomputable = True     # a preempted request's context comes back by re-sending its tokens
+
     def __init__(self, num_blocks: int, block_size: int, prefix_root: bytes | None = None,
                  stop_ids: frozenset[int] = frozenset(), media_ids: frozenset[int] = frozenset(),
                  tails: bool = False) -> None:
@@ -242,6 +244,10 @@ class BranchPool:
     """One node's tables in a pool several nodes' KV lives in (module docstring): the pool's tables of
     (request, this node)."""
 
+    # BAGEL's: a picture's rows are not tokens a recompute could re-send, so a request holding blocks here is
+    # never preempted (its Runs wait for room) and a batch of it that fails is not retried (its context is gone)
+    recomputable = False
+
     def __init__(self, pool: KVPoolLedger, node: str, reports: bool) -> None:
         self.pool, self.node = pool, node
         pool.members.append(node)
@@ -355,6 +361,10 @@ class KVLedger:
         """(rank, node) -> prefix-cache counters of every pool that caches prefixes (a shared one under
         the node it is kept under)."""
         return {key: pool.stats for key, pool in self.pools.items() if pool.stats is not None}
+
+    def recomputes(self, request_id: int) -> bool:
+        """Whether the request's KV context can be taken back and computed again (`recomputable` pools only)."""
+        return all(pool.recomputable or not pool.held(request_id) for pool in self.pools.values())
 
     def free_request(self, request_id: int) -> None:
         for pool in self.pools.values():

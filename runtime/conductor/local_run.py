@@ -60,6 +60,10 @@ class LocalRun:
         self.executor.close(request_id, kv_only)
 
 
+def _no_prompt() -> list[int]:
+    raise ValueError("LocalGroup is given no request prompt: a family rule that reads one needs the scheduler")
+
+
 class LocalGroup:
     """Executors sharing one cache and run group (name -> executor), and the conductor's one pool for them."""
 
@@ -83,7 +87,7 @@ class LocalGroup:
             branch, rule = self.branches[name], self.rules[name]
             for item in items:
                 picture = media.get(item.request_id)
-                laid = rule(KVRun(item.walk, item.tokens, branch.held(item.request_id), list,
+                laid = rule(KVRun(item.walk, item.tokens, branch.held(item.request_id), _no_prompt,
                                   None if picture is None else medium(picture)))
                 if not laid.count:
                     continue

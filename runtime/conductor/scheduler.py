@@ -333,9 +333,11 @@ class Scheduler:
                                    f"({pool.num_blocks} blocks of {pool.block_size} tokens)"))
 
     def _victim(self, holders: list[int], req: Request, placed: set) -> Request | None:
-        """The most recently arrived running request holding blocks here and not in flight."""
+        """The most recently arrived running request holding blocks here, not in flight, whose context can be
+        computed again."""
         candidates = [r for r in map(self.lookup, holders) if r is not req and r.request_id not in placed
-                      and r.state == RequestState.RUNNING and not any(c.in_flight for c in r.tracks)]
+                      and r.state == RequestState.RUNNING and not any(c.in_flight for c in r.tracks)
+                      and self.ledger.recomputes(r.request_id)]
         return max(candidates, key=lambda r: r.arrival, default=None)
 
     def _rank(self, pending: PendingRun, req: Request, ready_ranks: set[int]) -> int:
