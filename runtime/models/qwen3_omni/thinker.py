@@ -150,9 +150,10 @@ class ThinkerExecutor(DecoderLMExecutor):
         ends = list(accumulate(len(item.tokens) - item.cached for item in items))
         tapped = self.model.tapped
         for item, start, end, result in zip(items, starts, ends, results):
+            is_mm = self._media_at(item)
             if tapped is not None:
-                self._keep_taps(item, start, tapped, end)
-            self._stream_rows(item, start, result, tapped, end)
+                self._keep_taps(item, start, tapped, end, is_mm)
+            self._stream_rows(item, start, result, tapped, end, is_mm)
         return results
 
     def _is_early_piece(self, item: WorkItem) -> bool:
@@ -172,9 +173,9 @@ class ThinkerExecutor(DecoderLMExecutor):
         at = rows + start
         return table[at // self.kv_block_size] * self.kv_block_size + at % self.kv_block_size
 
-    def _keep_taps(self, item: WorkItem, start: int, tapped: torch.Tensor, end: int) -> None:
+    def _keep_taps(self, item: WorkItem, start: int, tapped: torch.Tensor, end: int, is_mm: torch.Tensor) -> None:
         """Keep the tapped states this Run computed at its media rows, at their cache slots (module docstring)."""
-        computed = self._media_at(item)[item.cached:]
+        computed = is_mm[item.cached:]
         if not computed.any():
             return
         if self._taps is None:
@@ -183,7 +184,7 @@ class ThinkerExecutor(DecoderLMExecutor):
         self._taps[self._slots(item, start, rows + item.cached)] = tapped[end - len(computed):end][computed]
 
     def _stream_rows(self, item: WorkItem, start: int, result: ExecResult, tapped: torch.Tensor | None,
-                     end: int) -> None:
+                     end: int, is_mm: torch.Tensor) -> None:
         """Put the embeddings of the tokens this Run fed on the `hidden` stream (module docstring): a
         prompt read in pieces (text, audio, image items, one Run each) goes as one item once its last
         piece has run (param `num_prompt_items`), as the talker's first Run takes the whole prompt."""
@@ -194,7 +195,7 @@ class ThinkerExecutor(DecoderLMExecutor):
         self._num_fed[rid] = done + len(ids)
         pending = self._pending.setdefault(rid, [])
         skip = len(item.tokens) - len(ids)
-        pending.append((ids, None if rid in self._streamed else self._mm_rows(item, start, skip, tapped, end)))
+        pending.append((ids, None if rid in self._streamed else self._mm_rows(item, start, skip, tapped, end, is_mm)))
         if rid not in self._streamed and len(pending) < self._num_prompt_items.get(rid, 1):
             result.outputs.pop("hidden", None)          # more prompt pieces follow: no stream item yet
             return
@@ -207,11 +208,12 @@ class ThinkerExecutor(DecoderLMExecutor):
             result.outputs["hidden:mm"] = torch.cat([m for _, m in pieces])    # (n, hidden)
             self._streamed.add(rid)
 
-    def _mm_rows(self, item: WorkItem, start: int, skip: int, tapped: torch.Tensor | None, end: int) -> torch.Tensor:
-        """(n, hidden) tapped states at the multimodal placeholders among the item's tokens from `skip`
+    def _mm_rows(self, item: WorkItem, start: int, skip: int, tapped: torch.Tensor | None, end: int,
+                 is_mm: torch.Tensor) -> torch.Tensor:
+        """(n, hidden) tapped states at the multimodal placeholders (`is_mm`) among the item's tokens from `skip`
         on (its computed rows end at batch row `end`; reused ones come from their slots), zeros elsewhere."""
         rows = torch.zeros(len(item.tokens), self.node.dims["hidden_size"], device=self.device)
-        is_mm = self._media_at(item)
+        is_mm = is_mm.clone()
         reused = is_mm[:item.cached].nonzero().flatten()
         if len(reused) and self._taps is not None:   # kept at their slots by the Run that computed them
             rows[reused] = self._taps[self._slots(item, start, reused)].to(rows.dtype)

