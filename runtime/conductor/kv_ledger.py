@@ -144,13 +144,12 @@ class KVPoolLedger:
         copies: `cfg_text_context = deepcopy(gen_context)`)."""
         if not isinstance(request_id, tuple) or self.prefix_root is None:
             return None
-        want = self._content(self.tables.get(request_id), rows)
-        for node in self.members:
-            other = (request_id[0], node)
-            if other != request_id and other in self.tables and want is not None \
-                    and self._content(self.tables.get(other), ()) == want:
-                return other
-        return None
+        siblings = [(request_id[0], n) for n in self.members if (request_id[0], n) != request_id]
+        siblings = [s for s in siblings if s in self.tables]
+        want = self._content(self.tables.get(request_id), rows) if siblings else None
+        if want is None:
+            return None
+        return next((s for s in siblings if self._content(self.tables.get(s), ()) == want), None)
 
     def _content(self, table: BlockTable | None, rows: Sequence[Row]) -> tuple[list, list] | None:
         """(full-block keys, rows after them) of a table followed by `rows`, keyed or not yet; None: unknown."""
@@ -329,14 +328,14 @@ class KVLedger:
             whole = index.nodes[info.name].placement.tp_size == 1
             root = bytes.fromhex(info.kv_prefix_key) if prefix_cache and info.kv_prefix_key and whole else None
             args = (root, frozenset(info.kv_prefix_stop_ids), frozenset(info.kv_media_ids))
-            if info.kv_pool:
-                pool = shared.get(info.kv_pool)
-                if pool is None:
-                    pool = shared[info.kv_pool] = KVPoolLedger(shared_sizes[info.kv_pool], info.kv_block_size,
-                                                               *args, tails=True)
-                self.pools[(rank, info.name)] = BranchPool(pool, info.name, reports=info.name == info.kv_pool)
-            else:
-                self.pools[(rank, info.name)] = KVPoolLedger(info.kv_blocks, info.kv_block_size, *args)
+            if not info.kv_pool:
+                self.add_pool(rank, info.name, info.kv_blocks, info.kv_block_size, *args)
+                continue
+            pool = shared.get(info.kv_pool)
+            if pool is None:
+                pool = shared[info.kv_pool] = KVPoolLedger(shared_sizes[info.kv_pool], info.kv_block_size, *args,
+                                                           tails=True)
+            self.pools[(rank, info.name)] = BranchPool(pool, info.name, reports=info.name == info.kv_pool)
         for node in index.kv_nodes():
             if node.placement.tp_size > 1:
                 pools = [self.pool(r, node.name) for r in node.placement.ranks]

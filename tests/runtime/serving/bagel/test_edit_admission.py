@@ -95,6 +95,9 @@ def test_an_edit_of_a_held_picture_is_charged_only_its_new_blocks(sizes, servers
     reused = cached.metric(hits) - reused
     long.join(300)
     assert long.error is None and long.ended_at > answered, long.error   # it held its blocks throughout
+    # the figures the closing note quotes (`pytest -s` shows them)
+    print(f"pool {sizes['pool']} blocks, held by the long edit {held}, the short edit in full {sizes['full']}, "
+          f"rows it reused {reused:.0f}")
     # with the short edit's full blocks the pool overruns: only a charge of its new blocks admits it at once
     assert held + sizes["full"] > sizes["pool"]
     assert [cached.metric(m) for m in counters] == before                  # neither held nor preempted
